@@ -1,0 +1,63 @@
+#pragma once
+// Codec interface: how one head's K x V FP32 state becomes bytes of a page and back.
+//
+// A codec instance is made for one StateLayout (so that plan-driven codecs such as
+// STEPQuant can give every (layer, head) its own width). Page layout, staging layout and
+// whole-page operations live in page.hpp and are shared by every codec.
+//
+// Thread-safety: codecs are immutable after construction; encode/decode may run
+// concurrently on different buffers.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "statepool/kernels/layout.hpp"
+
+namespace statepool::kernels {
+
+/// Thrown when a state to encode holds NaN or +-Inf. Nothing has been written.
+class NonFiniteError : public std::invalid_argument {
+ public:
+  NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index, float value);
+  [[nodiscard]] std::uint32_t layer() const noexcept { return layer_; }
+  [[nodiscard]] std::uint32_t head() const noexcept { return head_; }
+  /// Row-major index within the head (row = index / value_dim).
+  [[nodiscard]] std::size_t index() const noexcept { return index_; }
+
+ private:
+  std::uint32_t layer_;
+  std::uint32_t head_;
+  std::size_t index_;
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  Codec() = default;
+  Codec(const Codec&) = delete;
+  Codec& operator=(const Codec&) = delete;
+
+  [[nodiscard]] virtual CodecId id() const noexcept = 0;
+  /// Bytes of the encoded head (layer, head), every byte of metadata included.
+  /// Always a multiple of 4 (heads start 4-byte aligned in a page).
+  [[nodiscard]] virtual std::size_t head_bytes(std::uint32_t layer,
+                                               std::uint32_t head) const noexcept = 0;
+  /// Encodes a row-major key_dim x value_dim FP32 head. `src` must be finite (the page
+  /// functions check before calling); `dst.size() == head_bytes(layer, head)`.
+  virtual void encode_head(std::uint32_t layer, std::uint32_t head, std::span<const float> src,
+                           std::span<std::byte> dst) const = 0;
+  /// Decodes a head written by encode_head into `dst` (key_dim * value_dim floats).
+  virtual void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
+                           std::span<float> dst) const = 0;
+};
+
+/// Makes the codec named by layout.codec. Throws std::invalid_argument on an invalid
+/// layout or codec parameters.
+[[nodiscard]] std::unique_ptr<Codec> make_codec(const StateLayout& layout);
+
+}  // namespace statepool::kernels

@@ -1,0 +1,60 @@
+#pragma once
+// Page format and whole-page operations, shared by every codec.
+//
+// Page (exactly page_bytes()):
+//   for layer in [0, L): for head in [0, H): encoded head (codec.head_bytes(layer, head))
+//   conv state: [L][conv_channels][conv_width] raw in layout.conv_dtype
+// Staged state (what a client places in its staging buffer), staged_bytes(dtype) bytes:
+//   recurrent [L][H][K][V] in dtype (f32 or bf16), then the conv state exactly as above.
+//
+// Thread-safety: immutable after construction; encode/decode of different pages may run
+// concurrently.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/layout.hpp"
+
+namespace statepool::kernels {
+
+class PageCodec {
+ public:
+  /// Validates the layout and builds its codec. Throws std::invalid_argument.
+  explicit PageCodec(StateLayout layout);
+
+  [[nodiscard]] const StateLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const Codec& codec() const noexcept { return *codec_; }
+
+  /// Exact bytes of one page, metadata and conv state included.
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_bytes_; }
+  [[nodiscard]] std::size_t head_offset(std::uint32_t layer, std::uint32_t head) const noexcept;
+  [[nodiscard]] std::size_t conv_offset() const noexcept { return conv_offset_; }
+  [[nodiscard]] std::size_t conv_bytes() const noexcept;
+  /// Bytes of the same state with every value (recurrent and conv) in FP32: the
+  /// denominator-free reference for compression ratios.
+  [[nodiscard]] std::size_t fp32_bytes() const noexcept;
+  /// Bytes of a staged state whose recurrent part is in `dtype` (f32 or bf16).
+  [[nodiscard]] std::size_t staged_bytes(DType dtype) const noexcept;
+  /// fp32_bytes() / page_bytes().
+  [[nodiscard]] double compression_ratio() const noexcept;
+
+  /// page <- staged. Checks every recurrent value for NaN/Inf first and throws
+  /// NonFiniteError without touching `page`. Throws std::invalid_argument on a wrong
+  /// dtype (f16 staging is not accepted) or wrong buffer sizes.
+  void encode(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
+  /// staged <- page.
+  void decode(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
+
+ private:
+  StateLayout layout_;
+  std::unique_ptr<Codec> codec_;
+  std::vector<std::size_t> head_offsets_;  // layers * heads + 1 prefix sums
+  std::size_t conv_offset_ = 0;
+  std::size_t page_bytes_ = 0;
+};
+
+}  // namespace statepool::kernels
