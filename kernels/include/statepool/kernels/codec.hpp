@@ -23,7 +23,12 @@ namespace statepool::kernels {
 /// Thrown when a state to encode holds NaN or +-Inf. Nothing has been written.
 class NonFiniteError : public std::invalid_argument {
  public:
+  /// Message: "non-finite value nan at layer 3 head 7 index 1576".
   NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index, float value);
+  /// Same, with the index split into row and column:
+  /// "non-finite value nan at layer 3 head 7 row 12 col 40" (row = index / value_dim).
+  NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index, float value,
+                 std::uint32_t value_dim);
   [[nodiscard]] std::uint32_t layer() const noexcept { return layer_; }
   [[nodiscard]] std::uint32_t head() const noexcept { return head_; }
   /// Row-major index within the head (row = index / value_dim).

@@ -1,0 +1,73 @@
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "codecs_internal.hpp"
+#include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/format.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+std::string value_text(float value) {
+  if (std::isnan(value)) {
+    return "nan";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "inf" : "-inf";
+  }
+  return std::to_string(value);
+}
+
+std::string non_finite_message(std::uint32_t layer, std::uint32_t head, const std::string& where,
+                               float value) {
+  return "non-finite value " + value_text(value) + " at layer " + std::to_string(layer) + " head " +
+         std::to_string(head) + " " + where;
+}
+
+}  // namespace
+
+NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index,
+                               float value)
+    : std::invalid_argument(
+          non_finite_message(layer, head, "index " + std::to_string(index), value)),
+      layer_(layer),
+      head_(head),
+      index_(index) {}
+
+NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index,
+                               float value, std::uint32_t value_dim)
+    : std::invalid_argument(non_finite_message(
+          layer, head,
+          "row " + std::to_string(value_dim == 0 ? 0 : index / value_dim) + " col " +
+              std::to_string(value_dim == 0 ? index : index % value_dim),
+          value)),
+      layer_(layer),
+      head_(head),
+      index_(index) {}
+
+std::unique_ptr<Codec> make_codec(const StateLayout& layout) {
+  const std::string problem = validate(layout);
+  if (!problem.empty()) {
+    throw std::invalid_argument("invalid layout: " + problem);
+  }
+  if (is_float_codec(layout.codec.id)) {
+    return detail::make_float_codec(layout);
+  }
+  return detail::make_uniform_codec(layout);
+}
+
+namespace detail {
+
+void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,
+                        std::size_t bytes, std::size_t expected_bytes) {
+  if (values != expected_values || bytes != expected_bytes) {
+    throw std::invalid_argument(
+        std::string(codec) + " codec: a head takes " + std::to_string(expected_values) +
+        " values and " + std::to_string(expected_bytes) + " bytes, got " + std::to_string(values) +
+        " values and " + std::to_string(bytes) + " bytes");
+  }
+}
+
+}  // namespace detail
+}  // namespace statepool::kernels

@@ -1,0 +1,19 @@
+#pragma once
+// Factories of the concrete CPU codecs (internal to statepool_kernels).
+
+#include <memory>
+
+#include "statepool/kernels/codec.hpp"
+
+namespace statepool::kernels::detail {
+
+/// fp32 / bf16 / fp16. `layout` is valid and names a float codec.
+std::unique_ptr<Codec> make_float_codec(const StateLayout& layout);
+/// int4 / int6 / int8. `layout` is valid and names a uniform codec.
+std::unique_ptr<Codec> make_uniform_codec(const StateLayout& layout);
+
+/// Throws std::invalid_argument unless the buffers of one head have the expected sizes.
+void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,
+                        std::size_t bytes, std::size_t expected_bytes);
+
+}  // namespace statepool::kernels::detail

@@ -1,0 +1,119 @@
+// fp32 / bf16 / fp16: plain element types, no metadata.
+
+#include <algorithm>
+#include <cstring>
+
+#include "bytes.hpp"
+#include "codecs_internal.hpp"
+#include "simd.hpp"
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/numeric.hpp"
+
+namespace statepool::kernels::detail {
+namespace {
+
+// Values are converted through a small stack buffer so that the conversion loops work on
+// plain arrays (vectorizable) and the byte buffers are only touched by memcpy.
+constexpr std::size_t kChunk = 1024;
+
+template <std::uint16_t (*Convert)(float)>
+STATEPOOL_FORCE_INLINE void encode_16(const float* src, std::size_t n, std::byte* dst) {
+  std::uint16_t buf[kChunk];
+  for (std::size_t base = 0; base < n; base += kChunk) {
+    const std::size_t len = std::min(kChunk, n - base);
+    for (std::size_t i = 0; i < len; ++i) {
+      buf[i] = Convert(src[base + i]);
+    }
+    std::memcpy(dst + 2 * base, buf, 2 * len);
+  }
+}
+
+template <float (*Convert)(std::uint16_t)>
+STATEPOOL_FORCE_INLINE void decode_16(const std::byte* src, std::size_t n, float* dst) {
+  std::uint16_t buf[kChunk];
+  for (std::size_t base = 0; base < n; base += kChunk) {
+    const std::size_t len = std::min(kChunk, n - base);
+    std::memcpy(buf, src + 2 * base, 2 * len);
+    for (std::size_t i = 0; i < len; ++i) {
+      dst[base + i] = Convert(buf[i]);
+    }
+  }
+}
+
+std::uint16_t to_bf16(float v) { return float_to_bf16_bits(v); }
+std::uint16_t to_half(float v) { return float_to_half_bits(v); }
+float from_bf16(std::uint16_t b) { return bf16_bits_to_float(b); }
+float from_half(std::uint16_t b) { return half_bits_to_float(b); }
+
+STATEPOOL_SIMD_CLONES void encode_bf16(const float* src, std::size_t n, std::byte* dst) {
+  encode_16<to_bf16>(src, n, dst);
+}
+STATEPOOL_SIMD_CLONES void encode_fp16(const float* src, std::size_t n, std::byte* dst) {
+  encode_16<to_half>(src, n, dst);
+}
+STATEPOOL_SIMD_CLONES void decode_bf16(const std::byte* src, std::size_t n, float* dst) {
+  decode_16<from_bf16>(src, n, dst);
+}
+STATEPOOL_SIMD_CLONES void decode_fp16(const std::byte* src, std::size_t n, float* dst) {
+  decode_16<from_half>(src, n, dst);
+}
+
+class FloatCodec final : public Codec {
+ public:
+  FloatCodec(CodecId id, std::uint32_t key_dim, std::uint32_t value_dim)
+      : id_(id),
+        values_(static_cast<std::size_t>(key_dim) * value_dim),
+        head_bytes_(float_head_bytes(values_, id)) {}
+
+  [[nodiscard]] CodecId id() const noexcept override { return id_; }
+  [[nodiscard]] std::size_t head_bytes(std::uint32_t, std::uint32_t) const noexcept override {
+    return head_bytes_;
+  }
+
+  void encode_head(std::uint32_t, std::uint32_t, std::span<const float> src,
+                   std::span<std::byte> dst) const override {
+    check_head_buffers(to_string(id_), src.size(), values_, dst.size(), head_bytes_);
+    const std::size_t used = values_ * float_codec_value_bytes(id_);
+    switch (id_) {
+      case CodecId::bf16:
+        encode_bf16(src.data(), values_, dst.data());
+        break;
+      case CodecId::fp16:
+        encode_fp16(src.data(), values_, dst.data());
+        break;
+      default:
+        std::memcpy(dst.data(), src.data(), used);
+        break;
+    }
+    std::fill(dst.begin() + static_cast<std::ptrdiff_t>(used), dst.end(), std::byte{0});
+  }
+
+  void decode_head(std::uint32_t, std::uint32_t, std::span<const std::byte> src,
+                   std::span<float> dst) const override {
+    check_head_buffers(to_string(id_), dst.size(), values_, src.size(), head_bytes_);
+    switch (id_) {
+      case CodecId::bf16:
+        decode_bf16(src.data(), values_, dst.data());
+        break;
+      case CodecId::fp16:
+        decode_fp16(src.data(), values_, dst.data());
+        break;
+      default:
+        std::memcpy(dst.data(), src.data(), values_ * sizeof(float));
+        break;
+    }
+  }
+
+ private:
+  CodecId id_;
+  std::size_t values_;
+  std::size_t head_bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_float_codec(const StateLayout& layout) {
+  return std::make_unique<FloatCodec>(layout.codec.id, layout.key_dim, layout.value_dim);
+}
+
+}  // namespace statepool::kernels::detail

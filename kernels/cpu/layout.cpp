@@ -1,0 +1,157 @@
+#include "statepool/kernels/layout.hpp"
+
+#include <string>
+#include <string_view>
+
+#include "statepool/kernels/format.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+bool known(Arch arch) { return arch == Arch::gdn || arch == Arch::kda; }
+bool known(DType dtype) {
+  return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
+}
+bool known(CodecId id) { return is_float_codec(id) || is_uniform_codec(id); }
+
+template <typename Enum>
+std::string enum_value(Enum value) {
+  return std::to_string(static_cast<unsigned>(value));
+}
+
+std::string range_problem(std::string_view field, std::uint64_t value, std::uint64_t lo,
+                          std::uint64_t hi) {
+  if (value >= lo && value <= hi) {
+    return {};
+  }
+  return std::string(field) + " must be between " + std::to_string(lo) + " and " +
+         std::to_string(hi) + ", got " + std::to_string(value);
+}
+
+// Group size that identifies the format: irrelevant (0) for the float codecs.
+std::uint32_t identity_group_size(const CodecSpec& spec) {
+  return is_uniform_codec(spec.id) ? effective_group_size(spec.group_size) : 0;
+}
+
+}  // namespace
+
+bool StateLayout::same_shape_and_codec(const StateLayout& other) const noexcept {
+  return arch == other.arch && num_layers == other.num_layers && num_heads == other.num_heads &&
+         key_dim == other.key_dim && value_dim == other.value_dim &&
+         conv_channels == other.conv_channels && conv_width == other.conv_width &&
+         conv_dtype == other.conv_dtype && codec.id == other.codec.id &&
+         identity_group_size(codec) == identity_group_size(other.codec);
+}
+
+std::size_t dtype_bytes(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+  }
+  return 0;
+}
+
+const char* to_string(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+  }
+  return "unknown";
+}
+
+const char* to_string(Arch arch) noexcept {
+  switch (arch) {
+    case Arch::gdn:
+      return "gdn";
+    case Arch::kda:
+      return "kda";
+  }
+  return "unknown";
+}
+
+const char* to_string(CodecId codec) noexcept {
+  switch (codec) {
+    case CodecId::fp32:
+      return "fp32";
+    case CodecId::bf16:
+      return "bf16";
+    case CodecId::fp16:
+      return "fp16";
+    case CodecId::int4:
+      return "int4";
+    case CodecId::int6:
+      return "int6";
+    case CodecId::int8:
+      return "int8";
+  }
+  return "unknown";
+}
+
+bool parse_codec(std::string_view text, CodecId& out) noexcept {
+  constexpr CodecId all[] = {CodecId::fp32, CodecId::bf16, CodecId::fp16,
+                             CodecId::int4, CodecId::int6, CodecId::int8};
+  for (const CodecId id : all) {
+    if (text == to_string(id)) {
+      out = id;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string validate(const StateLayout& layout) {
+  if (!known(layout.arch)) {
+    return "arch must be gdn or kda, got " + enum_value(layout.arch);
+  }
+  for (const auto& problem : {
+           range_problem("num_layers", layout.num_layers, 1, kMaxLayers),
+           range_problem("num_heads", layout.num_heads, 1, kMaxHeads),
+           range_problem("key_dim", layout.key_dim, 1, kMaxHeadDim),
+           range_problem("value_dim", layout.value_dim, 1, kMaxHeadDim),
+           range_problem("conv_channels", layout.conv_channels, 0, kMaxConvChannels),
+           range_problem("conv_width", layout.conv_width, 0, kMaxConvWidth),
+       }) {
+    if (!problem.empty()) {
+      return problem;
+    }
+  }
+  if ((layout.conv_channels == 0) != (layout.conv_width == 0)) {
+    return "conv_channels and conv_width must both be 0 (no conv state) or both be non-zero, "
+           "got conv_channels " +
+           std::to_string(layout.conv_channels) + " and conv_width " +
+           std::to_string(layout.conv_width);
+  }
+  if (!known(layout.conv_dtype)) {
+    return "conv_dtype must be f32, bf16 or f16, got " + enum_value(layout.conv_dtype);
+  }
+  if (!known(layout.codec.id)) {
+    return "codec must be one of fp32, bf16, fp16, int4, int6, int8, got " +
+           enum_value(layout.codec.id);
+  }
+  if (is_uniform_codec(layout.codec.id) &&
+      !is_valid_group_size(effective_group_size(layout.codec.group_size))) {
+    return "codec.group_size must be 0 (default " + std::to_string(kDefaultGroupSize) +
+           ") or a multiple of 4 between " + std::to_string(kMinGroupSize) + " and " +
+           std::to_string(kMaxGroupSize) + ", got " + std::to_string(layout.codec.group_size);
+  }
+  // Every factor is bounded above, so these products fit in 64 bits.
+  const std::uint64_t heads = std::uint64_t{layout.num_layers} * layout.num_heads;
+  const std::uint64_t page =
+      heads * head_bytes_for(layout.codec, layout.key_dim, layout.value_dim) +
+      std::uint64_t{layout.num_layers} * layout.conv_channels * layout.conv_width *
+          dtype_bytes(layout.conv_dtype);
+  if (page > kMaxPageBytes) {
+    return "page size must be at most " + std::to_string(kMaxPageBytes) + " bytes, got " +
+           std::to_string(page) + " bytes";
+  }
+  return {};
+}
+
+}  // namespace statepool::kernels

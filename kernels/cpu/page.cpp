@@ -1,0 +1,218 @@
+#include "statepool/kernels/page.hpp"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bytes.hpp"
+#include "simd.hpp"
+#include "statepool/kernels/numeric.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+void check_size(const char* what, std::size_t got, std::size_t expected) {
+  if (got != expected) {
+    throw std::invalid_argument(std::string(what) + " must be " + std::to_string(expected) +
+                                " bytes for this layout, got " + std::to_string(got));
+  }
+}
+
+void check_staging_dtype(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) {
+    throw std::invalid_argument(std::string("staged states are f32 or bf16, got ") +
+                                to_string(dtype));
+  }
+}
+
+bool aligned_for_float(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0;
+}
+
+// Index of the first non-finite value among n staged values, or n.
+STATEPOOL_SIMD_CLONES std::size_t first_non_finite(const std::byte* src, std::size_t n,
+                                                   DType dtype) {
+  // A cheap OR-reduction first (vectorizes); the exact position only when needed.
+  std::uint32_t any = 0;
+  if (dtype == DType::f32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      any |= static_cast<std::uint32_t>(is_non_finite_bits(detail::load_u32(src + 4 * i)));
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      any |= static_cast<std::uint32_t>(is_non_finite_bf16(detail::load_u16_le(src + 2 * i)));
+    }
+  }
+  if (any == 0) {
+    return n;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool bad = dtype == DType::f32 ? is_non_finite_bits(detail::load_u32(src + 4 * i))
+                                         : is_non_finite_bf16(detail::load_u16_le(src + 2 * i));
+    if (bad) {
+      return i;
+    }
+  }
+  return n;
+}
+
+float staged_value(const std::byte* src, std::size_t i, DType dtype) {
+  return dtype == DType::f32 ? bits_float(detail::load_u32(src + 4 * i))
+                             : bf16_bits_to_float(detail::load_u16_le(src + 2 * i));
+}
+
+STATEPOOL_SIMD_CLONES void bf16_to_f32(const std::byte* src, std::size_t n, float* dst) {
+  for (std::size_t i = 0; i < n; ++i) {
+    dst[i] = bf16_bits_to_float(detail::load_u16_le(src + 2 * i));
+  }
+}
+
+STATEPOOL_SIMD_CLONES void f32_to_bf16(const float* src, std::size_t n, std::byte* dst) {
+  constexpr std::size_t kChunk = 1024;
+  std::uint16_t buf[kChunk];
+  for (std::size_t base = 0; base < n; base += kChunk) {
+    const std::size_t len = std::min(kChunk, n - base);
+    for (std::size_t i = 0; i < len; ++i) {
+      buf[i] = float_to_bf16_bits(src[base + i]);
+    }
+    std::memcpy(dst + 2 * base, buf, 2 * len);
+  }
+}
+
+}  // namespace
+
+PageCodec::PageCodec(StateLayout layout) : layout_(std::move(layout)) {
+  codec_ = make_codec(layout_);  // validates
+  const std::size_t heads = std::size_t{layout_.num_layers} * layout_.num_heads;
+  head_offsets_.resize(heads + 1);
+  std::size_t offset = 0;
+  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
+      head_offsets_[std::size_t{l} * layout_.num_heads + h] = offset;
+      offset += codec_->head_bytes(l, h);
+    }
+  }
+  head_offsets_[heads] = offset;
+  conv_offset_ = offset;
+  page_bytes_ = conv_offset_ + conv_bytes();
+}
+
+std::size_t PageCodec::head_offset(std::uint32_t layer, std::uint32_t head) const noexcept {
+  assert(layer < layout_.num_layers && head < layout_.num_heads);
+  return head_offsets_[std::size_t{layer} * layout_.num_heads + head];
+}
+
+std::size_t PageCodec::conv_bytes() const noexcept {
+  return std::size_t{layout_.num_layers} * layout_.conv_channels * layout_.conv_width *
+         dtype_bytes(layout_.conv_dtype);
+}
+
+std::size_t PageCodec::fp32_bytes() const noexcept {
+  const std::size_t values =
+      std::size_t{layout_.num_layers} * layout_.num_heads * layout_.key_dim * layout_.value_dim;
+  const std::size_t conv_values =
+      std::size_t{layout_.num_layers} * layout_.conv_channels * layout_.conv_width;
+  return 4 * (values + conv_values);
+}
+
+std::size_t PageCodec::staged_bytes(DType dtype) const noexcept {
+  const std::size_t values =
+      std::size_t{layout_.num_layers} * layout_.num_heads * layout_.key_dim * layout_.value_dim;
+  return values * dtype_bytes(dtype) + conv_bytes();
+}
+
+double PageCodec::compression_ratio() const noexcept {
+  return static_cast<double>(fp32_bytes()) / static_cast<double>(page_bytes_);
+}
+
+void PageCodec::encode(std::span<const std::byte> staged, DType dtype,
+                       std::span<std::byte> page) const {
+  check_staging_dtype(dtype);
+  check_size("staged state", staged.size(), staged_bytes(dtype));
+  check_size("page", page.size(), page_bytes_);
+
+  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
+  const std::size_t in_head = n * dtype_bytes(dtype);
+
+  // Check everything before writing anything: a rejected state leaves the page as it was.
+  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
+      const std::byte* src = staged.data() + (std::size_t{l} * layout_.num_heads + h) * in_head;
+      const std::size_t bad = first_non_finite(src, n, dtype);
+      if (bad != n) {
+        throw NonFiniteError(l, h, bad, staged_value(src, bad, dtype), layout_.value_dim);
+      }
+    }
+  }
+
+  std::vector<float> scratch;
+  const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
+  if (!direct) {
+    scratch.resize(n);
+  }
+  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
+      const std::size_t index = std::size_t{l} * layout_.num_heads + h;
+      const std::byte* src = staged.data() + index * in_head;
+      std::span<const float> values;
+      if (direct) {
+        values = {reinterpret_cast<const float*>(src), n};
+      } else if (dtype == DType::f32) {
+        std::memcpy(scratch.data(), src, in_head);
+        values = scratch;
+      } else {
+        bf16_to_f32(src, n, scratch.data());
+        values = scratch;
+      }
+      codec_->encode_head(
+          l, h, values,
+          page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]));
+    }
+  }
+  if (const std::size_t conv = conv_bytes(); conv != 0) {
+    std::memcpy(page.data() + conv_offset_, staged.data() + staged.size() - conv, conv);
+  }
+}
+
+void PageCodec::decode(std::span<const std::byte> page, DType dtype,
+                       std::span<std::byte> staged) const {
+  check_staging_dtype(dtype);
+  check_size("page", page.size(), page_bytes_);
+  check_size("staged state", staged.size(), staged_bytes(dtype));
+
+  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
+  const std::size_t out_head = n * dtype_bytes(dtype);
+  std::vector<float> scratch;
+  const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
+  if (!direct) {
+    scratch.resize(n);
+  }
+  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
+      const std::size_t index = std::size_t{l} * layout_.num_heads + h;
+      std::byte* dst = staged.data() + index * out_head;
+      const auto src =
+          page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]);
+      if (direct) {
+        codec_->decode_head(l, h, src, {reinterpret_cast<float*>(dst), n});
+        continue;
+      }
+      codec_->decode_head(l, h, src, scratch);
+      if (dtype == DType::f32) {
+        std::memcpy(dst, scratch.data(), out_head);
+      } else {
+        f32_to_bf16(scratch.data(), n, dst);
+      }
+    }
+  }
+  if (const std::size_t conv = conv_bytes(); conv != 0) {
+    std::memcpy(staged.data() + staged.size() - conv, page.data() + conv_offset_, conv);
+  }
+}
+
+}  // namespace statepool::kernels

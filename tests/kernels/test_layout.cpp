@@ -1,0 +1,169 @@
+// Layout validation, names and identity (layout.hpp), and codec construction errors.
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels_test_util.hpp"
+#include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/layout.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+using test::qwen3_next_layout;
+
+TEST(Layout, QwenNextIsValid) {
+  for (const CodecId id :
+       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
+    EXPECT_EQ(validate(qwen3_next_layout(id)), "") << to_string(id);
+  }
+}
+
+struct BadField {
+  const char* what;
+  void (*mutate)(StateLayout&);
+  const char* message;
+};
+
+TEST(Layout, MessagesNameTheFieldAndTheValue) {
+  const BadField cases[] = {
+      {"layers 0", [](StateLayout& l) { l.num_layers = 0; },
+       "num_layers must be between 1 and 1024, got 0"},
+      {"layers big", [](StateLayout& l) { l.num_layers = 1025; },
+       "num_layers must be between 1 and 1024, got 1025"},
+      {"heads 0", [](StateLayout& l) { l.num_heads = 0; },
+       "num_heads must be between 1 and 1024, got 0"},
+      {"key_dim 0", [](StateLayout& l) { l.key_dim = 0; },
+       "key_dim must be between 1 and 4096, got 0"},
+      {"value_dim big", [](StateLayout& l) { l.value_dim = 5000; },
+       "value_dim must be between 1 and 4096, got 5000"},
+      {"conv_channels big", [](StateLayout& l) { l.conv_channels = (1u << 20) + 1; },
+       "conv_channels must be between 0 and 1048576, got 1048577"},
+      {"conv_width big", [](StateLayout& l) { l.conv_width = 65; },
+       "conv_width must be between 0 and 64, got 65"},
+      {"conv half set", [](StateLayout& l) { l.conv_width = 0; },
+       "conv_channels and conv_width must both be 0 (no conv state) or both be non-zero, "
+       "got conv_channels 8192 and conv_width 0"},
+      {"arch", [](StateLayout& l) { l.arch = static_cast<Arch>(7); },
+       "arch must be gdn or kda, got 7"},
+      {"conv_dtype", [](StateLayout& l) { l.conv_dtype = static_cast<DType>(9); },
+       "conv_dtype must be f32, bf16 or f16, got 9"},
+      {"codec", [](StateLayout& l) { l.codec.id = static_cast<CodecId>(42); },
+       "codec must be one of fp32, bf16, fp16, int4, int6, int8, got 42"},
+      {"group", [](StateLayout& l) { l.codec.group_size = 6; },
+       "codec.group_size must be 0 (default 128) or a multiple of 4 between 4 and 65536, got 6"},
+      {"page size",
+       [](StateLayout& l) {
+         l.num_layers = 1024;
+         l.num_heads = 1024;
+         l.codec.id = CodecId::fp32;
+       },
+       "page size must be at most 4294967296 bytes, got 68769808384 bytes"},
+  };
+  for (const auto& c : cases) {
+    StateLayout layout = qwen3_next_layout(CodecId::int6);
+    c.mutate(layout);
+    EXPECT_EQ(validate(layout), c.message) << c.what;
+    try {
+      (void)make_codec(layout);
+      ADD_FAILURE() << "make_codec accepted " << c.what;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("invalid layout: ") + c.message);
+    }
+  }
+}
+
+TEST(Layout, NoConvStateIsValid) {
+  StateLayout layout = qwen3_next_layout(CodecId::int4);
+  layout.conv_channels = 0;
+  layout.conv_width = 0;
+  EXPECT_EQ(validate(layout), "");
+}
+
+TEST(Layout, GroupSizeValidation) {
+  for (const std::uint32_t bad : {1u, 2u, 3u, 6u, 130u, 65540u, 131072u, 0xFFFFFFFFu}) {
+    for (const CodecId id : {CodecId::int4, CodecId::int6, CodecId::int8}) {
+      StateLayout layout = test::head_layout(id, bad, 16, 16);
+      const std::string problem = validate(layout);
+      EXPECT_NE(problem.find("codec.group_size"), std::string::npos) << bad;
+      EXPECT_NE(problem.find("got " + std::to_string(bad)), std::string::npos) << bad;
+      EXPECT_THROW((void)make_codec(layout), std::invalid_argument) << bad;
+    }
+  }
+  for (const std::uint32_t good : {0u, 4u, 8u, 12u, 128u, 1000u, 65536u}) {
+    StateLayout layout = test::head_layout(CodecId::int6, good, 16, 16);
+    EXPECT_EQ(validate(layout), "") << good;
+    EXPECT_NO_THROW((void)make_codec(layout)) << good;
+  }
+  // The float codecs ignore group_size.
+  EXPECT_EQ(validate(test::head_layout(CodecId::bf16, 6, 16, 16)), "");
+}
+
+TEST(Layout, NamesAndParsing) {
+  EXPECT_STREQ(to_string(CodecId::int6), "int6");
+  EXPECT_STREQ(to_string(DType::bf16), "bf16");
+  EXPECT_STREQ(to_string(Arch::kda), "kda");
+  EXPECT_STREQ(to_string(static_cast<CodecId>(99)), "unknown");
+  EXPECT_STREQ(to_string(static_cast<DType>(99)), "unknown");
+  EXPECT_STREQ(to_string(static_cast<Arch>(99)), "unknown");
+  for (const CodecId id :
+       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
+    CodecId parsed = CodecId::fp32;
+    EXPECT_TRUE(parse_codec(to_string(id), parsed));
+    EXPECT_EQ(parsed, id);
+  }
+  CodecId untouched = CodecId::int8;
+  EXPECT_FALSE(parse_codec("int5", untouched));
+  EXPECT_FALSE(parse_codec("INT6", untouched));
+  EXPECT_FALSE(parse_codec("", untouched));
+  EXPECT_EQ(untouched, CodecId::int8);
+  EXPECT_EQ(dtype_bytes(DType::f32), 4u);
+  EXPECT_EQ(dtype_bytes(DType::bf16), 2u);
+  EXPECT_EQ(dtype_bytes(DType::f16), 2u);
+}
+
+TEST(Layout, SameShapeAndCodec) {
+  const StateLayout a = qwen3_next_layout(CodecId::int6);
+  StateLayout b = a;
+  b.name = "another name";
+  EXPECT_TRUE(a.same_shape_and_codec(b));
+  b.codec.group_size = 128;  // the default, spelled out
+  EXPECT_TRUE(a.same_shape_and_codec(b));
+  b.codec.group_size = 64;
+  EXPECT_FALSE(a.same_shape_and_codec(b));
+  b = a;
+  b.key_dim = 64;
+  EXPECT_FALSE(a.same_shape_and_codec(b));
+  b = a;
+  b.conv_dtype = DType::f32;
+  EXPECT_FALSE(a.same_shape_and_codec(b));
+  b = a;
+  b.codec.id = CodecId::int4;
+  EXPECT_FALSE(a.same_shape_and_codec(b));
+  // group_size has no effect on float-codec pages, so it is not part of their identity.
+  StateLayout f1 = qwen3_next_layout(CodecId::bf16);
+  StateLayout f2 = f1;
+  f2.codec.group_size = 64;
+  EXPECT_TRUE(f1.same_shape_and_codec(f2));
+}
+
+TEST(Layout, HeadBytesFormula) {
+  EXPECT_EQ(head_bytes_for({CodecId::int6, 0}, 128, 128), 12544u);  // 256 + 12288
+  EXPECT_EQ(head_bytes_for({CodecId::int4, 0}, 128, 128), 8448u);   // 256 + 8192
+  EXPECT_EQ(head_bytes_for({CodecId::int8, 0}, 128, 128), 16640u);  // 256 + 16384
+  EXPECT_EQ(head_bytes_for({CodecId::fp32, 0}, 128, 128), 65536u);
+  EXPECT_EQ(head_bytes_for({CodecId::bf16, 0}, 128, 128), 32768u);
+  EXPECT_EQ(head_bytes_for({CodecId::fp16, 0}, 128, 128), 32768u);
+  // n = 9, G = 4: 3 scales (6 B) + codes + padding to 4.
+  EXPECT_EQ(head_bytes_for({CodecId::int6, 4}, 3, 3), 16u);  // 6 + 3 * 3 = 15 -> 16
+  EXPECT_EQ(head_bytes_for({CodecId::int4, 4}, 3, 3), 12u);  // 6 + 5 = 11 -> 12
+  EXPECT_EQ(head_bytes_for({CodecId::int8, 4}, 3, 3), 16u);  // 6 + 9 = 15 -> 16
+  EXPECT_EQ(head_bytes_for({CodecId::bf16, 0}, 3, 3), 20u);  // 18 -> 20
+  EXPECT_EQ(head_bytes_for({CodecId::int6, 6}, 3, 3), 0u);   // invalid group
+}
+
+}  // namespace
+}  // namespace statepool::kernels
