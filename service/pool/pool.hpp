@@ -105,11 +105,16 @@ struct PageRef {
 
 class Pool {
  public:
+  /// Throws StatusError(invalid_argument) on an inconsistent config (no backend, duplicate
+  /// or empty tenant names, capacity_bytes 0, default_arena_pages 0 or above
+  /// max_arena_pages, negative grace period).
   Pool(PoolConfig config, std::unique_ptr<MemoryBackend> backend);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
+  /// The configuration in effect; an empty tenant list has been replaced by the one
+  /// "default" tenant (no quota, any peer).
   [[nodiscard]] const PoolConfig& config() const noexcept { return config_; }
   [[nodiscard]] std::string_view backend_name() const noexcept;
 
@@ -137,22 +142,32 @@ class Pool {
   /// Starts a new lease for the tenant, or resumes the orphaned lease named by `token`
   /// (same tenant, within its grace period). An unknown or expired token starts a new
   /// lease (resumed = false). Throws lease_busy if the token's lease is attached.
+  /// "Within its grace period" is judged against Clock::now(); an orphaned lease found
+  /// expired here is reclaimed at once (its pages count as reclaimed).
   LeaseGrant attach_lease(std::string_view tenant, std::string_view token);
+  /// Same, judging expiry at `now` (tests pass explicit time points).
+  LeaseGrant attach_lease(std::string_view tenant, std::string_view token,
+                          Clock::time_point now);
   /// The lease's connection is gone: keep its slots until now + grace period. A lease
-  /// without slots is dropped at once.
+  /// without slots is dropped at once. Unknown or already detached leases: no-op (the
+  /// first deadline stays), so the server may call it from any cleanup path. Never throws.
   void detach_lease(LeaseId lease, Clock::time_point now);
-  /// Frees the slots of every orphaned lease whose deadline has passed. Returns pages
-  /// reclaimed.
+  /// Frees the slots of every orphaned lease whose deadline has passed (deadline <= now)
+  /// and forgets the lease and its token. Returns pages reclaimed.
   std::uint64_t reclaim_expired(Clock::time_point now);
   /// Earliest orphan deadline, if any (the server arms its reclaim timer with it).
   [[nodiscard]] std::optional<Clock::time_point> next_deadline() const;
 
   // --- slots ---------------------------------------------------------------------
+  // Every slot call needs an attached lease: unknown or detached -> not_found.
+  // Pages are not cleared on allocation or free (an arena never crosses tenants; clients
+  // overwrite a page before use).
   /// Allocates `count` (>= 1) slots in the arena for the lease, all or nothing, O(1)
   /// each. Throws not_found / permission_denied / invalid_argument / pool_exhausted.
   std::vector<SlotId> allocate(LeaseId lease, ArenaId arena, std::uint32_t count);
   /// Frees slots owned by the lease, all or nothing (out of range or duplicate:
   /// invalid_argument; free already: invalid_argument; another lease's: not_owner).
+  /// Returns the number freed (an empty list frees nothing and returns 0).
   std::uint32_t free(LeaseId lease, ArenaId arena, std::span<const SlotId> slots);
   /// The page of a slot the lease owns. Throws like free().
   [[nodiscard]] PageRef page(LeaseId lease, ArenaId arena, SlotId slot) const;

@@ -1,0 +1,103 @@
+#pragma once
+// Helpers shared by the pool tests.
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/memory.hpp"
+#include "pool/pool.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service::testing {
+
+/// A small GDN layout (2 layers x 2 heads x 16x16): pages of a few KiB.
+inline kernels::StateLayout small_layout(kernels::CodecId codec = kernels::CodecId::int8,
+                                         std::string name = "demo") {
+  kernels::StateLayout layout;
+  layout.name = std::move(name);
+  layout.arch = kernels::Arch::gdn;
+  layout.num_layers = 2;
+  layout.num_heads = 2;
+  layout.key_dim = 16;
+  layout.value_dim = 16;
+  layout.codec.id = codec;
+  return layout;
+}
+
+inline TenantConfig tenant(std::string name, std::uint64_t quota = 0) {
+  TenantConfig t;
+  t.name = std::move(name);
+  t.quota_bytes = quota;
+  return t;
+}
+
+inline PoolConfig config(std::vector<TenantConfig> tenants = {}) {
+  PoolConfig c;
+  c.capacity_bytes = 64ull << 20;
+  c.default_arena_pages = 8;
+  c.max_arena_pages = 1024;
+  c.grace_period = std::chrono::milliseconds(10000);
+  c.tenants = std::move(tenants);
+  return c;
+}
+
+inline std::unique_ptr<Pool> make_pool(PoolConfig c = config()) {
+  return std::make_unique<Pool>(std::move(c), std::make_unique<HostBackend>());
+}
+
+/// Runs `fn`, expects StatusError with `status`; returns its message ("" if none thrown).
+inline std::string expect_status(Status status, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const StatusError& e) {
+    EXPECT_EQ(e.status(), status) << "message: " << e.what();
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status)
+                  << "), got std::exception: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status)
+                << "), nothing thrown";
+  return {};
+}
+
+inline bool same_stats(const PoolStats& a, const PoolStats& b) {
+  if (a.capacity_bytes != b.capacity_bytes || a.reserved_bytes != b.reserved_bytes ||
+      a.leases_active != b.leases_active || a.leases_orphaned != b.leases_orphaned ||
+      a.pages_reclaimed_total != b.pages_reclaimed_total ||
+      a.arenas.size() != b.arenas.size() || a.tenants.size() != b.tenants.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.arenas.size(); ++i) {
+    const ArenaInfo& x = a.arenas[i];
+    const ArenaInfo& y = b.arenas[i];
+    if (x.id != y.id || x.tenant != y.tenant || x.layout != y.layout ||
+        x.page_count != y.page_count || x.pages_used != y.pages_used || x.bytes != y.bytes ||
+        x.fd != y.fd) {
+      return false;
+    }
+  }
+  for (std::size_t i = 0; i < a.tenants.size(); ++i) {
+    const TenantUsage& x = a.tenants[i];
+    const TenantUsage& y = b.tenants[i];
+    if (x.name != y.name || x.reserved_bytes != y.reserved_bytes ||
+        x.pages_used != y.pages_used || x.stored_bytes != y.stored_bytes ||
+        x.fp32_bytes != y.fp32_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+inline std::string join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& line : lines) out += line + "\n";
+  return out;
+}
+
+}  // namespace statepool::service::testing
