@@ -1,0 +1,388 @@
+#include "config/config.hpp"
+
+#include "pool/accounting.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <grp.h>
+#include <sys/un.h>
+
+#include <boost/program_options.hpp>
+
+namespace statepool::service {
+namespace po = boost::program_options;
+namespace {
+
+constexpr const char* kVersion = "statepoold 0.1.0";
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+std::string trim(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return {};
+  const auto last = text.find_last_not_of(" \t");
+  return text.substr(first, last - first + 1);
+}
+
+// Splits "12.5GiB" into number and unit.
+void split_number(const std::string& text, double& number, std::string& unit, bool& ok) {
+  const std::string t = trim(text);
+  std::size_t pos = 0;
+  while (pos < t.size() && (std::isdigit(static_cast<unsigned char>(t[pos])) != 0 || t[pos] == '.'))
+    ++pos;
+  ok = pos > 0;
+  if (!ok) return;
+  try {
+    std::size_t used = 0;
+    number = std::stod(t.substr(0, pos), &used);
+    ok = used == pos && std::isfinite(number) && number >= 0;
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  unit = lower(trim(t.substr(pos)));
+}
+
+std::uint32_t to_u32(std::uint64_t value, const std::string& what) {
+  if (value > 0xffffffffull) throw ConfigError(what + " is too large: " + std::to_string(value));
+  return static_cast<std::uint32_t>(value);
+}
+
+std::uint64_t parse_count(const std::string& text, const std::string& what) {
+  const std::string t = trim(text);
+  if (t.empty() || !std::all_of(t.begin(), t.end(),
+                                [](unsigned char c) { return std::isdigit(c) != 0; }) ||
+      t.size() > 18) {
+    throw ConfigError("invalid " + what + " '" + text + "': expected a whole number");
+  }
+  return std::stoull(t);
+}
+
+std::vector<std::uint32_t> parse_id_list(const std::string& text, const std::string& what) {
+  std::vector<std::uint32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (trim(item).empty()) continue;
+    ids.push_back(to_u32(parse_count(item, what), what));
+  }
+  return ids;
+}
+
+bool valid_tenant_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  return std::all_of(name.begin(), name.end(), [](unsigned char c) {
+    return std::isalnum(c) != 0 || c == '_' || c == '-' || c == '.';
+  });
+}
+
+TenantConfig& tenant_entry(std::vector<TenantConfig>& tenants, const std::string& name,
+                           const std::string& where) {
+  if (!valid_tenant_name(name)) {
+    throw ConfigError("invalid tenant name '" + name + "' in " + where +
+                      ": use 1-64 letters, digits, '_', '-' or '.'");
+  }
+  for (auto& t : tenants)
+    if (t.name == name) return t;
+  tenants.push_back(TenantConfig{name, 0, {}, {}});
+  return tenants.back();
+}
+
+void parse_tenant_flag(const std::string& text, std::vector<TenantConfig>& tenants) {
+  const auto colon = text.find(':');
+  const std::string name = trim(text.substr(0, colon));
+  auto& tenant = tenant_entry(tenants, name, "--tenant");
+  if (colon != std::string::npos)
+    tenant.quota_bytes = parse_size(text.substr(colon + 1), "--tenant " + name + " quota");
+}
+
+void parse_tenant_key(const std::string& key, const std::string& value,
+                      std::vector<TenantConfig>& tenants, const std::string& file) {
+  // key is "tenant.NAME.FIELD"
+  const auto last = key.rfind('.');
+  const std::string name = key.substr(7, last - 7);
+  const std::string field = key.substr(last + 1);
+  auto& tenant = tenant_entry(tenants, name, file);
+  const std::string what = "[tenant." + name + "] " + field;
+  if (field == "quota") {
+    tenant.quota_bytes = parse_size(value, what);
+  } else if (field == "uids") {
+    for (auto id : parse_id_list(value, what)) tenant.uids.push_back(static_cast<uid_t>(id));
+  } else if (field == "gids") {
+    for (auto id : parse_id_list(value, what)) tenant.gids.push_back(static_cast<gid_t>(id));
+  } else {
+    throw ConfigError("unknown key '" + field + "' in section [tenant." + name + "] of " + file +
+                      " (known: quota, uids, gids)");
+  }
+}
+
+std::string usage_text(const po::options_description& options) {
+  std::ostringstream out;
+  out << "Usage: statepoold [OPTIONS]\n"
+         "\n"
+         "statepool daemon: owns the recurrent-state memory of hybrid linear-attention LLMs,\n"
+         "keeps it compressed, and serves engines over a Unix socket.\n"
+         "Every option can also be set in the --config file (INI: `name = value`; tenants in\n"
+         "[tenant.NAME] sections with quota, uids, gids). Flags override the file.\n"
+         "Sizes take KiB/MiB/GiB/TiB (or K/M/G/T); durations take ms/s/m/h.\n\n"
+      << options;
+  return out.str();
+}
+
+}  // namespace
+
+std::uint64_t parse_size(const std::string& text, const std::string& what) {
+  double number = 0;
+  std::string unit;
+  bool ok = false;
+  split_number(text, number, unit, ok);
+  static const std::map<std::string, double> kUnits = {
+      {"", 1.0},          {"b", 1.0},
+      {"k", 1024.0},      {"kb", 1024.0},      {"kib", 1024.0},
+      {"m", 1048576.0},   {"mb", 1048576.0},   {"mib", 1048576.0},
+      {"g", 1073741824.0}, {"gb", 1073741824.0}, {"gib", 1073741824.0},
+      {"t", 1099511627776.0}, {"tb", 1099511627776.0}, {"tib", 1099511627776.0}};
+  const auto it = kUnits.find(unit);
+  if (!ok || it == kUnits.end()) {
+    throw ConfigError("invalid " + what + " '" + text +
+                      "': expected a size such as 4096, 64MiB or 8GiB");
+  }
+  const double bytes = std::floor(number * it->second);
+  if (bytes > 1.8e19) throw ConfigError(what + " '" + text + "' is too large");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what) {
+  double number = 0;
+  std::string unit;
+  bool ok = false;
+  split_number(text, number, unit, ok);
+  static const std::map<std::string, double> kUnits = {
+      {"ms", 1.0}, {"s", 1000.0}, {"m", 60000.0}, {"min", 60000.0}, {"h", 3600000.0}};
+  auto it = kUnits.find(unit);
+  if (ok && unit.empty() && number == 0) it = kUnits.find("ms");
+  if (!ok || it == kUnits.end()) {
+    throw ConfigError("invalid " + what + " '" + text +
+                      "': expected a duration such as 500ms, 30s or 2m");
+  }
+  const double ms = number * it->second;
+  if (ms > 1e12) throw ConfigError(what + " '" + text + "' is too long");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
+}
+
+ParsedArgs parse_args(int argc, const char* const* argv) {
+  ParsedArgs result;
+  Config& config = result.config;
+  std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout,
+      drain_timeout, log_level, allow_uids;
+  std::vector<std::string> tenant_flags;
+  std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0;
+
+  po::options_description general("General");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("print-config", "print the effective configuration and exit")
+      ("config,c", po::value<std::string>(&config.config_file), "read options from this INI file")
+      ("log-level", po::value<std::string>(&log_level)->default_value("info"),
+       "debug, info, warn or error")
+      ("threads", po::value<std::uint64_t>(&threads)->default_value(2), "I/O threads (1-64)");
+  po::options_description server("Server");
+  server.add_options()
+      ("socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
+       "Unix socket path")
+      ("socket-mode", po::value<std::string>(&socket_mode)->default_value("0660"),
+       "socket file permission bits (octal)")
+      ("socket-group", po::value<std::string>(&config.socket_group),
+       "group that owns the socket file")
+      ("allow-uids", po::value<std::string>(&allow_uids),
+       "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
+      ("max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
+       "concurrent client connections")
+      ("max-frame-bytes", po::value<std::string>(&max_frame)->default_value("1MiB"),
+       "largest request payload accepted, header excluded (4KiB-64MiB)")
+      ("max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
+       "staging memory one connection may hold")
+      ("io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
+       "time to finish receiving a started frame or sending a reply")
+      ("drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
+       "on SIGTERM, longest wait for in-flight requests")
+      ("metrics-address",
+       po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
+       "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
+  po::options_description pool("Pool");
+  pool.add_options()
+      ("backend", po::value<std::string>(&config.backend)->default_value("host"),
+       "memory backend: host (memfd shared memory)")
+      ("pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
+       "bytes of all arenas together")
+      ("arena-pages", po::value<std::uint64_t>(&arena_pages)->default_value(64),
+       "pages of an arena when the client does not say")
+      ("max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
+       "largest arena a client may ask for, in pages")
+      ("grace-period", po::value<std::string>(&grace)->default_value("30s"),
+       "how long a dropped client's slots are kept for it to reconnect")
+      ("tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
+       "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
+  po::options_description all;
+  all.add(general).add(server).add(pool);
+
+  po::variables_map vm;
+  std::vector<TenantConfig> tenants;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    if (vm.count("help") != 0U) {
+      result.exit_now = true;
+      result.output = usage_text(all);
+      return result;
+    }
+    if (vm.count("version") != 0U) {
+      result.exit_now = true;
+      result.output = std::string(kVersion) + "\n";
+      return result;
+    }
+    if (vm.count("config") != 0U) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream in(file);
+      if (!in) throw ConfigError("cannot read config file '" + file + "'");
+      // A [tenant.NAME] section may be empty (a tenant without quota or peer rules);
+      // program_options reports no keys for it, so find the section headers first.
+      static const std::regex kTenantSection(R"(^\s*\[tenant\.([^\]]*)\]\s*$)");
+      for (std::string line; std::getline(in, line);) {
+        std::smatch m;
+        if (std::regex_match(line, m, kTenantSection)) tenant_entry(tenants, m[1], file);
+      }
+      in.clear();
+      in.seekg(0);
+      const auto parsed = po::parse_config_file(in, all, /*allow_unregistered=*/true);
+      for (const auto& option : parsed.options) {
+        if (!option.unregistered) continue;
+        if (option.string_key.rfind("tenant.", 0) == 0 &&
+            option.string_key.find('.', 7) != std::string::npos) {
+          parse_tenant_key(option.string_key, option.value.empty() ? "" : option.value.front(),
+                           tenants, file);
+        } else {
+          throw ConfigError("unknown option '" + option.string_key + "' in " + file);
+        }
+      }
+      po::store(parsed, vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string(e.what()) + " (see statepoold --help)");
+  }
+
+  for (const auto& flag : tenant_flags) parse_tenant_flag(flag, tenants);
+  config.pool.tenants = std::move(tenants);
+
+  // --- validation: everything before anything is created -------------------------
+  if (!parse_log_level(log_level, config.log_level))
+    throw ConfigError("invalid --log-level '" + log_level + "': use debug, info, warn or error");
+  if (threads < 1 || threads > 64)
+    throw ConfigError("--threads must be between 1 and 64, got " + std::to_string(threads));
+  config.threads = static_cast<unsigned>(threads);
+
+  if (config.socket_path.empty()) throw ConfigError("--socket must not be empty");
+  if (config.socket_path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    throw ConfigError("--socket path is too long (" + std::to_string(config.socket_path.size()) +
+                      " bytes; a Unix socket path must be under " +
+                      std::to_string(sizeof(sockaddr_un{}.sun_path)) + ")");
+  }
+  {
+    const std::string mode = trim(socket_mode);
+    if (mode.empty() || mode.size() > 4 ||
+        !std::all_of(mode.begin(), mode.end(), [](char c) { return c >= '0' && c <= '7'; }))
+      throw ConfigError("invalid --socket-mode '" + socket_mode + "': expected octal like 0660");
+    config.socket_mode = static_cast<unsigned>(std::stoul(mode, nullptr, 8));
+    if ((config.socket_mode & 0600) != 0600)
+      throw ConfigError("--socket-mode " + socket_mode + " does not let the owner read and write");
+  }
+  if (!config.socket_group.empty() && getgrnam(config.socket_group.c_str()) == nullptr)
+    throw ConfigError("--socket-group '" + config.socket_group + "' does not exist");
+  for (auto id : parse_id_list(allow_uids, "--allow-uids"))
+    config.allow_uids.push_back(static_cast<uid_t>(id));
+
+  if (max_connections < 1 || max_connections > 65536)
+    throw ConfigError("--max-connections must be between 1 and 65536");
+  config.max_connections = static_cast<std::uint32_t>(max_connections);
+  const std::uint64_t frame = parse_size(max_frame, "--max-frame-bytes");
+  if (frame < 4096 || frame > (64u << 20))
+    throw ConfigError("--max-frame-bytes must be between 4KiB and 64MiB, got " + max_frame);
+  config.max_frame_bytes = static_cast<std::uint32_t>(frame);
+  config.max_staging_bytes = parse_size(max_staging, "--max-staging-bytes");
+  config.io_timeout = parse_duration(io_timeout, "--io-timeout");
+  if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
+  config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
+
+  std::string metrics = trim(config.metrics_address);
+  if (metrics == "off" || metrics == "none") metrics.clear();
+  if (!metrics.empty()) {
+    const auto colon = metrics.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw ConfigError("invalid --metrics-address '" + metrics + "': expected host:port");
+    const std::uint64_t port = parse_count(metrics.substr(colon + 1), "--metrics-address port");
+    if (port > 65535) throw ConfigError("--metrics-address port must be at most 65535");
+  }
+  config.metrics_address = metrics;
+
+  if (config.backend != "host")
+    throw ConfigError("unknown --backend '" + config.backend + "' (available: host)");
+  config.pool.capacity_bytes = parse_size(pool_capacity, "--pool-capacity");
+  if (config.pool.capacity_bytes == 0) throw ConfigError("--pool-capacity must be positive");
+  if (max_arena_pages < 1 || max_arena_pages > (1u << 24))
+    throw ConfigError("--max-arena-pages must be between 1 and 16777216");
+  if (arena_pages < 1 || arena_pages > max_arena_pages)
+    throw ConfigError("--arena-pages must be between 1 and --max-arena-pages (" +
+                      std::to_string(max_arena_pages) + "), got " + std::to_string(arena_pages));
+  config.pool.default_arena_pages = static_cast<std::uint32_t>(arena_pages);
+  config.pool.max_arena_pages = static_cast<std::uint32_t>(max_arena_pages);
+  config.pool.grace_period = parse_duration(grace, "--grace-period");
+
+  if (vm.count("print-config") != 0U) {
+    result.exit_now = true;
+    result.output = describe(config);
+  }
+  return result;
+}
+
+std::string describe(const Config& config) {
+  std::ostringstream out;
+  out << "socket " << config.socket_path << " (mode " << std::oct << config.socket_mode
+      << std::dec << (config.socket_group.empty() ? "" : ", group " + config.socket_group)
+      << ")\n"
+      << "backend " << config.backend << ", pool capacity "
+      << format_bytes(config.pool.capacity_bytes) << ", arena pages "
+      << config.pool.default_arena_pages << " (max " << config.pool.max_arena_pages << ")\n"
+      << "grace period " << config.pool.grace_period.count() << " ms, io timeout "
+      << config.io_timeout.count() << " ms, drain timeout " << config.drain_timeout.count()
+      << " ms\n"
+      << "limits: " << config.max_connections << " connections, frames up to "
+      << format_bytes(config.max_frame_bytes) << ", staging up to "
+      << format_bytes(config.max_staging_bytes) << " per connection\n"
+      << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
+      << ", threads " << config.threads << "\n";
+  if (config.pool.tenants.empty()) {
+    out << "tenants: default (no quota)\n";
+  } else {
+    for (const auto& t : config.pool.tenants) {
+      out << "tenant " << t.name << ": quota "
+          << (t.quota_bytes == 0 ? std::string("unlimited") : format_bytes(t.quota_bytes));
+      if (!t.uids.empty() || !t.gids.empty())
+        out << ", " << t.uids.size() << " uids, " << t.gids.size() << " gids allowed";
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace statepool::service

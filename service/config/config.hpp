@@ -1,0 +1,66 @@
+#pragma once
+// Daemon configuration: command-line flags and an optional INI-style config file share one
+// set of option names (Boost.ProgramOptions). Flags override the file. Tenants come from
+// `[tenant.NAME]` sections of the file or from repeated `--tenant NAME[:QUOTA]` flags.
+//
+// Everything is validated here, before the daemon creates anything: a bad configuration is
+// a ConfigError whose message names the option and the value.
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "log.hpp"
+#include "pool/pool.hpp"
+
+namespace statepool::service {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Config {
+  std::string socket_path = "/run/statepool/statepool.sock";
+  unsigned socket_mode = 0660;              ///< permission bits of the socket file
+  std::string socket_group;                 ///< group owning the socket file ("" = unchanged)
+  std::string backend = "host";
+  std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
+  PoolConfig pool;
+  std::uint32_t max_frame_bytes = 1u << 20;
+  std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
+  std::uint32_t max_connections = 256;
+  std::chrono::milliseconds io_timeout{10000};    ///< to finish a started frame or a reply
+  std::chrono::milliseconds drain_timeout{10000}; ///< SIGTERM: longest wait for in-flight work
+  unsigned threads = 2;                           ///< I/O threads
+  LogLevel log_level = LogLevel::info;
+  std::vector<uid_t> allow_uids;                  ///< empty = any peer uid (socket mode rules)
+  std::string config_file;                        ///< the file read, if any
+};
+
+/// Outcome of parsing argv: either a configuration to run, or text to print and an exit
+/// code (--help, --version, --print-config).
+struct ParsedArgs {
+  Config config;
+  bool exit_now = false;
+  int exit_code = 0;
+  std::string output;
+};
+
+/// Parses flags (and the file named by --config). Throws ConfigError.
+[[nodiscard]] ParsedArgs parse_args(int argc, const char* const* argv);
+
+/// "1GiB", "512MiB", "64KiB", "1G", "4096" -> bytes. Throws ConfigError naming `what`.
+[[nodiscard]] std::uint64_t parse_size(const std::string& text, const std::string& what);
+/// "30s", "500ms", "2m", "0" -> milliseconds. Throws ConfigError naming `what`.
+[[nodiscard]] std::chrono::milliseconds parse_duration(const std::string& text,
+                                                       const std::string& what);
+
+/// Human-readable summary of the effective configuration (logged at start-up).
+[[nodiscard]] std::string describe(const Config& config);
+
+}  // namespace statepool::service

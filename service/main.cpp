@@ -1,0 +1,59 @@
+// statepoold: the statepool daemon. See `statepoold --help` and docs/operations.md.
+
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+
+#include "config/config.hpp"
+#include "log.hpp"
+#include "metrics/metrics.hpp"
+#include "pool/pool.hpp"
+#include "server/server.hpp"
+
+int main(int argc, char** argv) {
+  using namespace statepool::service;
+  ParsedArgs args;
+  try {
+    args = parse_args(argc, argv);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "statepoold: configuration error: %s\n", e.what());
+    return 2;
+  }
+  if (args.exit_now) {
+    std::fputs(args.output.c_str(), stdout);
+    return args.exit_code;
+  }
+  const Config& config = args.config;
+  set_log_level(config.log_level);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  try {
+    for (std::istringstream lines(describe(config)); !lines.eof();) {
+      std::string line;
+      std::getline(lines, line);
+      if (!line.empty()) LOG_INFO("config", line);
+    }
+    Pool pool(config.pool, std::make_unique<HostBackend>());
+    Metrics metrics(pool);
+    Server server(config, pool, &metrics);
+    server.bind();
+    if (!config.metrics_address.empty()) {
+      metrics.start_exporter(config.metrics_address);
+      const auto ports = metrics.listening_ports();
+      const auto host = config.metrics_address.substr(0, config.metrics_address.rfind(':'));
+      LOG_INFO("metrics", "serving http://", host, ":", ports.empty() ? 0 : ports.front(),
+               "/metrics");
+    }
+    LOG_INFO("server", "ready on ", config.socket_path);
+    const std::size_t forced = server.run();
+    const auto problems = pool.check();
+    for (const auto& p : problems) LOG_ERROR("pool", "consistency check at exit: ", p);
+    LOG_INFO("server", "stopped", forced > 0 ? cat(" (", forced, " busy connections closed at the drain timeout)") : std::string());
+    return problems.empty() ? 0 : 1;
+  } catch (const std::exception& e) {
+    LOG_ERROR("server", e.what());
+    return 1;
+  }
+}

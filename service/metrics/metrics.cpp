@@ -1,0 +1,296 @@
+#include "metrics/metrics.hpp"
+
+#include <array>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "statepool/protocol/frame.hpp"
+
+namespace statepool::service {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+// Request latencies span ~10 us (ping, allocate) to seconds (compressing a large state).
+const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+
+constexpr std::array kRequestTypes = {
+    wire::RequestBody::Hello,      wire::RequestBody::RegisterLayout, wire::RequestBody::OpenArena,
+    wire::RequestBody::Allocate,   wire::RequestBody::Free,           wire::RequestBody::OpenStaging,
+    wire::RequestBody::CloseStaging, wire::RequestBody::Compress,     wire::RequestBody::Decompress,
+    wire::RequestBody::Copy,       wire::RequestBody::Stats,          wire::RequestBody::Ping,
+    wire::RequestBody::Drain,      wire::RequestBody::NONE};
+
+ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
+  ClientMetric metric;
+  metric.label = std::move(labels);
+  if (type == MetricType::Counter) metric.counter.value = value;
+  else metric.gauge.value = value;
+  return metric;
+}
+
+MetricFamily family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+// Reads the pool at scrape time.
+class PoolCollector final : public prometheus::Collectable {
+ public:
+  explicit PoolCollector(const Pool& pool) : pool_(pool) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    const PoolStats stats = pool_.stats();
+    const std::string backend(pool_.backend_name());
+    std::vector<MetricFamily> out;
+
+    auto capacity = family("statepool_pool_capacity_bytes",
+                           "Configured capacity of the pool (all arenas together).",
+                           MetricType::Gauge);
+    capacity.metric.push_back(sample({{"backend", backend}},
+                                     static_cast<double>(stats.capacity_bytes), MetricType::Gauge));
+    auto reserved = family("statepool_pool_reserved_bytes",
+                           "Bytes of the pool reserved by arenas.", MetricType::Gauge);
+    reserved.metric.push_back(sample({{"backend", backend}},
+                                     static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
+    out.push_back(std::move(capacity));
+    out.push_back(std::move(reserved));
+
+    auto arena_bytes = family("statepool_arena_bytes",
+                              "Bytes of an arena by state (used: pages holding a slot; free).",
+                              MetricType::Gauge);
+    auto arena_pages = family("statepool_arena_pages",
+                              "Pages of an arena by state (used or free).", MetricType::Gauge);
+    auto page_bytes = family("statepool_arena_page_bytes",
+                             "Exact bytes of one page (one request's whole state) in an arena.",
+                             MetricType::Gauge);
+    for (const auto& a : stats.arenas) {
+      std::vector<ClientMetric::Label> labels = {{"arena", std::to_string(a.id)},
+                                                 {"tenant", a.tenant},
+                                                 {"layout", a.layout_name},
+                                                 {"codec", kernels::to_string(a.codec)},
+                                                 {"backend", a.backend}};
+      auto with_state = [&](const char* state) {
+        auto l = labels;
+        l.push_back({"state", state});
+        return l;
+      };
+      const double used = static_cast<double>(a.pages_used);
+      const double free = static_cast<double>(a.page_count - a.pages_used);
+      const double stride = static_cast<double>(a.page_stride);
+      arena_bytes.metric.push_back(sample(with_state("used"), used * stride, MetricType::Gauge));
+      arena_bytes.metric.push_back(sample(with_state("free"), free * stride, MetricType::Gauge));
+      arena_pages.metric.push_back(sample(with_state("used"), used, MetricType::Gauge));
+      arena_pages.metric.push_back(sample(with_state("free"), free, MetricType::Gauge));
+      page_bytes.metric.push_back(
+          sample(labels, static_cast<double>(a.page_bytes), MetricType::Gauge));
+    }
+    out.push_back(std::move(arena_bytes));
+    out.push_back(std::move(arena_pages));
+    out.push_back(std::move(page_bytes));
+
+    // Accounting per tenant and codec, summed over the tenant's arenas of that codec.
+    struct Sum {
+      double pages = 0, stored = 0, fp32 = 0;
+    };
+    std::map<std::pair<std::string, std::string>, Sum> sums;
+    for (const auto& a : stats.arenas) {
+      auto& s = sums[{a.tenant, kernels::to_string(a.codec)}];
+      s.pages += a.pages_used;
+      s.stored += static_cast<double>(a.pages_used) * static_cast<double>(a.page_bytes);
+      s.fp32 += static_cast<double>(a.pages_used) * static_cast<double>(a.fp32_page_bytes);
+    }
+    auto pages_used = family("statepool_pages_used",
+                             "Pages holding a slot, per tenant and codec.", MetricType::Gauge);
+    auto stored = family("statepool_stored_bytes",
+                         "Page bytes of used pages (every byte of metadata included), per "
+                         "tenant and codec.",
+                         MetricType::Gauge);
+    auto fp32 = family("statepool_fp32_equivalent_bytes",
+                       "Bytes the same states would take with every value in FP32, per tenant "
+                       "and codec.",
+                       MetricType::Gauge);
+    auto ratio = family("statepool_compression_ratio",
+                        "Measured compression ratio: FP32-equivalent bytes / stored bytes, per "
+                        "tenant and codec (absent while nothing is stored).",
+                        MetricType::Gauge);
+    for (const auto& [key, s] : sums) {
+      std::vector<ClientMetric::Label> labels = {{"tenant", key.first}, {"codec", key.second}};
+      pages_used.metric.push_back(sample(labels, s.pages, MetricType::Gauge));
+      stored.metric.push_back(sample(labels, s.stored, MetricType::Gauge));
+      fp32.metric.push_back(sample(labels, s.fp32, MetricType::Gauge));
+      if (s.stored > 0) ratio.metric.push_back(sample(labels, s.fp32 / s.stored, MetricType::Gauge));
+    }
+    out.push_back(std::move(pages_used));
+    out.push_back(std::move(stored));
+    out.push_back(std::move(fp32));
+    out.push_back(std::move(ratio));
+
+    auto quota = family("statepool_tenant_quota_bytes",
+                        "Configured quota of a tenant over reserved arena bytes (0 = unlimited).",
+                        MetricType::Gauge);
+    auto tenant_reserved = family("statepool_tenant_reserved_bytes",
+                                  "Arena bytes reserved by a tenant (counted against its quota).",
+                                  MetricType::Gauge);
+    for (const auto& t : stats.tenants) {
+      quota.metric.push_back(
+          sample({{"tenant", t.name}}, static_cast<double>(t.quota_bytes), MetricType::Gauge));
+      tenant_reserved.metric.push_back(
+          sample({{"tenant", t.name}}, static_cast<double>(t.reserved_bytes), MetricType::Gauge));
+    }
+    out.push_back(std::move(quota));
+    out.push_back(std::move(tenant_reserved));
+
+    auto leases = family("statepool_leases",
+                         "Client leases by state (active: attached to a connection; orphaned: "
+                         "disconnected, inside the grace period).",
+                         MetricType::Gauge);
+    leases.metric.push_back(sample({{"state", "active"}},
+                                   static_cast<double>(stats.leases_active), MetricType::Gauge));
+    leases.metric.push_back(sample({{"state", "orphaned"}},
+                                   static_cast<double>(stats.leases_orphaned), MetricType::Gauge));
+    out.push_back(std::move(leases));
+
+    auto reclaimed = family("statepool_reclaimed_pages_total",
+                            "Pages reclaimed from leases whose grace period ended.",
+                            MetricType::Counter);
+    reclaimed.metric.push_back(
+        sample({}, static_cast<double>(stats.pages_reclaimed_total), MetricType::Counter));
+    out.push_back(std::move(reclaimed));
+    return out;
+  }
+
+ private:
+  const Pool& pool_;
+};
+
+}  // namespace
+
+struct Metrics::Impl {
+  explicit Impl(const Pool& pool)
+      : registry(std::make_shared<prometheus::Registry>()),
+        collector(std::make_shared<PoolCollector>(pool)),
+        requests(prometheus::BuildCounter()
+                     .Name("statepool_requests_total")
+                     .Help("Requests handled, by request type.")
+                     .Register(*registry)),
+        latency(prometheus::BuildHistogram()
+                    .Name("statepool_request_duration_seconds")
+                    .Help("Time from a request's arrival to its reply, by request type.")
+                    .Register(*registry)),
+        errors(prometheus::BuildCounter()
+                   .Name("statepool_errors_total")
+                   .Help("Error replies and refused frames, by status code.")
+                   .Register(*registry)),
+        connections(prometheus::BuildCounter()
+                        .Name("statepool_connections_total")
+                        .Help("Client connections accepted.")
+                        .Register(*registry)
+                        .Add({})),
+        clients(prometheus::BuildGauge()
+                    .Name("statepool_clients_connected")
+                    .Help("Client connections open now.")
+                    .Register(*registry)
+                    .Add({})),
+        draining(prometheus::BuildGauge()
+                     .Name("statepool_draining")
+                     .Help("1 while the daemon drains before exiting, else 0.")
+                     .Register(*registry)
+                     .Add({})) {
+    prometheus::BuildGauge()
+        .Name("statepool_build_info")
+        .Help("Always 1; labels carry the daemon version and protocol version.")
+        .Register(*registry)
+        .Add({{"version", "0.1.0"},
+              {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
+        .Set(1);
+    // Pre-create every request type so rates exist (at zero) before the first request.
+    for (auto type : kRequestTypes) {
+      const std::string name = protocol::request_name(type);
+      request_counters[static_cast<std::size_t>(type)] = &requests.Add({{"type", name}});
+      request_latency[static_cast<std::size_t>(type)] =
+          &latency.Add({{"type", name}}, kLatencyBuckets);
+    }
+  }
+
+  prometheus::Counter& error_counter(wire::Status status) {
+    const std::lock_guard lock(mutex);
+    return errors.Add({{"code", protocol::status_name(status)}});
+  }
+
+  std::shared_ptr<prometheus::Registry> registry;
+  std::shared_ptr<PoolCollector> collector;
+  prometheus::Family<prometheus::Counter>& requests;
+  prometheus::Family<prometheus::Histogram>& latency;
+  prometheus::Family<prometheus::Counter>& errors;
+  prometheus::Counter& connections;
+  prometheus::Gauge& clients;
+  prometheus::Gauge& draining;
+  std::array<prometheus::Counter*, 14> request_counters{};
+  std::array<prometheus::Histogram*, 14> request_latency{};
+  std::mutex mutex;
+  std::unique_ptr<prometheus::Exposer> exposer;
+};
+
+Metrics::Metrics(const Pool& pool) : impl_(std::make_unique<Impl>(pool)) {}
+Metrics::~Metrics() = default;
+
+void Metrics::start_exporter(const std::string& address) {
+  try {
+    impl_->exposer = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("cannot serve metrics on " + address + ": " + e.what() +
+                             " (is the port in use? set --metrics-address)");
+  }
+  impl_->exposer->RegisterCollectable(impl_->registry);
+  impl_->exposer->RegisterCollectable(impl_->collector);
+}
+
+std::vector<int> Metrics::listening_ports() const {
+  return impl_->exposer ? impl_->exposer->GetListeningPorts() : std::vector<int>{};
+}
+
+void Metrics::observe_request(wire::RequestBody type, wire::Status status, double seconds) {
+  auto index = static_cast<std::size_t>(type);
+  if (index >= impl_->request_counters.size()) index = 0;  // NONE: "unknown"
+  impl_->request_counters[index]->Increment();
+  impl_->request_latency[index]->Observe(seconds);
+  if (status != wire::Status::ok) impl_->error_counter(status).Increment();
+}
+
+void Metrics::observe_refused(wire::Status status) { impl_->error_counter(status).Increment(); }
+
+void Metrics::client_connected() {
+  impl_->connections.Increment();
+  impl_->clients.Increment();
+}
+void Metrics::client_disconnected() { impl_->clients.Decrement(); }
+void Metrics::set_draining(bool draining) { impl_->draining.Set(draining ? 1.0 : 0.0); }
+
+std::string Metrics::render() const {
+  auto families = impl_->registry->Collect();
+  auto pool_families = impl_->collector->Collect();
+  families.insert(families.end(), pool_families.begin(), pool_families.end());
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, families);
+  return out.str();
+}
+
+}  // namespace statepool::service

@@ -1,0 +1,60 @@
+#pragma once
+// Prometheus metrics of the daemon (prometheus-cpp).
+//
+// Two sources:
+//  - event metrics owned here and updated by the server: requests, latencies, errors,
+//    connections (prometheus::Registry families);
+//  - state metrics read from the pool at scrape time (a prometheus::Collectable over
+//    Pool::stats()), so capacity and accounting can never drift from the pool itself.
+// Names follow Prometheus practice: `statepool_` prefix, base units, `_total` counters,
+// bounded label sets (request type and status code come from closed enums; arena,
+// tenant and codec labels are bounded by configuration). docs/metrics.md lists them all.
+//
+// Thread-safety: every member function may be called concurrently.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pool/pool.hpp"
+#include "statepool_generated.h"
+
+namespace prometheus {
+class Registry;
+class Exposer;
+}  // namespace prometheus
+
+namespace statepool::service {
+
+class Metrics {
+ public:
+  explicit Metrics(const Pool& pool);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  /// Serves GET /metrics on host:port (port 0 picks a free one). Throws
+  /// std::runtime_error with the address in the message when it cannot bind.
+  void start_exporter(const std::string& address);
+  /// Ports the exporter listens on (empty when not started).
+  [[nodiscard]] std::vector<int> listening_ports() const;
+
+  /// One handled request: its type, reply status and wall time.
+  void observe_request(wire::RequestBody type, wire::Status status, double seconds);
+  /// A connection or frame refused before it became a request (bad header or FlatBuffer:
+  /// protocol_error; peer not allowed: permission_denied; too_many_connections).
+  void observe_refused(wire::Status status);
+  void client_connected();
+  void client_disconnected();
+  void set_draining(bool draining);
+
+  /// The text exposition format of everything, as /metrics would serve it.
+  [[nodiscard]] std::string render() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace statepool::service

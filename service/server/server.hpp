@@ -1,0 +1,75 @@
+#pragma once
+// The daemon's server: a Boost.Asio Unix-socket acceptor, one coroutine session per
+// connection (each on its own strand), a reclaim timer for expired leases, and SIGTERM /
+// SIGINT drain.
+//
+// Drain (SIGTERM, SIGINT or a Drain request): stop accepting, let every session finish
+// the request it is handling and send its reply, close idle connections, then return
+// from run(). Sessions still busy when the drain timeout expires are closed forcibly.
+//
+// Thread-safety: run() is called once; drain() may be called from any thread.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <boost/asio.hpp>
+
+#include "config/config.hpp"
+#include "metrics/metrics.hpp"
+#include "pool/pool.hpp"
+#include "server/handlers.hpp"
+
+namespace statepool::service {
+
+class Session;
+
+class Server {
+ public:
+  Server(const Config& config, Pool& pool, Metrics* metrics);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Creates the socket file (mode, group), refusing to steal the socket of a live
+  /// daemon. Throws std::runtime_error with an actionable message.
+  void bind();
+  /// Serves until drained. Returns the number of sessions that had to be closed forcibly.
+  std::size_t run();
+  /// Starts draining; safe from any thread, idempotent.
+  void drain(const std::string& why);
+
+  [[nodiscard]] std::uint32_t clients_connected() const noexcept { return sessions_live_.load(); }
+
+ private:
+  friend class Session;
+  boost::asio::awaitable<void> accept_loop();
+  boost::asio::awaitable<void> reclaim_loop();
+  void begin_drain(const std::string& why);  // on the io_context
+  void session_ended(std::uint64_t id);
+  void finish_if_drained();
+
+  const Config& config_;
+  Pool& pool_;
+  Metrics* metrics_;
+  HostBackend staging_backend_;
+  ServerContext context_;
+  boost::asio::io_context io_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer reclaim_timer_;
+  boost::asio::steady_timer drain_timer_;
+  std::mutex sessions_mutex_;
+  std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
+  std::atomic<std::uint32_t> sessions_live_{0};
+  std::uint64_t next_session_id_ = 1;
+  std::atomic<bool> draining_{false};
+  bool bound_ = false;
+  std::size_t forced_closes_ = 0;
+};
+
+}  // namespace statepool::service

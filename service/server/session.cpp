@@ -1,0 +1,247 @@
+#include "server/session.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include <sys/socket.h>
+
+#include "log.hpp"
+#include "server/server.hpp"
+#include "statepool/protocol/frame.hpp"
+
+namespace statepool::service {
+namespace asio = boost::asio;
+using asio::use_awaitable;
+
+namespace {
+constexpr auto kAsTuple = asio::as_tuple(use_awaitable);
+}
+
+Session::Session(Server& server, asio::local::stream_protocol::socket socket, std::uint64_t id)
+    : server_(server), socket_(std::move(socket)), deadline_(socket_.get_executor()) {
+  state_.id = id;
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    state_.pid = cred.pid;
+    state_.uid = cred.uid;
+    state_.gid = cred.gid;
+  }
+  deadline_.expires_at(std::chrono::steady_clock::time_point::max());
+}
+
+Session::~Session() {
+  if (state_.hello_done) {
+    try {
+      server_.pool_.detach_lease(state_.lease, Clock::now());
+    } catch (const std::exception& e) {
+      LOG_ERROR("session", "connection ", state_.id, ": detaching lease failed: ", e.what());
+    }
+  }
+}
+
+void Session::arm(std::chrono::milliseconds timeout) { deadline_.expires_after(timeout); }
+void Session::disarm() { deadline_.expires_at(std::chrono::steady_clock::time_point::max()); }
+
+void Session::close() {
+  if (closing_) return;
+  closing_ = true;
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::socket_base::shutdown_both, ignored);
+  socket_.close(ignored);
+  deadline_.cancel();
+}
+
+void Session::close_when_idle() {
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    if (!self->busy_) self->close();
+  });
+}
+
+void Session::close_now() {
+  asio::post(socket_.get_executor(), [self = shared_from_this()] { self->close(); });
+}
+
+asio::awaitable<void> Session::watchdog() {
+  while (!closing_) {
+    co_await deadline_.async_wait(kAsTuple);
+    if (closing_) break;
+    if (deadline_.expiry() <= std::chrono::steady_clock::now()) {
+      timed_out_ = true;
+      LOG_WARN("session", "connection ", state_.id, ": timed out after ",
+               server_.config_.io_timeout.count(), " ms inside a frame; closing");
+      close();
+    }
+  }
+}
+
+asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
+                                          std::vector<std::byte>& payload) {
+  std::array<std::byte, protocol::kHeaderBytes> head{};
+  // Waiting for a frame's first byte may take forever (idle clients are normal); from
+  // then on the whole frame must arrive within the I/O timeout.
+  auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(head.data(), 1), kAsTuple);
+  if (ec) co_return false;  // EOF, reset or closed by drain: not an error
+  busy_ = true;
+  arm(server_.config_.io_timeout);
+  auto [ec1, n1] = co_await asio::async_read(
+      socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
+  if (ec1) {
+    if (!timed_out_ && !closing_)
+      LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame header");
+    co_return false;
+  }
+  header = protocol::decode_header(head);
+  const auto error =
+      protocol::check_header(header, protocol::FrameType::request, server_.config_.max_frame_bytes);
+  if (error != protocol::FrameError::none) {
+    std::string message = protocol::to_string(error);
+    if (error == protocol::FrameError::too_large)
+      message += cat(": ", header.length, " bytes > ", server_.config_.max_frame_bytes);
+    if (error == protocol::FrameError::bad_version)
+      message += cat(": frame version ", header.version, ", daemon speaks ", protocol::kFrameVersion);
+    co_await refuse(wire::Status::protocol_error, message);
+    co_return false;
+  }
+  payload.resize(header.length);
+  auto [ec2, n2] = co_await asio::async_read(socket_, asio::buffer(payload), kAsTuple);
+  if (ec2) {
+    if (!timed_out_ && !closing_)
+      LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame: ",
+               ec2.message());
+    co_return false;
+  }
+  co_return true;
+}
+
+asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd) {
+  const std::string frame = protocol::make_frame(
+      protocol::FrameType::reply, fd >= 0 ? protocol::kFlagFdAttached : protocol::kFlagNone,
+      {builder.GetBufferPointer(), builder.GetSize()});
+  arm(server_.config_.io_timeout);
+  std::size_t sent = 0;
+  if (fd >= 0) {
+    // The fd rides on the frame's first bytes: one sendmsg with SCM_RIGHTS.
+    for (;;) {
+      iovec iov{const_cast<char*>(frame.data()), frame.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+      const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n >= 0) {
+        sent = static_cast<std::size_t>(n);
+        break;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        throw std::system_error(errno, std::generic_category(), "sendmsg");
+      auto [ec] = co_await socket_.async_wait(asio::socket_base::wait_write, kAsTuple);
+      if (ec) throw std::system_error(ec, "waiting to send");
+    }
+  }
+  if (sent < frame.size()) {
+    auto [ec, n] = co_await asio::async_write(
+        socket_, asio::buffer(frame.data() + sent, frame.size() - sent), kAsTuple);
+    if (ec) throw std::system_error(ec, "sending reply");
+  }
+  disarm();
+}
+
+asio::awaitable<void> Session::refuse(wire::Status status, const std::string& message) {
+  if (server_.metrics_ != nullptr) server_.metrics_->observe_refused(status);
+  LOG_WARN("session", "connection ", state_.id, " (pid ", state_.pid, "): ", message,
+           "; closing the connection");
+  flatbuffers::FlatBufferBuilder builder;
+  build_error(builder, 0, status, message);
+  try {
+    co_await write_frame(builder, -1);
+  } catch (const std::exception&) {
+    // the peer is already gone; nothing more to tell it
+  }
+}
+
+asio::awaitable<void> Session::run() {
+  auto self = shared_from_this();
+  asio::co_spawn(socket_.get_executor(), [self]() { return self->watchdog(); }, asio::detached);
+  LOG_DEBUG("session", "connection ", state_.id, " from pid ", state_.pid, " uid ", state_.uid);
+
+  const auto& allow = server_.config_.allow_uids;
+  if (!allow.empty() && state_.uid != 0 &&
+      std::find(allow.begin(), allow.end(), state_.uid) == allow.end()) {
+    busy_ = true;
+    co_await refuse(wire::Status::permission_denied,
+                    cat("uid ", state_.uid, " is not in the daemon's --allow-uids"));
+    close();
+    server_.session_ended(state_.id);
+    co_return;
+  }
+  if (server_.clients_connected() > server_.config_.max_connections) {
+    busy_ = true;
+    co_await refuse(wire::Status::too_many_connections,
+                    cat("connection limit of ", server_.config_.max_connections,
+                        " reached (--max-connections); retry later"));
+    close();
+    server_.session_ended(state_.id);
+    co_return;
+  }
+
+  std::vector<std::byte> payload;
+  try {
+    while (!closing_) {
+      busy_ = false;
+      if (server_.draining_.load()) break;
+      protocol::FrameHeader header;
+      if (!co_await read_frame(header, payload)) break;
+      const auto arrived = std::chrono::steady_clock::now();
+
+      protocol::FrameError error = protocol::FrameError::none;
+      const wire::Request* request = protocol::verify_request(payload, error);
+      if (request == nullptr) {
+        co_await refuse(wire::Status::protocol_error,
+                        cat(protocol::to_string(error), " (", payload.size(), " bytes)"));
+        break;
+      }
+      if (header.flags != protocol::kFlagNone) {
+        co_await refuse(wire::Status::protocol_error,
+                        "requests never carry file descriptors (flag FD_ATTACHED set)");
+        break;
+      }
+      HandlerResult result;
+      handle_request(server_.context_, state_, *request, result);
+      co_await write_frame(result.builder, result.fd);
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
+      if (server_.metrics_ != nullptr)
+        server_.metrics_->observe_request(request->body_type(), result.status, seconds);
+      if (result.status != wire::Status::ok) {
+        LOG_DEBUG("session", "connection ", state_.id, ": ",
+                  protocol::request_name(request->body_type()), " -> ",
+                  protocol::status_name(result.status));
+      }
+      if (result.close_after) break;
+    }
+  } catch (const std::exception& e) {
+    if (!closing_)
+      LOG_WARN("session", "connection ", state_.id, ": ", e.what(), "; closing the connection");
+  }
+  busy_ = false;
+  close();
+  if (state_.hello_done) {
+    LOG_INFO("session", "connection ", state_.id, ": client '", state_.client_name, "' (pid ",
+             state_.pid, ") disconnected", state_.staging.empty() ? "" : "; staging released");
+  }
+  state_.staging.clear();
+  server_.session_ended(state_.id);
+}
+
+}  // namespace statepool::service

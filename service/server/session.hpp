@@ -1,0 +1,56 @@
+#pragma once
+// One client connection: reads frames, verifies them, runs the handler, writes the reply
+// (with an fd when the handler attached one). Everything runs on the connection's strand.
+//
+// Reading a frame's header may wait forever (idle clients are normal); once a header has
+// arrived, the rest of the frame and the reply must complete within --io-timeout, or the
+// connection is closed. One reply per request, written before the next request is read:
+// a client that does not read its replies cannot grow the daemon's memory.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "server/handlers.hpp"
+#include "statepool/protocol/frame.hpp"
+
+namespace statepool::service {
+
+class Server;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
+  ~Session();
+
+  boost::asio::awaitable<void> run();
+  /// Posts to the strand: close now if no request is in flight, else after its reply.
+  void close_when_idle();
+  /// Posts to the strand: close now.
+  void close_now();
+  [[nodiscard]] std::uint64_t id() const noexcept { return state_.id; }
+  [[nodiscard]] boost::asio::any_io_executor socket_executor() { return socket_.get_executor(); }
+
+ private:
+  boost::asio::awaitable<void> watchdog();
+  boost::asio::awaitable<bool> read_frame(protocol::FrameHeader& header,
+                                          std::vector<std::byte>& payload);
+  boost::asio::awaitable<void> write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd);
+  boost::asio::awaitable<void> refuse(wire::Status status, const std::string& message);
+  void arm(std::chrono::milliseconds timeout);
+  void disarm();
+  void close();
+
+  Server& server_;
+  boost::asio::local::stream_protocol::socket socket_;
+  boost::asio::steady_timer deadline_;
+  ConnectionState state_;
+  bool busy_ = false;
+  bool closing_ = false;
+  bool timed_out_ = false;
+};
+
+}  // namespace statepool::service
