@@ -1,0 +1,698 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "impl.hpp"
+#include "statepool/client.hpp"
+
+namespace statepool::client {
+namespace detail {
+namespace {
+
+using Kind = ConnectionError::Kind;
+
+// After these statuses the daemon closes the connection (protocol/statepool.fbs).
+bool closes_connection(wire::Status status) noexcept {
+  return status == wire::Status::protocol_error || status == wire::Status::not_hello ||
+         status == wire::Status::unsupported_version ||
+         status == wire::Status::too_many_connections;
+}
+
+// Reply tables without fields: a daemon may leave the union empty for them.
+bool empty_reply(wire::ReplyBody body) noexcept {
+  return body == wire::ReplyBody::CloseStagingReply || body == wire::ReplyBody::CopyReply ||
+         body == wire::ReplyBody::DrainReply;
+}
+
+const char* reply_name(wire::ReplyBody body) noexcept {
+  const char* name = wire::EnumNameReplyBody(body);
+  return (name != nullptr && *name != '\0') ? name : "unknown";
+}
+
+}  // namespace
+
+Impl::Impl(UniqueFd fd, const Options& options)
+    : socket(std::move(fd)),
+      timeout(options.timeout),
+      max_reply_bytes(std::min(
+          options.max_reply_bytes == 0 ? protocol::kDefaultMaxPayload : options.max_reply_bytes,
+          protocol::kAbsoluteMaxPayload)) {}
+
+flatbuffers::FlatBufferBuilder& Impl::begin() {
+  builder.Clear();
+  return builder;
+}
+
+void Impl::mark_broken(const std::string& reason) noexcept {
+  if (broken) return;
+  try {
+    broken_reason = reason;
+  } catch (...) {
+    // Keep going without the text: being broken matters more than saying why.
+  }
+  broken = true;
+  socket.reset();
+  received_fds.clear();
+}
+
+void Impl::check_usable() const {
+  if (broken || !socket) {
+    throw ConnectionError(Kind::closed, "the connection to statepoold is no longer usable (" +
+                                            broken_reason + "); make a new Connection");
+  }
+}
+
+bool Impl::healthy() {
+  const std::lock_guard lock(mutex);
+  return !broken && static_cast<bool>(socket);
+}
+
+const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<void> body,
+                                   wire::ReplyBody expected, UniqueFd* fd_out) {
+  check_usable();
+  const char* name = protocol::request_name(type);
+  const std::uint64_t id = next_id++;
+  builder.Finish(wire::CreateRequest(builder, id, type, body));
+  const std::uint32_t size = builder.GetSize();
+  if (max_frame_bytes != 0 && size > max_frame_bytes) {
+    throw Error(wire::Status::invalid_argument,
+                std::string(name) + " request is " + std::to_string(size) +
+                    " bytes, more than the daemon's frame limit of " +
+                    std::to_string(max_frame_bytes) + "; split it into smaller requests");
+  }
+  try {
+    const Deadline deadline = Deadline::after(timeout);
+    protocol::FrameHeader header;
+    header.type = protocol::FrameType::request;
+    header.length = size;
+    const auto head = protocol::encode_header(header);
+    // A daemon that refuses a connection (limit reached, peer not allowed) writes its
+    // error reply and closes without reading; the request may then fail with EPIPE while
+    // the reply already waits in the receive queue. Read it: it says what went wrong.
+    std::optional<ConnectionError> send_error;
+    try {
+      send_frame(socket.get(), head,
+                 std::as_bytes(std::span(builder.GetBufferPointer(), builder.GetSize())), deadline);
+    } catch (const ConnectionError& error) {
+      if (error.kind() != Kind::closed) throw;
+      send_error = error;
+    }
+
+    received_fds.clear();
+    std::array<std::byte, protocol::kHeaderBytes> raw{};
+    try {
+      recv_exact(socket.get(), raw, received_fds, deadline, "waiting for the reply");
+    } catch (const ConnectionError&) {
+      if (send_error) throw ConnectionError(*send_error);
+      throw;
+    }
+    const protocol::FrameHeader reply_header = protocol::decode_header(raw);
+    const protocol::FrameError header_error =
+        protocol::check_header(reply_header, protocol::FrameType::reply, max_reply_bytes);
+    if (header_error == protocol::FrameError::too_large) {
+      throw ConnectionError(Kind::bad_frame, std::string("statepoold's reply to ") + name +
+                                                 " is " + std::to_string(reply_header.length) +
+                                                 " bytes, more than this client accepts (" +
+                                                 std::to_string(max_reply_bytes) +
+                                                 "); raise Options::max_reply_bytes");
+    }
+    if (header_error != protocol::FrameError::none) {
+      throw ConnectionError(Kind::bad_frame,
+                            std::string("statepoold sent an invalid reply header to ") + name +
+                                ": " + protocol::to_string(header_error) +
+                                " (is this socket really statepoold's, and of a compatible "
+                                "version?)");
+    }
+    payload.resize(reply_header.length);
+    recv_exact(socket.get(), payload, received_fds, deadline, "reading the reply");
+    protocol::FrameError payload_error = protocol::FrameError::none;
+    const wire::Reply* reply = protocol::verify_reply(payload, payload_error);
+    if (reply == nullptr) {
+      throw ConnectionError(Kind::bad_frame,
+                            std::string("statepoold's reply to ") + name +
+                                " does not verify: " + protocol::to_string(payload_error));
+    }
+    const bool status_ok = reply->status() == wire::Status::ok;
+    if (send_error && status_ok) throw ConnectionError(*send_error);
+    if (reply->id() != id && !(reply->id() == 0 && !status_ok)) {
+      throw ConnectionError(
+          Kind::bad_frame, std::string("statepoold answered request ") + std::to_string(id) + " (" +
+                               name + ") with the reply to request " + std::to_string(reply->id()));
+    }
+    UniqueFd attached;
+    if ((reply_header.flags & protocol::kFlagFdAttached) != 0) {
+      if (received_fds.empty()) {
+        throw ConnectionError(Kind::bad_frame,
+                              std::string("statepoold's reply to ") + name +
+                                  " is flagged FD_ATTACHED but carries no file descriptor");
+      }
+      attached = std::move(received_fds.front());
+    }
+    received_fds.clear();  // closes whatever else arrived: never leak a descriptor
+
+    if (!status_ok) {
+      std::string message = reply->message() != nullptr ? reply->message()->str() : "";
+      if (message.empty()) {
+        message = std::string("statepoold refused ") + name + ": " +
+                  protocol::status_name(reply->status());
+      }
+      // Id 0 answers a frame the daemon could not read, or refuses the whole connection:
+      // either way the daemon closes it.
+      if (closes_connection(reply->status()) || reply->id() == 0 || send_error) {
+        mark_broken("statepoold closed it: " + message);
+      }
+      throw Error(reply->status(), message);
+    }
+    if (reply->body_type() != expected || reply->body() == nullptr) {
+      if (!(reply->body_type() == wire::ReplyBody::NONE && empty_reply(expected))) {
+        throw ConnectionError(Kind::bad_frame, std::string("statepoold answered ") + name +
+                                                   " with a " + reply_name(reply->body_type()) +
+                                                   " body, expected " + reply_name(expected));
+      }
+    }
+    if (fd_out != nullptr) {
+      if (!attached) {
+        throw ConnectionError(Kind::bad_frame, std::string("statepoold's reply to ") + name +
+                                                   " carries no file descriptor");
+      }
+      *fd_out = std::move(attached);
+    }
+    return *reply;
+  } catch (const ConnectionError& error) {
+    mark_broken(error.what());
+    throw;
+  }
+}
+
+std::uint32_t Impl::free_slots(ArenaId arena, std::span<const SlotId> slots) {
+  if (slots.empty()) return 0;
+  const std::lock_guard lock(mutex);
+  auto& b = begin();
+  const auto ids = b.CreateVector(slots.data(), slots.size());
+  const auto body = wire::CreateFree(b, arena, ids).Union();
+  const auto& reply = roundtrip(wire::RequestBody::Free, body, wire::ReplyBody::FreeReply, nullptr);
+  return reply.body_as_FreeReply()->freed();
+}
+
+void Impl::close_staging(StagingId staging) {
+  const std::lock_guard lock(mutex);
+  auto& b = begin();
+  const auto body = wire::CreateCloseStaging(b, staging).Union();
+  (void)roundtrip(wire::RequestBody::CloseStaging, body, wire::ReplyBody::CloseStagingReply,
+                  nullptr);
+}
+
+std::shared_ptr<const kernels::PageCodec> Impl::codec_for(LayoutId layout) {
+  const std::lock_guard lock(codecs_mutex);
+  const auto it = codecs.find(layout);
+  return it == codecs.end() ? nullptr : it->second;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Impl;
+using detail::UniqueFd;
+using Kind = ConnectionError::Kind;
+
+std::string default_client_name() {
+  std::string name;
+  std::ifstream comm("/proc/self/comm");
+  if (comm) std::getline(comm, name);
+  if (name.empty()) name = "client";
+  return name + "[" + std::to_string(::getpid()) + "]";
+}
+
+kernels::CodecId to_kernels(wire::CodecId codec) noexcept {
+  return static_cast<kernels::CodecId>(static_cast<std::uint8_t>(codec));
+}
+
+std::string str(const flatbuffers::String* s) { return s != nullptr ? s->str() : std::string(); }
+
+// Reply values that cannot be right: not a transport failure, but nothing to build on.
+[[noreturn]] void inconsistent(const std::string& what) {
+  throw Error(wire::Status::internal, "statepoold sent an inconsistent reply: " + what +
+                                          " (client and daemon builds may differ; report it)");
+}
+
+}  // namespace
+
+const char* to_string(ConnectionError::Kind kind) noexcept {
+  switch (kind) {
+    case Kind::connect_failed: return "connect_failed";
+    case Kind::closed: return "closed";
+    case Kind::timed_out: return "timed_out";
+    case Kind::bad_frame: return "bad_frame";
+    case Kind::io_error: return "io_error";
+  }
+  return "unknown";
+}
+
+double LayoutInfo::compression_ratio() const noexcept {
+  return page_bytes == 0 ? 0.0 : static_cast<double>(fp32_bytes) / static_cast<double>(page_bytes);
+}
+
+std::uint64_t LayoutInfo::state_bytes(kernels::DType dtype) const noexcept {
+  switch (dtype) {
+    case kernels::DType::f32: return state_bytes_f32;
+    case kernels::DType::bf16: return state_bytes_bf16;
+    case kernels::DType::f16: return 0;
+  }
+  return 0;
+}
+
+double ArenaStats::compression_ratio() const noexcept {
+  const std::uint64_t stored = stored_bytes_used();
+  return stored == 0 ? 0.0 : static_cast<double>(fp32_bytes_used) / static_cast<double>(stored);
+}
+
+double TenantStats::compression_ratio() const noexcept {
+  return stored_bytes == 0 ? 0.0
+                           : static_cast<double>(fp32_bytes) / static_cast<double>(stored_bytes);
+}
+
+// ---------------------------------------------------------------------------------------
+// Connection
+
+Connection Connection::connect(const Options& options) {
+  UniqueFd fd = detail::connect_unix(options.socket_path, options.timeout);
+  auto impl = std::make_shared<Impl>(std::move(fd), options);
+  Connection connection(std::move(impl));
+  connection.say_hello(options);
+  return connection;
+}
+
+Connection Connection::from_fd(int fd, const Options& options) {
+  UniqueFd owned(fd);
+  if (!owned) throw ConnectionError(Kind::connect_failed, "Connection::from_fd: invalid fd");
+  detail::prepare_socket(owned.get());
+  auto impl = std::make_shared<Impl>(std::move(owned), options);
+  Connection connection(std::move(impl));
+  connection.say_hello(options);
+  return connection;
+}
+
+void Connection::say_hello(const Options& options) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const std::string name =
+      options.client_name.empty() ? default_client_name() : options.client_name;
+  const auto body =
+      wire::CreateHelloDirect(b, protocol::kMinProtocolVersion, protocol::kMaxProtocolVersion,
+                              options.tenant.c_str(), options.lease_token.c_str(), name.c_str())
+          .Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::Hello, body, wire::ReplyBody::HelloReply, nullptr);
+  const auto* hello = reply.body_as_HelloReply();
+  if (hello->version() < protocol::kMinProtocolVersion ||
+      hello->version() > protocol::kMaxProtocolVersion) {
+    throw Error(wire::Status::unsupported_version,
+                "statepoold chose protocol version " + std::to_string(hello->version()) +
+                    ", this client speaks " + std::to_string(protocol::kMinProtocolVersion) + ".." +
+                    std::to_string(protocol::kMaxProtocolVersion) + "; upgrade the client library");
+  }
+  i.version = hello->version();
+  i.lease_token = str(hello->lease_token());
+  i.lease_resumed = hello->lease_resumed();
+  i.resumed_slots = hello->resumed_slots();
+  i.server = str(hello->server());
+  i.grace_period = std::chrono::milliseconds(hello->grace_period_ms());
+  i.max_frame_bytes = hello->max_frame_bytes();
+}
+
+Connection::~Connection() = default;
+
+Impl& Connection::impl() const {
+  if (!impl_) {
+    throw ConnectionError(Kind::closed, "use of a moved-from statepool::client::Connection");
+  }
+  return *impl_;
+}
+
+const std::string& Connection::lease_token() const { return impl().lease_token; }
+bool Connection::lease_resumed() const { return impl().lease_resumed; }
+std::uint32_t Connection::resumed_slots() const { return impl().resumed_slots; }
+std::chrono::milliseconds Connection::grace_period() const { return impl().grace_period; }
+std::uint16_t Connection::protocol_version() const { return impl().version; }
+const std::string& Connection::server() const { return impl().server; }
+std::uint32_t Connection::max_frame_bytes() const { return impl().max_frame_bytes; }
+bool Connection::healthy() const noexcept { return impl_ != nullptr && impl_->healthy(); }
+
+LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
+  const std::string invalid = kernels::validate(layout);
+  if (!invalid.empty()) throw Error(wire::Status::invalid_argument, "invalid layout: " + invalid);
+  std::shared_ptr<const kernels::PageCodec> codec;
+  try {
+    codec = std::make_shared<const kernels::PageCodec>(layout);
+  } catch (const std::invalid_argument& e) {
+    throw Error(wire::Status::invalid_argument, std::string("invalid layout: ") + e.what());
+  }
+
+  Impl& i = impl();
+  LayoutInfo info;
+  {
+    const std::lock_guard lock(i.mutex);
+    auto& b = i.begin();
+    const auto params = wire::CreateCodecParams(b, layout.codec.group_size);
+    const auto wire_layout = wire::CreateLayoutDirect(
+        b, layout.name.c_str(), static_cast<wire::Arch>(layout.arch), layout.num_layers,
+        layout.num_heads, layout.key_dim, layout.value_dim, layout.conv_channels, layout.conv_width,
+        static_cast<wire::DType>(layout.conv_dtype), static_cast<wire::CodecId>(layout.codec.id),
+        params);
+    const auto body = wire::CreateRegisterLayout(b, wire_layout).Union();
+    const auto& reply = i.roundtrip(wire::RequestBody::RegisterLayout, body,
+                                    wire::ReplyBody::RegisterLayoutReply, nullptr);
+    const auto* r = reply.body_as_RegisterLayoutReply();
+    info.id = r->layout_id();
+    info.page_bytes = r->page_bytes();
+    info.fp32_bytes = r->fp32_bytes();
+    info.state_bytes_f32 = r->state_bytes_f32();
+    info.state_bytes_bf16 = r->state_bytes_bf16();
+  }
+  info.layout = layout;
+  if (info.page_bytes != codec->page_bytes() ||
+      info.state_bytes_f32 != codec->staged_bytes(kernels::DType::f32)) {
+    throw Error(wire::Status::internal,
+                "page format mismatch for layout '" + layout.name + "': statepoold says " +
+                    std::to_string(info.page_bytes) + " page bytes and " +
+                    std::to_string(info.state_bytes_f32) + " staged bytes, this client computes " +
+                    std::to_string(codec->page_bytes()) + " and " +
+                    std::to_string(codec->staged_bytes(kernels::DType::f32)) +
+                    "; client and daemon were built from different kernels");
+  }
+  {
+    const std::lock_guard lock(i.codecs_mutex);
+    i.codecs[info.id] = std::move(codec);
+  }
+  return info;
+}
+
+Arena Connection::open_arena(const LayoutInfo& layout, std::uint32_t pages) {
+  Impl& i = impl();
+  auto codec = i.codec_for(layout.id);
+  if (codec == nullptr && kernels::validate(layout.layout).empty()) {
+    try {
+      codec = std::make_shared<const kernels::PageCodec>(layout.layout);
+    } catch (const std::invalid_argument&) {
+      codec = nullptr;  // no local page format; the arena is still usable by id
+    }
+  }
+  Arena arena = open_arena(layout.id, pages);
+  if (arena.codec_ == nullptr && codec != nullptr) {
+    if (codec->page_bytes() != arena.page_bytes()) {
+      inconsistent("arena page_bytes " + std::to_string(arena.page_bytes()) +
+                   " differ from the layout's " + std::to_string(codec->page_bytes()));
+    }
+    arena.codec_ = std::move(codec);
+  }
+  return arena;
+}
+
+Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
+  Impl& i = impl();
+  Arena arena;
+  UniqueFd fd;
+  {
+    const std::lock_guard lock(i.mutex);
+    auto& b = i.begin();
+    const auto body = wire::CreateOpenArena(b, layout_id, pages).Union();
+    const auto& reply =
+        i.roundtrip(wire::RequestBody::OpenArena, body, wire::ReplyBody::OpenArenaReply, &fd);
+    const auto* r = reply.body_as_OpenArenaReply();
+    arena.id_ = r->arena_id();
+    arena.layout_id_ = layout_id;
+    arena.page_bytes_ = r->page_bytes();
+    arena.page_stride_ = r->page_stride();
+    arena.page_count_ = r->page_count();
+    arena.bytes_ = r->bytes();
+    arena.backend_ = str(r->backend());
+    arena.created_ = r->created();
+  }
+  arena.fd_ = fd.release();  // owned by the arena from here on, also if a check throws
+
+  if (arena.page_stride_ < arena.page_bytes_) {
+    inconsistent("page_stride " + std::to_string(arena.page_stride_) + " < page_bytes " +
+                 std::to_string(arena.page_bytes_));
+  }
+  if (arena.page_count_ != 0 && arena.page_stride_ > arena.bytes_ / arena.page_count_) {
+    inconsistent("arena of " + std::to_string(arena.page_count_) + " pages of stride " +
+                 std::to_string(arena.page_stride_) + " does not fit in " +
+                 std::to_string(arena.bytes_) + " bytes");
+  }
+  if (auto codec = i.codec_for(layout_id)) {
+    if (codec->page_bytes() != arena.page_bytes_) {
+      inconsistent("arena page_bytes " + std::to_string(arena.page_bytes_) +
+                   " differ from the layout's " + std::to_string(codec->page_bytes()));
+    }
+    arena.codec_ = std::move(codec);
+  }
+  if (arena.backend_ == "host") arena.map();
+  return arena;
+}
+
+Staging Connection::open_staging(std::uint64_t bytes) {
+  if (bytes == 0) {
+    throw Error(wire::Status::invalid_argument, "open_staging: bytes must be greater than 0");
+  }
+  Impl& i = impl();
+  Staging staging;
+  UniqueFd fd;
+  {
+    const std::lock_guard lock(i.mutex);
+    auto& b = i.begin();
+    const auto body = wire::CreateOpenStaging(b, bytes).Union();
+    const auto& reply =
+        i.roundtrip(wire::RequestBody::OpenStaging, body, wire::ReplyBody::OpenStagingReply, &fd);
+    const auto* r = reply.body_as_OpenStagingReply();
+    staging.id_ = r->staging_id();
+    staging.size_ = r->bytes();
+  }
+  // From here the Staging object owns the daemon-side buffer: if mapping fails, its
+  // destructor closes the buffer on the daemon (the lock is no longer held).
+  staging.impl_ = impl_;
+  staging.fd_ = fd.release();
+  if (staging.size_ < bytes) {
+    inconsistent("staging buffer of " + std::to_string(staging.size_) + " bytes for a request of " +
+                 std::to_string(bytes));
+  }
+  staging.map();
+  return staging;
+}
+
+std::vector<Slot> Connection::allocate(const Arena& arena, std::uint32_t count) {
+  return allocate(arena.id(), count);
+}
+
+std::vector<Slot> Connection::allocate(ArenaId arena, std::uint32_t count) {
+  if (count == 0) {
+    throw Error(wire::Status::invalid_argument, "allocate: count must be greater than 0");
+  }
+  Impl& i = impl();
+  std::vector<SlotId> ids;
+  {
+    const std::lock_guard lock(i.mutex);
+    auto& b = i.begin();
+    const auto body = wire::CreateAllocate(b, arena, count).Union();
+    const auto& reply =
+        i.roundtrip(wire::RequestBody::Allocate, body, wire::ReplyBody::AllocateReply, nullptr);
+    const auto* slots = reply.body_as_AllocateReply()->slots();
+    if (slots != nullptr) ids.assign(slots->begin(), slots->end());
+  }
+  // Slots are built without the lock: a Slot destructor (on a throw below) takes it.
+  std::vector<Slot> out;
+  out.reserve(ids.size());
+  for (const SlotId id : ids) out.push_back(Slot(impl_, arena, id));
+  if (out.size() != count) {
+    inconsistent("asked for " + std::to_string(count) + " slots, got " +
+                 std::to_string(out.size()));
+  }
+  return out;
+}
+
+Slot Connection::adopt(ArenaId arena, SlotId slot) {
+  (void)impl();
+  return Slot(impl_, arena, slot);
+}
+
+std::uint32_t Connection::free(std::span<Slot> slots) {
+  std::map<ArenaId, std::vector<SlotId>> mine;
+  std::vector<Slot*> foreign;
+  for (Slot& slot : slots) {
+    if (!slot.valid()) continue;
+    if (slot.impl_ == impl_) {
+      mine[slot.arena_id_].push_back(slot.id_);
+      slot.impl_.reset();
+    } else {
+      foreign.push_back(&slot);
+    }
+  }
+  std::uint32_t freed = 0;
+  Impl& i = impl();
+  for (const auto& [arena, ids] : mine) freed += i.free_slots(arena, ids);
+  for (Slot* slot : foreign) {
+    slot->free();
+    ++freed;
+  }
+  return freed;
+}
+
+std::uint32_t Connection::free(ArenaId arena, std::span<const SlotId> slots) {
+  return impl().free_slots(arena, slots);
+}
+
+namespace {
+
+void require_valid(const Slot& slot, const char* call) {
+  if (!slot.valid()) {
+    throw Error(wire::Status::invalid_argument,
+                std::string(call) + ": the Slot is not valid (moved from, freed or released)");
+  }
+}
+
+void require_valid(const Staging& staging, const char* call) {
+  if (!staging.valid()) {
+    throw Error(wire::Status::invalid_argument,
+                std::string(call) + ": the Staging buffer is not valid (moved from or closed)");
+  }
+}
+
+}  // namespace
+
+std::uint64_t Connection::compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
+                                   kernels::DType dtype) {
+  require_valid(slot, "compress");
+  require_valid(staging, "compress");
+  return compress(slot.arena_id(), slot.id(), staging.id(), offset, dtype);
+}
+
+std::uint64_t Connection::compress(ArenaId arena, SlotId slot, StagingId staging,
+                                   std::uint64_t offset, kernels::DType dtype) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto body =
+      wire::CreateCompress(b, arena, slot, staging, offset, static_cast<wire::DType>(dtype))
+          .Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::Compress, body, wire::ReplyBody::CompressReply, nullptr);
+  return reply.body_as_CompressReply()->page_bytes();
+}
+
+std::uint64_t Connection::decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
+                                     kernels::DType dtype) {
+  require_valid(slot, "decompress");
+  require_valid(staging, "decompress");
+  return decompress(slot.arena_id(), slot.id(), staging.id(), offset, dtype);
+}
+
+std::uint64_t Connection::decompress(ArenaId arena, SlotId slot, StagingId staging,
+                                     std::uint64_t offset, kernels::DType dtype) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto body =
+      wire::CreateDecompress(b, arena, slot, staging, offset, static_cast<wire::DType>(dtype))
+          .Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::Decompress, body, wire::ReplyBody::DecompressReply, nullptr);
+  return reply.body_as_DecompressReply()->state_bytes();
+}
+
+void Connection::copy(const Slot& src, const Slot& dst) {
+  require_valid(src, "copy");
+  require_valid(dst, "copy");
+  if (src.arena_id() != dst.arena_id()) {
+    throw Error(wire::Status::invalid_argument, "copy: the slots belong to different arenas (" +
+                                                    std::to_string(src.arena_id()) + " and " +
+                                                    std::to_string(dst.arena_id()) +
+                                                    "); pages are copied within one arena");
+  }
+  copy(src.arena_id(), src.id(), dst.id());
+}
+
+void Connection::copy(ArenaId arena, SlotId src, SlotId dst) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto body = wire::CreateCopy(b, arena, src, dst).Union();
+  (void)i.roundtrip(wire::RequestBody::Copy, body, wire::ReplyBody::CopyReply, nullptr);
+}
+
+Stats Connection::stats() {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto body = wire::CreateStats(b).Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::Stats, body, wire::ReplyBody::StatsReply, nullptr);
+  const auto* r = reply.body_as_StatsReply();
+  Stats out;
+  if (const auto* arenas = r->arenas()) {
+    out.arenas.reserve(arenas->size());
+    for (const auto* a : *arenas) {
+      ArenaStats s;
+      s.arena_id = a->arena_id();
+      s.tenant = str(a->tenant());
+      s.layout_id = a->layout_id();
+      s.layout_name = str(a->layout_name());
+      s.codec = to_kernels(a->codec());
+      s.backend = str(a->backend());
+      s.page_bytes = a->page_bytes();
+      s.page_stride = a->page_stride();
+      s.pages_total = a->pages_total();
+      s.pages_used = a->pages_used();
+      s.bytes_total = a->bytes_total();
+      s.fp32_bytes_used = a->fp32_bytes_used();
+      out.arenas.push_back(std::move(s));
+    }
+  }
+  if (const auto* tenants = r->tenants()) {
+    out.tenants.reserve(tenants->size());
+    for (const auto* t : *tenants) {
+      TenantStats s;
+      s.tenant = str(t->tenant());
+      s.quota_bytes = t->quota_bytes();
+      s.reserved_bytes = t->reserved_bytes();
+      s.pages_used = t->pages_used();
+      s.stored_bytes = t->stored_bytes();
+      s.fp32_bytes = t->fp32_bytes();
+      out.tenants.push_back(std::move(s));
+    }
+  }
+  out.clients_connected = r->clients_connected();
+  out.leases_active = r->leases_active();
+  out.leases_orphaned = r->leases_orphaned();
+  out.pages_reclaimed_total = r->pages_reclaimed_total();
+  out.pool_capacity_bytes = r->pool_capacity_bytes();
+  out.pool_reserved_bytes = r->pool_reserved_bytes();
+  out.uptime_seconds = r->uptime_seconds();
+  return out;
+}
+
+std::chrono::nanoseconds Connection::ping() {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  const auto start = detail::Clock::now();
+  auto& b = i.begin();
+  const auto body = wire::CreatePing(b).Union();
+  (void)i.roundtrip(wire::RequestBody::Ping, body, wire::ReplyBody::PingReply, nullptr);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(detail::Clock::now() - start);
+}
+
+void Connection::drain() {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto body = wire::CreateDrain(b).Union();
+  (void)i.roundtrip(wire::RequestBody::Drain, body, wire::ReplyBody::DrainReply, nullptr);
+}
+
+}  // namespace statepool::client

@@ -1,0 +1,444 @@
+#pragma once
+// statepool client library: the thin C++ API a serving engine links to talk to statepoold.
+//
+// One include, one link target (statepool::client). Plain POSIX sockets, synchronous calls,
+// no Boost, no background threads. Everything here speaks the wire protocol of
+// protocol/statepool.fbs; docs/client.md is the walk-through.
+//
+//   auto conn = statepool::client::Connection::connect({.tenant = "team-a"});
+//   auto layout = conn.register_layout(my_layout);         // kernels::StateLayout
+//   auto arena = conn.open_arena(layout, 64);              // maps the arena (host backend)
+//   auto staging = conn.open_staging(layout.state_bytes_f32);
+//   auto slots = conn.allocate(arena, 1);                  // RAII: freed on destruction
+//   /* write an FP32 state into staging.bytes() */
+//   conn.compress(slots[0], staging, 0, kernels::DType::f32);   // park
+//   conn.decompress(slots[0], staging, 0, kernels::DType::f32); // resume
+//
+// Errors
+//   Error            the daemon answered with a status other than ok (status() says which:
+//                    quota_exceeded, pool_exhausted, not_found, ...); what() is the
+//                    daemon's message. The connection stays usable, except after
+//                    protocol_error, not_hello, unsupported_version, too_many_connections
+//                    or a reply with id 0, after which the daemon closes it.
+//   ConnectionError  the transport failed: cannot connect, the daemon went away, a call
+//                    timed out, or the daemon sent bytes that are not a valid frame. The
+//                    connection is unusable afterwards (every later call throws
+//                    ConnectionError at once); make a new Connection, passing the lease
+//                    token to get the slots back within the grace period.
+//   Calls never hang: every read and write is bounded by Options::timeout, and a daemon
+//   killed mid-call gives ConnectionError, never SIGPIPE (MSG_NOSIGNAL).
+//
+// Thread-safety
+//   Connection: every member function may be called from several threads at once; the
+//   requests are serialized on the one socket (one in flight at a time).
+//   Arena, Staging, Slot: const member functions may be called concurrently; the mapped
+//   bytes are the caller's to synchronize. Destroying or moving an object while another
+//   thread uses that same object is a race, as for any C++ value.
+//
+// Lifetimes
+//   Slot and Staging objects share ownership of the connection's socket, so they may
+//   outlive the Connection object that made them: their destructors still free the slot /
+//   close the staging buffer on the daemon. The socket closes when the Connection and every
+//   Slot and Staging made from it are gone; the daemon then keeps the lease's slots for its
+//   grace period and reclaims them afterwards.
+//   Arena objects own only the received file descriptor and its mapping; destroying one
+//   unmaps it locally and changes nothing on the daemon (arenas live as long as the daemon).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/protocol/frame.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::client {
+
+using LayoutId = std::uint32_t;
+using ArenaId = std::uint32_t;
+using SlotId = std::uint32_t;
+using StagingId = std::uint32_t;
+
+/// The default socket of statepoold.
+inline constexpr const char* kDefaultSocketPath = "/run/statepool/statepool.sock";
+
+struct Options {
+  /// Unix socket of the daemon. A path starting with '@' names a Linux abstract socket
+  /// ("@statepool" -> "\0statepool").
+  std::string socket_path = kDefaultSocketPath;
+  /// Tenant to act for; empty means the daemon's "default" tenant.
+  std::string tenant;
+  /// Empty starts a new lease. A token from an earlier Connection::lease_token() resumes
+  /// that lease (and gets its slots back) if it is still within its grace period.
+  std::string lease_token;
+  /// Free text for the daemon's logs; empty means "<program name>[<pid>]".
+  std::string client_name;
+  /// Bound on each call: connecting plus Hello, or one request plus its reply.
+  /// Zero or negative waits forever (not recommended).
+  std::chrono::milliseconds timeout{10000};
+  /// Largest reply payload accepted from the daemon, in bytes (capped at
+  /// protocol::kAbsoluteMaxPayload). Stats replies of large pools are the biggest.
+  std::uint32_t max_reply_bytes = 16u << 20;
+};
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+/// The daemon refused a request: status() is the reply's status, what() its message.
+class Error : public StatusError {
+ public:
+  Error(Status status, const std::string& message) : StatusError(status, message) {}
+};
+
+/// The transport failed; the connection is unusable afterwards. status() is
+/// Status::protocol_error for a malformed frame from the daemon and Status::internal for
+/// everything else; kind() is the precise reason.
+class ConnectionError : public Error {
+ public:
+  enum class Kind {
+    connect_failed,  ///< socket() or connect() failed (daemon not running, permissions)
+    closed,          ///< the daemon closed the connection (or it was already broken)
+    timed_out,       ///< no progress within Options::timeout
+    bad_frame,       ///< the daemon sent something that is not a valid reply
+    io_error,        ///< another operating-system error on the socket
+  };
+  ConnectionError(Kind kind, const std::string& message)
+      : Error(kind == Kind::bad_frame ? Status::protocol_error : Status::internal, message),
+        kind_(kind) {}
+  [[nodiscard]] Kind kind() const noexcept { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+/// Stable name of a ConnectionError::Kind ("timed_out", ...).
+[[nodiscard]] const char* to_string(ConnectionError::Kind kind) noexcept;
+
+// ---------------------------------------------------------------------------------------
+// Plain results
+
+/// A layout registered with the daemon (RegisterLayoutReply plus the layout itself).
+struct LayoutInfo {
+  LayoutId id = 0;
+  std::uint64_t page_bytes = 0;        ///< exact bytes of one page
+  std::uint64_t fp32_bytes = 0;        ///< bytes of the same state with every value FP32
+  std::uint64_t state_bytes_f32 = 0;   ///< bytes of a staged state, recurrent part in f32
+  std::uint64_t state_bytes_bf16 = 0;  ///< bytes of a staged state, recurrent part in bf16
+  kernels::StateLayout layout;         ///< what was registered
+
+  /// fp32_bytes / page_bytes (0 if page_bytes is 0).
+  [[nodiscard]] double compression_ratio() const noexcept;
+  /// state_bytes_f32 or state_bytes_bf16 (f16 staging is not accepted by the daemon: 0).
+  [[nodiscard]] std::uint64_t state_bytes(kernels::DType dtype) const noexcept;
+};
+
+/// One arena in a Stats reply (mirrors wire::ArenaStats).
+struct ArenaStats {
+  ArenaId arena_id = 0;
+  std::string tenant;
+  LayoutId layout_id = 0;
+  std::string layout_name;
+  kernels::CodecId codec = kernels::CodecId::fp32;
+  std::string backend;
+  std::uint64_t page_bytes = 0;
+  std::uint64_t page_stride = 0;
+  std::uint32_t pages_total = 0;
+  std::uint32_t pages_used = 0;
+  std::uint64_t bytes_total = 0;      ///< mapping size, page_count * page_stride
+  std::uint64_t fp32_bytes_used = 0;  ///< FP32-equivalent bytes of the used pages
+
+  /// Page bytes of the used pages.
+  [[nodiscard]] std::uint64_t stored_bytes_used() const noexcept { return page_bytes * pages_used; }
+  /// fp32_bytes_used / stored_bytes_used (0 when no page is used).
+  [[nodiscard]] double compression_ratio() const noexcept;
+};
+
+/// One tenant in a Stats reply (mirrors wire::TenantStats).
+struct TenantStats {
+  std::string tenant;
+  std::uint64_t quota_bytes = 0;     ///< 0 = unlimited
+  std::uint64_t reserved_bytes = 0;  ///< arena bytes held (counted against the quota)
+  std::uint64_t pages_used = 0;
+  std::uint64_t stored_bytes = 0;  ///< page bytes of used pages
+  std::uint64_t fp32_bytes = 0;    ///< FP32-equivalent bytes of used pages
+
+  /// fp32_bytes / stored_bytes (0 when nothing is stored).
+  [[nodiscard]] double compression_ratio() const noexcept;
+};
+
+/// The daemon's state (mirrors wire::StatsReply).
+struct Stats {
+  std::vector<ArenaStats> arenas;
+  std::vector<TenantStats> tenants;
+  std::uint32_t clients_connected = 0;
+  std::uint32_t leases_active = 0;
+  std::uint32_t leases_orphaned = 0;  ///< disconnected, waiting for the grace period
+  std::uint64_t pages_reclaimed_total = 0;
+  std::uint64_t pool_capacity_bytes = 0;
+  std::uint64_t pool_reserved_bytes = 0;
+  double uptime_seconds = 0.0;
+};
+
+class Connection;
+class Arena;
+class Staging;
+class Slot;
+
+namespace detail {
+struct Impl;
+}
+
+// ---------------------------------------------------------------------------------------
+// Arena
+
+/// A mapped arena: page_count pages of page_bytes each, page_stride apart.
+/// Owns the file descriptor received from the daemon and (host backend) its MAP_SHARED
+/// mapping; both are released on destruction. Move-only.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(Arena&& other) noexcept;
+  Arena& operator=(Arena&& other) noexcept;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena();
+
+  [[nodiscard]] ArenaId id() const noexcept { return id_; }
+  [[nodiscard]] LayoutId layout_id() const noexcept { return layout_id_; }
+  [[nodiscard]] std::size_t page_bytes() const noexcept { return page_bytes_; }
+  [[nodiscard]] std::size_t page_stride() const noexcept { return page_stride_; }
+  [[nodiscard]] std::uint32_t page_count() const noexcept { return page_count_; }
+  /// Size of the whole region, page_count * page_stride.
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  /// Memory backend of the daemon: "host" (memfd, mapped here) or "cuda" (not mapped here:
+  /// import fd() with cuMemImportFromShareableHandle).
+  [[nodiscard]] const std::string& backend() const noexcept { return backend_; }
+  /// False when the arena already existed for (tenant, layout) before open_arena.
+  [[nodiscard]] bool created() const noexcept { return created_; }
+  /// True when the region is mapped into this process (host backend).
+  [[nodiscard]] bool mapped() const noexcept { return base_ != nullptr; }
+  /// The received descriptor (owned by this object; dup() it to keep it longer).
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// The whole mapping (empty when not mapped).
+  [[nodiscard]] std::span<std::byte> data() const noexcept;
+
+  /// The page_bytes() bytes of page `slot`. Throws std::out_of_range when
+  /// slot >= page_count(), std::logic_error when the arena is not mapped.
+  [[nodiscard]] std::span<std::byte> page(SlotId slot) const;
+  /// Same, for a slot of this arena (std::invalid_argument if it belongs to another one).
+  [[nodiscard]] std::span<std::byte> page(const Slot& slot) const;
+
+  /// True when a PageCodec for the layout is available (the layout was registered through
+  /// the same Connection, or the arena was opened from a LayoutInfo).
+  [[nodiscard]] bool has_codec() const noexcept { return codec_ != nullptr; }
+  /// The page format of this arena, to encode/decode pages locally. Throws
+  /// std::logic_error when has_codec() is false.
+  [[nodiscard]] const kernels::PageCodec& codec() const;
+
+ private:
+  friend class Connection;
+  void map();
+  void reset() noexcept;
+
+  ArenaId id_ = 0;
+  LayoutId layout_id_ = 0;
+  std::size_t page_bytes_ = 0;
+  std::size_t page_stride_ = 0;
+  std::uint32_t page_count_ = 0;
+  std::size_t bytes_ = 0;
+  std::string backend_;
+  bool created_ = false;
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+  std::shared_ptr<const kernels::PageCodec> codec_;
+};
+
+// ---------------------------------------------------------------------------------------
+// Staging
+
+/// A staging buffer shared with the daemon: full-precision states are written here before
+/// Compress and read from here after Decompress. Owns the received fd and its mapping.
+/// The destructor asks the daemon to close the buffer (CloseStaging), best-effort: it never
+/// throws and does nothing when the connection is broken. Move-only.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(Staging&& other) noexcept;
+  Staging& operator=(Staging&& other) noexcept;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging();
+
+  [[nodiscard]] StagingId id() const noexcept { return id_; }
+  /// Size in bytes (what the daemon granted; at least what was asked for).
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept;
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// False for a default-constructed, moved-from or closed object.
+  [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
+
+  /// Closes the buffer on the daemon now and releases the mapping; throws Error or
+  /// ConnectionError (the mapping is released in every case).
+  void close();
+
+ private:
+  friend class Connection;
+  void map();
+  void release_local() noexcept;
+
+  std::shared_ptr<detail::Impl> impl_;
+  StagingId id_ = 0;
+  std::size_t size_ = 0;
+  int fd_ = -1;
+  std::byte* base_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------
+// Slot
+
+/// One allocated page of an arena, owned by this connection's lease.
+/// The destructor frees the slot on the daemon, best-effort: it never throws and does
+/// nothing when the connection is broken (the daemon reclaims the lease's slots after the
+/// grace period anyway). Move-only.
+class Slot {
+ public:
+  Slot() = default;
+  Slot(Slot&& other) noexcept;
+  Slot& operator=(Slot&& other) noexcept;
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  ~Slot();
+
+  [[nodiscard]] SlotId id() const noexcept { return id_; }
+  [[nodiscard]] ArenaId arena_id() const noexcept { return arena_id_; }
+  /// False for a default-constructed, moved-from, freed or released object.
+  [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
+
+  /// Gives up ownership without freeing and returns the id: the slot stays allocated to
+  /// the lease (e.g. to find it again after a reconnect with the lease token, through
+  /// Connection::adopt). Throws std::logic_error when !valid().
+  SlotId release();
+  /// Frees the slot on the daemon now; throws Error or ConnectionError. The object is
+  /// invalid afterwards in every case.
+  void free();
+
+ private:
+  friend class Connection;
+  Slot(std::shared_ptr<detail::Impl> impl, ArenaId arena, SlotId id) noexcept
+      : impl_(std::move(impl)), arena_id_(arena), id_(id) {}
+
+  std::shared_ptr<detail::Impl> impl_;
+  ArenaId arena_id_ = 0;
+  SlotId id_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Connection
+
+/// One connection to statepoold, with its lease. Move-only; see the top of this file for
+/// thread-safety and lifetimes. Every request method throws Error when the daemon refuses
+/// and ConnectionError when the transport fails; using a moved-from Connection throws
+/// ConnectionError(closed).
+class Connection {
+ public:
+  /// Connects to options.socket_path and says Hello (protocol versions
+  /// protocol::kMinProtocolVersion..kMaxProtocolVersion, tenant, lease token).
+  [[nodiscard]] static Connection connect(const Options& options);
+  /// Takes over an already connected stream socket `fd` (a socketpair end, for tests or
+  /// embedding) and says Hello on it. `fd` is owned from now on, also when this throws.
+  [[nodiscard]] static Connection from_fd(int fd, const Options& options);
+
+  Connection(Connection&&) noexcept = default;
+  Connection& operator=(Connection&&) noexcept = default;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+  ~Connection();
+
+  // --- what Hello said -----------------------------------------------------------------
+  /// Keep it to resume this lease (Options::lease_token) after a reconnect.
+  [[nodiscard]] const std::string& lease_token() const;
+  /// True when Options::lease_token named a lease still within its grace period.
+  [[nodiscard]] bool lease_resumed() const;
+  /// Slots that came back with a resumed lease (take them over with adopt()).
+  [[nodiscard]] std::uint32_t resumed_slots() const;
+  /// How long the daemon keeps this lease's slots after the connection drops.
+  [[nodiscard]] std::chrono::milliseconds grace_period() const;
+  [[nodiscard]] std::uint16_t protocol_version() const;
+  /// Daemon name and version.
+  [[nodiscard]] const std::string& server() const;
+  /// Largest frame the daemon accepts, in bytes.
+  [[nodiscard]] std::uint32_t max_frame_bytes() const;
+  /// False once the connection is broken (after a ConnectionError, or after the daemon
+  /// answered protocol_error / not_hello / unsupported_version) or moved from.
+  [[nodiscard]] bool healthy() const noexcept;
+
+  // --- layouts and memory --------------------------------------------------------------
+  /// Registers (or finds) a layout. The layout is validated locally first
+  /// (Error(invalid_argument) without a round trip), and the daemon's page size is
+  /// checked against the local page format (Error(internal) if client and daemon
+  /// disagree, i.e. they were built from different kernels).
+  [[nodiscard]] LayoutInfo register_layout(const kernels::StateLayout& layout);
+  /// Opens (or creates) the tenant's arena for a layout and maps it. `pages` = 0 lets the
+  /// daemon pick its configured default; it matters only when the arena is created.
+  [[nodiscard]] Arena open_arena(const LayoutInfo& layout, std::uint32_t pages = 0);
+  /// Same by id. The arena has a codec() when the layout was registered through this
+  /// connection.
+  [[nodiscard]] Arena open_arena(LayoutId layout_id, std::uint32_t pages = 0);
+  /// Opens a staging buffer of at least `bytes` bytes (> 0) and maps it.
+  [[nodiscard]] Staging open_staging(std::uint64_t bytes);
+
+  // --- slots ---------------------------------------------------------------------------
+  /// Allocates `count` (> 0) slots of an arena to this lease, all or none.
+  [[nodiscard]] std::vector<Slot> allocate(const Arena& arena, std::uint32_t count);
+  [[nodiscard]] std::vector<Slot> allocate(ArenaId arena, std::uint32_t count);
+  /// Takes ownership of a slot id this lease already holds (a released slot, or one that
+  /// came back with a resumed lease). Sends nothing; the daemon checks ownership on use.
+  [[nodiscard]] Slot adopt(ArenaId arena, SlotId slot);
+  /// Frees several slots in one request per arena; they are invalid afterwards. Returns
+  /// the number the daemon freed.
+  std::uint32_t free(std::span<Slot> slots);
+  /// Frees slot ids of one arena (released ones). Returns the number the daemon freed.
+  std::uint32_t free(ArenaId arena, std::span<const SlotId> slots);
+
+  // --- data movement -------------------------------------------------------------------
+  /// page[slot] <- the state staged at staging[offset, offset + state_bytes(dtype)).
+  /// dtype is the recurrent part's element type (f32 or bf16); the conv part is in the
+  /// layout's conv_dtype. Returns the page bytes written. Error(not_finite) when the state
+  /// holds NaN or Inf (the page is then unchanged).
+  std::uint64_t compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
+                         kernels::DType dtype = kernels::DType::f32);
+  std::uint64_t compress(ArenaId arena, SlotId slot, StagingId staging, std::uint64_t offset,
+                         kernels::DType dtype = kernels::DType::f32);
+  /// staging[offset, ...) <- the state of page[slot] in `dtype`. Returns the state bytes
+  /// written.
+  std::uint64_t decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
+                           kernels::DType dtype = kernels::DType::f32);
+  std::uint64_t decompress(ArenaId arena, SlotId slot, StagingId staging, std::uint64_t offset,
+                           kernels::DType dtype = kernels::DType::f32);
+  /// Copies a whole page (prefix checkpoint / fork). Both slots must be of one arena
+  /// (Error(invalid_argument) otherwise, without a round trip).
+  void copy(const Slot& src, const Slot& dst);
+  void copy(ArenaId arena, SlotId src, SlotId dst);
+
+  // --- operations ----------------------------------------------------------------------
+  [[nodiscard]] Stats stats();
+  /// One round trip; returns its duration measured here (steady clock).
+  std::chrono::nanoseconds ping();
+  /// Asks the daemon to drain and exit (needs the daemon's uid or root).
+  void drain();
+
+ private:
+  explicit Connection(std::shared_ptr<detail::Impl> impl) noexcept : impl_(std::move(impl)) {}
+  [[nodiscard]] detail::Impl& impl() const;
+  void say_hello(const Options& options);
+
+  std::shared_ptr<detail::Impl> impl_;
+};
+
+}  // namespace statepool::client

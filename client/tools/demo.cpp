@@ -1,0 +1,352 @@
+// statepool-demo: every codec end to end against a running statepoold.
+//
+// Registers a Qwen3-Next-shaped GDN layout once per codec, opens an arena per codec,
+// stages realistic recurrent states (a gated-delta-rule recurrence run on random
+// keys/values), parks them (compress) and resumes them (decompress), and reports page
+// size, compression ratio, reconstruction error and request rates per codec. Each page is
+// also decoded locally from the mapped arena and compared with the daemon's decompress,
+// which checks that client and daemon agree on the page format. Frees everything.
+//
+// Exit status: 0 success, 1 daemon error / mismatch, 2 usage error.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.hpp"
+#include "statepool/client.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/synthetic.hpp"
+
+namespace {
+
+namespace sc = statepool::client;
+namespace sk = statepool::kernels;
+using statepool::tools::UsageError;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage = R"(usage: statepool-demo [options]
+
+Parks and resumes synthetic Qwen3-Next-shaped GDN states in a running statepoold with
+every codec (fp32, bf16, fp16, int8, int6, int4) and reports page size, compression
+ratio, reconstruction error and request rates.
+
+options:
+  --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
+                   /run/statepool/statepool.sock)
+  --tenant NAME    tenant to connect as (default: the daemon's "default" tenant)
+  --slots N        states per codec (default 4)
+  --layers N       linear-attention layers (default 12; Qwen3-Next-80B has 36)
+  --heads N        value heads per layer (default 32)
+  --steps N        recurrence steps used to synthesize each state (default 48)
+  --metrics URL    where statepoold's Prometheus metrics are, printed at the end
+  --timeout MS     per-call timeout in milliseconds (default 60000)
+  -h, --help       this text
+)";
+
+struct Args {
+  sc::Options options;
+  std::uint32_t slots = 4;
+  std::uint32_t layers = 12;
+  std::uint32_t heads = 32;
+  std::uint32_t steps = 48;
+  std::string metrics;
+  bool help = false;
+};
+
+Args parse(int argc, char** argv) {
+  using statepool::tools::parse_uint;
+  using statepool::tools::take_value;
+  Args args;
+  args.options.socket_path = statepool::tools::default_socket();
+  args.options.client_name = "statepool-demo";
+  args.options.timeout = std::chrono::milliseconds(60000);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::string v;
+    if (arg == "-h" || arg == "--help") {
+      args.help = true;
+    } else if (take_value(argc, argv, i, "--socket", v)) {
+      args.options.socket_path = v;
+    } else if (take_value(argc, argv, i, "--tenant", v)) {
+      args.options.tenant = v;
+    } else if (take_value(argc, argv, i, "--slots", v)) {
+      args.slots = static_cast<std::uint32_t>(parse_uint("--slots", v, 1, 4096));
+    } else if (take_value(argc, argv, i, "--layers", v)) {
+      args.layers = static_cast<std::uint32_t>(parse_uint("--layers", v, 1, sk::kMaxLayers));
+    } else if (take_value(argc, argv, i, "--heads", v)) {
+      args.heads = static_cast<std::uint32_t>(parse_uint("--heads", v, 1, sk::kMaxHeads));
+    } else if (take_value(argc, argv, i, "--steps", v)) {
+      args.steps = static_cast<std::uint32_t>(parse_uint("--steps", v, 1, 100000));
+    } else if (take_value(argc, argv, i, "--metrics", v)) {
+      args.metrics = v;
+    } else if (take_value(argc, argv, i, "--timeout", v)) {
+      args.options.timeout = std::chrono::milliseconds(parse_uint("--timeout", v, 1, 3600000));
+    } else {
+      throw UsageError{"unknown argument '" + arg + "'"};
+    }
+  }
+  return args;
+}
+
+constexpr std::uint32_t kDim = 128;            // key_dim = value_dim (Qwen3-Next GDN)
+constexpr std::uint32_t kConvChannels = 8192;  // q, k, v channels of the short convolution
+constexpr std::uint32_t kConvWidth = 3;        // kernel size 4 -> 3 cached columns
+
+sk::StateLayout demo_layout(const Args& args, sk::CodecId codec) {
+  sk::StateLayout l;
+  l.name = std::string("demo-qwen3next-") + sk::to_string(codec);
+  l.arch = sk::Arch::gdn;
+  l.num_layers = args.layers;
+  l.num_heads = args.heads;
+  l.key_dim = kDim;
+  l.value_dim = kDim;
+  l.conv_channels = kConvChannels;
+  l.conv_width = kConvWidth;
+  l.conv_dtype = sk::DType::bf16;
+  l.codec.id = codec;
+  return l;
+}
+
+// One head's state after `steps` steps of the gated delta rule on seeded random inputs
+// (kernels/synthetic.hpp: row and column outliers as in trained models).
+void synthesize_head(std::uint32_t steps, std::uint64_t seed, std::span<float> out) {
+  sk::synthetic_gdn_state(kDim, kDim, steps, seed, out);
+}
+
+// Writes `count` staged FP32 states (recurrent + bf16 conv) back to back into `dst`.
+void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte> dst) {
+  const std::size_t head_values = static_cast<std::size_t>(kDim) * kDim;
+  const std::size_t heads_per_state = static_cast<std::size_t>(args.layers) * args.heads;
+  const std::size_t total_heads = heads_per_state * args.slots;
+  const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::size_t> done{0};
+  auto work = [&] {
+    std::vector<float> head(head_values);
+    for (std::size_t h = next++; h < total_heads; h = next++) {
+      const std::size_t slot = h / heads_per_state;
+      const std::size_t in_state = h % heads_per_state;
+      synthesize_head(args.steps, 0x5eed0000ull + h, head);
+      std::memcpy(dst.data() + slot * state_bytes + in_state * head_values * sizeof(float),
+                  head.data(), head_values * sizeof(float));
+      ++done;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
+  std::size_t last_pct = 0;
+  while (done.load() < total_heads) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::size_t pct = 100 * done.load() / total_heads;
+    if (pct >= last_pct + 10) {
+      std::cerr << "  synthesizing states: " << pct << "%\n";
+      last_pct = pct;
+    }
+  }
+  for (auto& t : pool) t.join();
+
+  // Conv state: small values as a short convolution cache holds, in bf16.
+  const std::size_t recurrent_bytes = heads_per_state * head_values * sizeof(float);
+  const std::size_t conv_values =
+      static_cast<std::size_t>(args.layers) * kConvChannels * kConvWidth;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (std::uint32_t s = 0; s < args.slots; ++s) {
+    std::byte* conv = dst.data() + s * state_bytes + recurrent_bytes;
+    for (std::size_t i = 0; i < conv_values; ++i) {
+      const std::uint16_t bits = sk::float_to_bf16_bits(normal(rng));
+      std::memcpy(conv + i * 2, &bits, 2);
+    }
+  }
+}
+
+struct ErrorStats {
+  double rel_l2 = 0.0;
+  double max_abs = 0.0;
+};
+
+ErrorStats compare(std::span<const std::byte> original, std::span<const std::byte> restored,
+                   std::size_t values) {
+  double diff2 = 0.0;
+  double ref2 = 0.0;
+  double max_abs = 0.0;
+  for (std::size_t i = 0; i < values; ++i) {
+    float a = 0.0f;
+    float b = 0.0f;
+    std::memcpy(&a, original.data() + i * sizeof(float), sizeof(float));
+    std::memcpy(&b, restored.data() + i * sizeof(float), sizeof(float));
+    const double d = static_cast<double>(a) - static_cast<double>(b);
+    diff2 += d * d;
+    ref2 += static_cast<double>(a) * static_cast<double>(a);
+    max_abs = std::max(max_abs, std::abs(d));
+  }
+  return {ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2), max_abs};
+}
+
+std::string sci(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2e", v);
+  return text;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+int run(const Args& args) {
+  const sk::CodecId codecs[] = {sk::CodecId::fp32, sk::CodecId::bf16, sk::CodecId::fp16,
+                                sk::CodecId::int8, sk::CodecId::int6, sk::CodecId::int4};
+  auto conn = sc::Connection::connect(args.options);
+  std::cout << "connected to " << conn.server() << " at " << args.options.socket_path
+            << " (protocol " << conn.protocol_version() << ")\n";
+
+  // Register every codec's layout first: the staged state size is the same for all.
+  std::vector<sc::LayoutInfo> layouts;
+  for (const auto codec : codecs) layouts.push_back(conn.register_layout(demo_layout(args, codec)));
+  const auto& fp32 = layouts.front();
+  const std::size_t state_bytes = fp32.state_bytes_f32;
+  const std::size_t recurrent_values =
+      static_cast<std::size_t>(args.layers) * args.heads * kDim * kDim;
+  const std::size_t recurrent_bytes = recurrent_values * sizeof(float);
+  std::cout << "layout: gdn, " << args.layers << " layers x " << args.heads << " heads x " << kDim
+            << "x" << kDim << " fp32 state + conv " << kConvChannels << " ch x " << kConvWidth
+            << " bf16 = " << statepool::tools::format_bytes(static_cast<double>(state_bytes))
+            << " per staged state; " << args.slots << " slot(s) per codec\n";
+
+  // Staging: originals in the first half, resumed states in the second.
+  const std::size_t half = state_bytes * args.slots;
+  auto staging = conn.open_staging(2 * half);
+  std::cerr << "staging " << statepool::tools::format_bytes(static_cast<double>(2 * half))
+            << "; synthesizing " << args.slots << " state(s) (" << args.steps
+            << " gated-delta-rule steps per head)...\n";
+  const auto synth_start = Clock::now();
+  stage_states(args, state_bytes, staging.bytes().first(half));
+  std::cerr << "  done in " << statepool::tools::format_fixed(seconds_since(synth_start), 1)
+            << " s\n";
+  const auto originals = staging.bytes().first(half);
+  const auto restored = staging.bytes().subspan(half, half);
+
+  statepool::tools::Table table({"CODEC", "SLOTS", "PAGE", "VS FP32 PAGE", "REL L2 ERR", "MAX ABS ERR",
+                                 "COMPRESS/S", "DECOMPRESS/S", "LOCAL DECODE"},
+                                {false, true, true, true, true, true, true, true, false});
+  bool all_ok = true;
+  std::vector<std::vector<sc::Slot>> held;  // kept until the daemon's stats are shown
+  for (const auto& info : layouts) {
+    const char* name = sk::to_string(info.layout.codec.id);
+    std::cerr << "codec " << name << ": open arena, allocate, compress, decompress...\n";
+    auto arena = conn.open_arena(info, args.slots);
+    auto slots = conn.allocate(arena, args.slots);
+
+    auto start = Clock::now();
+    for (std::uint32_t s = 0; s < args.slots; ++s) {
+      conn.compress(slots[s], staging, std::uint64_t{s} * state_bytes, sk::DType::f32);
+    }
+    const double compress_s = seconds_since(start);
+    start = Clock::now();
+    for (std::uint32_t s = 0; s < args.slots; ++s) {
+      conn.decompress(slots[s], staging, half + std::uint64_t{s} * state_bytes, sk::DType::f32);
+    }
+    const double decompress_s = seconds_since(start);
+
+    ErrorStats worst;
+    bool conv_exact = true;
+    bool local_match = arena.mapped() && arena.has_codec();
+    std::vector<std::byte> decoded(arena.mapped() && arena.has_codec() ? state_bytes : 0);
+    for (std::uint32_t s = 0; s < args.slots; ++s) {
+      const auto orig = originals.subspan(std::size_t{s} * state_bytes, state_bytes);
+      const auto back = restored.subspan(std::size_t{s} * state_bytes, state_bytes);
+      const ErrorStats e = compare(orig, back, recurrent_values);
+      worst.rel_l2 = std::max(worst.rel_l2, e.rel_l2);
+      worst.max_abs = std::max(worst.max_abs, e.max_abs);
+      conv_exact =
+          conv_exact && std::memcmp(orig.data() + recurrent_bytes, back.data() + recurrent_bytes,
+                                    state_bytes - recurrent_bytes) == 0;
+      if (!decoded.empty()) {
+        arena.codec().decode(arena.page(slots[s]), sk::DType::f32, decoded);
+        local_match = local_match && std::memcmp(decoded.data(), back.data(), state_bytes) == 0;
+      }
+    }
+    if (!conv_exact) {
+      std::cerr << "statepool-demo: codec " << name
+                << ": the conv state did not survive the round trip bit-exactly\n";
+      all_ok = false;
+    }
+    if (decoded.size() > 0 && !local_match) {
+      std::cerr << "statepool-demo: codec " << name
+                << ": the page decoded here differs from the daemon's decompress\n";
+      all_ok = false;
+    }
+    const double n = static_cast<double>(args.slots);
+    table.add({name, std::to_string(args.slots),
+               statepool::tools::format_bytes(static_cast<double>(info.page_bytes)),
+               statepool::tools::format_ratio(static_cast<double>(fp32.page_bytes) /
+                                              static_cast<double>(info.page_bytes)),
+               sci(worst.rel_l2), sci(worst.max_abs),
+               statepool::tools::format_fixed(n / compress_s, 1),
+               statepool::tools::format_fixed(n / decompress_s, 1),
+               decoded.empty() ? "n/a" : (local_match ? "identical" : "DIFFERS")});
+    held.push_back(std::move(slots));
+  }
+
+  std::cout << "\nper codec (rel. L2 and max abs error over the recurrent state, worst slot; "
+               "rates from one pass):\n";
+  table.print(std::cout, "  ");
+
+  std::cout << "\ndaemon stats (slots still held):\n";
+  statepool::tools::print_stats(std::cout, conn.stats());
+  for (auto& slots : held) {
+    const auto freed = conn.free(slots);
+    if (freed != slots.size()) {
+      std::cerr << "statepool-demo: the daemon freed " << freed << " of " << slots.size()
+                << " slots\n";
+      all_ok = false;
+    }
+  }
+  staging.close();
+  std::cout << "\nmetrics: "
+            << (args.metrics.empty()
+                    ? std::string("served by statepoold on its metrics address (pass --metrics URL "
+                                  "to print it here); scrape /metrics with Prometheus")
+                    : args.metrics)
+            << "\n";
+  std::cout << "slots freed and staging closed; the arenas stay with the daemon for reuse\n";
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "statepool-demo: " << e.message << "\n\n" << kUsage;
+    return 2;
+  }
+  if (args.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  try {
+    return run(args);
+  } catch (const statepool::client::ConnectionError& e) {
+    std::cerr << "statepool-demo: " << e.what() << '\n';
+  } catch (const statepool::client::Error& e) {
+    std::cerr << "statepool-demo: statepoold refused ("
+              << statepool::protocol::status_name(e.status()) << "): " << e.what() << '\n';
+  } catch (const std::exception& e) {
+    std::cerr << "statepool-demo: " << e.what() << '\n';
+  }
+  return 1;
+}

@@ -1,0 +1,161 @@
+// statepoolctl: talk to a running statepoold (ping, stats, drain).
+// Exit status: 0 success, 1 the daemon refused or could not be reached, 2 usage error.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "statepool/client.hpp"
+
+namespace {
+
+using statepool::tools::UsageError;
+
+constexpr const char* kUsage = R"(usage: statepoolctl [options] <command>
+
+Talks to a running statepoold over its Unix socket.
+
+commands:
+  ping      round trip(s) to the daemon; prints the latency
+  stats     arenas (pages used/total, bytes, compression ratio) and tenants
+  drain     ask the daemon to finish in-flight work and exit (needs its uid or root)
+
+options:
+  --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
+                   /run/statepool/statepool.sock; '@name' = abstract socket)
+  --tenant NAME    tenant to connect as (default: the daemon's "default" tenant)
+  --timeout MS     per-call timeout in milliseconds (default 10000)
+  --count N        ping: number of round trips (default 1)
+  --json           machine-readable output (ping, stats)
+  -h, --help       this text
+
+exit status: 0 success, 1 daemon error or daemon unreachable, 2 usage error
+)";
+
+struct Args {
+  statepool::client::Options options;
+  std::string command;
+  std::uint64_t count = 1;
+  bool json = false;
+  bool help = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  args.options.socket_path = statepool::tools::default_socket();
+  args.options.client_name = "statepoolctl";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::string value;
+    if (arg == "-h" || arg == "--help") {
+      args.help = true;
+    } else if (arg == "--json") {
+      args.json = true;
+    } else if (statepool::tools::take_value(argc, argv, i, "--socket", value)) {
+      args.options.socket_path = value;
+    } else if (statepool::tools::take_value(argc, argv, i, "--tenant", value)) {
+      args.options.tenant = value;
+    } else if (statepool::tools::take_value(argc, argv, i, "--timeout", value)) {
+      args.options.timeout = std::chrono::milliseconds(
+          statepool::tools::parse_uint("--timeout", value, 1, 3600 * 1000));
+    } else if (statepool::tools::take_value(argc, argv, i, "--count", value)) {
+      args.count = statepool::tools::parse_uint("--count", value, 1, 1000000);
+    } else if (!arg.empty() && arg.front() == '-') {
+      throw UsageError{"unknown option " + arg};
+    } else if (args.command.empty()) {
+      args.command = arg;
+    } else {
+      throw UsageError{"unexpected argument '" + arg + "' (one command at a time)"};
+    }
+  }
+  if (args.help) return args;
+  if (args.command.empty()) throw UsageError{"no command given"};
+  if (args.command != "ping" && args.command != "stats" && args.command != "drain") {
+    throw UsageError{"unknown command '" + args.command + "'"};
+  }
+  return args;
+}
+
+double micros(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1000.0; }
+
+void ping(statepool::client::Connection& conn, const Args& args) {
+  std::vector<double> us;
+  us.reserve(args.count);
+  for (std::uint64_t i = 0; i < args.count; ++i) us.push_back(micros(conn.ping()));
+  double min = us.front();
+  double max = us.front();
+  double sum = 0.0;
+  for (const double v : us) {
+    min = std::min(min, v);
+    max = std::max(max, v);
+    sum += v;
+  }
+  const double mean = sum / static_cast<double>(us.size());
+  using statepool::tools::format_fixed;
+  using statepool::tools::json_number;
+  using statepool::tools::json_string;
+  if (args.json) {
+    std::cout << "{\"server\": " << json_string(conn.server())
+              << ", \"protocol_version\": " << conn.protocol_version()
+              << ", \"count\": " << us.size() << ", \"min_us\": " << json_number(min)
+              << ", \"mean_us\": " << json_number(mean) << ", \"max_us\": " << json_number(max)
+              << "}\n";
+    return;
+  }
+  if (us.size() == 1) {
+    std::cout << "pong from " << conn.server() << " (protocol " << conn.protocol_version()
+              << "): " << format_fixed(mean, 1) << " us\n";
+  } else {
+    std::cout << us.size() << " pongs from " << conn.server() << " (protocol "
+              << conn.protocol_version() << "): min " << format_fixed(min, 1) << " us, mean "
+              << format_fixed(mean, 1) << " us, max " << format_fixed(max, 1) << " us\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  try {
+    args = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "statepoolctl: " << e.message << "\n\n" << kUsage;
+    return 2;
+  }
+  if (args.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  try {
+    auto conn = statepool::client::Connection::connect(args.options);
+    if (args.command == "ping") {
+      ping(conn, args);
+    } else if (args.command == "stats") {
+      const auto stats = conn.stats();
+      if (args.json) {
+        statepool::tools::print_stats_json(std::cout, stats);
+      } else {
+        std::cout << conn.server() << " at " << args.options.socket_path << "\n";
+        statepool::tools::print_stats(std::cout, stats);
+      }
+    } else {
+      conn.drain();
+      if (!args.json) std::cout << "statepoold at " << args.options.socket_path << " is draining\n";
+    }
+    return 0;
+  } catch (const statepool::client::ConnectionError& e) {
+    std::cerr << "statepoolctl: " << e.what() << '\n';
+    return 1;
+  } catch (const statepool::client::Error& e) {
+    std::cerr << "statepoolctl: " << args.command << " failed ("
+              << statepool::protocol::status_name(e.status()) << "): " << e.what() << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "statepoolctl: " << e.what() << '\n';
+    return 1;
+  }
+}

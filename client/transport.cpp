@@ -1,0 +1,235 @@
+#include "transport.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace statepool::client::detail {
+namespace {
+
+using Kind = ConnectionError::Kind;
+
+// Room for more descriptors than a reply ever carries, so that a misbehaving peer's extra
+// ones arrive here (and get closed) instead of being silently truncated.
+constexpr std::size_t kMaxFdsPerRead = 16;
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+[[noreturn]] void throw_closed(const char* what) {
+  throw ConnectionError(
+      Kind::closed, std::string("statepoold closed the connection while the client was ") + what +
+                        " (the daemon stopped, or it dropped this client after an "
+                        "error: see its log); reconnect");
+}
+
+[[noreturn]] void throw_io(int err, const char* what) {
+  if (err == EPIPE || err == ECONNRESET) throw_closed(what);
+  throw ConnectionError(Kind::io_error,
+                        std::string("socket error while ") + what + ": " + errno_text(err));
+}
+
+[[noreturn]] void throw_timeout(const char* what) {
+  throw ConnectionError(Kind::timed_out,
+                        std::string("timed out ") + what +
+                            " (statepoold is hung or overloaded, or Options::timeout is too "
+                            "short); the connection is closed, reconnect");
+}
+
+// Waits until `events` are ready on fd or the deadline passes.
+void wait_for(int fd, short events, const Deadline& deadline, const char* what) {
+  for (;;) {
+    pollfd p{};
+    p.fd = fd;
+    p.events = events;
+    const int rc = ::poll(&p, 1, deadline.poll_ms());
+    if (rc > 0) return;  // ready, or HUP/ERR: the next read/write reports it
+    if (rc == 0) throw_timeout(what);
+    if (errno != EINTR) throw_io(errno, what);
+  }
+}
+
+void set_nonblocking_cloexec(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    throw ConnectionError(Kind::io_error, "fcntl(O_NONBLOCK) failed: " + errno_text(errno));
+  }
+  const int fd_flags = ::fcntl(fd, F_GETFD);
+  if (fd_flags < 0 || ::fcntl(fd, F_SETFD, fd_flags | FD_CLOEXEC) < 0) {
+    throw ConnectionError(Kind::io_error, "fcntl(FD_CLOEXEC) failed: " + errno_text(errno));
+  }
+}
+
+std::string connect_hint(int err) {
+  switch (err) {
+    case ENOENT:
+    case ECONNREFUSED:
+      return " — is statepoold running, and is this its socket (--socket / socket_path)?";
+    case EACCES:
+    case EPERM:
+      return " — the socket's mode/group does not let this user in; ask the operator to add "
+             "you to the daemon's socket group";
+    case ENOTDIR: return " — a component of the path is not a directory";
+    case EAGAIN: return " — statepoold's accept queue is full (daemon overloaded or hung)";
+    default: return "";
+  }
+}
+
+}  // namespace
+
+void UniqueFd::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+Deadline Deadline::after(std::chrono::milliseconds timeout) noexcept {
+  Deadline d;
+  if (timeout.count() > 0) {
+    d.infinite = false;
+    d.at = Clock::now() + timeout;
+  }
+  return d;
+}
+
+int Deadline::poll_ms() const noexcept {
+  if (infinite) return -1;
+  const auto left = at - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return ms > 1000 * 1000 * 1000 ? 1000 * 1000 * 1000 : static_cast<int>(ms);
+}
+
+UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const bool abstract = !path.empty() && path.front() == '@';
+  if (path.empty()) {
+    throw ConnectionError(Kind::connect_failed, "cannot connect: the socket path is empty");
+  }
+  if (path.size() >= sizeof(addr.sun_path)) {
+    throw ConnectionError(Kind::connect_failed,
+                          "cannot connect to " + path + ": the path is " +
+                              std::to_string(path.size()) + " bytes, Unix sockets allow at most " +
+                              std::to_string(sizeof(addr.sun_path) - 1) + " — use a shorter path");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  if (abstract) addr.sun_path[0] = '\0';
+  const auto addr_len =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + (abstract ? 0 : 1));
+
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) {
+    throw ConnectionError(Kind::connect_failed,
+                          "cannot create a Unix socket: " + errno_text(errno));
+  }
+  // A blocking AF_UNIX connect waits for room in the listener's backlog for at most
+  // SO_SNDTIMEO; then it fails with EAGAIN. The socket turns non-blocking afterwards.
+  if (timeout.count() > 0) {
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+    (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+  int rc = 0;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), addr_len);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    const Kind kind = err == EAGAIN ? Kind::timed_out : Kind::connect_failed;
+    throw ConnectionError(kind,
+                          "cannot connect to " + path + ": " + errno_text(err) + connect_hint(err));
+  }
+  timeval none{};
+  (void)::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &none, sizeof(none));
+  set_nonblocking_cloexec(fd.get());
+  return fd;
+}
+
+void prepare_socket(int fd) { set_nonblocking_cloexec(fd); }
+
+void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
+                const Deadline& deadline) {
+  std::size_t sent = 0;
+  const std::size_t total = head.size() + body.size();
+  while (sent < total) {
+    iovec iov[2]{};
+    int iov_count = 0;
+    if (sent < head.size()) {
+      iov[iov_count].iov_base = const_cast<std::byte*>(head.data() + sent);
+      iov[iov_count].iov_len = head.size() - sent;
+      ++iov_count;
+      iov[iov_count].iov_base = const_cast<std::byte*>(body.data());
+      iov[iov_count].iov_len = body.size();
+      ++iov_count;
+    } else {
+      const std::size_t off = sent - head.size();
+      iov[iov_count].iov_base = const_cast<std::byte*>(body.data() + off);
+      iov[iov_count].iov_len = body.size() - off;
+      ++iov_count;
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(iov_count);
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      wait_for(fd, POLLOUT, deadline, "sending a request");
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    throw_io(n < 0 ? errno : EPIPE, "sending a request");
+  }
+}
+
+void recv_exact(int fd, std::span<std::byte> out, std::vector<UniqueFd>& fds,
+                const Deadline& deadline, const char* what) {
+  std::size_t got = 0;
+  while (got < out.size()) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
+    iovec iov{};
+    iov.iov_base = out.data() + got;
+    iov.iov_len = out.size() - got;
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        wait_for(fd, POLLIN, deadline, what);
+        continue;
+      }
+      if (errno == EINTR) continue;
+      throw_io(errno, what);
+    }
+    // Take ownership of every descriptor first, so that none leaks whatever happens next.
+    if (msg.msg_controllen > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const unsigned char* data = CMSG_DATA(c);
+        for (std::size_t i = 0; i < count; ++i) {
+          int received = -1;
+          std::memcpy(&received, data + i * sizeof(int), sizeof(int));
+          fds.emplace_back(received);
+        }
+      }
+    }
+    if (n == 0) throw_closed(what);
+    got += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace statepool::client::detail

@@ -1,0 +1,74 @@
+#pragma once
+// Internal: the socket layer of the client. Non-blocking Unix stream socket, every wait
+// bounded by a deadline through poll(), SCM_RIGHTS descriptors collected on every read.
+// Every failure is a ConnectionError with a message that says what to do.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "statepool/client.hpp"
+
+namespace statepool::client::detail {
+
+/// Owns a file descriptor. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() noexcept = default;
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(other.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  int release() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) noexcept;
+
+ private:
+  int fd_ = -1;
+};
+
+using Clock = std::chrono::steady_clock;
+
+/// A point in time after which a call gives up; `infinite` never expires.
+struct Deadline {
+  Clock::time_point at{};
+  bool infinite = true;
+
+  [[nodiscard]] static Deadline after(std::chrono::milliseconds timeout) noexcept;
+  /// Milliseconds to pass to poll(): -1 when infinite, else the remaining time rounded up
+  /// (0 once expired).
+  [[nodiscard]] int poll_ms() const noexcept;
+};
+
+/// Connects a non-blocking, close-on-exec Unix stream socket to `path` ('@' prefix =
+/// abstract namespace).
+[[nodiscard]] UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout);
+
+/// Makes an adopted socket non-blocking and close-on-exec.
+void prepare_socket(int fd);
+
+/// Writes `head` then `body` completely (MSG_NOSIGNAL).
+void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
+                const Deadline& deadline);
+
+/// Reads exactly `out.size()` bytes. Descriptors that arrive as SCM_RIGHTS on the way are
+/// appended to `fds` (close-on-exec); excess ones the kernel could not fit are closed by it.
+/// `what` names the part being read for error messages ("reply header").
+void recv_exact(int fd, std::span<std::byte> out, std::vector<UniqueFd>& fds,
+                const Deadline& deadline, const char* what);
+
+}  // namespace statepool::client::detail
