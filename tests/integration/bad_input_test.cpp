@@ -1,0 +1,315 @@
+// Bad frames and bad configurations against a real statepoold process: each gets an error
+// reply or a closed connection; the daemon and its other clients are unaffected.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "daemon_process.hpp"
+#include "raw_frames.hpp"
+#include "statepool/client.hpp"
+
+extern char** environ;
+
+namespace client = statepool::client;
+namespace protocol = statepool::protocol;
+namespace wire = statepool::wire;
+using statepool::testing::DaemonProcess;
+using statepool::testing::RawPeer;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Expects either a protocol_error reply followed by a close, or a plain close.
+void expect_refused(RawPeer& peer, const char* what) {
+  const auto reply = peer.read_reply(10s);
+  if (reply) {
+    const auto* r = statepool::testing::as_reply(*reply);
+    ASSERT_NE(r, nullptr) << what;
+    EXPECT_NE(r->status(), wire::Status::ok) << what;
+    ASSERT_NE(r->message(), nullptr) << what;
+    EXPECT_GT(r->message()->size(), 0u) << what;
+  }
+  EXPECT_TRUE(peer.closed_by_peer(10s)) << what << ": connection not closed";
+}
+
+std::string header_bytes(std::uint32_t magic, std::uint16_t version, std::uint32_t length,
+                         std::uint16_t type = 1) {
+  protocol::FrameHeader h;
+  h.magic = magic;
+  h.version = version;
+  h.type = static_cast<protocol::FrameType>(type);
+  h.length = length;
+  const auto bytes = protocol::encode_header(h);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+class BadFrames : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(std::vector<std::string>{"--io-timeout", "2s"});
+    client::Options o;
+    o.socket_path = daemon_->socket_path();
+    bystander_ = std::make_unique<client::Connection>(client::Connection::connect(o));
+    auto layout = bystander_->register_layout([] {
+      statepool::kernels::StateLayout l;
+      l.num_layers = 1;
+      l.num_heads = 1;
+      l.key_dim = 16;
+      l.value_dim = 16;
+      l.codec.id = statepool::kernels::CodecId::int4;
+      return l;
+    }());
+    arena_ = std::make_unique<client::Arena>(bystander_->open_arena(layout, 4));
+    slots_ = bystander_->allocate(*arena_, 2);
+  }
+  void TearDown() override {
+    // The daemon and the bystander are unaffected.
+    ASSERT_TRUE(daemon_->running()) << daemon_->log();
+    EXPECT_GT(bystander_->ping().count(), 0);
+    EXPECT_EQ(bystander_->stats().arenas.at(0).pages_used, 2u);
+    slots_.clear();
+    EXPECT_EQ(daemon_->stop(SIGTERM, 10s), 0) << daemon_->log();
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<client::Connection> bystander_;
+  std::unique_ptr<client::Arena> arena_;
+  std::vector<client::Slot> slots_;
+};
+
+}  // namespace
+
+TEST_F(BadFrames, WrongMagic) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(0x50545448, 1, 10);  // "HTTP"
+  ASSERT_TRUE(peer.send_bytes(h.data(), h.size()));
+  expect_refused(peer, "wrong magic");
+}
+
+TEST_F(BadFrames, UnknownFrameVersion) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(protocol::kMagic, 9, 10);
+  ASSERT_TRUE(peer.send_bytes(h.data(), h.size()));
+  expect_refused(peer, "unknown version");
+}
+
+TEST_F(BadFrames, HugeLengthIsRefusedWithoutReadingIt) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(protocol::kMagic, 1, 0xfffffff0u);
+  ASSERT_TRUE(peer.send_bytes(h.data(), h.size()));
+  expect_refused(peer, "huge length");
+}
+
+TEST_F(BadFrames, TruncatedFrameTimesOut) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(protocol::kMagic, 1, 100);
+  ASSERT_TRUE(peer.send_bytes(h.data(), h.size()));
+  ASSERT_TRUE(peer.send_bytes("abc", 3));
+  // The daemon gives up after --io-timeout (2 s) and closes; it never waits forever.
+  EXPECT_TRUE(peer.closed_by_peer(15s));
+}
+
+TEST_F(BadFrames, PartialHeaderTimesOut) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(protocol::kMagic, 1, 100);
+  ASSERT_TRUE(peer.send_bytes(h.data(), 5));
+  EXPECT_TRUE(peer.closed_by_peer(15s));
+}
+
+TEST_F(BadFrames, RequestTypeWithoutItsBody) {
+  for (auto type : {wire::RequestBody::Hello, wire::RequestBody::Allocate}) {
+    RawPeer peer(daemon_->socket_path());
+    flatbuffers::FlatBufferBuilder b;
+    wire::RequestBuilder request(b);
+    request.add_id(9);
+    request.add_body_type(type);  // a union type with no table: verifies, must not crash
+    b.Finish(request.Finish());
+    ASSERT_TRUE(peer.send_frame(b));
+    const auto reply = peer.read_reply();
+    ASSERT_TRUE(reply.has_value());
+    const auto* r = statepool::testing::as_reply(*reply);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->status(), wire::Status::protocol_error);
+    EXPECT_EQ(r->id(), 9u);
+    EXPECT_TRUE(peer.closed_by_peer());
+  }
+}
+
+TEST_F(BadFrames, GarbageFlatBuffer) {
+  RawPeer peer(daemon_->socket_path());
+  std::string frame = header_bytes(protocol::kMagic, 1, 64);
+  for (int i = 0; i < 64; ++i) frame.push_back(static_cast<char>(0xA5 ^ i));
+  ASSERT_TRUE(peer.send_bytes(frame.data(), frame.size()));
+  expect_refused(peer, "garbage flatbuffer");
+}
+
+TEST_F(BadFrames, ReplyTypedFrame) {
+  RawPeer peer(daemon_->socket_path());
+  const auto h = header_bytes(protocol::kMagic, 1, 8, /*type=*/2);
+  ASSERT_TRUE(peer.send_bytes(h.data(), h.size()));
+  expect_refused(peer, "reply-typed frame");
+}
+
+TEST_F(BadFrames, RequestBeforeHello) {
+  RawPeer peer(daemon_->socket_path());
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRequest(b, 5, wire::RequestBody::Stats, wire::CreateStats(b).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  const auto reply = peer.read_reply();
+  ASSERT_TRUE(reply.has_value());
+  const auto* r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), wire::Status::not_hello);
+  EXPECT_EQ(r->id(), 5u);
+  EXPECT_TRUE(peer.closed_by_peer());
+}
+
+TEST_F(BadFrames, UnsupportedProtocolVersionInHello) {
+  RawPeer peer(daemon_->socket_path());
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRequest(b, 1, wire::RequestBody::Hello, wire::CreateHello(b, 7, 9).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  const auto reply = peer.read_reply();
+  ASSERT_TRUE(reply.has_value());
+  const auto* r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), wire::Status::unsupported_version);
+  EXPECT_NE(r->message()->str().find("7..9"), std::string::npos) << r->message()->str();
+}
+
+TEST_F(BadFrames, InvalidLayoutIsAnErrorAndTheConnectionStaysUsable) {
+  RawPeer peer(daemon_->socket_path());
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRequest(b, 1, wire::RequestBody::Hello, wire::CreateHello(b, 1, 1).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  ASSERT_TRUE(peer.read_reply().has_value());
+  b.Clear();
+  const auto layout = wire::CreateLayout(b, 0, wire::Arch::gdn, 1, 1, /*key_dim=*/0, 16);
+  b.Finish(wire::CreateRequest(b, 2, wire::RequestBody::RegisterLayout,
+                               wire::CreateRegisterLayout(b, layout).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  auto reply = peer.read_reply();
+  ASSERT_TRUE(reply.has_value());
+  const auto* r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), wire::Status::invalid_argument);
+  EXPECT_NE(r->message()->str().find("key_dim"), std::string::npos) << r->message()->str();
+  // Out-of-range enum values are caught too (the FlatBuffer verifier does not check them).
+  b.Clear();
+  const auto bad_codec = wire::CreateLayout(b, 0, wire::Arch::gdn, 1, 1, 16, 16, 0, 0,
+                                            wire::DType::bf16, static_cast<wire::CodecId>(200));
+  b.Finish(wire::CreateRequest(b, 3, wire::RequestBody::RegisterLayout,
+                               wire::CreateRegisterLayout(b, bad_codec).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  reply = peer.read_reply();
+  ASSERT_TRUE(reply.has_value());
+  r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), wire::Status::invalid_argument);
+  EXPECT_EQ(r->id(), 3u);
+}
+
+// ---- configuration ----------------------------------------------------------------------
+
+namespace {
+
+struct Exit {
+  int code = -1;
+  std::string stdout_text;
+  std::string stderr_text;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const std::string err = dir + "/stderr.txt";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string out = dir + "/stdout.txt";
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  Exit result;
+  if (::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ) != 0)
+    return result;
+  posix_spawn_file_actions_destroy(&actions);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.stdout_text = slurp(out);
+  result.stderr_text = slurp(err);
+  return result;
+}
+
+class BadConfig : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char templ[] = "/tmp/statepool-config-XXXXXX";
+    ASSERT_NE(::mkdtemp(templ), nullptr);
+    dir_ = templ;
+    socket_ = dir_ + "/sock";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void expect_rejected(std::vector<std::string> args, const std::string& mention) {
+    args.insert(args.begin(), {"--socket", socket_, "--metrics-address", "off"});
+    const Exit e = run_daemon(args, dir_);
+    EXPECT_EQ(e.code, 2) << e.stderr_text;
+    EXPECT_NE(e.stderr_text.find(mention), std::string::npos) << e.stderr_text;
+    EXPECT_FALSE(std::filesystem::exists(socket_)) << "created the socket before validating";
+  }
+  std::string dir_;
+  std::string socket_;
+};
+
+}  // namespace
+
+TEST_F(BadConfig, EachBadValueNamesTheOptionAndCreatesNothing) {
+  expect_rejected({"--pool-capacity", "lots"}, "--pool-capacity");
+  expect_rejected({"--grace-period", "5 parsecs"}, "--grace-period");
+  expect_rejected({"--arena-pages", "0"}, "--arena-pages");
+  expect_rejected({"--socket-mode", "999"}, "--socket-mode");
+  expect_rejected({"--backend", "tpu"}, "--backend");
+  expect_rejected({"--metrics-address", "localhost"}, "--metrics-address");
+  expect_rejected({"--no-such-flag"}, "no-such-flag");
+  expect_rejected({"--tenant", "bad name!"}, "tenant name");
+  expect_rejected({"--config", dir_ + "/missing.conf"}, "cannot read config file");
+}
+
+TEST_F(BadConfig, ConfigFileErrorsNameTheKey) {
+  const std::string file = dir_ + "/statepool.conf";
+  std::ofstream(file) << "pool-capacity = 1GiB\n[tenant.alice]\nquota = 2GiB\ncolour = blue\n";
+  expect_rejected({"--config", file}, "colour");
+  std::ofstream(file) << "pool-capacty = 1GiB\n";
+  expect_rejected({"--config", file}, "pool-capacty");
+}
+
+TEST_F(BadConfig, AGoodConfigFileIsAcceptedAndPrinted) {
+  const std::string file = dir_ + "/statepool.conf";
+  std::ofstream(file) << "pool-capacity = 2GiB\ngrace-period = 45s\n[tenant.alice]\n"
+                         "quota = 512MiB\nuids = 1000, 1001\n[tenant.bob]\n";
+  const Exit e = run_daemon({"--config", file, "--print-config", "--socket", socket_}, dir_);
+  EXPECT_EQ(e.code, 0) << e.stderr_text;
+  EXPECT_NE(e.stdout_text.find("pool capacity 2.0 GiB"), std::string::npos) << e.stdout_text;
+  EXPECT_NE(e.stdout_text.find("grace period 45000 ms"), std::string::npos) << e.stdout_text;
+  EXPECT_NE(e.stdout_text.find("tenant alice: quota 512 MiB, 2 uids"), std::string::npos)
+      << e.stdout_text;
+  EXPECT_NE(e.stdout_text.find("tenant bob: quota unlimited"), std::string::npos) << e.stdout_text;
+  EXPECT_FALSE(std::filesystem::exists(socket_));
+}

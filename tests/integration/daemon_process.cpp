@@ -1,0 +1,157 @@
+#include "daemon_process.hpp"
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace statepool::testing {
+namespace {
+
+bool can_connect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot find a free TCP port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {};
+  }
+  const std::string request =
+      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) < 0) {
+    ::close(fd);
+    return {};
+  }
+  std::string response;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    response.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  const auto body = response.find("\r\n\r\n");
+  return body == std::string::npos ? std::string() : response.substr(body + 4);
+}
+
+DaemonProcess::DaemonProcess(std::vector<std::string> args, bool with_metrics) {
+  char templ[] = "/tmp/statepool-test-XXXXXX";
+  if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = templ;
+  socket_ = dir_ + "/statepool.sock";
+  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH, "--socket", socket_};
+  if (with_metrics) {
+    metrics_port_ = free_tcp_port();
+    argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});
+  } else {
+    argv.insert(argv.end(), {"--metrics-address", "off"});
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  const std::string log_path = dir_ + "/daemon.log";
+  posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const int rc = ::posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
+
+  const bool ready = eventually(
+      [&] { return !running() || can_connect(socket_); }, std::chrono::seconds(20));
+  if (!ready || !running()) {
+    ADD_FAILURE() << "statepoold did not get ready; its log:\n" << log();
+    stop(SIGKILL, std::chrono::seconds(5));
+    throw std::runtime_error("statepoold did not start");
+  }
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (running()) stop(SIGKILL, std::chrono::seconds(5));
+  if (::testing::Test::HasFailure()) std::cerr << "---- statepoold log ----\n" << log();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+bool DaemonProcess::running() const {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  auto* self = const_cast<DaemonProcess*>(this);
+  if (r == pid_) {
+    self->exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    self->pid_ = -1;
+  }
+  return false;
+}
+
+std::string DaemonProcess::log() const {
+  std::ifstream in(dir_ + "/daemon.log");
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+int DaemonProcess::stop(int signal, std::chrono::milliseconds timeout) {
+  if (!running()) return exit_code_;
+  ::kill(pid_, signal);
+  if (eventually([&] { return !running(); }, timeout)) return exit_code_;
+  ::kill(pid_, SIGKILL);
+  eventually([&] { return !running(); }, std::chrono::seconds(5));
+  return -1;
+}
+
+}  // namespace statepool::testing

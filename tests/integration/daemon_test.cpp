@@ -1,0 +1,355 @@
+// Integration tests: statepoold in its own process, clients in this process and in
+// forked child processes, talking over the real Unix socket.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <linux/sockios.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "daemon_process.hpp"
+#include "raw_frames.hpp"
+#include "statepool/client.hpp"
+
+namespace sp = statepool;
+namespace client = statepool::client;
+namespace kernels = statepool::kernels;
+using statepool::testing::DaemonProcess;
+using statepool::testing::eventually;
+using namespace std::chrono_literals;
+
+namespace {
+
+kernels::StateLayout small_layout(kernels::CodecId codec = kernels::CodecId::int8) {
+  kernels::StateLayout l;
+  l.name = "it-small";
+  l.arch = kernels::Arch::gdn;
+  l.num_layers = 2;
+  l.num_heads = 4;
+  l.key_dim = 32;
+  l.value_dim = 32;
+  l.conv_channels = 64;
+  l.conv_width = 3;
+  l.conv_dtype = kernels::DType::f32;
+  l.codec.id = codec;
+  return l;
+}
+
+client::Options options_for(const DaemonProcess& d, std::string tenant = {}) {
+  client::Options o;
+  o.socket_path = d.socket_path();
+  o.tenant = std::move(tenant);
+  o.timeout = 10s;
+  return o;
+}
+
+// Fills a staged FP32 state (recurrent then conv) with seeded values of state-like size.
+void fill_state(std::span<std::byte> staged, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  const std::size_t n = staged.size() / sizeof(float);
+  std::vector<float> values(n);
+  for (auto& v : values) v = normal(rng);
+  std::memcpy(staged.data(), values.data(), n * sizeof(float));
+}
+
+std::vector<float> floats(std::span<const std::byte> bytes) {
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(a[i]) * a[i];
+  }
+  return std::sqrt(num / den);
+}
+
+std::uint32_t used_pages(client::Connection& c, std::uint32_t arena) {
+  for (const auto& a : c.stats().arenas)
+    if (a.arena_id == arena) return a.pages_used;
+  return 0;
+}
+
+}  // namespace
+
+TEST(Daemon, ParksAndResumesStatesThroughTheWholeLifecycle) {
+  DaemonProcess daemon({"--grace-period", "5s"});
+  auto conn = client::Connection::connect(options_for(daemon));
+  EXPECT_FALSE(conn.lease_token().empty());
+  const auto layout = conn.register_layout(small_layout(kernels::CodecId::int8));
+  EXPECT_GT(layout.compression_ratio(), 3.0);
+  auto arena = conn.open_arena(layout, 8);
+  EXPECT_TRUE(arena.created());
+  EXPECT_EQ(arena.page_count(), 8u);
+  EXPECT_EQ(arena.page_bytes(), layout.page_bytes);
+
+  const std::size_t state = layout.state_bytes_f32;
+  auto staging = conn.open_staging(3 * state);
+  auto slots = conn.allocate(arena, 2);
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_NE(slots[0].id(), slots[1].id());
+
+  auto original = staging.bytes().subspan(0, state);
+  fill_state(original, 1);
+  conn.compress(slots[0], staging, 0);
+  // The page is visible through the client's own mapping and equals a local encode.
+  std::vector<std::byte> local(layout.page_bytes);
+  arena.codec().encode(original, kernels::DType::f32, local);
+  const auto page = arena.page(slots[0]);
+  EXPECT_EQ(std::memcmp(page.data(), local.data(), local.size()), 0);
+
+  conn.decompress(slots[0], staging, state);
+  const auto before = floats(original);
+  const auto after = floats(staging.bytes().subspan(state, state));
+  EXPECT_LT(relative_error(before, after), 0.01);
+
+  // Copy (prefix checkpoint) gives an identical page.
+  conn.copy(slots[0], slots[1]);
+  EXPECT_EQ(std::memcmp(arena.page(slots[1]).data(), page.data(), page.size()), 0);
+
+  auto stats = conn.stats();
+  ASSERT_EQ(stats.arenas.size(), 1u);
+  EXPECT_EQ(stats.arenas[0].pages_used, 2u);
+  EXPECT_EQ(stats.arenas[0].fp32_bytes_used, 2 * layout.fp32_bytes);
+  EXPECT_NEAR(stats.arenas[0].compression_ratio(), layout.compression_ratio(), 1e-9);
+
+  EXPECT_EQ(conn.free(slots), 2u);
+  EXPECT_EQ(used_pages(conn, arena.id()), 0u);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
+}
+
+TEST(Daemon, RefusesNonFiniteStatesAndLeavesThePageUnchanged) {
+  DaemonProcess daemon({});
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto layout = conn.register_layout(small_layout(kernels::CodecId::int6));
+  auto arena = conn.open_arena(layout, 2);
+  auto staging = conn.open_staging(layout.state_bytes_f32);
+  auto slots = conn.allocate(arena, 1);
+  fill_state(staging.bytes(), 2);
+  conn.compress(slots[0], staging, 0);
+  const std::vector<std::byte> page_before(arena.page(slots[0]).begin(),
+                                           arena.page(slots[0]).end());
+  const float nan = std::nanf("");
+  std::memcpy(staging.bytes().data() + 4 * 777, &nan, sizeof nan);
+  try {
+    conn.compress(slots[0], staging, 0);
+    FAIL() << "NaN was accepted";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), sp::Status::not_finite);
+    EXPECT_NE(std::string(e.what()).find("layer"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::memcmp(arena.page(slots[0]).data(), page_before.data(), page_before.size()), 0);
+  EXPECT_TRUE(conn.healthy());
+  EXPECT_GT(conn.ping().count(), 0);
+}
+
+TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
+  DaemonProcess daemon({"--tenant", "small:64KiB", "--tenant", "big"});
+  auto small = client::Connection::connect(options_for(daemon, "small"));
+  const auto layout = small.register_layout(small_layout(kernels::CodecId::fp32));
+  const auto before = small.stats();
+  try {
+    (void)small.open_arena(layout, 64);  // 64 pages of ~33 KiB > 64 KiB quota
+    FAIL() << "quota not enforced";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), sp::Status::quota_exceeded);
+    EXPECT_NE(std::string(e.what()).find("quota"), std::string::npos) << e.what();
+  }
+  const auto after = small.stats();
+  EXPECT_EQ(after.arenas.size(), before.arenas.size());
+  EXPECT_EQ(after.pool_reserved_bytes, before.pool_reserved_bytes);
+
+  auto big = client::Connection::connect(options_for(daemon, "big"));
+  auto arena = big.open_arena(big.register_layout(small_layout()), 3);
+  auto slots = big.allocate(arena, 3);
+  try {
+    (void)big.allocate(arena, 1);
+    FAIL() << "arena over-allocated";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), sp::Status::pool_exhausted);
+  }
+  // Another lease of the same tenant may not free these slots.
+  auto other = client::Connection::connect(options_for(daemon, "big"));
+  const std::vector<client::SlotId> ids = {slots[0].id()};
+  try {
+    other.free(arena.id(), ids);
+    FAIL() << "freed another lease's slot";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), sp::Status::not_owner);
+  }
+  // An unknown tenant is refused at hello.
+  EXPECT_THROW((void)client::Connection::connect(options_for(daemon, "nobody")), client::Error);
+}
+
+TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
+  DaemonProcess daemon({"--grace-period", "300ms"});
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Child: take 3 slots in the shared arena, write them, report, then wait to be killed.
+    ::close(ready[0]);
+    try {
+      auto conn = client::Connection::connect(options_for(daemon));
+      auto arena = conn.open_arena(conn.register_layout(small_layout()), 16);
+      auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
+      auto slots = conn.allocate(arena, 3);
+      fill_state(staging.bytes(), 99);
+      for (auto& s : slots) conn.compress(s, staging, 0);
+      const std::uint32_t arena_id = arena.id();
+      if (::write(ready[1], &arena_id, sizeof arena_id) != sizeof arena_id) ::_exit(3);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(2);
+    }
+  }
+  ::close(ready[1]);
+  std::uint32_t child_arena = 0;
+  ASSERT_EQ(::read(ready[0], &child_arena, sizeof child_arena),
+            static_cast<ssize_t>(sizeof child_arena));
+  ::close(ready[0]);
+
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto layout = conn.register_layout(small_layout());
+  auto arena = conn.open_arena(layout);
+  EXPECT_FALSE(arena.created());
+  ASSERT_EQ(arena.id(), child_arena);  // one arena per (tenant, layout), shared
+  auto staging = conn.open_staging(2 * layout.state_bytes_f32);
+  auto mine = conn.allocate(arena, 2);
+  fill_state(staging.bytes().subspan(0, layout.state_bytes_f32), 7);
+  conn.compress(mine[0], staging, 0);
+  conn.compress(mine[1], staging, 0);
+  const std::vector<std::byte> my_page(arena.page(mine[0]).begin(), arena.page(mine[0]).end());
+  EXPECT_EQ(used_pages(conn, arena.id()), 5u);
+
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // The child's lease is orphaned, then reclaimed after the 300 ms grace period.
+  EXPECT_TRUE(eventually([&] { return used_pages(conn, arena.id()) == 2u; }, 10s))
+      << "pages used: " << used_pages(conn, arena.id());
+  const auto stats = conn.stats();
+  EXPECT_EQ(stats.pages_reclaimed_total, 3u);
+  EXPECT_EQ(stats.leases_orphaned, 0u);
+
+  // This client kept working, and its data is intact.
+  EXPECT_EQ(std::memcmp(arena.page(mine[0]).data(), my_page.data(), my_page.size()), 0);
+  conn.decompress(mine[1], staging, layout.state_bytes_f32);
+  const auto original = floats(staging.bytes().subspan(0, layout.state_bytes_f32));
+  const auto restored = floats(staging.bytes().subspan(layout.state_bytes_f32,
+                                                       layout.state_bytes_f32));
+  EXPECT_LT(relative_error(original, restored), 0.01);
+  auto more = conn.allocate(arena, 14);  // the reclaimed pages are allocatable again
+  EXPECT_EQ(more.size(), 14u);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << "exit 0 also means the pool check passed";
+}
+
+TEST(Daemon, ReconnectingWithTheLeaseTokenWithinTheGracePeriodGetsTheSlotsBack) {
+  DaemonProcess daemon({"--grace-period", "30s"});
+  std::string token;
+  std::vector<client::SlotId> ids;
+  client::ArenaId arena_id = 0;
+  std::vector<std::byte> page_copy;
+  {
+    auto conn = client::Connection::connect(options_for(daemon));
+    auto arena = conn.open_arena(conn.register_layout(small_layout()), 4);
+    auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
+    auto slots = conn.allocate(arena, 2);
+    fill_state(staging.bytes(), 5);
+    conn.compress(slots[1], staging, 0);
+    page_copy.assign(arena.page(slots[1]).begin(), arena.page(slots[1]).end());
+    for (auto& s : slots) ids.push_back(s.release());
+    arena_id = arena.id();
+    token = conn.lease_token();
+  }  // the connection drops here with two slots held
+  auto options = options_for(daemon);
+  options.lease_token = token;
+  auto conn = client::Connection::connect(options);
+  EXPECT_TRUE(conn.lease_resumed());
+  EXPECT_EQ(conn.resumed_slots(), 2u);
+  EXPECT_EQ(conn.lease_token(), token);
+  auto arena = conn.open_arena(conn.register_layout(small_layout()));
+  EXPECT_EQ(arena.id(), arena_id);
+  auto slot = conn.adopt(arena_id, ids[1]);
+  EXPECT_EQ(std::memcmp(arena.page(slot).data(), page_copy.data(), page_copy.size()), 0);
+  EXPECT_EQ(conn.free(arena_id, ids), 2u);
+  (void)slot.release();
+
+  // A second connection presenting the same token while the lease is attached is refused.
+  try {
+    (void)client::Connection::connect(options);
+    FAIL() << "lease attached twice";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), sp::Status::lease_busy);
+  }
+}
+
+TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
+  DaemonProcess daemon({"--drain-timeout", "10s"});
+  auto idle = client::Connection::connect(options_for(daemon));
+  statepool::testing::RawPeer raw(daemon.socket_path());
+  ASSERT_TRUE(raw.connected());
+  flatbuffers::FlatBufferBuilder b;
+  const auto hello = statepool::wire::CreateHello(b, 1, 1);
+  b.Finish(statepool::wire::CreateRequest(b, 1, statepool::wire::RequestBody::Hello, hello.Union()));
+  ASSERT_TRUE(raw.send_frame(b));
+  ASSERT_TRUE(raw.read_reply().has_value());
+
+  // Send a ping frame's header and half of its payload: the request is now in flight.
+  b.Clear();
+  b.Finish(statepool::wire::CreateRequest(b, 2, statepool::wire::RequestBody::Ping,
+                                          statepool::wire::CreatePing(b).Union()));
+  const auto frame = statepool::protocol::make_frame(statepool::protocol::FrameType::request, 0,
+                                                     {b.GetBufferPointer(), b.GetSize()});
+  const std::size_t first = statepool::protocol::kHeaderBytes + 4;
+  ASSERT_TRUE(raw.send_bytes(frame.data(), first));
+  // Wait until the daemon has read those bytes (nothing left unread in the socket).
+  ASSERT_TRUE(eventually([&] {
+    int unread = -1;
+    return ::ioctl(raw.fd(), SIOCOUTQ, &unread) == 0 && unread == 0;
+  }, 10s));
+
+  ASSERT_EQ(::kill(daemon.pid(), SIGTERM), 0);
+  // The idle client is disconnected by the drain...
+  EXPECT_TRUE(eventually([&] {
+    try {
+      (void)idle.ping();
+      return false;
+    } catch (const client::ConnectionError&) {
+      return true;
+    }
+  }, 10s));
+  // ...while the request in flight still gets its reply once its bytes arrive.
+  ASSERT_TRUE(raw.send_bytes(frame.data() + first, frame.size() - first));
+  const auto reply = raw.read_reply();
+  ASSERT_TRUE(reply.has_value());
+  const auto* r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->id(), 2u);
+  EXPECT_EQ(r->status(), statepool::wire::Status::ok);
+  EXPECT_EQ(r->body_type(), statepool::wire::ReplyBody::PingReply);
+  EXPECT_TRUE(raw.closed_by_peer());
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0);
+  EXPECT_FALSE(std::filesystem::exists(daemon.socket_path()));
+}
+
+TEST(Daemon, ClientsOfAKilledDaemonGetAClearErrorNotAHang) {
+  DaemonProcess daemon({});
+  auto conn = client::Connection::connect(options_for(daemon));
+  ASSERT_EQ(daemon.stop(SIGKILL, 10s), 128 + SIGKILL);
+  EXPECT_THROW((void)conn.ping(), client::ConnectionError);
+  EXPECT_FALSE(conn.healthy());
+}

@@ -1,0 +1,138 @@
+// The Prometheus exporter of a running daemon: content after a workload, and
+// `promtool check metrics` on the real output (skipped when promtool is not installed).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "daemon_process.hpp"
+#include "statepool/client.hpp"
+
+namespace client = statepool::client;
+namespace kernels = statepool::kernels;
+using statepool::testing::DaemonProcess;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Labels = std::map<std::string, std::string>;
+
+// Value of the sample `name` whose labels are exactly `labels` (in any order); -1 if absent.
+double sample_value(const std::string& text, const std::string& name, const Labels& labels = {}) {
+  static const std::regex kLine(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
+  static const std::regex kLabel(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)")re");
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (line.empty() || line[0] == '#' || !std::regex_match(line, m, kLine) || m[1] != name)
+      continue;
+    Labels found;
+    const std::string body = m[3];
+    for (auto it = std::sregex_iterator(body.begin(), body.end(), kLabel);
+         it != std::sregex_iterator(); ++it)
+      found[(*it)[1]] = (*it)[2];
+    if (found == labels) return std::stod(m[4]);
+  }
+  return -1;
+}
+
+std::string find_promtool() {
+  for (const char* dir : {"/usr/bin", "/usr/local/bin", "/bin"}) {
+    const std::string path = std::string(dir) + "/promtool";
+    if (std::filesystem::exists(path)) return path;
+  }
+  return {};
+}
+
+class Metrics : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<DaemonProcess>(
+        std::vector<std::string>{"--tenant", "alice:1GiB", "--tenant", "bob"}, true);
+    client::Options o;
+    o.socket_path = daemon_->socket_path();
+    o.tenant = "alice";
+    conn_ = std::make_unique<client::Connection>(client::Connection::connect(o));
+    kernels::StateLayout l;
+    l.name = "metrics-demo";
+    l.num_layers = 2;
+    l.num_heads = 2;
+    l.key_dim = 64;
+    l.value_dim = 64;
+    l.codec.id = kernels::CodecId::int6;
+    layout_ = conn_->register_layout(l);
+    arena_ = std::make_unique<client::Arena>(conn_->open_arena(layout_, 10));
+    slots_ = conn_->allocate(*arena_, 3);
+    auto staging = conn_->open_staging(layout_.state_bytes_f32);
+    conn_->compress(slots_[0], staging, 0);
+    try {
+      (void)conn_->allocate(*arena_, 100);
+    } catch (const client::Error&) {
+      // counted as an error by code
+    }
+    text_ = statepool::testing::http_get(daemon_->metrics_port(), "/metrics");
+  }
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<client::Connection> conn_;
+  client::LayoutInfo layout_;
+  std::unique_ptr<client::Arena> arena_;
+  std::vector<client::Slot> slots_;
+  std::string text_;
+};
+
+}  // namespace
+
+TEST_F(Metrics, ReportCapacityAccountingRequestsAndErrors) {
+  ASSERT_FALSE(text_.empty()) << daemon_->log();
+  const Labels arena = {{"arena", std::to_string(arena_->id())}, {"backend", "host"},
+                        {"codec", "int6"}, {"layout", "metrics-demo"}, {"tenant", "alice"}};
+  auto with_state = [&](const char* state) {
+    auto l = arena;
+    l["state"] = state;
+    return l;
+  };
+  const Labels alice_int6 = {{"codec", "int6"}, {"tenant", "alice"}};
+  EXPECT_EQ(sample_value(text_, "statepool_arena_pages", with_state("used")), 3) << text_;
+  EXPECT_EQ(sample_value(text_, "statepool_arena_pages", with_state("free")), 7);
+  EXPECT_EQ(sample_value(text_, "statepool_arena_bytes", with_state("used")),
+            3.0 * static_cast<double>(arena_->page_stride()));
+  EXPECT_EQ(sample_value(text_, "statepool_arena_page_bytes", arena),
+            static_cast<double>(layout_.page_bytes));
+  EXPECT_EQ(sample_value(text_, "statepool_stored_bytes", alice_int6),
+            3.0 * static_cast<double>(layout_.page_bytes));
+  EXPECT_EQ(sample_value(text_, "statepool_fp32_equivalent_bytes", alice_int6),
+            3.0 * static_cast<double>(layout_.fp32_bytes));
+  EXPECT_NEAR(sample_value(text_, "statepool_compression_ratio", alice_int6),
+              layout_.compression_ratio(), 1e-6);
+  EXPECT_EQ(sample_value(text_, "statepool_tenant_quota_bytes", {{"tenant", "alice"}}), 1073741824.0);
+  EXPECT_EQ(sample_value(text_, "statepool_requests_total", {{"type", "allocate"}}), 2);
+  EXPECT_EQ(sample_value(text_, "statepool_request_duration_seconds_count", {{"type", "compress"}}), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_errors_total", {{"code", "pool_exhausted"}}), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_clients_connected"), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_leases", {{"state", "active"}}), 1);
+  EXPECT_EQ(daemon_->stop(SIGTERM, 10s), 0);
+}
+
+TEST_F(Metrics, PassPromtoolCheckMetrics) {
+  const std::string promtool = find_promtool();
+  if (promtool.empty()) GTEST_SKIP() << "promtool not installed (Debian package 'prometheus')";
+  ASSERT_FALSE(text_.empty());
+  const std::string file = daemon_->dir() + "/metrics.txt";
+  const std::string out = daemon_->dir() + "/promtool.txt";
+  std::ofstream(file) << text_;
+  const std::string cmd = promtool + " check metrics < " + file + " > " + out + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(out);
+  std::stringstream report;
+  report << in.rdbuf();
+  EXPECT_EQ(rc, 0) << "promtool check metrics:\n" << report.str() << "\n--- metrics ---\n" << text_;
+  EXPECT_EQ(report.str(), "") << "promtool reported lint problems";
+}
