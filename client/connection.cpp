@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "impl.hpp"
 #include "statepool/client.hpp"
@@ -218,6 +219,10 @@ std::shared_ptr<const kernels::PageCodec> Impl::codec_for(LayoutId layout) {
 
 namespace {
 
+/// How long connect() retries a Hello refused with lease_busy (see connect()).
+constexpr std::chrono::milliseconds kLeaseBusyRetry{2000};
+
+
 using detail::Impl;
 using detail::UniqueFd;
 using Kind = ConnectionError::Kind;
@@ -282,11 +287,29 @@ double TenantStats::compression_ratio() const noexcept {
 // Connection
 
 Connection Connection::connect(const Options& options) {
-  UniqueFd fd = detail::connect_unix(options.socket_path, options.timeout);
-  auto impl = std::make_shared<Impl>(std::move(fd), options);
-  Connection connection(std::move(impl));
-  connection.say_hello(options);
-  return connection;
+  // A client that resumes its lease right after its previous connection closed can reach
+  // the daemon before the daemon has seen that close: the lease is still attached and
+  // Hello answers lease_busy. That state lasts microseconds, so retry for a short while.
+  using Clock = std::chrono::steady_clock;
+  const auto retry_for = std::min<std::chrono::milliseconds>(
+      options.timeout.count() > 0 ? options.timeout : kLeaseBusyRetry, kLeaseBusyRetry);
+  const auto give_up = Clock::now() + retry_for;
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    UniqueFd fd = detail::connect_unix(options.socket_path, options.timeout);
+    auto impl = std::make_shared<Impl>(std::move(fd), options);
+    Connection connection(std::move(impl));
+    try {
+      connection.say_hello(options);
+      return connection;
+    } catch (const Error& e) {
+      if (e.status() != wire::Status::lease_busy || options.lease_token.empty() ||
+          Clock::now() + pause >= give_up)
+        throw;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
 }
 
 Connection Connection::from_fd(int fd, const Options& options) {

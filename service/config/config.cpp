@@ -8,7 +8,6 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
-#include <regex>
 #include <sstream>
 
 #include <grp.h>
@@ -257,10 +256,10 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
       if (!in) throw ConfigError("cannot read config file '" + file + "'");
       // A [tenant.NAME] section may be empty (a tenant without quota or peer rules);
       // program_options reports no keys for it, so find the section headers first.
-      static const std::regex kTenantSection(R"(^\s*\[tenant\.([^\]]*)\]\s*$)");
       for (std::string line; std::getline(in, line);) {
-        std::smatch m;
-        if (std::regex_match(line, m, kTenantSection)) tenant_entry(tenants, m[1], file);
+        line = trim(line);
+        if (line.rfind("[tenant.", 0) == 0 && line.size() > 9 && line.back() == ']')
+          tenant_entry(tenants, line.substr(8, line.size() - 9), file);
       }
       in.clear();
       in.seekg(0);

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 
 #include "daemon_process.hpp"
@@ -25,21 +24,27 @@ namespace {
 using Labels = std::map<std::string, std::string>;
 
 // Value of the sample `name` whose labels are exactly `labels` (in any order); -1 if absent.
+// Parses the text exposition format's sample lines: name{a="x",b="y"} value.
 double sample_value(const std::string& text, const std::string& name, const Labels& labels = {}) {
-  static const std::regex kLine(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
-  static const std::regex kLabel(R"re(([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)")re");
   std::istringstream lines(text);
   std::string line;
   while (std::getline(lines, line)) {
-    std::smatch m;
-    if (line.empty() || line[0] == '#' || !std::regex_match(line, m, kLine) || m[1] != name)
-      continue;
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.rfind(' ');
+    const auto brace = line.find('{');
+    const std::string series = line.substr(0, space);
+    if (series.substr(0, std::min(brace, space)) != name) continue;
     Labels found;
-    const std::string body = m[3];
-    for (auto it = std::sregex_iterator(body.begin(), body.end(), kLabel);
-         it != std::sregex_iterator(); ++it)
-      found[(*it)[1]] = (*it)[2];
-    if (found == labels) return std::stod(m[4]);
+    if (brace != std::string::npos) {
+      // Label values here never contain '"' or ',' (no escapes to handle).
+      std::istringstream pairs(series.substr(brace + 1, series.size() - brace - 2));
+      std::string pair;
+      while (std::getline(pairs, pair, ',')) {
+        const auto eq = pair.find('=');
+        found[pair.substr(0, eq)] = pair.substr(eq + 2, pair.size() - eq - 3);
+      }
+    }
+    if (found == labels) return std::stod(line.substr(space + 1));
   }
   return -1;
 }

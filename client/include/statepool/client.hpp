@@ -349,6 +349,10 @@ class Connection {
  public:
   /// Connects to options.socket_path and says Hello (protocol versions
   /// protocol::kMinProtocolVersion..kMaxProtocolVersion, tenant, lease token).
+  /// With a lease token, a Hello refused as lease_busy is retried for up to 2 s (or
+  /// Options::timeout if shorter): right after a reconnect the daemon may not yet have
+  /// seen the old connection close. A lease really held by another live connection still
+  /// ends in Error(lease_busy).
   [[nodiscard]] static Connection connect(const Options& options);
   /// Takes over an already connected stream socket `fd` (a socketpair end, for tests or
   /// embedding) and says Hello on it. `fd` is owned from now on, also when this throws.
