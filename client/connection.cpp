@@ -117,8 +117,8 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
     const protocol::FrameError header_error =
         protocol::check_header(reply_header, protocol::FrameType::reply, max_reply_bytes);
     if (header_error == protocol::FrameError::too_large) {
-      throw ConnectionError(Kind::bad_frame, std::string("statepoold's reply to ") + name +
-                                                 " is " + std::to_string(reply_header.length) +
+      throw ConnectionError(Kind::bad_frame, std::string("statepoold's reply to ") + name + " is " +
+                                                 std::to_string(reply_header.length) +
                                                  " bytes, more than this client accepts (" +
                                                  std::to_string(max_reply_bytes) +
                                                  "); raise Options::max_reply_bytes");
@@ -222,7 +222,6 @@ namespace {
 /// How long connect() retries a Hello refused with lease_busy (see connect()).
 constexpr std::chrono::milliseconds kLeaseBusyRetry{2000};
 
-
 using detail::Impl;
 using detail::UniqueFd;
 using Kind = ConnectionError::Kind;
@@ -239,7 +238,9 @@ kernels::CodecId to_kernels(wire::CodecId codec) noexcept {
   return static_cast<kernels::CodecId>(static_cast<std::uint8_t>(codec));
 }
 
-std::string str(const flatbuffers::String* s) { return s != nullptr ? s->str() : std::string(); }
+std::string str(const flatbuffers::String* s) {
+  return s != nullptr ? s->str() : std::string();
+}
 
 // Reply values that cannot be right: not a transport failure, but nothing to build on.
 [[noreturn]] void inconsistent(const std::string& what) {
@@ -360,14 +361,30 @@ Impl& Connection::impl() const {
   return *impl_;
 }
 
-const std::string& Connection::lease_token() const { return impl().lease_token; }
-bool Connection::lease_resumed() const { return impl().lease_resumed; }
-std::uint32_t Connection::resumed_slots() const { return impl().resumed_slots; }
-std::chrono::milliseconds Connection::grace_period() const { return impl().grace_period; }
-std::uint16_t Connection::protocol_version() const { return impl().version; }
-const std::string& Connection::server() const { return impl().server; }
-std::uint32_t Connection::max_frame_bytes() const { return impl().max_frame_bytes; }
-bool Connection::healthy() const noexcept { return impl_ != nullptr && impl_->healthy(); }
+const std::string& Connection::lease_token() const {
+  return impl().lease_token;
+}
+bool Connection::lease_resumed() const {
+  return impl().lease_resumed;
+}
+std::uint32_t Connection::resumed_slots() const {
+  return impl().resumed_slots;
+}
+std::chrono::milliseconds Connection::grace_period() const {
+  return impl().grace_period;
+}
+std::uint16_t Connection::protocol_version() const {
+  return impl().version;
+}
+const std::string& Connection::server() const {
+  return impl().server;
+}
+std::uint32_t Connection::max_frame_bytes() const {
+  return impl().max_frame_bytes;
+}
+bool Connection::healthy() const noexcept {
+  return impl_ != nullptr && impl_->healthy();
+}
 
 LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
   const std::string invalid = kernels::validate(layout);

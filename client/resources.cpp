@@ -84,7 +84,9 @@ Arena& Arena::operator=(Arena&& other) noexcept {
   return *this;
 }
 
-Arena::~Arena() { reset(); }
+Arena::~Arena() {
+  reset();
+}
 
 void Arena::reset() noexcept {
   unmap(base_, bytes_);
@@ -102,7 +104,9 @@ void Arena::reset() noexcept {
   codec_.reset();
 }
 
-void Arena::map() { base_ = map_shared(fd_, bytes_, "arena"); }
+void Arena::map() {
+  base_ = map_shared(fd_, bytes_, "arena");
+}
 
 std::span<std::byte> Arena::data() const noexcept {
   return base_ == nullptr ? std::span<std::byte>() : std::span<std::byte>(base_, bytes_);
@@ -172,7 +176,9 @@ Staging::~Staging() {
   release_local();
 }
 
-void Staging::map() { base_ = map_shared(fd_, size_, "staging buffer"); }
+void Staging::map() {
+  base_ = map_shared(fd_, size_, "staging buffer");
+}
 
 void Staging::release_local() noexcept {
   unmap(base_, size_);

@@ -21,7 +21,9 @@ using Kind = ConnectionError::Kind;
 // ones arrive here (and get closed) instead of being silently truncated.
 constexpr std::size_t kMaxFdsPerRead = 16;
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 [[noreturn]] void throw_closed(const char* what) {
   throw ConnectionError(
@@ -153,7 +155,9 @@ UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout
   return fd;
 }
 
-void prepare_socket(int fd) { set_nonblocking_cloexec(fd); }
+void prepare_socket(int fd) {
+  set_nonblocking_cloexec(fd);
+}
 
 void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
                 const Deadline& deadline) {

@@ -99,8 +99,7 @@ const wire::Reply* verify_reply(std::span<const std::byte> payload, FrameError& 
   return flatbuffers::GetRoot<wire::Reply>(data);
 }
 
-std::string make_frame(FrameType type, std::uint32_t flags,
-                       std::span<const std::uint8_t> payload) {
+std::string make_frame(FrameType type, std::uint32_t flags, std::span<const std::uint8_t> payload) {
   FrameHeader header;
   header.type = type;
   header.flags = flags;

@@ -22,23 +22,32 @@ const char* level_name(LogLevel level) noexcept {
 }
 }  // namespace
 
-void set_log_level(LogLevel level) noexcept { g_level.store(level); }
-LogLevel log_level() noexcept { return g_level.load(); }
+void set_log_level(LogLevel level) noexcept {
+  g_level.store(level);
+}
+LogLevel log_level() noexcept {
+  return g_level.load();
+}
 
 bool parse_log_level(std::string_view text, LogLevel& out) noexcept {
-  if (text == "debug") out = LogLevel::debug;
-  else if (text == "info") out = LogLevel::info;
-  else if (text == "warn" || text == "warning") out = LogLevel::warn;
-  else if (text == "error") out = LogLevel::error;
-  else return false;
+  if (text == "debug")
+    out = LogLevel::debug;
+  else if (text == "info")
+    out = LogLevel::info;
+  else if (text == "warn" || text == "warning")
+    out = LogLevel::warn;
+  else if (text == "error")
+    out = LogLevel::error;
+  else
+    return false;
   return true;
 }
 
 void log_line(LogLevel level, std::string_view component, std::string_view message) noexcept {
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          now.time_since_epoch()).count() % 1000;
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm utc{};
   gmtime_r(&seconds, &utc);
   char stamp[32];

@@ -26,13 +26,17 @@ template <class... Args>
 
 }  // namespace statepool::service
 
-#define STATEPOOL_LOG(level, component, ...)                                       \
-  do {                                                                             \
+#define STATEPOOL_LOG(level, component, ...)                                            \
+  do {                                                                                  \
     if (static_cast<int>(level) >= static_cast<int>(::statepool::service::log_level())) \
-      ::statepool::service::log_line((level), (component),                         \
-                                     ::statepool::service::cat(__VA_ARGS__));      \
+      ::statepool::service::log_line((level), (component),                              \
+                                     ::statepool::service::cat(__VA_ARGS__));           \
   } while (false)
-#define LOG_DEBUG(component, ...) STATEPOOL_LOG(::statepool::service::LogLevel::debug, component, __VA_ARGS__)
-#define LOG_INFO(component, ...) STATEPOOL_LOG(::statepool::service::LogLevel::info, component, __VA_ARGS__)
-#define LOG_WARN(component, ...) STATEPOOL_LOG(::statepool::service::LogLevel::warn, component, __VA_ARGS__)
-#define LOG_ERROR(component, ...) STATEPOOL_LOG(::statepool::service::LogLevel::error, component, __VA_ARGS__)
+#define LOG_DEBUG(component, ...) \
+  STATEPOOL_LOG(::statepool::service::LogLevel::debug, component, __VA_ARGS__)
+#define LOG_INFO(component, ...) \
+  STATEPOOL_LOG(::statepool::service::LogLevel::info, component, __VA_ARGS__)
+#define LOG_WARN(component, ...) \
+  STATEPOOL_LOG(::statepool::service::LogLevel::warn, component, __VA_ARGS__)
+#define LOG_ERROR(component, ...) \
+  STATEPOOL_LOG(::statepool::service::LogLevel::error, component, __VA_ARGS__)

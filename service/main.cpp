@@ -50,7 +50,9 @@ int main(int argc, char** argv) {
     const std::size_t forced = server.run();
     const auto problems = pool.check();
     for (const auto& p : problems) LOG_ERROR("pool", "consistency check at exit: ", p);
-    LOG_INFO("server", "stopped", forced > 0 ? cat(" (", forced, " busy connections closed at the drain timeout)") : std::string());
+    LOG_INFO("server", "stopped",
+             forced > 0 ? cat(" (", forced, " busy connections closed at the drain timeout)")
+                        : std::string());
     return problems.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     LOG_ERROR("server", e.what());

@@ -215,7 +215,9 @@ inline std::string json_number(double value) {
 }
 
 /// A compression ratio as JSON: null when nothing is stored (the ratio is undefined).
-inline std::string json_ratio(double ratio) { return ratio > 0.0 ? json_number(ratio) : "null"; }
+inline std::string json_ratio(double ratio) {
+  return ratio > 0.0 ? json_number(ratio) : "null";
+}
 
 /// Machine-readable stats: every field of the reply, names as in the wire schema, plus
 /// the derived stored bytes and ratios.

@@ -237,8 +237,8 @@ int run(const Args& args) {
   const auto originals = staging.bytes().first(half);
   const auto restored = staging.bytes().subspan(half, half);
 
-  statepool::tools::Table table({"CODEC", "SLOTS", "PAGE", "VS FP32 PAGE", "REL L2 ERR", "MAX ABS ERR",
-                                 "COMPRESS/S", "DECOMPRESS/S", "LOCAL DECODE"},
+  statepool::tools::Table table({"CODEC", "SLOTS", "PAGE", "VS FP32 PAGE", "REL L2 ERR",
+                                 "MAX ABS ERR", "COMPRESS/S", "DECOMPRESS/S", "LOCAL DECODE"},
                                 {false, true, true, true, true, true, true, true, false});
   bool all_ok = true;
   std::vector<std::vector<sc::Slot>> held;  // kept until the daemon's stats are shown

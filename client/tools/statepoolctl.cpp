@@ -80,7 +80,9 @@ Args parse(int argc, char** argv) {
   return args;
 }
 
-double micros(std::chrono::nanoseconds d) { return static_cast<double>(d.count()) / 1000.0; }
+double micros(std::chrono::nanoseconds d) {
+  return static_cast<double>(d.count()) / 1000.0;
+}
 
 void ping(statepool::client::Connection& conn, const Args& args) {
   std::vector<double> us;

@@ -24,9 +24,13 @@ inline std::uint32_t load_u32(const std::byte* p) noexcept {
   return v;
 }
 
-inline void store_u32(std::byte* p, std::uint32_t v) noexcept { std::memcpy(p, &v, sizeof v); }
+inline void store_u32(std::byte* p, std::uint32_t v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
 
-inline std::uint8_t* as_u8(std::byte* p) noexcept { return reinterpret_cast<std::uint8_t*>(p); }
+inline std::uint8_t* as_u8(std::byte* p) noexcept {
+  return reinterpret_cast<std::uint8_t*>(p);
+}
 inline const std::uint8_t* as_u8(const std::byte* p) noexcept {
   return reinterpret_cast<const std::uint8_t*>(p);
 }

@@ -40,10 +40,18 @@ STATEPOOL_FORCE_INLINE void decode_16(const std::byte* src, std::size_t n, float
   }
 }
 
-std::uint16_t to_bf16(float v) { return float_to_bf16_bits(v); }
-std::uint16_t to_half(float v) { return float_to_half_bits(v); }
-float from_bf16(std::uint16_t b) { return bf16_bits_to_float(b); }
-float from_half(std::uint16_t b) { return half_bits_to_float(b); }
+std::uint16_t to_bf16(float v) {
+  return float_to_bf16_bits(v);
+}
+std::uint16_t to_half(float v) {
+  return float_to_half_bits(v);
+}
+float from_bf16(std::uint16_t b) {
+  return bf16_bits_to_float(b);
+}
+float from_half(std::uint16_t b) {
+  return half_bits_to_float(b);
+}
 
 STATEPOOL_SIMD_CLONES void encode_bf16(const float* src, std::size_t n, std::byte* dst) {
   encode_16<to_bf16>(src, n, dst);
@@ -75,15 +83,9 @@ class FloatCodec final : public Codec {
     check_head_buffers(to_string(id_), src.size(), values_, dst.size(), head_bytes_);
     const std::size_t used = values_ * float_codec_value_bytes(id_);
     switch (id_) {
-      case CodecId::bf16:
-        encode_bf16(src.data(), values_, dst.data());
-        break;
-      case CodecId::fp16:
-        encode_fp16(src.data(), values_, dst.data());
-        break;
-      default:
-        std::memcpy(dst.data(), src.data(), used);
-        break;
+      case CodecId::bf16: encode_bf16(src.data(), values_, dst.data()); break;
+      case CodecId::fp16: encode_fp16(src.data(), values_, dst.data()); break;
+      default: std::memcpy(dst.data(), src.data(), used); break;
     }
     std::fill(dst.begin() + static_cast<std::ptrdiff_t>(used), dst.end(), std::byte{0});
   }
@@ -92,15 +94,9 @@ class FloatCodec final : public Codec {
                    std::span<float> dst) const override {
     check_head_buffers(to_string(id_), dst.size(), values_, src.size(), head_bytes_);
     switch (id_) {
-      case CodecId::bf16:
-        decode_bf16(src.data(), values_, dst.data());
-        break;
-      case CodecId::fp16:
-        decode_fp16(src.data(), values_, dst.data());
-        break;
-      default:
-        std::memcpy(dst.data(), src.data(), values_ * sizeof(float));
-        break;
+      case CodecId::bf16: decode_bf16(src.data(), values_, dst.data()); break;
+      case CodecId::fp16: decode_fp16(src.data(), values_, dst.data()); break;
+      default: std::memcpy(dst.data(), src.data(), values_ * sizeof(float)); break;
     }
   }
 

@@ -8,11 +8,15 @@
 namespace statepool::kernels {
 namespace {
 
-bool known(Arch arch) { return arch == Arch::gdn || arch == Arch::kda; }
+bool known(Arch arch) {
+  return arch == Arch::gdn || arch == Arch::kda;
+}
 bool known(DType dtype) {
   return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
 }
-bool known(CodecId id) { return is_float_codec(id) || is_uniform_codec(id); }
+bool known(CodecId id) {
+  return is_float_codec(id) || is_uniform_codec(id);
+}
 
 template <typename Enum>
 std::string enum_value(Enum value) {
@@ -45,51 +49,38 @@ bool StateLayout::same_shape_and_codec(const StateLayout& other) const noexcept 
 
 std::size_t dtype_bytes(DType dtype) noexcept {
   switch (dtype) {
-    case DType::f32:
-      return 4;
+    case DType::f32: return 4;
     case DType::bf16:
-    case DType::f16:
-      return 2;
+    case DType::f16: return 2;
   }
   return 0;
 }
 
 const char* to_string(DType dtype) noexcept {
   switch (dtype) {
-    case DType::f32:
-      return "f32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "f16";
+    case DType::f32: return "f32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "unknown";
 }
 
 const char* to_string(Arch arch) noexcept {
   switch (arch) {
-    case Arch::gdn:
-      return "gdn";
-    case Arch::kda:
-      return "kda";
+    case Arch::gdn: return "gdn";
+    case Arch::kda: return "kda";
   }
   return "unknown";
 }
 
 const char* to_string(CodecId codec) noexcept {
   switch (codec) {
-    case CodecId::fp32:
-      return "fp32";
-    case CodecId::bf16:
-      return "bf16";
-    case CodecId::fp16:
-      return "fp16";
-    case CodecId::int4:
-      return "int4";
-    case CodecId::int6:
-      return "int6";
-    case CodecId::int8:
-      return "int8";
+    case CodecId::fp32: return "fp32";
+    case CodecId::bf16: return "bf16";
+    case CodecId::fp16: return "fp16";
+    case CodecId::int4: return "int4";
+    case CodecId::int6: return "int6";
+    case CodecId::int8: return "int8";
   }
   return "unknown";
 }

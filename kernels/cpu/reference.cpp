@@ -59,8 +59,7 @@ void encode_head(CodecSpec spec, std::uint32_t key_dim, std::uint32_t value_dim,
         detail::store_u16_le(dst.data() + 2 * i, float_to_half_bits(src[i]));
       }
       return;
-    default:
-      break;
+    default: break;
   }
 
   const std::uint32_t bits = codec_code_bits(spec.id);
@@ -112,8 +111,7 @@ void decode_head(CodecSpec spec, std::uint32_t key_dim, std::uint32_t value_dim,
         dst[i] = half_bits_to_float(detail::load_u16_le(src.data() + 2 * i));
       }
       return;
-    default:
-      break;
+    default: break;
   }
 
   const std::uint32_t bits = codec_code_bits(spec.id);

@@ -133,15 +133,9 @@ void run_recurrence(std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_
 
 void store_value(std::byte* dst, std::size_t i, float value, DType dtype) {
   switch (dtype) {
-    case DType::f32:
-      detail::store_u32(dst + 4 * i, float_bits(value));
-      return;
-    case DType::bf16:
-      detail::store_u16_le(dst + 2 * i, float_to_bf16_bits(value));
-      return;
-    case DType::f16:
-      detail::store_u16_le(dst + 2 * i, float_to_half_bits(value));
-      return;
+    case DType::f32: detail::store_u32(dst + 4 * i, float_bits(value)); return;
+    case DType::bf16: detail::store_u16_le(dst + 2 * i, float_to_bf16_bits(value)); return;
+    case DType::f16: detail::store_u16_le(dst + 2 * i, float_to_half_bits(value)); return;
   }
 }
 

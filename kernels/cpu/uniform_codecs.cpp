@@ -184,12 +184,9 @@ std::unique_ptr<Codec> make_uniform_codec(const StateLayout& layout) {
   const std::uint32_t group = effective_group_size(layout.codec.group_size);
   const CodecId id = layout.codec.id;
   switch (codec_code_bits(id)) {
-    case 4:
-      return std::make_unique<UniformCodec<4>>(id, layout.key_dim, layout.value_dim, group);
-    case 6:
-      return std::make_unique<UniformCodec<6>>(id, layout.key_dim, layout.value_dim, group);
-    default:
-      return std::make_unique<UniformCodec<8>>(id, layout.key_dim, layout.value_dim, group);
+    case 4: return std::make_unique<UniformCodec<4>>(id, layout.key_dim, layout.value_dim, group);
+    case 6: return std::make_unique<UniformCodec<6>>(id, layout.key_dim, layout.value_dim, group);
+    default: return std::make_unique<UniformCodec<8>>(id, layout.key_dim, layout.value_dim, group);
   }
 }
 

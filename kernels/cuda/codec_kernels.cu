@@ -233,7 +233,9 @@ bool aligned(const void* p, std::uintptr_t alignment) {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
 }
 
-std::uint64_t staged_value_bytes(const PageDesc& d) { return d.staged_dtype == DType::f32 ? 4 : 2; }
+std::uint64_t staged_value_bytes(const PageDesc& d) {
+  return d.staged_dtype == DType::f32 ? 4 : 2;
+}
 
 bool valid(const PageDesc& d, const void* staged, const void* page) {
   if (staged == nullptr || page == nullptr || d.num_heads == 0 || d.key_dim == 0 ||
@@ -282,9 +284,7 @@ cudaError_t launch_encode(const PageDesc& d, const void* staged, void* page, cud
     case CodecId::int6:
       encode_uniform_kernel<6, Io><<<grid, kBlock, 0, stream>>>(d, in, out);
       break;
-    default:
-      encode_uniform_kernel<8, Io><<<grid, kBlock, 0, stream>>>(d, in, out);
-      break;
+    default: encode_uniform_kernel<8, Io><<<grid, kBlock, 0, stream>>>(d, in, out); break;
   }
   return cudaGetLastError();
 }
@@ -306,9 +306,7 @@ cudaError_t launch_decode(const PageDesc& d, const void* page, void* staged, cud
     case CodecId::int6:
       decode_uniform_kernel<6, Io><<<grid, kBlock, 0, stream>>>(d, in, out);
       break;
-    default:
-      decode_uniform_kernel<8, Io><<<grid, kBlock, 0, stream>>>(d, in, out);
-      break;
+    default: decode_uniform_kernel<8, Io><<<grid, kBlock, 0, stream>>>(d, in, out); break;
   }
   return cudaGetLastError();
 }

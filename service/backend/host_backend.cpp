@@ -4,9 +4,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <memory>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -22,9 +22,13 @@ UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
   return *this;
 }
 
-UniqueFd::~UniqueFd() { reset(); }
+UniqueFd::~UniqueFd() {
+  reset();
+}
 
-int UniqueFd::release() noexcept { return std::exchange(fd_, -1); }
+int UniqueFd::release() noexcept {
+  return std::exchange(fd_, -1);
+}
 
 void UniqueFd::reset(int fd) noexcept {
   const int old = std::exchange(fd_, fd);

@@ -59,8 +59,8 @@ std::uint32_t to_u32(std::uint64_t value, const std::string& what) {
 
 std::uint64_t parse_count(const std::string& text, const std::string& what) {
   const std::string t = trim(text);
-  if (t.empty() || !std::all_of(t.begin(), t.end(),
-                                [](unsigned char c) { return std::isdigit(c) != 0; }) ||
+  if (t.empty() ||
+      !std::all_of(t.begin(), t.end(), [](unsigned char c) { return std::isdigit(c) != 0; }) ||
       t.size() > 18) {
     throw ConfigError("invalid " + what + " '" + text + "': expected a whole number");
   }
@@ -145,12 +145,20 @@ std::uint64_t parse_size(const std::string& text, const std::string& what) {
   std::string unit;
   bool ok = false;
   split_number(text, number, unit, ok);
-  static const std::map<std::string, double> kUnits = {
-      {"", 1.0},          {"b", 1.0},
-      {"k", 1024.0},      {"kb", 1024.0},      {"kib", 1024.0},
-      {"m", 1048576.0},   {"mb", 1048576.0},   {"mib", 1048576.0},
-      {"g", 1073741824.0}, {"gb", 1073741824.0}, {"gib", 1073741824.0},
-      {"t", 1099511627776.0}, {"tb", 1099511627776.0}, {"tib", 1099511627776.0}};
+  static const std::map<std::string, double> kUnits = {{"", 1.0},
+                                                       {"b", 1.0},
+                                                       {"k", 1024.0},
+                                                       {"kb", 1024.0},
+                                                       {"kib", 1024.0},
+                                                       {"m", 1048576.0},
+                                                       {"mb", 1048576.0},
+                                                       {"mib", 1048576.0},
+                                                       {"g", 1073741824.0},
+                                                       {"gb", 1073741824.0},
+                                                       {"gib", 1073741824.0},
+                                                       {"t", 1099511627776.0},
+                                                       {"tb", 1099511627776.0},
+                                                       {"tib", 1099511627776.0}};
   const auto it = kUnits.find(unit);
   if (!ok || it == kUnits.end()) {
     throw ConfigError("invalid " + what + " '" + text +
@@ -182,57 +190,55 @@ std::chrono::milliseconds parse_duration(const std::string& text, const std::str
 ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   Config& config = result.config;
-  std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout,
-      drain_timeout, log_level, allow_uids;
+  std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
+      log_level, allow_uids;
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0;
 
   po::options_description general("General");
-  general.add_options()
-      ("help,h", "print this help and exit")
-      ("version", "print the version and exit")
-      ("print-config", "print the effective configuration and exit")
-      ("config,c", po::value<std::string>(&config.config_file), "read options from this INI file")
-      ("log-level", po::value<std::string>(&log_level)->default_value("info"),
-       "debug, info, warn or error")
-      ("threads", po::value<std::uint64_t>(&threads)->default_value(2), "I/O threads (1-64)");
+  general.add_options()("help,h", "print this help and exit")(
+      "version", "print the version and exit")("print-config",
+                                               "print the effective configuration and exit")(
+      "config,c", po::value<std::string>(&config.config_file), "read options from this INI file")(
+      "log-level", po::value<std::string>(&log_level)->default_value("info"),
+      "debug, info, warn or error")("threads", po::value<std::uint64_t>(&threads)->default_value(2),
+                                    "I/O threads (1-64)");
   po::options_description server("Server");
-  server.add_options()
-      ("socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
-       "Unix socket path")
-      ("socket-mode", po::value<std::string>(&socket_mode)->default_value("0660"),
-       "socket file permission bits (octal)")
-      ("socket-group", po::value<std::string>(&config.socket_group),
-       "group that owns the socket file")
-      ("allow-uids", po::value<std::string>(&allow_uids),
-       "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
-      ("max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
-       "concurrent client connections")
-      ("max-frame-bytes", po::value<std::string>(&max_frame)->default_value("1MiB"),
-       "largest request payload accepted, header excluded (4KiB-64MiB)")
-      ("max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
-       "staging memory one connection may hold")
-      ("io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
-       "time to finish receiving a started frame or sending a reply")
-      ("drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
-       "on SIGTERM, longest wait for in-flight requests")
-      ("metrics-address",
-       po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
-       "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
+  server.add_options()(
+      "socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
+      "Unix socket path")("socket-mode",
+                          po::value<std::string>(&socket_mode)->default_value("0660"),
+                          "socket file permission bits (octal)")(
+      "socket-group", po::value<std::string>(&config.socket_group),
+      "group that owns the socket file")(
+      "allow-uids", po::value<std::string>(&allow_uids),
+      "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")(
+      "max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
+      "concurrent client connections")(
+      "max-frame-bytes", po::value<std::string>(&max_frame)->default_value("1MiB"),
+      "largest request payload accepted, header excluded (4KiB-64MiB)")(
+      "max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
+      "staging memory one connection may hold")(
+      "io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
+      "time to finish receiving a started frame or sending a reply")(
+      "drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
+      "on SIGTERM, longest wait for in-flight requests")(
+      "metrics-address",
+      po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
+      "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
   po::options_description pool("Pool");
-  pool.add_options()
-      ("backend", po::value<std::string>(&config.backend)->default_value("host"),
-       "memory backend: host (memfd shared memory)")
-      ("pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
-       "bytes of all arenas together")
-      ("arena-pages", po::value<std::uint64_t>(&arena_pages)->default_value(64),
-       "pages of an arena when the client does not say")
-      ("max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
-       "largest arena a client may ask for, in pages")
-      ("grace-period", po::value<std::string>(&grace)->default_value("30s"),
-       "how long a dropped client's slots are kept for it to reconnect")
-      ("tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
-       "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
+  pool.add_options()("backend", po::value<std::string>(&config.backend)->default_value("host"),
+                     "memory backend: host (memfd shared memory)")(
+      "pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
+      "bytes of all arenas together")("arena-pages",
+                                      po::value<std::uint64_t>(&arena_pages)->default_value(64),
+                                      "pages of an arena when the client does not say")(
+      "max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
+      "largest arena a client may ask for, in pages")(
+      "grace-period", po::value<std::string>(&grace)->default_value("30s"),
+      "how long a dropped client's slots are kept for it to reconnect")(
+      "tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
+      "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
   po::options_description all;
   all.add(general).add(server).add(pool);
 
@@ -356,9 +362,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
 
 std::string describe(const Config& config) {
   std::ostringstream out;
-  out << "socket " << config.socket_path << " (mode " << std::oct << config.socket_mode
-      << std::dec << (config.socket_group.empty() ? "" : ", group " + config.socket_group)
-      << ")\n"
+  out << "socket " << config.socket_path << " (mode " << std::oct << config.socket_mode << std::dec
+      << (config.socket_group.empty() ? "" : ", group " + config.socket_group) << ")\n"
       << "backend " << config.backend << ", pool capacity "
       << format_bytes(config.pool.capacity_bytes) << ", arena pages "
       << config.pool.default_arena_pages << " (max " << config.pool.max_arena_pages << ")\n"

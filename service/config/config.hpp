@@ -26,20 +26,20 @@ class ConfigError : public std::runtime_error {
 
 struct Config {
   std::string socket_path = "/run/statepool/statepool.sock";
-  unsigned socket_mode = 0660;              ///< permission bits of the socket file
-  std::string socket_group;                 ///< group owning the socket file ("" = unchanged)
+  unsigned socket_mode = 0660;  ///< permission bits of the socket file
+  std::string socket_group;     ///< group owning the socket file ("" = unchanged)
   std::string backend = "host";
   std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
   PoolConfig pool;
   std::uint32_t max_frame_bytes = 1u << 20;
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
   std::uint32_t max_connections = 256;
-  std::chrono::milliseconds io_timeout{10000};    ///< to finish a started frame or a reply
-  std::chrono::milliseconds drain_timeout{10000}; ///< SIGTERM: longest wait for in-flight work
-  unsigned threads = 2;                           ///< I/O threads
+  std::chrono::milliseconds io_timeout{10000};     ///< to finish a started frame or a reply
+  std::chrono::milliseconds drain_timeout{10000};  ///< SIGTERM: longest wait for in-flight work
+  unsigned threads = 2;                            ///< I/O threads
   LogLevel log_level = LogLevel::info;
-  std::vector<uid_t> allow_uids;                  ///< empty = any peer uid (socket mode rules)
-  std::string config_file;                        ///< the file read, if any
+  std::vector<uid_t> allow_uids;  ///< empty = any peer uid (socket mode rules)
+  std::string config_file;        ///< the file read, if any
 };
 
 /// Outcome of parsing argv: either a configuration to run, or text to print and an exit

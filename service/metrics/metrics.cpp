@@ -25,21 +25,25 @@ using prometheus::MetricType;
 
 // Request latencies span ~10 us (ping, allocate) to seconds (compressing a large state).
 const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
-    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
-    2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0};
+    1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
+    2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 
 constexpr std::array kRequestTypes = {
-    wire::RequestBody::Hello,      wire::RequestBody::RegisterLayout, wire::RequestBody::OpenArena,
-    wire::RequestBody::Allocate,   wire::RequestBody::Free,           wire::RequestBody::OpenStaging,
-    wire::RequestBody::CloseStaging, wire::RequestBody::Compress,     wire::RequestBody::Decompress,
-    wire::RequestBody::Copy,       wire::RequestBody::Stats,          wire::RequestBody::Ping,
-    wire::RequestBody::Drain,      wire::RequestBody::NONE};
+    wire::RequestBody::Hello,        wire::RequestBody::RegisterLayout,
+    wire::RequestBody::OpenArena,    wire::RequestBody::Allocate,
+    wire::RequestBody::Free,         wire::RequestBody::OpenStaging,
+    wire::RequestBody::CloseStaging, wire::RequestBody::Compress,
+    wire::RequestBody::Decompress,   wire::RequestBody::Copy,
+    wire::RequestBody::Stats,        wire::RequestBody::Ping,
+    wire::RequestBody::Drain,        wire::RequestBody::NONE};
 
 ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
   ClientMetric metric;
   metric.label = std::move(labels);
-  if (type == MetricType::Counter) metric.counter.value = value;
-  else metric.gauge.value = value;
+  if (type == MetricType::Counter)
+    metric.counter.value = value;
+  else
+    metric.gauge.value = value;
   return metric;
 }
 
@@ -61,23 +65,23 @@ class PoolCollector final : public prometheus::Collectable {
     const std::string backend(pool_.backend_name());
     std::vector<MetricFamily> out;
 
-    auto capacity = family("statepool_pool_capacity_bytes",
-                           "Configured capacity of the pool (all arenas together).",
-                           MetricType::Gauge);
+    auto capacity =
+        family("statepool_pool_capacity_bytes",
+               "Configured capacity of the pool (all arenas together).", MetricType::Gauge);
     capacity.metric.push_back(sample({{"backend", backend}},
                                      static_cast<double>(stats.capacity_bytes), MetricType::Gauge));
-    auto reserved = family("statepool_pool_reserved_bytes",
-                           "Bytes of the pool reserved by arenas.", MetricType::Gauge);
+    auto reserved = family("statepool_pool_reserved_bytes", "Bytes of the pool reserved by arenas.",
+                           MetricType::Gauge);
     reserved.metric.push_back(sample({{"backend", backend}},
                                      static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
     out.push_back(std::move(capacity));
     out.push_back(std::move(reserved));
 
-    auto arena_bytes = family("statepool_arena_bytes",
-                              "Bytes of an arena by state (used: pages holding a slot; free).",
+    auto arena_bytes =
+        family("statepool_arena_bytes",
+               "Bytes of an arena by state (used: pages holding a slot; free).", MetricType::Gauge);
+    auto arena_pages = family("statepool_arena_pages", "Pages of an arena by state (used or free).",
                               MetricType::Gauge);
-    auto arena_pages = family("statepool_arena_pages",
-                              "Pages of an arena by state (used or free).", MetricType::Gauge);
     auto page_bytes = family("statepool_arena_page_bytes",
                              "Exact bytes of one page (one request's whole state) in an arena.",
                              MetricType::Gauge);
@@ -117,8 +121,8 @@ class PoolCollector final : public prometheus::Collectable {
       s.stored += static_cast<double>(a.pages_used) * static_cast<double>(a.page_bytes);
       s.fp32 += static_cast<double>(a.pages_used) * static_cast<double>(a.fp32_page_bytes);
     }
-    auto pages_used = family("statepool_pages_used",
-                             "Pages holding a slot, per tenant and codec.", MetricType::Gauge);
+    auto pages_used = family("statepool_pages_used", "Pages holding a slot, per tenant and codec.",
+                             MetricType::Gauge);
     auto stored = family("statepool_stored_bytes",
                          "Page bytes of used pages (every byte of metadata included), per "
                          "tenant and codec.",
@@ -136,7 +140,8 @@ class PoolCollector final : public prometheus::Collectable {
       pages_used.metric.push_back(sample(labels, s.pages, MetricType::Gauge));
       stored.metric.push_back(sample(labels, s.stored, MetricType::Gauge));
       fp32.metric.push_back(sample(labels, s.fp32, MetricType::Gauge));
-      if (s.stored > 0) ratio.metric.push_back(sample(labels, s.fp32 / s.stored, MetricType::Gauge));
+      if (s.stored > 0)
+        ratio.metric.push_back(sample(labels, s.fp32 / s.stored, MetricType::Gauge));
     }
     out.push_back(std::move(pages_used));
     out.push_back(std::move(stored));
@@ -146,9 +151,9 @@ class PoolCollector final : public prometheus::Collectable {
     auto quota = family("statepool_tenant_quota_bytes",
                         "Configured quota of a tenant over reserved arena bytes (0 = unlimited).",
                         MetricType::Gauge);
-    auto tenant_reserved = family("statepool_tenant_reserved_bytes",
-                                  "Arena bytes reserved by a tenant (counted against its quota).",
-                                  MetricType::Gauge);
+    auto tenant_reserved =
+        family("statepool_tenant_reserved_bytes",
+               "Arena bytes reserved by a tenant (counted against its quota).", MetricType::Gauge);
     for (const auto& t : stats.tenants) {
       quota.metric.push_back(
           sample({{"tenant", t.name}}, static_cast<double>(t.quota_bytes), MetricType::Gauge));
@@ -162,15 +167,15 @@ class PoolCollector final : public prometheus::Collectable {
                          "Client leases by state (active: attached to a connection; orphaned: "
                          "disconnected, inside the grace period).",
                          MetricType::Gauge);
-    leases.metric.push_back(sample({{"state", "active"}},
-                                   static_cast<double>(stats.leases_active), MetricType::Gauge));
+    leases.metric.push_back(
+        sample({{"state", "active"}}, static_cast<double>(stats.leases_active), MetricType::Gauge));
     leases.metric.push_back(sample({{"state", "orphaned"}},
                                    static_cast<double>(stats.leases_orphaned), MetricType::Gauge));
     out.push_back(std::move(leases));
 
-    auto reclaimed = family("statepool_reclaimed_pages_total",
-                            "Pages reclaimed from leases whose grace period ended.",
-                            MetricType::Counter);
+    auto reclaimed =
+        family("statepool_reclaimed_pages_total",
+               "Pages reclaimed from leases whose grace period ended.", MetricType::Counter);
     reclaimed.metric.push_back(
         sample({}, static_cast<double>(stats.pages_reclaimed_total), MetricType::Counter));
     out.push_back(std::move(reclaimed));
@@ -218,8 +223,7 @@ struct Metrics::Impl {
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
         .Register(*registry)
-        .Add({{"version", "0.1.0"},
-              {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
+        .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
         .Set(1);
     // Pre-create every request type so rates exist (at zero) before the first request.
     for (auto type : kRequestTypes) {
@@ -275,14 +279,20 @@ void Metrics::observe_request(wire::RequestBody type, wire::Status status, doubl
   if (status != wire::Status::ok) impl_->error_counter(status).Increment();
 }
 
-void Metrics::observe_refused(wire::Status status) { impl_->error_counter(status).Increment(); }
+void Metrics::observe_refused(wire::Status status) {
+  impl_->error_counter(status).Increment();
+}
 
 void Metrics::client_connected() {
   impl_->connections.Increment();
   impl_->clients.Increment();
 }
-void Metrics::client_disconnected() { impl_->clients.Decrement(); }
-void Metrics::set_draining(bool draining) { impl_->draining.Set(draining ? 1.0 : 0.0); }
+void Metrics::client_disconnected() {
+  impl_->clients.Decrement();
+}
+void Metrics::set_draining(bool draining) {
+  impl_->draining.Set(draining ? 1.0 : 0.0);
+}
 
 std::string Metrics::render() const {
   auto families = impl_->registry->Collect();

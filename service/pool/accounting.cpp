@@ -14,8 +14,7 @@ std::string format_bytes(std::uint64_t bytes) {
     ++unit;
   }
   char buffer[32];
-  std::snprintf(buffer, sizeof buffer, value < 10.0 ? "%.1f %s" : "%.0f %s", value,
-                kUnits[unit]);
+  std::snprintf(buffer, sizeof buffer, value < 10.0 ? "%.1f %s" : "%.0f %s", value, kUnits[unit]);
   return buffer;
 }
 

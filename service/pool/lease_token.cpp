@@ -18,8 +18,7 @@ std::string make_lease_token() {
     const ssize_t n = ::getrandom(raw.data() + filled, raw.size() - filled, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw StatusError(Status::internal,
-                        "getrandom: " + std::generic_category().message(errno));
+      throw StatusError(Status::internal, "getrandom: " + std::generic_category().message(errno));
     }
     filled += static_cast<std::size_t>(n);
   }

@@ -24,7 +24,9 @@ constexpr std::size_t kMaxLayouts = 256;
 
 constexpr std::string_view kDefaultTenant = "default";
 
-std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
+std::string quoted(std::string_view text) {
+  return "'" + std::string(text) + "'";
+}
 
 std::size_t round_up(std::size_t value, std::size_t alignment) noexcept {
   return (value + alignment - 1) / alignment * alignment;
@@ -34,8 +36,12 @@ std::size_t round_up(std::size_t value, std::size_t alignment) noexcept {
 std::uint64_t slot_key(ArenaId arena, SlotId slot) noexcept {
   return (std::uint64_t{arena} << 32) | slot;
 }
-ArenaId key_arena(std::uint64_t key) noexcept { return static_cast<ArenaId>(key >> 32); }
-SlotId key_slot(std::uint64_t key) noexcept { return static_cast<SlotId>(key & 0xffffffffu); }
+ArenaId key_arena(std::uint64_t key) noexcept {
+  return static_cast<ArenaId>(key >> 32);
+}
+SlotId key_slot(std::uint64_t key) noexcept {
+  return static_cast<SlotId>(key & 0xffffffffu);
+}
 
 }  // namespace
 
@@ -64,7 +70,7 @@ struct Pool::Impl {
     std::size_t tenant = 0;
     std::string token;
     bool attached = true;
-    Clock::time_point deadline{};            // meaningful when !attached
+    Clock::time_point deadline{};             // meaningful when !attached
     std::unordered_set<std::uint64_t> slots;  // slot_key(arena, slot)
   };
 
@@ -73,10 +79,10 @@ struct Pool::Impl {
   mutable std::mutex mu;  // guards everything below
   std::vector<Tenant> tenants;
   std::map<std::string, std::size_t, std::less<>> tenant_index;
-  std::vector<std::shared_ptr<const kernels::PageCodec>> layouts;  // id = index + 1
-  std::vector<std::unique_ptr<Arena>> arenas;                        // id = index + 1
-  std::map<std::pair<std::size_t, LayoutId>, ArenaId> arena_index;   // (tenant, layout)
-  ByteBudget reserved;                                               // all arenas
+  std::vector<std::shared_ptr<const kernels::PageCodec>> layouts;   // id = index + 1
+  std::vector<std::unique_ptr<Arena>> arenas;                       // id = index + 1
+  std::map<std::pair<std::size_t, LayoutId>, ArenaId> arena_index;  // (tenant, layout)
+  ByteBudget reserved;                                              // all arenas
   std::unordered_map<LeaseId, Lease> leases;
   std::unordered_map<std::string, LeaseId> tokens;
   std::set<std::pair<Clock::time_point, LeaseId>> deadlines;  // orphaned leases
@@ -242,7 +248,9 @@ Pool::Pool(PoolConfig config, std::unique_ptr<MemoryBackend> backend)
 
 Pool::~Pool() = default;
 
-std::string_view Pool::backend_name() const noexcept { return impl_->backend->name(); }
+std::string_view Pool::backend_name() const noexcept {
+  return impl_->backend->name();
+}
 
 // --- tenants -------------------------------------------------------------------------
 
@@ -288,9 +296,9 @@ LayoutId Pool::register_layout(const kernels::StateLayout& layout) {
       return static_cast<LayoutId>(i + 1);
     }
   }
-  STATEPOOL_EXPECTS(impl_->layouts.size() < kMaxLayouts, Status::pool_exhausted,
-                    "too many distinct layouts registered (limit " +
-                        std::to_string(kMaxLayouts) + ")");
+  STATEPOOL_EXPECTS(
+      impl_->layouts.size() < kMaxLayouts, Status::pool_exhausted,
+      "too many distinct layouts registered (limit " + std::to_string(kMaxLayouts) + ")");
   impl_->layouts.push_back(std::move(codec));
   return static_cast<LayoutId>(impl_->layouts.size());
 }
@@ -302,8 +310,7 @@ std::shared_ptr<const kernels::PageCodec> Pool::layout(LayoutId id) const {
 
 // --- arenas --------------------------------------------------------------------------
 
-ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id,
-                           std::uint32_t pages) {
+ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages) {
   std::lock_guard lock(impl_->mu);
   const std::size_t tenant = impl_->tenant_of(tenant_name);
   const auto& codec = impl_->layout_of(layout_id);
@@ -320,9 +327,9 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id,
   const std::uint64_t bytes = std::uint64_t{pages} * stride;  // <= 2^32 * 2^33: no overflow
 
   Impl::Tenant& t = impl_->tenants[tenant];
-  const std::string what =
-      " (arena of " + std::to_string(pages) + " pages of " + format_bytes(stride) +
-      " for tenant " + quoted(t.config->name) + ", layout " + quoted(codec->layout().name) + ")";
+  const std::string what = " (arena of " + std::to_string(pages) + " pages of " +
+                           format_bytes(stride) + " for tenant " + quoted(t.config->name) +
+                           ", layout " + quoted(codec->layout().name) + ")";
   STATEPOOL_EXPECTS(t.reserved.fits(bytes), Status::quota_exceeded,
                     "tenant " + quoted(t.config->name) + " quota exceeded: " +
                         format_bytes(t.reserved.used()) + " reserved + " + format_bytes(bytes) +
@@ -382,9 +389,9 @@ LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view tok
       // Another tenant's token: treat it as unknown, and leave that lease alone.
       if (it != impl_->leases.end() && it->second.tenant == tenant) {
         Impl::Lease& lease = it->second;
-        STATEPOOL_EXPECTS(!lease.attached, Status::lease_busy,
-                          "lease " + std::to_string(lease.id) +
-                              " is attached to another live connection");
+        STATEPOOL_EXPECTS(
+            !lease.attached, Status::lease_busy,
+            "lease " + std::to_string(lease.id) + " is attached to another live connection");
         if (lease.deadline > now) {
           impl_->deadlines.erase({lease.deadline, lease.id});
           lease.attached = true;
@@ -487,8 +494,8 @@ std::uint32_t Pool::free(LeaseId lease_id, ArenaId arena_id, std::span<const Slo
   // Validate everything first: a failed free changes nothing.
   for (const SlotId slot : slots) {
     STATEPOOL_EXPECTS(slot < arena.owner.size(), Status::invalid_argument,
-                      "slot " + std::to_string(slot) + " out of range: " +
-                          impl_->arena_label(arena) + " has " +
+                      "slot " + std::to_string(slot) +
+                          " out of range: " + impl_->arena_label(arena) + " has " +
                           std::to_string(arena.owner.size()) + " pages");
   }
   std::vector<SlotId> sorted(slots.begin(), slots.end());
@@ -651,8 +658,8 @@ std::vector<std::string> Pool::check() const {
            std::to_string(impl_->leases.size()) + " leases");
   }
   if (impl_->deadlines.size() != orphaned) {
-    report(std::to_string(impl_->deadlines.size()) + " deadlines for " +
-           std::to_string(orphaned) + " orphaned leases");
+    report(std::to_string(impl_->deadlines.size()) + " deadlines for " + std::to_string(orphaned) +
+           " orphaned leases");
   }
 
   // Bytes: per tenant, in total, against quotas and capacity.

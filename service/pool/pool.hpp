@@ -50,7 +50,7 @@ struct PoolConfig {
   std::uint32_t default_arena_pages = 64;     ///< OpenArena with pages = 0
   std::uint32_t max_arena_pages = 1u << 20;
   std::chrono::milliseconds grace_period{30000};
-  std::vector<TenantConfig> tenants;          ///< empty -> a "default" tenant, unlimited
+  std::vector<TenantConfig> tenants;  ///< empty -> a "default" tenant, unlimited
 };
 
 struct ArenaInfo {
@@ -64,10 +64,10 @@ struct ArenaInfo {
   std::size_t page_stride = 0;
   std::uint32_t page_count = 0;
   std::uint32_t pages_used = 0;
-  std::size_t bytes = 0;          ///< page_count * page_stride
+  std::size_t bytes = 0;  ///< page_count * page_stride
   std::size_t fp32_page_bytes = 0;
-  int fd = -1;                    ///< borrowed share fd, valid for the pool's lifetime
-  bool created = false;           ///< open_arena only: true when this call created it
+  int fd = -1;           ///< borrowed share fd, valid for the pool's lifetime
+  bool created = false;  ///< open_arena only: true when this call created it
 };
 
 struct TenantUsage {
@@ -92,15 +92,15 @@ struct PoolStats {
 
 struct LeaseGrant {
   LeaseId id = 0;
-  std::string token;          ///< 32 hex characters from a CSPRNG
-  bool resumed = false;       ///< an orphaned lease was re-attached
-  std::uint32_t slots = 0;    ///< slots the lease holds now
+  std::string token;        ///< 32 hex characters from a CSPRNG
+  bool resumed = false;     ///< an orphaned lease was re-attached
+  std::uint32_t slots = 0;  ///< slots the lease holds now
 };
 
 /// A page the caller may read and write. Valid until the slot is freed.
 struct PageRef {
-  std::span<std::byte> bytes;                  ///< exactly page_bytes
-  const kernels::PageCodec* codec = nullptr;   ///< the arena's layout and codec
+  std::span<std::byte> bytes;                 ///< exactly page_bytes
+  const kernels::PageCodec* codec = nullptr;  ///< the arena's layout and codec
 };
 
 class Pool {
@@ -146,8 +146,7 @@ class Pool {
   /// expired here is reclaimed at once (its pages count as reclaimed).
   LeaseGrant attach_lease(std::string_view tenant, std::string_view token);
   /// Same, judging expiry at `now` (tests pass explicit time points).
-  LeaseGrant attach_lease(std::string_view tenant, std::string_view token,
-                          Clock::time_point now);
+  LeaseGrant attach_lease(std::string_view tenant, std::string_view token, Clock::time_point now);
   /// The lease's connection is gone: keep its slots until now + grace period. A lease
   /// without slots is dropped at once. Unknown or already detached leases: no-op (the
   /// first deadline stays), so the server may call it from any cleanup path. Never throws.

@@ -76,8 +76,8 @@ std::vector<std::string> SlotAllocator::check() const {
   }
   if (free_.size() + allocated != capacity_) {
     problems.push_back("free list (" + std::to_string(free_.size()) + ") + allocated (" +
-                       std::to_string(allocated) + ") != capacity (" +
-                       std::to_string(capacity_) + ")");
+                       std::to_string(allocated) + ") != capacity (" + std::to_string(capacity_) +
+                       ")");
   }
   return problems;
 }

@@ -58,8 +58,8 @@ class SlotAllocator {
   static constexpr std::uint8_t kAllocated = 1;
 
   std::uint32_t capacity_;
-  std::vector<Slot> free_;            // stack; back() is handed out next
-  std::vector<std::uint8_t> state_;   // kFree / kAllocated per slot
+  std::vector<Slot> free_;           // stack; back() is handed out next
+  std::vector<std::uint8_t> state_;  // kFree / kAllocated per slot
 };
 
 [[nodiscard]] const char* to_string(SlotAllocator::FreeResult result) noexcept;

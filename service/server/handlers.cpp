@@ -1,12 +1,12 @@
 #include "server/handlers.hpp"
 
-#include <chrono>
+#include <unistd.h>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string_view>
-#include <unistd.h>
 
 #include "log.hpp"
 #include "pool/accounting.hpp"
@@ -23,7 +23,9 @@ namespace fb = flatbuffers;
 constexpr std::uint32_t kMaxSlotsPerRequest = 65536;
 constexpr const char* kServerName = "statepoold 0.1.0";
 
-std::string str(const fb::String* s) { return s == nullptr ? std::string() : s->str(); }
+std::string str(const fb::String* s) {
+  return s == nullptr ? std::string() : s->str();
+}
 
 kernels::StateLayout from_wire(const wire::Layout& in) {
   STATEPOOL_EXPECTS(in.arch() <= wire::Arch::MAX, Status::invalid_argument,
@@ -50,9 +52,9 @@ kernels::StateLayout from_wire(const wire::Layout& in) {
 }
 
 kernels::DType staging_dtype(wire::DType dtype) {
-  STATEPOOL_EXPECTS(dtype == wire::DType::f32 || dtype == wire::DType::bf16,
-                    Status::invalid_argument,
-                    cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
+  STATEPOOL_EXPECTS(
+      dtype == wire::DType::f32 || dtype == wire::DType::bf16, Status::invalid_argument,
+      cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
   return static_cast<kernels::DType>(dtype);
 }
 
@@ -85,8 +87,8 @@ void hello(ServerContext& s, ConnectionState& c, const wire::Hello& in, HandlerR
       in.min_version() > protocol::kMaxProtocolVersion || in.min_version() > in.max_version()) {
     throw StatusError(Status::unsupported_version,
                       cat("client speaks protocol versions ", in.min_version(), "..",
-                          in.max_version(), ", daemon speaks ", protocol::kMinProtocolVersion,
-                          "..", protocol::kMaxProtocolVersion));
+                          in.max_version(), ", daemon speaks ", protocol::kMinProtocolVersion, "..",
+                          protocol::kMaxProtocolVersion));
   }
   const std::string tenant = in.tenant() == nullptr || in.tenant()->size() == 0
                                  ? std::string("default")
@@ -104,8 +106,8 @@ void hello(ServerContext& s, ConnectionState& c, const wire::Hello& in, HandlerR
   auto& b = r.builder;
   const auto reply = wire::CreateHelloReply(
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
-      b.CreateString(kServerName),
-      static_cast<std::uint32_t>(s.config.pool.grace_period.count()), s.config.max_frame_bytes);
+      b.CreateString(kServerName), static_cast<std::uint32_t>(s.config.pool.grace_period.count()),
+      s.config.max_frame_bytes);
   b.Finish(wire::CreateReply(b, id, Status::ok, 0, wire::ReplyBody::HelloReply, reply.Union()));
 }
 
@@ -121,9 +123,9 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
   if (req.body() == nullptr) {
     // The verifier accepts a union type without its table; every request needs one.
     r.close_after = true;
-    throw StatusError(Status::protocol_error,
-                      cat("request of type ", protocol::request_name(req.body_type()),
-                          " has no body"));
+    throw StatusError(
+        Status::protocol_error,
+        cat("request of type ", protocol::request_name(req.body_type()), " has no body"));
   }
   if (req.body_type() == wire::RequestBody::Hello) {
     try {
@@ -166,10 +168,9 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
     }
     case wire::RequestBody::Allocate: {
       const auto* in = req.body_as_Allocate();
-      STATEPOOL_EXPECTS(in->count() >= 1 && in->count() <= kMaxSlotsPerRequest,
-                        Status::invalid_argument,
-                        cat("allocate count must be between 1 and ", kMaxSlotsPerRequest, ", got ",
-                            in->count()));
+      STATEPOOL_EXPECTS(
+          in->count() >= 1 && in->count() <= kMaxSlotsPerRequest, Status::invalid_argument,
+          cat("allocate count must be between 1 and ", kMaxSlotsPerRequest, ", got ", in->count()));
       const auto slots = s.pool.allocate(c.lease, in->arena_id(), in->count());
       finish(r, id, wire::CreateAllocateReply(b, b.CreateVector(slots)));
       return;
@@ -185,17 +186,18 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
     }
     case wire::RequestBody::OpenStaging: {
       const auto* in = req.body_as_OpenStaging();
-      STATEPOOL_EXPECTS(in->bytes() > 0, Status::invalid_argument, "staging bytes must be positive");
-      STATEPOOL_EXPECTS(in->bytes() <= s.config.max_staging_bytes - std::min(
-                                           c.staging_bytes, s.config.max_staging_bytes),
-                        Status::quota_exceeded,
-                        cat("staging limit of this connection exceeded: ",
-                            format_bytes(c.staging_bytes), " held + ", format_bytes(in->bytes()),
-                            " requested > ", format_bytes(s.config.max_staging_bytes),
-                            " (--max-staging-bytes)"));
+      STATEPOOL_EXPECTS(in->bytes() > 0, Status::invalid_argument,
+                        "staging bytes must be positive");
+      STATEPOOL_EXPECTS(
+          in->bytes() <=
+              s.config.max_staging_bytes - std::min(c.staging_bytes, s.config.max_staging_bytes),
+          Status::quota_exceeded,
+          cat("staging limit of this connection exceeded: ", format_bytes(c.staging_bytes),
+              " held + ", format_bytes(in->bytes()), " requested > ",
+              format_bytes(s.config.max_staging_bytes), " (--max-staging-bytes)"));
       const std::uint32_t staging_id = c.next_staging_id++;
-      auto memory = s.staging_backend.allocate(
-          static_cast<std::size_t>(in->bytes()), cat("statepool-staging-", c.id, "-", staging_id));
+      auto memory = s.staging_backend.allocate(static_cast<std::size_t>(in->bytes()),
+                                               cat("statepool-staging-", c.id, "-", staging_id));
       r.fd = memory->share_fd();
       c.staging_bytes += in->bytes();
       c.staging.emplace(staging_id, std::move(memory));
@@ -291,16 +293,15 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
       return;
     }
     case wire::RequestBody::Drain: {
-      STATEPOOL_EXPECTS(c.uid == 0 || c.uid == geteuid(), Status::permission_denied,
-                        cat("drain needs uid 0 or the daemon's uid ", geteuid(), "; peer uid is ",
-                            c.uid));
+      STATEPOOL_EXPECTS(
+          c.uid == 0 || c.uid == geteuid(), Status::permission_denied,
+          cat("drain needs uid 0 or the daemon's uid ", geteuid(), "; peer uid is ", c.uid));
       s.request_drain(cat("drain request from connection ", c.id, " (pid ", c.pid, ")"));
       finish(r, id, wire::CreateDrainReply(b));
       return;
     }
     case wire::RequestBody::Hello:
-    case wire::RequestBody::NONE:
-      break;
+    case wire::RequestBody::NONE: break;
   }
   r.close_after = true;
   throw StatusError(Status::protocol_error,
@@ -328,8 +329,7 @@ void handle_request(ServerContext& server, ConnectionState& connection,
     result.status = Status::internal;
     LOG_ERROR("session", "connection ", connection.id, ": internal error in ",
               protocol::request_name(request.body_type()), ": ", e.what());
-    build_error(result.builder, request.id(), Status::internal,
-                cat("internal error: ", e.what()));
+    build_error(result.builder, request.id(), Status::internal, cat("internal error: ", e.what()));
   }
   result.fd = -1;
 }

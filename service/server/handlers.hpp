@@ -49,8 +49,8 @@ struct ServerContext {
 struct HandlerResult {
   flatbuffers::FlatBufferBuilder builder;
   wire::Status status = wire::Status::ok;
-  int fd = -1;              ///< borrowed; sent with the reply when >= 0
-  bool close_after = false; ///< close the connection after sending the reply
+  int fd = -1;               ///< borrowed; sent with the reply when >= 0
+  bool close_after = false;  ///< close the connection after sending the reply
 };
 
 /// Handles one request. Never throws: errors become error replies.

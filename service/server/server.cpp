@@ -42,7 +42,10 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics)
     : config_(config),
       pool_(pool),
       metrics_(metrics),
-      context_{config, pool, staging_backend_, std::chrono::steady_clock::now(),
+      context_{config,
+               pool,
+               staging_backend_,
+               std::chrono::steady_clock::now(),
                [this] { return clients_connected(); },
                [this](const std::string& why) { drain(why); }},
       acceptor_(io_),
@@ -89,13 +92,15 @@ void Server::bind() {
   if (bec) throw std::runtime_error("cannot bind " + config_.socket_path + ": " + bec.message());
   bound_ = true;
   acceptor_.listen(asio::socket_base::max_listen_connections, bec);
-  if (bec) throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
+  if (bec)
+    throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
   if (::chmod(config_.socket_path.c_str(), static_cast<mode_t>(config_.socket_mode)) != 0) {
     throw std::runtime_error("chmod " + config_.socket_path + ": " + std::strerror(errno));
   }
   if (!config_.socket_group.empty()) {
     const group* g = ::getgrnam(config_.socket_group.c_str());
-    if (g == nullptr || ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+    if (g == nullptr ||
+        ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
       throw std::runtime_error("cannot give " + config_.socket_path + " to group " +
                                config_.socket_group + ": " + std::strerror(errno));
     }
@@ -190,13 +195,15 @@ asio::awaitable<void> Server::accept_loop() {
     sessions_live_.fetch_add(1);
     if (metrics_ != nullptr) metrics_->client_connected();
     auto executor = session->socket_executor();
-    asio::co_spawn(executor, [session]() { return session->run(); }, asio::detached);
+    asio::co_spawn(
+        executor, [session]() { return session->run(); }, asio::detached);
   }
 }
 
 asio::awaitable<void> Server::reclaim_loop() {
   using namespace std::chrono_literals;
-  const auto tick = std::clamp<std::chrono::milliseconds>(config_.pool.grace_period / 10, 10ms, 1000ms);
+  const auto tick =
+      std::clamp<std::chrono::milliseconds>(config_.pool.grace_period / 10, 10ms, 1000ms);
   while (!draining_.load()) {
     reclaim_timer_.expires_after(tick);
     auto [ec] = co_await reclaim_timer_.async_wait(asio::as_tuple(use_awaitable));

@@ -42,8 +42,12 @@ Session::~Session() {
   }
 }
 
-void Session::arm(std::chrono::milliseconds timeout) { deadline_.expires_after(timeout); }
-void Session::disarm() { deadline_.expires_at(std::chrono::steady_clock::time_point::max()); }
+void Session::arm(std::chrono::milliseconds timeout) {
+  deadline_.expires_after(timeout);
+}
+void Session::disarm() {
+  deadline_.expires_at(std::chrono::steady_clock::time_point::max());
+}
 
 void Session::close() {
   if (closing_) return;
@@ -86,8 +90,8 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
   if (ec) co_return false;  // EOF, reset or closed by drain: not an error
   busy_ = true;
   arm(server_.config_.io_timeout);
-  auto [ec1, n1] = co_await asio::async_read(
-      socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
+  auto [ec1, n1] =
+      co_await asio::async_read(socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
   if (ec1) {
     if (!timed_out_ && !closing_)
       LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame header");
@@ -101,7 +105,8 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     if (error == protocol::FrameError::too_large)
       message += cat(": ", header.length, " bytes > ", server_.config_.max_frame_bytes);
     if (error == protocol::FrameError::bad_version)
-      message += cat(": frame version ", header.version, ", daemon speaks ", protocol::kFrameVersion);
+      message +=
+          cat(": frame version ", header.version, ", daemon speaks ", protocol::kFrameVersion);
     co_await refuse(wire::Status::protocol_error, message);
     co_return false;
   }
@@ -109,8 +114,8 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
   auto [ec2, n2] = co_await asio::async_read(socket_, asio::buffer(payload), kAsTuple);
   if (ec2) {
     if (!timed_out_ && !closing_)
-      LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame: ",
-               ec2.message());
+      LOG_WARN("session", "connection ", state_.id,
+               ": connection lost inside a frame: ", ec2.message());
     co_return false;
   }
   co_return true;
@@ -172,7 +177,8 @@ asio::awaitable<void> Session::refuse(wire::Status status, const std::string& me
 
 asio::awaitable<void> Session::run() {
   auto self = shared_from_this();
-  asio::co_spawn(socket_.get_executor(), [self]() { return self->watchdog(); }, asio::detached);
+  asio::co_spawn(
+      socket_.get_executor(), [self]() { return self->watchdog(); }, asio::detached);
   LOG_DEBUG("session", "connection ", state_.id, " from pid ", state_.pid, " uid ", state_.uid);
 
   const auto& allow = server_.config_.allow_uids;

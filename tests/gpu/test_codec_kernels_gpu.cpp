@@ -20,8 +20,12 @@
 namespace statepool::kernels {
 
 // Readable test parameters in ctest listings.
-static void PrintTo(CodecId id, std::ostream* os) { *os << to_string(id); }
-static void PrintTo(DType dtype, std::ostream* os) { *os << to_string(dtype); }
+static void PrintTo(CodecId id, std::ostream* os) {
+  *os << to_string(id);
+}
+static void PrintTo(DType dtype, std::ostream* os) {
+  *os << to_string(dtype);
+}
 
 namespace {
 

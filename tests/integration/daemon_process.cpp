@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
@@ -107,10 +107,11 @@ DaemonProcess::DaemonProcess(std::vector<std::string> args, bool with_metrics) {
   cargv.push_back(nullptr);
   const int rc = ::posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
+  if (rc != 0)
+    throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
 
-  const bool ready = eventually(
-      [&] { return !running() || can_connect(socket_); }, std::chrono::seconds(20));
+  const bool ready =
+      eventually([&] { return !running() || can_connect(socket_); }, std::chrono::seconds(20));
   if (!ready || !running()) {
     ADD_FAILURE() << "statepoold did not get ready; its log:\n" << log();
     stop(SIGKILL, std::chrono::seconds(5));

@@ -2,10 +2,10 @@
 // forked child processes, talking over the real Unix socket.
 #include <gtest/gtest.h>
 
+#include <linux/sockios.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/wait.h>
-#include <linux/sockios.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -249,8 +249,8 @@ TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
   EXPECT_EQ(std::memcmp(arena.page(mine[0]).data(), my_page.data(), my_page.size()), 0);
   conn.decompress(mine[1], staging, layout.state_bytes_f32);
   const auto original = floats(staging.bytes().subspan(0, layout.state_bytes_f32));
-  const auto restored = floats(staging.bytes().subspan(layout.state_bytes_f32,
-                                                       layout.state_bytes_f32));
+  const auto restored =
+      floats(staging.bytes().subspan(layout.state_bytes_f32, layout.state_bytes_f32));
   EXPECT_LT(relative_error(original, restored), 0.01);
   auto more = conn.allocate(arena, 14);  // the reclaimed pages are allocatable again
   EXPECT_EQ(more.size(), 14u);
@@ -304,7 +304,8 @@ TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
   ASSERT_TRUE(raw.connected());
   flatbuffers::FlatBufferBuilder b;
   const auto hello = statepool::wire::CreateHello(b, 1, 1);
-  b.Finish(statepool::wire::CreateRequest(b, 1, statepool::wire::RequestBody::Hello, hello.Union()));
+  b.Finish(
+      statepool::wire::CreateRequest(b, 1, statepool::wire::RequestBody::Hello, hello.Union()));
   ASSERT_TRUE(raw.send_frame(b));
   ASSERT_TRUE(raw.read_reply().has_value());
 
@@ -317,21 +318,25 @@ TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
   const std::size_t first = statepool::protocol::kHeaderBytes + 4;
   ASSERT_TRUE(raw.send_bytes(frame.data(), first));
   // Wait until the daemon has read those bytes (nothing left unread in the socket).
-  ASSERT_TRUE(eventually([&] {
-    int unread = -1;
-    return ::ioctl(raw.fd(), SIOCOUTQ, &unread) == 0 && unread == 0;
-  }, 10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        int unread = -1;
+        return ::ioctl(raw.fd(), SIOCOUTQ, &unread) == 0 && unread == 0;
+      },
+      10s));
 
   ASSERT_EQ(::kill(daemon.pid(), SIGTERM), 0);
   // The idle client is disconnected by the drain...
-  EXPECT_TRUE(eventually([&] {
-    try {
-      (void)idle.ping();
-      return false;
-    } catch (const client::ConnectionError&) {
-      return true;
-    }
-  }, 10s));
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          (void)idle.ping();
+          return false;
+        } catch (const client::ConnectionError&) {
+          return true;
+        }
+      },
+      10s));
   // ...while the request in flight still gets its reply once its bytes arrive.
   ASSERT_TRUE(raw.send_bytes(frame.data() + first, frame.size() - first));
   const auto reply = raw.read_reply();

@@ -97,8 +97,11 @@ class Metrics : public ::testing::Test {
 
 TEST_F(Metrics, ReportCapacityAccountingRequestsAndErrors) {
   ASSERT_FALSE(text_.empty()) << daemon_->log();
-  const Labels arena = {{"arena", std::to_string(arena_->id())}, {"backend", "host"},
-                        {"codec", "int6"}, {"layout", "metrics-demo"}, {"tenant", "alice"}};
+  const Labels arena = {{"arena", std::to_string(arena_->id())},
+                        {"backend", "host"},
+                        {"codec", "int6"},
+                        {"layout", "metrics-demo"},
+                        {"tenant", "alice"}};
   auto with_state = [&](const char* state) {
     auto l = arena;
     l["state"] = state;
@@ -117,9 +120,11 @@ TEST_F(Metrics, ReportCapacityAccountingRequestsAndErrors) {
             3.0 * static_cast<double>(layout_.fp32_bytes));
   EXPECT_NEAR(sample_value(text_, "statepool_compression_ratio", alice_int6),
               layout_.compression_ratio(), 1e-6);
-  EXPECT_EQ(sample_value(text_, "statepool_tenant_quota_bytes", {{"tenant", "alice"}}), 1073741824.0);
+  EXPECT_EQ(sample_value(text_, "statepool_tenant_quota_bytes", {{"tenant", "alice"}}),
+            1073741824.0);
   EXPECT_EQ(sample_value(text_, "statepool_requests_total", {{"type", "allocate"}}), 2);
-  EXPECT_EQ(sample_value(text_, "statepool_request_duration_seconds_count", {{"type", "compress"}}), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_request_duration_seconds_count", {{"type", "compress"}}),
+            1);
   EXPECT_EQ(sample_value(text_, "statepool_errors_total", {{"code", "pool_exhausted"}}), 1);
   EXPECT_EQ(sample_value(text_, "statepool_clients_connected"), 1);
   EXPECT_EQ(sample_value(text_, "statepool_leases", {{"state", "active"}}), 1);

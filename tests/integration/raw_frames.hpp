@@ -1,9 +1,9 @@
 #pragma once
 // A raw Unix-socket peer for tests that must send what no well-behaved client would.
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,7 +25,9 @@ class RawPeer {
     std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   }
-  ~RawPeer() { if (fd_ >= 0) ::close(fd_); }
+  ~RawPeer() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   RawPeer(const RawPeer&) = delete;
   RawPeer& operator=(const RawPeer&) = delete;
 
@@ -43,8 +45,8 @@ class RawPeer {
 
   /// Reads one reply frame; nullopt when the daemon closed the connection (or timeout).
   /// The returned bytes are the verified payload.
-  std::optional<std::vector<std::byte>> read_reply(std::chrono::milliseconds timeout =
-                                                       std::chrono::seconds(10)) {
+  std::optional<std::vector<std::byte>> read_reply(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     std::array<std::byte, protocol::kHeaderBytes> head{};
     if (!read_exact(head.data(), head.size(), timeout)) return std::nullopt;
     const auto header = protocol::decode_header(head);

@@ -12,6 +12,7 @@ TEST(Readme, QuickStartCompilesAndRuns) {
   statepool::testing::DaemonProcess daemon({"--tenant", "team-a"});
   const std::string socket = daemon.socket_path();
   // ---- README ----
+  // clang-format off
   namespace sc = statepool::client;
   sc::Options options;
   options.socket_path = socket;  options.tenant = "team-a";
@@ -25,6 +26,7 @@ TEST(Readme, QuickStartCompilesAndRuns) {
   auto staging = conn.open_staging(info.state_bytes_f32); // shared buffer for full-precision states
   auto slot = std::move(conn.allocate(arena, 1).front()); // RAII: freed when it goes out of scope
   conn.compress(slot, staging, 0);   /* park */           conn.decompress(slot, staging, 0);  /* resume */
+  // clang-format on
   // ---- end ----
   EXPECT_EQ(conn.stats().arenas.at(0).pages_used, 1u);
   EXPECT_EQ(daemon.stop(SIGTERM, std::chrono::seconds(10)), 0);

@@ -23,7 +23,9 @@
 namespace statepool::kernels {
 
 // Readable test parameters in ctest listings.
-static void PrintTo(CodecId id, std::ostream* os) { *os << to_string(id); }
+static void PrintTo(CodecId id, std::ostream* os) {
+  *os << to_string(id);
+}
 
 namespace {
 
@@ -101,12 +103,9 @@ class CodecConformance : public ::testing::TestWithParam<Param> {
   [[nodiscard]] double bound(std::span<const std::byte> bytes, std::size_t i, float x) const {
     const double ax = std::fabs(static_cast<double>(x));
     switch (id_) {
-      case CodecId::fp32:
-        return 0.0;
-      case CodecId::bf16:
-        return ax * std::ldexp(1.0, -8);
-      case CodecId::fp16:
-        return ax * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
+      case CodecId::fp32: return 0.0;
+      case CodecId::bf16: return ax * std::ldexp(1.0, -8);
+      case CodecId::fp16: return ax * std::ldexp(1.0, -11) + std::ldexp(1.0, -25);
       default: {
         // Rounding to the grid costs at most s/2; the float quotient x / s adds at most
         // qmax ulps of 2^-24 relative (tiny).

@@ -31,7 +31,9 @@ double oracle_round(float f, int mantissa_bits, int min_exp, double max_finite) 
   return std::copysign(v, static_cast<double>(f));
 }
 
-double oracle_half(float f) { return oracle_round(f, 10, -14, 65504.0); }
+double oracle_half(float f) {
+  return oracle_round(f, 10, -14, 65504.0);
+}
 double oracle_bf16(float f) {
   return oracle_round(f, 7, -126, static_cast<double>(bf16_bits_to_float(kBf16MaxBits)));
 }

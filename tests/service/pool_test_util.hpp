@@ -61,16 +61,15 @@ inline std::string expect_status(Status status, const std::function<void()>& fn)
                   << "), got std::exception: " << e.what();
     return {};
   }
-  ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status)
-                << "), nothing thrown";
+  ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status) << "), nothing thrown";
   return {};
 }
 
 inline bool same_stats(const PoolStats& a, const PoolStats& b) {
   if (a.capacity_bytes != b.capacity_bytes || a.reserved_bytes != b.reserved_bytes ||
       a.leases_active != b.leases_active || a.leases_orphaned != b.leases_orphaned ||
-      a.pages_reclaimed_total != b.pages_reclaimed_total ||
-      a.arenas.size() != b.arenas.size() || a.tenants.size() != b.tenants.size()) {
+      a.pages_reclaimed_total != b.pages_reclaimed_total || a.arenas.size() != b.arenas.size() ||
+      a.tenants.size() != b.tenants.size()) {
     return false;
   }
   for (std::size_t i = 0; i < a.arenas.size(); ++i) {
@@ -85,9 +84,8 @@ inline bool same_stats(const PoolStats& a, const PoolStats& b) {
   for (std::size_t i = 0; i < a.tenants.size(); ++i) {
     const TenantUsage& x = a.tenants[i];
     const TenantUsage& y = b.tenants[i];
-    if (x.name != y.name || x.reserved_bytes != y.reserved_bytes ||
-        x.pages_used != y.pages_used || x.stored_bytes != y.stored_bytes ||
-        x.fp32_bytes != y.fp32_bytes) {
+    if (x.name != y.name || x.reserved_bytes != y.reserved_bytes || x.pages_used != y.pages_used ||
+        x.stored_bytes != y.stored_bytes || x.fp32_bytes != y.fp32_bytes) {
       return false;
     }
   }

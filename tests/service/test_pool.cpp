@@ -54,8 +54,9 @@ TEST(PoolTenants, UnknownTenantNamesTheConfiguredOnes) {
 }
 
 TEST(PoolTenants, BadConfigIsRejected) {
-  expect_status(Status::invalid_argument,
-                [] { (void)make_pool(config({tenant("a"), tenant("a")})); });
+  expect_status(Status::invalid_argument, [] {
+    (void)make_pool(config({tenant("a"), tenant("a")}));
+  });
   expect_status(Status::invalid_argument, [] { (void)make_pool(config({tenant("")})); });
   expect_status(Status::invalid_argument, [] { Pool pool(config(), nullptr); });
   auto c = config();
@@ -136,8 +137,8 @@ TEST(PoolArenas, OpenCreatesOnceThenReturnsTheSameArena) {
   EXPECT_EQ(pool->arena("", a.id).id, a.id);
   EXPECT_EQ(pool->stats().reserved_bytes, a.bytes);
 
-  const ArenaInfo other = pool->open_arena("", pool->register_layout(small_layout(
-                                                   kernels::CodecId::fp32)), 3);
+  const ArenaInfo other =
+      pool->open_arena("", pool->register_layout(small_layout(kernels::CodecId::fp32)), 3);
   EXPECT_TRUE(other.created);
   EXPECT_NE(other.id, a.id);
   EXPECT_EQ(other.page_count, 3u);
@@ -150,8 +151,8 @@ TEST(PoolArenas, TooManyPagesIsInvalidAndChangesNothing) {
   auto pool = make_pool();
   const auto layout = pool->register_layout(small_layout());
   const auto before = pool->stats();
-  const auto msg = expect_status(Status::invalid_argument,
-                                 [&] { (void)pool->open_arena("", layout, 1025); });
+  const auto msg =
+      expect_status(Status::invalid_argument, [&] { (void)pool->open_arena("", layout, 1025); });
   EXPECT_NE(msg.find("max_arena_pages"), std::string::npos) << msg;
   EXPECT_TRUE(same_stats(before, pool->stats()));
   EXPECT_TRUE(pool->open_arena("", layout, 1024).created);  // the limit itself is fine
@@ -168,8 +169,8 @@ TEST(PoolArenas, QuotaExceededChangesNothing) {
   EXPECT_TRUE(pool2->open_arena("alice", l1, 4).created);  // exactly at the quota
 
   const auto before = pool2->stats();
-  const auto msg = expect_status(Status::quota_exceeded,
-                                 [&] { (void)pool2->open_arena("alice", l2, 1); });
+  const auto msg =
+      expect_status(Status::quota_exceeded, [&] { (void)pool2->open_arena("alice", l2, 1); });
   EXPECT_EQ(msg.rfind("tenant 'alice' quota exceeded: ", 0), 0u) << msg;
   EXPECT_NE(msg.find(" reserved + "), std::string::npos) << msg;
   EXPECT_NE(msg.find(" requested > "), std::string::npos) << msg;
@@ -194,8 +195,8 @@ TEST(PoolArenas, QuotaMessageUsesHumanUnits) {
   const auto codec = pool->layout(id);
   if (codec->page_bytes() != 256u << 10) GTEST_SKIP() << "fp32 page has metadata";
   // Not allocated: the quota check fails before the backend is called.
-  const auto msg = expect_status(Status::quota_exceeded,
-                                 [&] { (void)pool->open_arena("alice", id, 8192); });
+  const auto msg =
+      expect_status(Status::quota_exceeded, [&] { (void)pool->open_arena("alice", id, 8192); });
   EXPECT_EQ(msg.rfind("tenant 'alice' quota exceeded: 0 B reserved + 2.0 GiB requested > "
                       "1.2 GiB quota",
                       0),
@@ -212,8 +213,8 @@ TEST(PoolArenas, CapacityExhaustedChangesNothing) {
   const auto layout = pool->register_layout(small_layout());
   EXPECT_TRUE(pool->open_arena("alice", layout, 4).created);
   const auto before = pool->stats();
-  const auto msg = expect_status(Status::pool_exhausted,
-                                 [&] { (void)pool->open_arena("bob", layout, 5); });
+  const auto msg =
+      expect_status(Status::pool_exhausted, [&] { (void)pool->open_arena("bob", layout, 5); });
   EXPECT_EQ(msg.rfind("pool capacity exceeded: ", 0), 0u) << msg;
   EXPECT_TRUE(same_stats(before, pool->stats()));
   EXPECT_TRUE(pool->open_arena("bob", layout, 4).created);  // exactly at capacity

@@ -159,8 +159,8 @@ TEST_P(PoolStress, RandomOperationsAgreeWithTheModel) {
   };
 
   for (int step = 0; step < 3000; ++step) {
-    const std::string where = "seed " + std::to_string(GetParam()) + " step " +
-                              std::to_string(step);
+    const std::string where =
+        "seed " + std::to_string(GetParam()) + " step " + std::to_string(step);
     const std::size_t op = pick(100);
     const auto live = attached();
 

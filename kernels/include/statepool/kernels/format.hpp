@@ -45,27 +45,20 @@ STATEPOOL_HD constexpr bool is_float_codec(CodecId id) noexcept {
 /// Code width of a uniform codec (4, 6, 8); 0 for the float codecs.
 STATEPOOL_HD constexpr std::uint32_t codec_code_bits(CodecId id) noexcept {
   switch (id) {
-    case CodecId::int4:
-      return 4;
-    case CodecId::int6:
-      return 6;
-    case CodecId::int8:
-      return 8;
-    default:
-      return 0;
+    case CodecId::int4: return 4;
+    case CodecId::int6: return 6;
+    case CodecId::int8: return 8;
+    default: return 0;
   }
 }
 
 /// Bytes per value of a float codec (4 or 2); 0 for the others.
 STATEPOOL_HD constexpr std::uint32_t float_codec_value_bytes(CodecId id) noexcept {
   switch (id) {
-    case CodecId::fp32:
-      return 4;
+    case CodecId::fp32: return 4;
     case CodecId::bf16:
-    case CodecId::fp16:
-      return 2;
-    default:
-      return 0;
+    case CodecId::fp16: return 2;
+    default: return 0;
   }
 }
 

@@ -30,7 +30,7 @@ struct CodecSpec {
 };
 
 struct StateLayout {
-  std::string name;                 ///< free text (logs, metrics); not part of identity
+  std::string name;  ///< free text (logs, metrics); not part of identity
   Arch arch = Arch::gdn;
   std::uint32_t num_layers = 0;     ///< linear-attention layers
   std::uint32_t num_heads = 0;      ///< state heads per layer

@@ -36,7 +36,9 @@ STATEPOOL_HD constexpr std::uint32_t code_qmax(std::uint32_t bits) noexcept {
 }
 
 /// Bytes of one quad (four codes) at width `bits`.
-STATEPOOL_HD constexpr std::uint32_t quad_bytes(std::uint32_t bits) noexcept { return bits / 2u; }
+STATEPOOL_HD constexpr std::uint32_t quad_bytes(std::uint32_t bits) noexcept {
+  return bits / 2u;
+}
 
 /// Bytes taken by `count` packed codes of width `bits`.
 STATEPOOL_HD constexpr std::size_t packed_bytes(std::size_t count, std::uint32_t bits) noexcept {

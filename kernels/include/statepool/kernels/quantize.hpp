@@ -21,7 +21,9 @@ namespace statepool::kernels {
 
 /// |x| as bits: for finite x, integer order of these bits equals the order of |x|, so an
 /// integer max over them is the absmax (and vectorizes without fast-math).
-STATEPOOL_HD inline std::uint32_t abs_bits(float x) noexcept { return float_bits(x) & 0x7FFFFFFFu; }
+STATEPOOL_HD inline std::uint32_t abs_bits(float x) noexcept {
+  return float_bits(x) & 0x7FFFFFFFu;
+}
 
 /// fp16 scale bits for a group whose absmax has the bits `absmax_bits`.
 STATEPOOL_HD inline std::uint16_t uniform_scale_bits(std::uint32_t absmax_bits,

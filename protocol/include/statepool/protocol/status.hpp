@@ -27,7 +27,7 @@ class StatusError : public std::runtime_error {
 
 /// Throws StatusError(status, message) when `cond` is false. `message` may be any
 /// expression convertible to std::string; it is evaluated only on failure.
-#define STATEPOOL_EXPECTS(cond, status, message)                   \
-  do {                                                             \
+#define STATEPOOL_EXPECTS(cond, status, message)                      \
+  do {                                                                \
     if (!(cond)) throw ::statepool::StatusError((status), (message)); \
   } while (false)
