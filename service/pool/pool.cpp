@@ -430,6 +430,10 @@ void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
     impl_->drop_lease(it);
     return;
   }
+  if (config_.grace_period.count() <= 0) {  // no grace: nothing to wait for
+    impl_->pages_reclaimed_total += impl_->drop_lease(it);
+    return;
+  }
   lease.attached = false;
   lease.deadline = now + config_.grace_period;
   try {

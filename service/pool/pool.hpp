@@ -148,7 +148,8 @@ class Pool {
   /// Same, judging expiry at `now` (tests pass explicit time points).
   LeaseGrant attach_lease(std::string_view tenant, std::string_view token, Clock::time_point now);
   /// The lease's connection is gone: keep its slots until now + grace period. A lease
-  /// without slots is dropped at once. Unknown or already detached leases: no-op (the
+  /// without slots, or any lease when the grace period is zero, is dropped (and its
+  /// slots reclaimed) at once. Unknown or already detached leases: no-op (the
   /// first deadline stays), so the server may call it from any cleanup path. Never throws.
   void detach_lease(LeaseId lease, Clock::time_point now);
   /// Frees the slots of every orphaned lease whose deadline has passed (deadline <= now)

@@ -358,3 +358,34 @@ TEST(Daemon, ClientsOfAKilledDaemonGetAClearErrorNotAHang) {
   EXPECT_THROW((void)conn.ping(), client::ConnectionError);
   EXPECT_FALSE(conn.healthy());
 }
+
+TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
+  DaemonProcess daemon({"--grace-period", "0s"});
+  const std::string fd_dir = "/proc/" + std::to_string(daemon.pid()) + "/fd";
+  auto count_fds = [&] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(fd_dir)) ++n;
+    return n;
+  };
+  auto cycle = [&] {
+    auto conn = client::Connection::connect(options_for(daemon));
+    auto arena = conn.open_arena(conn.register_layout(small_layout()), 4);
+    auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
+    auto extra = conn.open_staging(4096);
+    auto slots = conn.allocate(arena, 2);
+    conn.compress(slots[0], staging, 0);
+    for (auto& s : slots) (void)s.release();  // left to the lease: reclaimed at once (grace 0)
+  };
+  cycle();  // creates the arena (its memfd stays with the daemon)
+  auto observer = client::Connection::connect(options_for(daemon));
+  ASSERT_TRUE(eventually([&] { return observer.stats().leases_active == 1; }, 10s));
+  const std::size_t baseline = count_fds();
+  for (int i = 0; i < 20; ++i) cycle();
+  EXPECT_TRUE(eventually([&] { return count_fds() == baseline; }, 10s))
+      << count_fds() << " descriptors open, " << baseline << " before";
+  EXPECT_TRUE(eventually([&] { return observer.stats().arenas.at(0).pages_used == 0; }, 10s));
+  const auto stats = observer.stats();
+  EXPECT_EQ(stats.pages_reclaimed_total, 21u * 2u);
+  EXPECT_EQ(stats.leases_orphaned, 0u);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << "exit 0 also means the pool check passed";
+}

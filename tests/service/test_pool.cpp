@@ -644,5 +644,26 @@ TEST(PoolConcurrency, ThreadsWithTheirOwnLeasesNeverShareASlot) {
   EXPECT_TRUE(pool->check().empty()) << join(pool->check());
 }
 
+TEST(PoolLeases, ZeroGracePeriodReclaimsAtDetach) {
+  auto c = config();
+  c.grace_period = std::chrono::milliseconds(0);
+  auto pool = make_pool(c);
+  const auto layout = pool->register_layout(small_layout());
+  const auto arena = pool->open_arena("", layout, 4).id;
+  const auto lease = pool->attach_lease("", "");
+  ASSERT_EQ(pool->allocate(lease.id, arena, 3).size(), 3u);
+  pool->detach_lease(lease.id, kT0);
+  const auto stats = pool->stats();
+  EXPECT_EQ(stats.arenas.at(0).pages_used, 0u);
+  EXPECT_EQ(stats.pages_reclaimed_total, 3u);
+  EXPECT_EQ(stats.leases_orphaned, 0u);
+  EXPECT_FALSE(pool->next_deadline().has_value());
+  EXPECT_TRUE(pool->check().empty());
+  // The token is gone with the lease: presenting it starts a new, empty lease.
+  const auto again = pool->attach_lease("", lease.token);
+  EXPECT_FALSE(again.resumed);
+  EXPECT_EQ(again.slots, 0u);
+}
+
 }  // namespace
 }  // namespace statepool::service
