@@ -298,6 +298,11 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.threads = static_cast<unsigned>(threads);
 
   if (config.socket_path.empty()) throw ConfigError("--socket must not be empty");
+  if (config.socket_path.front() == '@') {
+    throw ConfigError("--socket '" + config.socket_path +
+                      "': abstract sockets are not supported by the daemon (their access cannot "
+                      "be restricted by file mode); give a filesystem path");
+  }
   if (config.socket_path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     throw ConfigError("--socket path is too long (" + std::to_string(config.socket_path.size()) +
                       " bytes; a Unix socket path must be under " +
