@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace statepool::kernels {
@@ -18,7 +19,30 @@ enum class Arch : std::uint8_t { gdn = 0, kda = 1 };
 enum class DType : std::uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
 /// Codec of the recurrent state. Values match wire::CodecId.
-enum class CodecId : std::uint8_t { fp32 = 0, bf16 = 1, fp16 = 2, int4 = 3, int6 = 4, int8 = 5 };
+/// stepquant4/6 need a calibration plan (StateLayout::plan) whose budget is 4/6 bits;
+/// dsq4/dsq6 are the dual-scale baselines (no plan). See ../shared/STEPQUANT.md.
+enum class CodecId : std::uint8_t {
+  fp32 = 0,
+  bf16 = 1,
+  fp16 = 2,
+  int4 = 3,
+  int6 = 4,
+  int8 = 5,
+  stepquant4 = 6,
+  stepquant6 = 7,
+  dsq4 = 8,
+  dsq6 = 9,
+};
+
+/// STEPQuant ablation switches (the paper's table): both axes, the spatial axis only
+/// (impact-weighted dual-axis fit at uniform width), or the temporal axis only (the plan's
+/// per-unit widths with plain absmax scales). Pivots on/off is a property of the plan
+/// (calibrate with zero pivots). Values match wire::StepQuantVariant.
+enum class StepQuantVariant : std::uint8_t { full = 0, spatial_only = 1, temporal_only = 2 };
+
+namespace stepquant {
+struct Plan;
+}
 
 inline constexpr std::uint32_t kDefaultGroupSize = 128;
 
@@ -27,6 +51,8 @@ struct CodecSpec {
   /// Uniform int codecs: consecutive values (row-major within one head) sharing one fp16
   /// scale. 0 means kDefaultGroupSize. Ignored by the float codecs.
   std::uint32_t group_size = 0;
+  /// stepquant4/6 only.
+  StepQuantVariant variant = StepQuantVariant::full;
 };
 
 struct StateLayout {
@@ -40,6 +66,9 @@ struct StateLayout {
   std::uint32_t conv_width = 0;     ///< conv state length per channel (kernel - 1)
   DType conv_dtype = DType::bf16;
   CodecSpec codec;
+  /// Calibration plan of the stepquant codecs (shared, immutable); null for the others.
+  /// Part of identity: two layouts with different plans are different layouts.
+  std::shared_ptr<const stepquant::Plan> plan;
 
   /// Identity comparison (everything but `name`; group_size compared after defaulting).
   [[nodiscard]] bool same_shape_and_codec(const StateLayout& other) const noexcept;
@@ -50,7 +79,8 @@ struct StateLayout {
 [[nodiscard]] const char* to_string(DType dtype) noexcept;
 [[nodiscard]] const char* to_string(Arch arch) noexcept;
 [[nodiscard]] const char* to_string(CodecId codec) noexcept;
-/// Parses "fp32", "bf16", "fp16", "int4", "int6", "int8"; returns false if unknown.
+/// Parses a codec name as printed by to_string ("int6", "stepquant6", "dsq4", ...);
+/// returns false if unknown.
 [[nodiscard]] bool parse_codec(std::string_view text, CodecId& out) noexcept;
 
 /// Limits a layout must respect (they keep page sizes and loops bounded).
