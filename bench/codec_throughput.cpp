@@ -7,6 +7,10 @@
 // The state is synthetic (gated delta rule, synthetic.hpp). Throughput is bytes of the
 // f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
 // after one warm-up; "x memcpy" is that throughput divided by memcpy's.
+//
+// stepquant6 runs with a plan built here, not calibrated: every head at 6 bits except
+// every 16th head (from 3) at 8 bits, every 16th (from 7) at 4 bits, and up to two FP16
+// pivot heads; unit impact factors. dsq6 needs no plan.
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +22,10 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/kernels/synthetic.hpp"
 
 namespace {
@@ -27,6 +34,7 @@ using statepool::kernels::CodecId;
 using statepool::kernels::DType;
 using statepool::kernels::PageCodec;
 using statepool::kernels::StateLayout;
+namespace stepquant = statepool::kernels::stepquant;
 
 struct Options {
   std::uint32_t layers = 8;
@@ -93,6 +101,34 @@ double median_seconds(std::uint32_t iters, F&& run) {
   return t[t.size() / 2];
 }
 
+// The bench's stand-in for a calibrated 6-bit plan (see the header comment).
+std::shared_ptr<const stepquant::Plan> bench_plan(const Options& o) {
+  auto plan = std::make_shared<stepquant::Plan>();
+  plan->arch = statepool::kernels::Arch::gdn;
+  plan->num_layers = o.layers;
+  plan->num_heads = o.heads;
+  plan->key_dim = 128;
+  plan->value_dim = 128;
+  plan->budget_bits = 6;
+  const std::size_t units = std::size_t{o.layers} * o.heads;
+  plan->widths.assign(units, 6);
+  for (std::size_t u = 0; u < units; ++u) {
+    if (u % 16 == 3) {
+      plan->widths[u] = 8;
+    } else if (u % 16 == 7) {
+      plan->widths[u] = 4;
+    }
+  }
+  for (const std::size_t u : {std::size_t{5}, units / 2 + 1}) {
+    if (u < units && units > 2) {
+      plan->widths[u] = stepquant::kPivotWidth;
+    }
+  }
+  plan->impact.assign(units * 128, 1.0f);
+  plan->source = "bench_codec_throughput synthetic plan (unit impact)";
+  return plan;
+}
+
 StateLayout make_layout(const Options& o, CodecId codec) {
   StateLayout layout;
   layout.name = "bench";
@@ -104,6 +140,9 @@ StateLayout make_layout(const Options& o, CodecId codec) {
   layout.conv_width = 3;
   layout.conv_dtype = DType::bf16;
   layout.codec = {codec, 0};
+  if (codec == CodecId::stepquant6 || codec == CodecId::stepquant4) {
+    layout.plan = bench_plan(o);
+  }
   return layout;
 }
 
@@ -128,19 +167,31 @@ int main(int argc, char** argv) {
         median_seconds(o.iters, [&] { std::memcpy(copy.data(), staged.data(), state_bytes); });
     const double memcpy_gbs = static_cast<double>(state_bytes) / memcpy_s / 1e9;
 
-    std::printf("\n%-6s %10s %7s %12s %9s %12s %9s\n", "codec", "page MB", "ratio", "encode GB/s",
+    {
+      const auto plan = bench_plan(o);
+      std::size_t count[17] = {};
+      for (const auto w : plan->widths) {
+        ++count[w];
+      }
+      std::printf(
+          "stepquant6 plan (synthetic, not calibrated; unit impact): %zu heads at 6 bits, "
+          "%zu at 8, %zu at 4, %zu fp16 pivots; %.3f bits per value nominal\n",
+          count[6], count[8], count[4], count[16], plan->average_width());
+    }
+
+    std::printf("\n%-10s %10s %7s %12s %9s %12s %9s\n", "codec", "page MB", "ratio", "encode GB/s",
                 "x memcpy", "decode GB/s", "x memcpy");
-    std::printf("%-6s %10.2f %7.2f %12.2f %9.2f %12.2f %9.2f\n", "memcpy",
+    std::printf("%-10s %10.2f %7.2f %12.2f %9.2f %12.2f %9.2f\n", "memcpy",
                 static_cast<double>(state_bytes) / 1e6, 1.0, memcpy_gbs, 1.0, memcpy_gbs, 1.0);
     for (const CodecId id : {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int8,
-                             CodecId::int6, CodecId::int4}) {
+                             CodecId::int6, CodecId::int4, CodecId::dsq6, CodecId::stepquant6}) {
       const PageCodec page(make_layout(o, id));
       std::vector<std::byte> bytes(page.page_bytes());
       const double enc_s = median_seconds(o.iters, [&] { page.encode(staged, DType::f32, bytes); });
       const double dec_s = median_seconds(o.iters, [&] { page.decode(bytes, DType::f32, back); });
       const double enc_gbs = static_cast<double>(state_bytes) / enc_s / 1e9;
       const double dec_gbs = static_cast<double>(state_bytes) / dec_s / 1e9;
-      std::printf("%-6s %10.2f %7.2f %12.2f %9.2f %12.2f %9.2f\n",
+      std::printf("%-10s %10.2f %7.2f %12.2f %9.2f %12.2f %9.2f\n",
                   statepool::kernels::to_string(id), static_cast<double>(page.page_bytes()) / 1e6,
                   page.compression_ratio(), enc_gbs, enc_gbs / memcpy_gbs, dec_gbs,
                   dec_gbs / memcpy_gbs);

@@ -54,6 +54,12 @@ std::unique_ptr<Codec> make_codec(const StateLayout& layout) {
   if (is_float_codec(layout.codec.id)) {
     return detail::make_float_codec(layout);
   }
+  if (is_stepquant_codec(layout.codec.id)) {
+    return detail::make_stepquant_codec(layout);
+  }
+  if (is_dsq_codec(layout.codec.id)) {
+    return detail::make_dsq_codec(layout);
+  }
   return detail::make_uniform_codec(layout);
 }
 

@@ -11,6 +11,10 @@ namespace statepool::kernels::detail {
 std::unique_ptr<Codec> make_float_codec(const StateLayout& layout);
 /// int4 / int6 / int8. `layout` is valid and names a uniform codec.
 std::unique_ptr<Codec> make_uniform_codec(const StateLayout& layout);
+/// stepquant4 / stepquant6. `layout` is valid (so its plan is valid and matches).
+std::unique_ptr<Codec> make_stepquant_codec(const StateLayout& layout);
+/// dsq4 / dsq6. `layout` is valid.
+std::unique_ptr<Codec> make_dsq_codec(const StateLayout& layout);
 
 /// Throws std::invalid_argument unless the buffers of one head have the expected sizes.
 void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "statepool/kernels/format.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -15,7 +16,11 @@ bool known(DType dtype) {
   return dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16;
 }
 bool known(CodecId id) {
-  return is_float_codec(id) || is_uniform_codec(id);
+  return is_float_codec(id) || is_uniform_codec(id) || is_stepquant_codec(id) || is_dsq_codec(id);
+}
+bool known(StepQuantVariant variant) {
+  return variant == StepQuantVariant::full || variant == StepQuantVariant::spatial_only ||
+         variant == StepQuantVariant::temporal_only;
 }
 
 template <typename Enum>
@@ -32,9 +37,24 @@ std::string range_problem(std::string_view field, std::uint64_t value, std::uint
          std::to_string(hi) + ", got " + std::to_string(value);
 }
 
-// Group size that identifies the format: irrelevant (0) for the float codecs.
+// Group size that identifies the format: irrelevant (0) for all but the uniform codecs.
 std::uint32_t identity_group_size(const CodecSpec& spec) {
   return is_uniform_codec(spec.id) ? effective_group_size(spec.group_size) : 0;
+}
+
+// Variant that identifies the format: irrelevant (full) for all but the stepquant codecs.
+StepQuantVariant identity_variant(const CodecSpec& spec) {
+  return is_stepquant_codec(spec.id) ? spec.variant : StepQuantVariant::full;
+}
+
+// Same plan: the same object, or plans that make the same pages (equal codec fields,
+// hence equal digests). Null only equals null.
+bool same_plan(const std::shared_ptr<const stepquant::Plan>& a,
+               const std::shared_ptr<const stepquant::Plan>& b) noexcept {
+  if (a == b) {
+    return true;
+  }
+  return a != nullptr && b != nullptr && stepquant::same_codec_fields(*a, *b);
 }
 
 }  // namespace
@@ -44,7 +64,8 @@ bool StateLayout::same_shape_and_codec(const StateLayout& other) const noexcept 
          key_dim == other.key_dim && value_dim == other.value_dim &&
          conv_channels == other.conv_channels && conv_width == other.conv_width &&
          conv_dtype == other.conv_dtype && codec.id == other.codec.id &&
-         identity_group_size(codec) == identity_group_size(other.codec);
+         identity_group_size(codec) == identity_group_size(other.codec) &&
+         identity_variant(codec) == identity_variant(other.codec) && same_plan(plan, other.plan);
 }
 
 std::size_t dtype_bytes(DType dtype) noexcept {
@@ -81,13 +102,18 @@ const char* to_string(CodecId codec) noexcept {
     case CodecId::int4: return "int4";
     case CodecId::int6: return "int6";
     case CodecId::int8: return "int8";
+    case CodecId::stepquant4: return "stepquant4";
+    case CodecId::stepquant6: return "stepquant6";
+    case CodecId::dsq4: return "dsq4";
+    case CodecId::dsq6: return "dsq6";
   }
   return "unknown";
 }
 
 bool parse_codec(std::string_view text, CodecId& out) noexcept {
-  constexpr CodecId all[] = {CodecId::fp32, CodecId::bf16, CodecId::fp16,
-                             CodecId::int4, CodecId::int6, CodecId::int8};
+  constexpr CodecId all[] = {CodecId::fp32, CodecId::bf16, CodecId::fp16,       CodecId::int4,
+                             CodecId::int6, CodecId::int8, CodecId::stepquant4, CodecId::stepquant6,
+                             CodecId::dsq4, CodecId::dsq6};
   for (const CodecId id : all) {
     if (text == to_string(id)) {
       out = id;
@@ -123,8 +149,13 @@ std::string validate(const StateLayout& layout) {
     return "conv_dtype must be f32, bf16 or f16, got " + enum_value(layout.conv_dtype);
   }
   if (!known(layout.codec.id)) {
-    return "codec must be one of fp32, bf16, fp16, int4, int6, int8, got " +
+    return "codec must be one of fp32, bf16, fp16, int4, int6, int8, stepquant4, stepquant6, "
+           "dsq4, dsq6, got " +
            enum_value(layout.codec.id);
+  }
+  if (!known(layout.codec.variant)) {
+    return "codec.variant must be full, spatial_only or temporal_only, got " +
+           enum_value(layout.codec.variant);
   }
   if (is_uniform_codec(layout.codec.id) &&
       !is_valid_group_size(effective_group_size(layout.codec.group_size))) {
@@ -132,12 +163,36 @@ std::string validate(const StateLayout& layout) {
            ") or a multiple of 4 between " + std::to_string(kMinGroupSize) + " and " +
            std::to_string(kMaxGroupSize) + ", got " + std::to_string(layout.codec.group_size);
   }
+  const bool stepquant = is_stepquant_codec(layout.codec.id);
+  if (stepquant && layout.plan == nullptr) {
+    return std::string("codec ") + to_string(layout.codec.id) + " needs a calibration plan";
+  }
+  if (!stepquant && layout.plan != nullptr) {
+    return std::string("codec ") + to_string(layout.codec.id) +
+           " does not use a calibration plan; plan must be null";
+  }
+  if (stepquant) {
+    if (std::string problem = stepquant::validate(*layout.plan); !problem.empty()) {
+      return "plan: " + problem;
+    }
+    if (std::string problem = stepquant::check_matches(*layout.plan, layout); !problem.empty()) {
+      return problem;
+    }
+  }
   // Every factor is bounded above, so these products fit in 64 bits.
-  const std::uint64_t heads = std::uint64_t{layout.num_layers} * layout.num_heads;
-  const std::uint64_t page =
-      heads * head_bytes_for(layout.codec, layout.key_dim, layout.value_dim) +
-      std::uint64_t{layout.num_layers} * layout.conv_channels * layout.conv_width *
-          dtype_bytes(layout.conv_dtype);
+  std::uint64_t recurrent = 0;
+  if (stepquant) {
+    for (std::uint32_t l = 0; l < layout.num_layers; ++l) {
+      for (std::uint32_t h = 0; h < layout.num_heads; ++h) {
+        recurrent += stepquant::head_bytes(*layout.plan, layout.codec.variant, l, h);
+      }
+    }
+  } else {
+    recurrent = std::uint64_t{layout.num_layers} * layout.num_heads *
+                head_bytes_for(layout.codec, layout.key_dim, layout.value_dim);
+  }
+  const std::uint64_t page = recurrent + std::uint64_t{layout.num_layers} * layout.conv_channels *
+                                             layout.conv_width * dtype_bytes(layout.conv_dtype);
   if (page > kMaxPageBytes) {
     return "page size must be at most " + std::to_string(kMaxPageBytes) + " bytes, got " +
            std::to_string(page) + " bytes";

@@ -52,7 +52,10 @@ TEST(Layout, MessagesNameTheFieldAndTheValue) {
       {"conv_dtype", [](StateLayout& l) { l.conv_dtype = static_cast<DType>(9); },
        "conv_dtype must be f32, bf16 or f16, got 9"},
       {"codec", [](StateLayout& l) { l.codec.id = static_cast<CodecId>(42); },
-       "codec must be one of fp32, bf16, fp16, int4, int6, int8, got 42"},
+       "codec must be one of fp32, bf16, fp16, int4, int6, int8, stepquant4, stepquant6, dsq4, "
+       "dsq6, got 42"},
+      {"variant", [](StateLayout& l) { l.codec.variant = static_cast<StepQuantVariant>(3); },
+       "codec.variant must be full, spatial_only or temporal_only, got 3"},
       {"group", [](StateLayout& l) { l.codec.group_size = 6; },
        "codec.group_size must be 0 (default 128) or a multiple of 4 between 4 and 65536, got 6"},
       {"page size",
@@ -104,13 +107,18 @@ TEST(Layout, GroupSizeValidation) {
 
 TEST(Layout, NamesAndParsing) {
   EXPECT_STREQ(to_string(CodecId::int6), "int6");
+  EXPECT_STREQ(to_string(CodecId::stepquant4), "stepquant4");
+  EXPECT_STREQ(to_string(CodecId::stepquant6), "stepquant6");
+  EXPECT_STREQ(to_string(CodecId::dsq4), "dsq4");
+  EXPECT_STREQ(to_string(CodecId::dsq6), "dsq6");
   EXPECT_STREQ(to_string(DType::bf16), "bf16");
   EXPECT_STREQ(to_string(Arch::kda), "kda");
   EXPECT_STREQ(to_string(static_cast<CodecId>(99)), "unknown");
   EXPECT_STREQ(to_string(static_cast<DType>(99)), "unknown");
   EXPECT_STREQ(to_string(static_cast<Arch>(99)), "unknown");
   for (const CodecId id :
-       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
+       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8,
+        CodecId::stepquant4, CodecId::stepquant6, CodecId::dsq4, CodecId::dsq6}) {
     CodecId parsed = CodecId::fp32;
     EXPECT_TRUE(parse_codec(to_string(id), parsed));
     EXPECT_EQ(parsed, id);
@@ -163,6 +171,25 @@ TEST(Layout, HeadBytesFormula) {
   EXPECT_EQ(head_bytes_for({CodecId::int8, 4}, 3, 3), 16u);  // 6 + 9 = 15 -> 16
   EXPECT_EQ(head_bytes_for({CodecId::bf16, 0}, 3, 3), 20u);  // 18 -> 20
   EXPECT_EQ(head_bytes_for({CodecId::int6, 6}, 3, 3), 0u);   // invalid group
+  // dsq: 2K + 2V fp16 scales, then the codes.
+  EXPECT_EQ(head_bytes_for({CodecId::dsq6, 0}, 128, 128), 12800u);  // 256 + 256 + 12288
+  EXPECT_EQ(head_bytes_for({CodecId::dsq4, 0}, 128, 128), 8704u);   // 256 + 256 + 8192
+  EXPECT_EQ(head_bytes_for({CodecId::dsq6, 0}, 3, 3), 24u);         // 6 + 6 + 9 = 21 -> 24
+  // stepquant sizes come from the plan.
+  EXPECT_EQ(head_bytes_for({CodecId::stepquant6, 0}, 128, 128), 0u);
+}
+
+TEST(Layout, DsqNeedsNoPlanAndTakesNone) {
+  StateLayout layout = qwen3_next_layout(CodecId::dsq6);
+  EXPECT_EQ(validate(layout), "");
+  layout.codec.id = CodecId::dsq4;
+  EXPECT_EQ(validate(layout), "");
+  // group_size and variant do not apply to dsq: ignored, and not part of identity.
+  StateLayout other = layout;
+  other.codec.group_size = 6;
+  other.codec.variant = StepQuantVariant::temporal_only;
+  EXPECT_EQ(validate(other), "");
+  EXPECT_TRUE(layout.same_shape_and_codec(other));
 }
 
 }  // namespace

@@ -42,6 +42,17 @@ STATEPOOL_HD constexpr bool is_float_codec(CodecId id) noexcept {
   return id == CodecId::fp32 || id == CodecId::bf16 || id == CodecId::fp16;
 }
 
+/// True for stepquant4, stepquant6 (plan-driven: sizes vary per head, see
+/// stepquant/format.hpp and stepquant::head_bytes).
+STATEPOOL_HD constexpr bool is_stepquant_codec(CodecId id) noexcept {
+  return id == CodecId::stepquant4 || id == CodecId::stepquant6;
+}
+
+/// True for dsq4, dsq6 (dual-scale baselines, one size for every head).
+STATEPOOL_HD constexpr bool is_dsq_codec(CodecId id) noexcept {
+  return id == CodecId::dsq4 || id == CodecId::dsq6;
+}
+
 /// Code width of a uniform codec (4, 6, 8); 0 for the float codecs.
 STATEPOOL_HD constexpr std::uint32_t codec_code_bits(CodecId id) noexcept {
   switch (id) {
@@ -93,8 +104,17 @@ STATEPOOL_HD constexpr std::size_t float_head_bytes(std::size_t n, CodecId id) n
   return round_up4(n * float_codec_value_bytes(id));
 }
 
-/// Bytes of one encoded key_dim x value_dim head for `spec` (0 for an unknown codec or an
-/// invalid group size).
+/// Bytes of a dsq4 / dsq6 head: fp16 row scales [K], fp16 column scales [V], packed codes,
+/// zero padding (the same as stepquant::dsq_head_bytes).
+STATEPOOL_HD constexpr std::size_t dsq_head_bytes_for(std::uint32_t key_dim,
+                                                      std::uint32_t value_dim,
+                                                      std::uint32_t bits) noexcept {
+  return round_up4(2u * std::size_t{key_dim} + 2u * std::size_t{value_dim} +
+                   packed_bytes(std::size_t{key_dim} * value_dim, bits));
+}
+
+/// Bytes of one encoded key_dim x value_dim head for `spec` (0 for an unknown codec, an
+/// invalid group size, or a stepquant codec, whose sizes come from its plan).
 STATEPOOL_HD constexpr std::size_t head_bytes_for(CodecSpec spec, std::uint32_t key_dim,
                                                   std::uint32_t value_dim) noexcept {
   const std::size_t n = static_cast<std::size_t>(key_dim) * value_dim;
@@ -105,6 +125,9 @@ STATEPOOL_HD constexpr std::size_t head_bytes_for(CodecSpec spec, std::uint32_t 
     const std::uint32_t group = effective_group_size(spec.group_size);
     return is_valid_group_size(group) ? uniform_head_bytes(n, group, codec_code_bits(spec.id)) : 0;
   }
+  if (is_dsq_codec(spec.id)) {
+    return dsq_head_bytes_for(key_dim, value_dim, spec.id == CodecId::dsq4 ? 4u : 6u);
+  }
   return 0;
 }
 
@@ -113,5 +136,6 @@ static_assert(uniform_head_bytes(128 * 128, 128, 4) == 8448);
 static_assert(uniform_head_bytes(128 * 128, 128, 8) == 16640);
 static_assert(float_head_bytes(128 * 128, CodecId::fp32) == 65536);
 static_assert(float_head_bytes(128 * 128, CodecId::bf16) == 32768);
+static_assert(dsq_head_bytes_for(128, 128, 6) == 12800);
 
 }  // namespace statepool::kernels

@@ -5,6 +5,41 @@
 //
 // Head: row-major key_dim x value_dim FP32 values. Row widths in {2,4,6,8,kPivotWidth}.
 // Impact: w_i > 0 per row (all ones = no spatial axis).
+//
+// The fit, exactly (fp16(y) = float_to_half_bits of numeric.hpp applied to min(y, 65504);
+// every scale is used as stored; q_i = qmax_i for GDN and DSQ, q_i = qmax_i * 2^(8-b_i)
+// for KDA, the row's largest code on the shared 8-bit grid, g_i = 1 for GDN and DSQ,
+// 2^(8-b_i) for KDA):
+//   1. r_i = fp16(float(sqrt(m_i / w_i))), m_i = (sum_j |x_ij|) / V, evaluated in
+//      binary64 (sum in column order), then rounded to binary32 and to fp16. A row whose
+//      r_i rounds to 0 (all zeros, or values below about 1e-15) gets r_i = 1.
+//   2. c_j = fp16(max_i fl(|x_ij| / (r_i q_i))) over non-pivot rows (r_i q_i is exact);
+//      0 when the column is zero (or every row is a pivot).
+//   3. z_ij = clamp(round_half_even(x_ij / (r_i c_j g_i)), -qmax_i, qmax_i) (r_i c_j g_i is
+//      exact in binary32); z_ij = 0 where c_j = 0.
+//   4. Refit (not DSQ): c_j = fp16(float(N_j / D_j)), N_j = sum_i w_i^2 v_ij x_ij,
+//      D_j = sum_i w_i^2 v_ij^2, v_ij = r_i g_i z_ij, over non-pivot rows, accumulated in
+//      binary64 in row order; c_j keeps its step-2 value when D_j = 0 or the refitted value
+//      rounds to 0. Then step 3 again with the refitted c_j.
+//   Reconstruction: x̂_ij = (r_i c_j) * (g_i z_ij) (dual_axis_value in format.hpp).
+//   Pivot rows: x̂_ij = fp16(x_ij) (saturating at +-65504); their r_i is stored as 0.
+// 2-bit GDN heads (every row 2 bits): per group of 32 consecutive values of a row (the last
+// group of a row may be shorter), levels L in {-3,-1,1,3}, x̂ = s * L, L the nearest level
+// to x / s (ties toward +inf; L = 1 when s = 0). s is the best of three fp16 candidates
+// by squared error (ties: the earlier): s0 = fp16(absmax / 3), then twice the
+// least-squares scale for the previous candidate's levels, s_{k+1} = fp16(sum x L /
+// sum L^2). Impact factors do not enter: a scale covers part of one row, and weighting a
+// row's error by w_i^2 does not change its best scale.
+// Temporal-only fit (fit_head_absmax): per row s_i = fp16(absmax_i / qmax_i) (as the int
+// codecs do), z_ij = clamp(round_half_even(x_ij / s_i), -qmax_i, qmax_i), 0 if s_i = 0;
+// x̂ = s_i z_ij. 2-bit rows are symmetric ternary here (levels {-1, 0, 1}).
+//
+// Every function throws std::invalid_argument on inconsistent sizes, a width outside
+// {2,4,6,8,16}, a GDN head whose rows have different widths, or an impact factor that is
+// not finite and > 0. Inputs must be finite (PageCodec checks); non-finite values give
+// unspecified but finite-sized results.
+//
+// Thread-safety: pure functions; `out` is owned by the caller.
 
 #include <cstdint>
 #include <span>
@@ -14,16 +49,30 @@
 
 namespace statepool::kernels::stepquant {
 
+/// How a HeadFit reconstructs.
+enum class FitKind : std::uint8_t {
+  dual_axis,        ///< x̂ = r_i c_j z_ij (GDN heads at 4/6/8 bits, DSQ)
+  dual_axis_grid8,  ///< x̂ = r_i c_j z_ij 2^(8-b_i) (KDA heads, one shared column grid)
+  two_bit_groups,   ///< x̂ = s_ig L_ij, one scale per 32 values of a row (2-bit GDN heads)
+  row_absmax,       ///< x̂ = s_i z_ij (temporal_only)
+};
+
 /// What the fit stores, decoded: fp16 scales (as float values exactly representable in
 /// fp16) and signed codes. For 2-bit GDN heads `row_scale` holds value_dim/32 (rounded up)
 /// scales per row and col_scale is unused.
 struct HeadFit {
+  FitKind kind = FitKind::dual_axis;
   std::uint32_t key_dim = 0;
   std::uint32_t value_dim = 0;
-  std::vector<float> row_scale;      ///< r_i (or per-32-value scales for 2-bit GDN heads)
-  std::vector<float> col_scale;      ///< c_j
-  std::vector<std::int32_t> codes;   ///< z_ij, row-major; 0 for pivot rows
-  std::vector<float> pivot_values;   ///< fp16-rounded values of pivot rows, row-major
+  /// r_i [K] (dual axis; 0 for pivot rows), s_i [K] (row_absmax; 0 for pivot rows), or
+  /// s[K][ceil(V/32)] (two_bit_groups).
+  std::vector<float> row_scale;
+  std::vector<float> col_scale;  ///< c_j [V] (dual axis kinds); empty otherwise
+  /// z_ij, row-major K x V, in [-qmax_i, qmax_i] (the row's own code, without the grid
+  /// factor); the level in {-3,-1,1,3} for two_bit_groups; 0 for pivot rows.
+  std::vector<std::int32_t> codes;
+  /// fp16-rounded values of the pivot rows only, in row order, value_dim each.
+  std::vector<float> pivot_values;
 };
 
 /// Full STEPQuant fit of one head: impact-weighted row scales, max-based column scales
@@ -31,18 +80,27 @@ struct HeadFit {
 /// columns, fp16 rounding of every scale as stored, re-encode. KDA heads may mix widths
 /// (codes of a b-bit row are scaled by 2^(8-b) onto the shared 8-bit column grid); GDN
 /// heads have one width for all rows, and 2-bit GDN heads use levels {-3,-1,1,3} with
-/// per-32-value row scales.
+/// per-32-value row scales. A GDN head of pivots gives kind dual_axis with every row a
+/// pivot.
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
               std::span<const float> impact, HeadFit& out);
 
-/// Reconstruction x̂ of a fit (row-major key_dim x value_dim).
+/// Reconstruction x̂ of a fit (row-major key_dim x value_dim). `arch` must be the one the
+/// fit was made for (KDA for dual_axis_grid8); `row_widths` the widths it was made with.
 void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> row_widths,
                  std::span<float> out);
 
 /// The DSQ baseline fit: r_i = fp16(sqrt(mean_j |x_ij|)), c_j = fp16(max_i |x_ij / r_i| /
-/// qmax), uniform width, no impact, no refit.
+/// qmax), uniform width, no impact, no refit. Kind dual_axis (reconstruct with any arch
+/// and `bits` for every row). bits is 4 or 6 (2 and 8 are accepted too).
 void fit_head_dsq(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
                   std::uint32_t bits, HeadFit& out);
+
+/// The temporal_only fit: plain per-row absmax scales at the row's width, pivot rows as
+/// fp16 (see the header comment). Kind row_absmax. GDN heads must have one width.
+void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_dim,
+                     std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
+                     HeadFit& out);
 
 }  // namespace statepool::kernels::stepquant

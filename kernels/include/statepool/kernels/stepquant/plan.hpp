@@ -14,13 +14,12 @@
 #include <vector>
 
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/stepquant/format.hpp"  // kPivotWidth
 
 namespace statepool::kernels::stepquant {
 
-/// Width value that marks a pivot unit, stored as fp16 values.
-inline constexpr std::uint8_t kPivotWidth = 16;
-
-/// Candidate widths of the allocation (besides pivots).
+/// Candidate widths of the allocation (besides pivots): {4, 6, 8} for a 6-bit budget,
+/// {2, 4, 6, 8} for a 4-bit budget, empty for any other budget.
 [[nodiscard]] std::span<const std::uint8_t> candidate_widths(std::uint32_t budget_bits) noexcept;
 
 struct Plan {
@@ -43,10 +42,10 @@ struct Plan {
   // --- provenance (reported, not used by the codec) ---------------------------------
   /// Mean log-decay per unit (same indexing as widths); may be empty.
   std::vector<float> mean_log_decay;
-  float gamma = 0.25f;            ///< impact exponent used
-  std::uint32_t horizon = 2048;   ///< lifetime horizon T used
-  std::uint64_t tokens = 0;       ///< calibration tokens consumed
-  std::string source;             ///< free text: model, trace, tool version
+  float gamma = 0.25f;           ///< impact exponent used
+  std::uint32_t horizon = 2048;  ///< lifetime horizon T used
+  std::uint64_t tokens = 0;      ///< calibration tokens consumed
+  std::string source;            ///< free text: model, trace, tool version
 
   [[nodiscard]] std::size_t units() const noexcept;  ///< widths.size() a valid plan has
   [[nodiscard]] std::uint32_t pivots() const noexcept;
@@ -57,26 +56,59 @@ struct Plan {
                                                    std::uint32_t head) const noexcept;
   /// Average nominal bits per value over the units (pivots count 16).
   [[nodiscard]] double average_width() const noexcept;
+
+  /// Every field equal, provenance included (floats compared by value).
+  friend bool operator==(const Plan&, const Plan&) = default;
 };
+
+/// True when two plans make the same pages: arch, dimensions, budget, widths and impact
+/// equal (impact compared bit for bit); provenance is ignored. Equal codec fields imply
+/// equal digests.
+[[nodiscard]] bool same_codec_fields(const Plan& a, const Plan& b) noexcept;
 
 /// Checks a plan on its own: shapes, sizes, widths in the candidates, finite positive
 /// impact factors. Empty string when valid, else a message naming what is wrong.
 [[nodiscard]] std::string validate(const Plan& plan);
 /// Checks that the plan fits the layout (arch and every dimension, budget matching the
-/// codec). Empty string when it does.
+/// codec: 6 for stepquant6, 4 for stepquant4). Empty string when it does. Assumes a valid
+/// plan; does not look at layout.plan.
 [[nodiscard]] std::string check_matches(const Plan& plan, const StateLayout& layout);
 
+/// Width the codec stores for row `row` of head (layer, head) under `variant`: the plan's
+/// width (GDN: the head's, for every row) for full and temporal_only; for spatial_only,
+/// budget_bits for every non-pivot unit (pivots stay pivots). `plan` must be valid and
+/// the indices in range.
+[[nodiscard]] std::uint8_t stored_width(const Plan& plan, StepQuantVariant variant,
+                                        std::uint32_t layer, std::uint32_t head,
+                                        std::uint32_t row) noexcept;
+/// Bytes of the encoded head (layer, head) of a stepquant page for `variant`
+/// (stepquant/format.hpp; a multiple of 4). `plan` must be valid, the indices in range.
+[[nodiscard]] std::size_t head_bytes(const Plan& plan, StepQuantVariant variant,
+                                     std::uint32_t layer, std::uint32_t head) noexcept;
+
+/// Largest plan file from_bytes / load accept.
+inline constexpr std::size_t kMaxPlanBytes = std::size_t{256} << 20;
+
 /// Serialized plan file (FlatBuffer, file identifier "SPQP"). to_bytes never fails for a
-/// valid plan. from_bytes verifies the buffer, the format version and validate(); it
-/// throws std::invalid_argument with a clear message and returns nothing partial.
+/// valid plan (it throws std::invalid_argument, naming the problem, for an invalid one).
+/// from_bytes verifies the buffer, the format version and validate(); it throws
+/// std::invalid_argument with a clear message and returns nothing partial.
 [[nodiscard]] std::vector<std::byte> to_bytes(const Plan& plan);
 [[nodiscard]] Plan from_bytes(std::span<const std::byte> bytes);
-/// Reads / writes a plan file; errors name the path.
+/// Reads / writes a plan file; errors (std::invalid_argument for a bad file or plan,
+/// std::runtime_error for an I/O failure) name the path. save writes a temporary file
+/// next to `path`, fsyncs it and renames it over `path`, so readers see the old file or
+/// the whole new one.
 [[nodiscard]] Plan load(const std::string& path);
 void save(const Plan& plan, const std::string& path);
 
 /// Content digest of the plan's codec-relevant fields (shape, budget, widths, impact),
-/// as 16 lowercase hex characters. Layouts name their plan by it on the wire.
+/// as 16 lowercase hex characters: FNV-1a 64 over a canonical little-endian encoding
+/// (docs/plans.md). Layouts name their plan by it on the wire. Not collision resistant
+/// against a deliberate forger: whoever keys plans by digest should compare
+/// same_codec_fields() when a digest is already known.
 [[nodiscard]] std::string digest(const Plan& plan);
+/// The same digest as a number.
+[[nodiscard]] std::uint64_t digest_value(const Plan& plan) noexcept;
 
 }  // namespace statepool::kernels::stepquant

@@ -1,0 +1,346 @@
+// stepquant4 / stepquant6 (plan-driven, three variants) and dsq4 / dsq6: a head is fitted
+// (stepquant/fit.hpp) and its fit written in the byte format of stepquant/format.hpp;
+// decoding parses the bytes back into a fit and reconstructs it, so a decoded head is
+// exactly reconstruct(fit) of what encode computed.
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bytes.hpp"
+#include "codecs_internal.hpp"
+#include "simd.hpp"
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/packing.hpp"
+#include "statepool/kernels/stepquant/fit.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+
+namespace statepool::kernels::detail {
+namespace {
+
+using stepquant::FitKind;
+using stepquant::HeadFit;
+using stepquant::kPivotWidth;
+
+void pack_any(std::uint32_t bits, const std::uint8_t* u, std::size_t n, std::byte* dst) {
+  std::uint8_t* d = as_u8(dst);
+  switch (bits) {
+    case 2: pack_codes<2>(u, n, d); break;
+    case 4: pack_codes<4>(u, n, d); break;
+    case 6: pack_codes<6>(u, n, d); break;
+    default: pack_codes<8>(u, n, d); break;
+  }
+}
+
+void unpack_any(std::uint32_t bits, const std::byte* src, std::size_t n, std::uint8_t* u) {
+  const std::uint8_t* s = as_u8(src);
+  switch (bits) {
+    case 2: unpack_codes<2>(s, n, u); break;
+    case 4: unpack_codes<4>(s, n, u); break;
+    case 6: unpack_codes<6>(s, n, u); break;
+    default: unpack_codes<8>(s, n, u); break;
+  }
+}
+
+// z + offset as bytes (offset binary), and back. Cloned: SSE2 lacks the 32-bit packs.
+STATEPOOL_SIMD_CLONES void narrow_codes(const std::int32_t* z, std::size_t n, std::int32_t offset,
+                                        std::uint8_t* u) {
+  for (std::size_t i = 0; i < n; ++i) {
+    u[i] = static_cast<std::uint8_t>(z[i] + offset);
+  }
+}
+STATEPOOL_SIMD_CLONES void widen_codes(const std::uint8_t* u, std::size_t n, std::int32_t offset,
+                                       std::int32_t* z) {
+  for (std::size_t i = 0; i < n; ++i) {
+    z[i] = static_cast<std::int32_t>(u[i]) - offset;
+  }
+}
+
+// Per-thread buffers: encode/decode run concurrently on different heads.
+struct Scratch {
+  HeadFit fit;
+  std::vector<std::uint8_t> widths;
+  std::vector<std::uint8_t> u;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+class Writer {
+ public:
+  explicit Writer(std::span<std::byte> dst) : dst_(dst) {}
+  void halves(const float* v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      store_u16_le(dst_.data() + pos_ + 2 * i, float_to_half_bits(v[i]));
+    }
+    pos_ += 2 * n;
+  }
+  // Signed codes z (offset binary u = z + qmax), or 2-bit levels (u = (L + 3) / 2).
+  void codes(const std::int32_t* z, std::size_t n, std::uint32_t bits, bool levels,
+             std::vector<std::uint8_t>& u) {
+    u.resize(n);
+    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
+    if (levels) {
+      for (std::size_t i = 0; i < n; ++i) {
+        u[i] = static_cast<std::uint8_t>(stepquant::two_bit_index(z[i]));
+      }
+    } else {
+      narrow_codes(z, n, offset, u.data());
+    }
+    pack_any(bits, u.data(), n, dst_.data() + pos_);
+    pos_ += packed_bytes(n, bits);
+  }
+  void pad() { std::memset(dst_.data() + pos_, 0, dst_.size() - pos_); }
+
+ private:
+  std::span<std::byte> dst_;
+  std::size_t pos_ = 0;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::byte> src) : src_(src) {}
+  void halves(float* v, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      v[i] = half_bits_to_float(load_u16_le(src_.data() + pos_ + 2 * i));
+    }
+    pos_ += 2 * n;
+  }
+  void codes(std::int32_t* z, std::size_t n, std::uint32_t bits, bool levels,
+             std::vector<std::uint8_t>& u) {
+    u.resize(n);
+    unpack_any(bits, src_.data() + pos_, n, u.data());
+    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
+    if (levels) {
+      for (std::size_t i = 0; i < n; ++i) {
+        z[i] = stepquant::two_bit_level(u[i]);
+      }
+    } else {
+      widen_codes(u.data(), n, offset, z);
+    }
+    pos_ += packed_bytes(n, bits);
+  }
+
+ private:
+  std::span<const std::byte> src_;
+  std::size_t pos_ = 0;
+};
+
+// The byte layout of one head is fixed by (format arch, fit kind, row widths): GDN-style
+// heads (GDN and DSQ) pack all codes as one run; KDA heads pack row by row.
+void write_head(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> widths,
+                std::span<std::byte> dst, std::vector<std::uint8_t>& u) {
+  const std::size_t K = fit.key_dim;
+  const std::size_t V = fit.value_dim;
+  Writer w(dst);
+  if (arch == Arch::gdn) {
+    const std::uint32_t bits = widths[0];
+    if (bits == kPivotWidth) {
+      w.halves(fit.pivot_values.data(), K * V);
+    } else {
+      w.halves(fit.row_scale.data(), fit.row_scale.size());
+      w.halves(fit.col_scale.data(), fit.col_scale.size());  // empty unless dual axis
+      w.codes(fit.codes.data(), K * V, bits, fit.kind == FitKind::two_bit_groups, u);
+    }
+  } else {
+    w.halves(fit.row_scale.data(), K);
+    w.halves(fit.col_scale.data(), fit.col_scale.size());  // empty for row_absmax
+    const float* pivot = fit.pivot_values.data();
+    for (std::size_t i = 0; i < K; ++i) {
+      if (widths[i] == kPivotWidth) {
+        w.halves(pivot, V);
+        pivot += V;
+      } else {
+        w.codes(fit.codes.data() + i * V, V, widths[i], false, u);
+      }
+    }
+  }
+  w.pad();
+}
+
+void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t value_dim,
+               std::span<const std::uint8_t> widths, std::span<const std::byte> src, HeadFit& fit,
+               std::vector<std::uint8_t>& u) {
+  const std::size_t K = key_dim;
+  const std::size_t V = value_dim;
+  const bool dual = kind == FitKind::dual_axis || kind == FitKind::dual_axis_grid8;
+  fit.kind = kind;
+  fit.key_dim = key_dim;
+  fit.value_dim = value_dim;
+  fit.row_scale.assign(
+      kind == FitKind::two_bit_groups ? K * stepquant::two_bit_groups(value_dim) : K, 0.0f);
+  fit.col_scale.assign(dual ? V : 0, 0.0f);
+  fit.codes.assign(K * V, 0);
+  const auto pivots =
+      static_cast<std::size_t>(std::count(widths.begin(), widths.end(), kPivotWidth));
+  fit.pivot_values.resize(pivots * V);
+  Reader r(src);
+  if (arch == Arch::gdn) {
+    const std::uint32_t bits = widths[0];
+    if (bits == kPivotWidth) {
+      // The fit's scales are zero for an all-pivot head; only the values are stored.
+      r.halves(fit.pivot_values.data(), K * V);
+    } else {
+      r.halves(fit.row_scale.data(), fit.row_scale.size());
+      r.halves(fit.col_scale.data(), fit.col_scale.size());
+      r.codes(fit.codes.data(), K * V, bits, kind == FitKind::two_bit_groups, u);
+    }
+    return;
+  }
+  r.halves(fit.row_scale.data(), K);
+  r.halves(fit.col_scale.data(), fit.col_scale.size());
+  float* pivot = fit.pivot_values.data();
+  for (std::size_t i = 0; i < K; ++i) {
+    if (widths[i] == kPivotWidth) {
+      r.halves(pivot, V);
+      pivot += V;
+    } else {
+      r.codes(fit.codes.data() + i * V, V, widths[i], false, u);
+    }
+  }
+}
+
+class StepQuantCodec final : public Codec {
+ public:
+  explicit StepQuantCodec(const StateLayout& layout)
+      : id_(layout.codec.id),
+        arch_(layout.arch),
+        variant_(layout.codec.variant),
+        plan_(layout.plan),
+        key_dim_(layout.key_dim),
+        value_dim_(layout.value_dim),
+        num_heads_(layout.num_heads) {
+    head_bytes_.reserve(std::size_t{layout.num_layers} * layout.num_heads);
+    for (std::uint32_t l = 0; l < layout.num_layers; ++l) {
+      for (std::uint32_t h = 0; h < layout.num_heads; ++h) {
+        head_bytes_.push_back(stepquant::head_bytes(*plan_, variant_, l, h));
+      }
+    }
+  }
+
+  [[nodiscard]] CodecId id() const noexcept override { return id_; }
+  [[nodiscard]] std::size_t head_bytes(std::uint32_t layer,
+                                       std::uint32_t head) const noexcept override {
+    return head_bytes_[std::size_t{layer} * num_heads_ + head];
+  }
+
+  void encode_head(std::uint32_t layer, std::uint32_t head, std::span<const float> src,
+                   std::span<std::byte> dst) const override {
+    check(layer, head, src.size(), dst.size());
+    Scratch& s = scratch();
+    row_widths(layer, head, s.widths);
+    if (variant_ == StepQuantVariant::temporal_only) {
+      stepquant::fit_head_absmax(arch_, src, key_dim_, value_dim_, s.widths, s.fit);
+    } else {
+      stepquant::fit_head(arch_, src, key_dim_, value_dim_, s.widths,
+                          plan_->head_impact(layer, head), s.fit);
+    }
+    write_head(arch_, s.fit, s.widths, dst, s.u);
+  }
+
+  void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
+                   std::span<float> dst) const override {
+    check(layer, head, dst.size(), src.size());
+    Scratch& s = scratch();
+    row_widths(layer, head, s.widths);
+    read_head(arch_, kind(s.widths[0]), key_dim_, value_dim_, s.widths, src, s.fit, s.u);
+    stepquant::reconstruct(arch_, s.fit, s.widths, dst);
+  }
+
+ private:
+  void check(std::uint32_t layer, std::uint32_t head, std::size_t values, std::size_t bytes) const {
+    if (std::size_t{layer} * num_heads_ + head >= head_bytes_.size() || head >= num_heads_) {
+      throw std::invalid_argument(std::string(to_string(id_)) + " codec: no head " +
+                                  std::to_string(head) + " in layer " + std::to_string(layer));
+    }
+    check_head_buffers(to_string(id_), values, std::size_t{key_dim_} * value_dim_, bytes,
+                       head_bytes(layer, head));
+  }
+
+  void row_widths(std::uint32_t layer, std::uint32_t head, std::vector<std::uint8_t>& out) const {
+    out.resize(key_dim_);
+    for (std::uint32_t i = 0; i < key_dim_; ++i) {
+      out[i] = stepquant::stored_width(*plan_, variant_, layer, head, arch_ == Arch::kda ? i : 0);
+    }
+  }
+
+  [[nodiscard]] FitKind kind(std::uint8_t first_width) const noexcept {
+    if (variant_ == StepQuantVariant::temporal_only) {
+      return FitKind::row_absmax;
+    }
+    if (arch_ == Arch::kda) {
+      return FitKind::dual_axis_grid8;
+    }
+    return first_width == 2 ? FitKind::two_bit_groups : FitKind::dual_axis;
+  }
+
+  CodecId id_;
+  Arch arch_;
+  StepQuantVariant variant_;
+  std::shared_ptr<const stepquant::Plan> plan_;
+  std::uint32_t key_dim_;
+  std::uint32_t value_dim_;
+  std::uint32_t num_heads_;
+  std::vector<std::size_t> head_bytes_;  // [layer][head]
+};
+
+class DsqCodec final : public Codec {
+ public:
+  DsqCodec(CodecId id, std::uint32_t key_dim, std::uint32_t value_dim)
+      : id_(id),
+        bits_(id == CodecId::dsq4 ? 4u : 6u),
+        key_dim_(key_dim),
+        value_dim_(value_dim),
+        head_bytes_(stepquant::dsq_head_bytes(key_dim, value_dim, bits_)) {}
+
+  [[nodiscard]] CodecId id() const noexcept override { return id_; }
+  [[nodiscard]] std::size_t head_bytes(std::uint32_t, std::uint32_t) const noexcept override {
+    return head_bytes_;
+  }
+
+  void encode_head(std::uint32_t, std::uint32_t, std::span<const float> src,
+                   std::span<std::byte> dst) const override {
+    check_head_buffers(to_string(id_), src.size(), std::size_t{key_dim_} * value_dim_, dst.size(),
+                       head_bytes_);
+    Scratch& s = scratch();
+    s.widths.assign(key_dim_, static_cast<std::uint8_t>(bits_));
+    stepquant::fit_head_dsq(src, key_dim_, value_dim_, bits_, s.fit);
+    write_head(Arch::gdn, s.fit, s.widths, dst, s.u);
+  }
+
+  void decode_head(std::uint32_t, std::uint32_t, std::span<const std::byte> src,
+                   std::span<float> dst) const override {
+    check_head_buffers(to_string(id_), dst.size(), std::size_t{key_dim_} * value_dim_, src.size(),
+                       head_bytes_);
+    Scratch& s = scratch();
+    s.widths.assign(key_dim_, static_cast<std::uint8_t>(bits_));
+    read_head(Arch::gdn, FitKind::dual_axis, key_dim_, value_dim_, s.widths, src, s.fit, s.u);
+    stepquant::reconstruct(Arch::gdn, s.fit, s.widths, dst);
+  }
+
+ private:
+  CodecId id_;
+  std::uint32_t bits_;
+  std::uint32_t key_dim_;
+  std::uint32_t value_dim_;
+  std::size_t head_bytes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_stepquant_codec(const StateLayout& layout) {
+  return std::make_unique<StepQuantCodec>(layout);
+}
+
+std::unique_ptr<Codec> make_dsq_codec(const StateLayout& layout) {
+  return std::make_unique<DsqCodec>(layout.codec.id, layout.key_dim, layout.value_dim);
+}
+
+}  // namespace statepool::kernels::detail

@@ -1,0 +1,435 @@
+// The STEPQuant / DSQ / temporal-only fits of one head (stepquant/fit.hpp, which states
+// the arithmetic exactly). The loops run over one row at a time with per-row constants
+// so that they vectorize across columns; every reduction has a fixed order.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "simd.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/packing.hpp"
+#include "statepool/kernels/quantize.hpp"
+#include "statepool/kernels/stepquant/fit.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+
+namespace statepool::kernels::stepquant {
+namespace {
+
+// fp16 value of y >= 0 (or +Inf), saturating at 65504.
+inline float fp16_sat(float y) noexcept {
+  return half_bits_to_float(float_to_half_bits(y < kHalfMax ? y : kHalfMax));
+}
+
+inline float fp16_sat(double y) noexcept {
+  return fp16_sat(static_cast<float>(y < 65504.0 ? y : 65504.0));
+}
+
+void check_shape(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim) {
+  if (key_dim == 0 || value_dim == 0) {
+    throw std::invalid_argument("stepquant fit: key_dim and value_dim must be positive");
+  }
+  if (head.size() != std::size_t{key_dim} * value_dim) {
+    throw std::invalid_argument("stepquant fit: head has " + std::to_string(head.size()) +
+                                " values, expected " +
+                                std::to_string(std::size_t{key_dim} * value_dim));
+  }
+}
+
+void check_widths(Arch arch, std::span<const std::uint8_t> widths, std::uint32_t key_dim) {
+  if (arch != Arch::gdn && arch != Arch::kda) {
+    throw std::invalid_argument("stepquant fit: unknown arch " +
+                                std::to_string(static_cast<unsigned>(arch)));
+  }
+  if (widths.size() != key_dim) {
+    throw std::invalid_argument("stepquant fit: " + std::to_string(widths.size()) +
+                                " row widths, expected " + std::to_string(key_dim));
+  }
+  for (std::size_t i = 0; i < widths.size(); ++i) {
+    if (!is_stored_width(widths[i])) {
+      throw std::invalid_argument("stepquant fit: row " + std::to_string(i) + " has width " +
+                                  std::to_string(widths[i]) +
+                                  "; widths are 2, 4, 6, 8 or 16 (pivot)");
+    }
+    if (arch == Arch::gdn && widths[i] != widths[0]) {
+      throw std::invalid_argument("stepquant fit: a GDN head has one width, but row " +
+                                  std::to_string(i) + " has " + std::to_string(widths[i]) +
+                                  " and row 0 has " + std::to_string(widths[0]));
+    }
+  }
+}
+
+void check_impact(std::span<const float> impact, std::uint32_t key_dim) {
+  if (impact.size() != key_dim) {
+    throw std::invalid_argument("stepquant fit: " + std::to_string(impact.size()) +
+                                " impact factors, expected " + std::to_string(key_dim));
+  }
+  for (std::size_t i = 0; i < impact.size(); ++i) {
+    if (!(std::isfinite(impact[i]) && impact[i] > 0.0f)) {
+      throw std::invalid_argument("stepquant fit: impact[" + std::to_string(i) +
+                                  "] must be finite and > 0");
+    }
+  }
+}
+
+// sum_j |x_j| in binary64: four interleaved partial sums (j mod 4), then (s0+s1)+(s2+s3).
+STATEPOOL_SIMD_CLONES double abs_sum(const float* x, std::uint32_t n) {
+  double s0 = 0.0;
+  double s1 = 0.0;
+  double s2 = 0.0;
+  double s3 = 0.0;
+  std::uint32_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += std::fabs(static_cast<double>(x[j]));
+    s1 += std::fabs(static_cast<double>(x[j + 1]));
+    s2 += std::fabs(static_cast<double>(x[j + 2]));
+    s3 += std::fabs(static_cast<double>(x[j + 3]));
+  }
+  // A tail of n mod 4 (< 4) values goes to lanes 0, 1, 2 in order.
+  if (j < n) {
+    s0 += std::fabs(static_cast<double>(x[j]));
+  }
+  if (j + 1 < n) {
+    s1 += std::fabs(static_cast<double>(x[j + 1]));
+  }
+  if (j + 2 < n) {
+    s2 += std::fabs(static_cast<double>(x[j + 2]));
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
+// Step 1: r = fp16(float(sqrt(mean |x| / w))), 1 when that rounds to 0.
+float row_scale(const float* x, std::uint32_t n, double w) {
+  const double mean = abs_sum(x, n) / static_cast<double>(n);
+  const float r = fp16_sat(std::sqrt(mean / w));
+  return r > 0.0f ? r : 1.0f;
+}
+
+// Step 2 for one row: cm[j] = max(cm[j], |x_j| / dq), as bits (non-negative floats order
+// like their bits; int32 compares vectorize on SSE2).
+STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float dq,
+                                          std::int32_t* cm) {
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto t = static_cast<std::int32_t>(float_bits(div_rn(std::fabs(x[j]), dq)));
+    cm[j] = std::max(cm[j], t);
+  }
+}
+
+// Step 3 for one row: z_j = clamp(round_half_even(x_j / ((r g) c_j)), -qmax, qmax).
+// `c_div` is c with every 0 replaced by +Inf: x / Inf = 0 gives z = 0 where c_j = 0
+// without a branch (x is finite).
+STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float rg, const float* c_div,
+                                      std::uint32_t qmax, std::int32_t* z) {
+  const auto offset = static_cast<std::int32_t>(qmax);
+  for (std::uint32_t j = 0; j < n; ++j) {
+    z[j] =
+        static_cast<std::int32_t>(uniform_code_positive_scale(x[j], rg * c_div[j], qmax)) - offset;
+  }
+}
+
+// Step 4 accumulation for one row, in binary64 (row order is the caller's loop order).
+STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
+                                     float rg, double ww, double* num, double* den) {
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const auto v = static_cast<double>(rg * static_cast<float>(z[j]));  // exact
+    const double wv = ww * v;
+    num[j] += wv * static_cast<double>(x[j]);
+    den[j] += wv * v;
+  }
+}
+
+// x_j = (r c_j) (g z_j), the dual-axis reconstruction of one row.
+STATEPOOL_SIMD_CLONES void reconstruct_dual_row(const std::int32_t* z, std::size_t n, float r,
+                                                const float* c, std::int32_t g, float* x) {
+  for (std::size_t j = 0; j < n; ++j) {
+    x[j] = dual_axis_value(r, c[j], z[j] * g);
+  }
+}
+
+struct DualOptions {
+  bool grid8 = false;  // KDA: rows on the shared 8-bit column grid
+  bool refit = true;   // STEPQuant: impact-weighted least-squares refit of the columns
+};
+
+// The dual-axis fit (steps 1-4). widths: per row, checked; impact: per row, checked, or
+// empty for all ones.
+void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
+              std::span<const std::uint8_t> widths, std::span<const float> impact,
+              DualOptions options, HeadFit& out) {
+  const std::size_t K = key_dim;
+  const std::size_t V = value_dim;
+  out.kind = options.grid8 ? FitKind::dual_axis_grid8 : FitKind::dual_axis;
+  out.key_dim = key_dim;
+  out.value_dim = value_dim;
+  out.row_scale.assign(K, 0.0f);
+  out.col_scale.assign(V, 0.0f);
+  out.codes.assign(K * V, 0);
+  out.pivot_values.clear();
+
+  const auto weight = [&](std::size_t i) {
+    return impact.empty() ? 1.0 : static_cast<double>(impact[i]);
+  };
+  // q_i (largest grid code) and g_i (grid factor) per row.
+  const auto row_qmax = [&](std::size_t i) {
+    return options.grid8 ? grid_qmax(widths[i]) : code_qmax(widths[i]);
+  };
+  const auto row_grid = [&](std::size_t i) { return options.grid8 ? grid_factor(widths[i]) : 1u; };
+
+  // Step 1, and the pivot rows.
+  for (std::size_t i = 0; i < K; ++i) {
+    const float* x = head.data() + i * V;
+    if (widths[i] == kPivotWidth) {
+      for (std::size_t j = 0; j < V; ++j) {
+        out.pivot_values.push_back(half_bits_to_float(float_to_half_bits(x[j])));
+      }
+      continue;
+    }
+    out.row_scale[i] = row_scale(x, value_dim, weight(i));
+  }
+
+  // Step 2.
+  std::vector<std::int32_t> cm(V, 0);
+  for (std::size_t i = 0; i < K; ++i) {
+    if (widths[i] != kPivotWidth) {
+      const float dq = out.row_scale[i] * static_cast<float>(row_qmax(i));  // exact
+      column_max_row(head.data() + i * V, value_dim, dq, cm.data());
+    }
+  }
+  for (std::size_t j = 0; j < V; ++j) {
+    out.col_scale[j] = fp16_sat(bits_float(static_cast<std::uint32_t>(cm[j])));
+  }
+
+  // Step 3 (and 4, 3 again).
+  std::vector<float> c_div(V);
+  const auto encode = [&] {
+    for (std::size_t j = 0; j < V; ++j) {
+      c_div[j] =
+          out.col_scale[j] > 0.0f ? out.col_scale[j] : std::numeric_limits<float>::infinity();
+    }
+    for (std::size_t i = 0; i < K; ++i) {
+      if (widths[i] != kPivotWidth) {
+        encode_row(head.data() + i * V, value_dim,
+                   out.row_scale[i] * static_cast<float>(row_grid(i)), c_div.data(),
+                   code_qmax(widths[i]), out.codes.data() + i * V);
+      }
+    }
+  };
+  encode();
+  if (!options.refit) {
+    return;
+  }
+  std::vector<double> num(V, 0.0);
+  std::vector<double> den(V, 0.0);
+  for (std::size_t i = 0; i < K; ++i) {
+    if (widths[i] != kPivotWidth) {
+      const double w = weight(i);
+      refit_row(head.data() + i * V, out.codes.data() + i * V, value_dim,
+                out.row_scale[i] * static_cast<float>(row_grid(i)), w * w, num.data(), den.data());
+    }
+  }
+  for (std::size_t j = 0; j < V; ++j) {
+    if (den[j] > 0.0) {
+      const float c = fp16_sat(num[j] / den[j]);
+      if (c > 0.0f) {
+        out.col_scale[j] = c;
+      }
+    }
+  }
+  encode();
+}
+
+// Nearest level in {-3,-1,1,3} of x / s (s > 0), ties toward +inf.
+inline std::int32_t two_bit_level_of(float x, float s) noexcept {
+  float f = std::floor(div_rn(x, s) * 0.5f);
+  f = f >= -2.0f ? f : -2.0f;  // also maps NaN to -2 (never: s > 0, x finite)
+  f = f <= 1.0f ? f : 1.0f;
+  return 2 * static_cast<std::int32_t>(f) + 1;
+}
+
+// Levels of one group for scale s (L = 1 when s == 0); returns the squared error.
+double two_bit_assign(const float* x, std::size_t n, float s, std::int32_t* levels) {
+  double sse = 0.0;
+  for (std::size_t j = 0; j < n; ++j) {
+    levels[j] = s > 0.0f ? two_bit_level_of(x[j], s) : 1;
+    const double d =
+        static_cast<double>(x[j]) - static_cast<double>(s * static_cast<float>(levels[j]));
+    sse += d * d;
+  }
+  return sse;
+}
+
+void fit_two_bit(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
+                 HeadFit& out) {
+  const std::size_t K = key_dim;
+  const std::size_t V = value_dim;
+  const std::size_t G = two_bit_groups(value_dim);
+  out.kind = FitKind::two_bit_groups;
+  out.key_dim = key_dim;
+  out.value_dim = value_dim;
+  out.row_scale.assign(K * G, 0.0f);
+  out.col_scale.clear();
+  out.codes.assign(K * V, 0);
+  out.pivot_values.clear();
+
+  std::int32_t trial[kTwoBitGroup];
+  for (std::size_t i = 0; i < K; ++i) {
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::size_t begin = g * kTwoBitGroup;
+      const std::size_t n = std::min<std::size_t>(kTwoBitGroup, V - begin);
+      const float* x = head.data() + i * V + begin;
+      std::int32_t* best_levels = out.codes.data() + i * V + begin;
+
+      std::uint32_t absmax = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        absmax = std::max(absmax, abs_bits(x[j]));
+      }
+      float s = half_bits_to_float(uniform_scale_bits(absmax, 3));
+      float best = s;
+      double best_sse = two_bit_assign(x, n, s, best_levels);
+      const std::int32_t* levels = best_levels;
+      for (int round = 0; round < 2; ++round) {
+        // Least-squares scale for the current levels (sum L^2 >= n > 0, sum x L >= 0).
+        double xl = 0.0;
+        double ll = 0.0;
+        for (std::size_t j = 0; j < n; ++j) {
+          xl += static_cast<double>(x[j]) * levels[j];
+          ll += static_cast<double>(levels[j]) * levels[j];
+        }
+        s = fp16_sat(xl / ll);
+        const double sse = two_bit_assign(x, n, s, trial);
+        if (sse < best_sse) {
+          best_sse = sse;
+          best = s;
+          std::copy(trial, trial + n, best_levels);
+        }
+        levels = trial;
+      }
+      out.row_scale[i * G + g] = best;
+    }
+  }
+}
+
+}  // namespace
+
+void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
+              std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
+              std::span<const float> impact, HeadFit& out) {
+  check_shape(head, key_dim, value_dim);
+  check_widths(arch, row_widths, key_dim);
+  check_impact(impact, key_dim);
+  if (arch == Arch::gdn && row_widths[0] == 2) {
+    fit_two_bit(head, key_dim, value_dim, out);
+    return;
+  }
+  fit_dual(head, key_dim, value_dim, row_widths, impact,
+           {.grid8 = arch == Arch::kda, .refit = true}, out);
+}
+
+void fit_head_dsq(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
+                  std::uint32_t bits, HeadFit& out) {
+  check_shape(head, key_dim, value_dim);
+  if (!is_supported_code_bits(bits)) {
+    throw std::invalid_argument("dsq fit: width " + std::to_string(bits) +
+                                " is not one of 2, 4, 6, 8");
+  }
+  const std::vector<std::uint8_t> widths(key_dim, static_cast<std::uint8_t>(bits));
+  fit_dual(head, key_dim, value_dim, widths, {}, {.grid8 = false, .refit = false}, out);
+}
+
+void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_dim,
+                     std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
+                     HeadFit& out) {
+  check_shape(head, key_dim, value_dim);
+  check_widths(arch, row_widths, key_dim);
+  const std::size_t K = key_dim;
+  const std::size_t V = value_dim;
+  out.kind = FitKind::row_absmax;
+  out.key_dim = key_dim;
+  out.value_dim = value_dim;
+  out.row_scale.assign(K, 0.0f);
+  out.col_scale.clear();
+  out.codes.assign(K * V, 0);
+  out.pivot_values.clear();
+  for (std::size_t i = 0; i < K; ++i) {
+    const float* x = head.data() + i * V;
+    if (row_widths[i] == kPivotWidth) {
+      for (std::size_t j = 0; j < V; ++j) {
+        out.pivot_values.push_back(half_bits_to_float(float_to_half_bits(x[j])));
+      }
+      continue;
+    }
+    const std::uint32_t qmax = code_qmax(row_widths[i]);
+    std::uint32_t absmax = 0;
+    for (std::size_t j = 0; j < V; ++j) {
+      absmax = std::max(absmax, abs_bits(x[j]));
+    }
+    const float s = half_bits_to_float(uniform_scale_bits(absmax, qmax));
+    out.row_scale[i] = s;
+    std::int32_t* z = out.codes.data() + i * V;
+    for (std::size_t j = 0; j < V; ++j) {
+      z[j] =
+          static_cast<std::int32_t>(uniform_code(x[j], s, qmax)) - static_cast<std::int32_t>(qmax);
+    }
+  }
+}
+
+void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> row_widths,
+                 std::span<float> out) {
+  const std::size_t K = fit.key_dim;
+  const std::size_t V = fit.value_dim;
+  check_widths(arch, row_widths, fit.key_dim);
+  if (K == 0 || V == 0 || out.size() != K * V || fit.codes.size() != K * V) {
+    throw std::invalid_argument(
+        "stepquant reconstruct: output or codes do not have key_dim * "
+        "value_dim entries");
+  }
+  if (fit.kind == FitKind::dual_axis_grid8 && arch != Arch::kda) {
+    throw std::invalid_argument("stepquant reconstruct: a shared-grid fit is a KDA fit");
+  }
+  const auto pivot_rows =
+      static_cast<std::size_t>(std::count(row_widths.begin(), row_widths.end(), kPivotWidth));
+  const std::size_t scales =
+      fit.kind == FitKind::two_bit_groups ? K * two_bit_groups(fit.value_dim) : K;
+  const bool dual = fit.kind == FitKind::dual_axis || fit.kind == FitKind::dual_axis_grid8;
+  if (fit.row_scale.size() != scales || (dual && fit.col_scale.size() != V) ||
+      fit.pivot_values.size() != pivot_rows * V) {
+    throw std::invalid_argument(
+        "stepquant reconstruct: the fit does not match its shape or "
+        "row widths");
+  }
+
+  if (fit.kind == FitKind::two_bit_groups) {
+    const std::size_t G = two_bit_groups(fit.value_dim);
+    for (std::size_t i = 0; i < K; ++i) {
+      for (std::size_t j = 0; j < V; ++j) {
+        out[i * V + j] =
+            fit.row_scale[i * G + j / kTwoBitGroup] * static_cast<float>(fit.codes[i * V + j]);
+      }
+    }
+    return;
+  }
+  const float* pivot = fit.pivot_values.data();
+  for (std::size_t i = 0; i < K; ++i) {
+    float* x = out.data() + i * V;
+    if (row_widths[i] == kPivotWidth) {
+      std::copy(pivot, pivot + V, x);
+      pivot += V;
+      continue;
+    }
+    const std::int32_t* z = fit.codes.data() + i * V;
+    const float r = fit.row_scale[i];
+    if (fit.kind == FitKind::row_absmax) {
+      for (std::size_t j = 0; j < V; ++j) {
+        x[j] = r * static_cast<float>(z[j]);
+      }
+      continue;
+    }
+    const auto g = static_cast<std::int32_t>(
+        fit.kind == FitKind::dual_axis_grid8 ? grid_factor(row_widths[i]) : 1u);
+    reconstruct_dual_row(z, V, r, fit.col_scale.data(), g, x);
+  }
+}
+
+}  // namespace statepool::kernels::stepquant

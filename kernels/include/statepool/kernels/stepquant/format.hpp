@@ -1,0 +1,142 @@
+#pragma once
+// The byte format of one STEPQuant or DSQ head, as formulas (host C++ and CUDA), and the
+// per-value reconstruction shared by the fit (fit.hpp), the CPU codecs and any future
+// kernel. docs/codecs.md describes the same format in prose.
+//
+// K = key_dim, V = value_dim, b = a row's width, qmax_b = 2^(b-1) - 1,
+// packed(n, b) = packed_bytes(n, b) of packing.hpp (offset binary u = z + qmax_b, quads of
+// four codes, little-endian), every head zero-padded to a multiple of 4 bytes:
+//
+//   GDN head, b in {4,6,8}     fp16 r[K], fp16 c[V], packed(K*V, b)
+//   GDN head, b = 2            fp16 s[K][ceil(V/32)], packed(K*V, 2) of level indices
+//                              (u = (level + 3) / 2 for the levels {-3,-1,1,3})
+//   GDN head, pivot (16)       fp16 x[K*V]
+//   KDA head                   fp16 r[K], fp16 c[V], then per row i in order:
+//                              packed(V, b_i) for b_i in {2,4,6,8}, or fp16 x[V] (pivot)
+//   temporal_only, GDN         fp16 s[K], packed(K*V, b); a pivot head as above
+//   temporal_only, KDA         fp16 s[K], then per row packed(V, b_i) or fp16 x[V]
+//   dsq4 / dsq6 (any arch)     fp16 r[K], fp16 c[V], packed(K*V, b), b = 4 / 6
+//
+// Scales of pivot rows (and every column scale of a head whose rows are all pivots) are
+// stored as zero.
+//
+// Thread-safety: pure functions.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/packing.hpp"
+
+namespace statepool::kernels::stepquant {
+
+/// Width value that marks a pivot unit, stored as fp16 values.
+inline constexpr std::uint8_t kPivotWidth = 16;
+/// Values per scale of a 2-bit GDN head (consecutive values of one row).
+inline constexpr std::uint32_t kTwoBitGroup = 32;
+/// Width of the shared column grid of KDA heads: a b-bit row's codes are multiplied by
+/// 2^(kGridBits - b).
+inline constexpr std::uint32_t kGridBits = 8;
+
+/// A code width a unit may have: 2, 4, 6, 8 or kPivotWidth.
+STATEPOOL_HD constexpr bool is_stored_width(std::uint32_t bits) noexcept {
+  return is_supported_code_bits(bits) || bits == kPivotWidth;
+}
+
+/// 2^(8 - b): the factor that puts a b-bit row's codes on the 8-bit column grid.
+STATEPOOL_HD constexpr std::uint32_t grid_factor(std::uint32_t bits) noexcept {
+  return 1u << (kGridBits - bits);
+}
+
+/// Largest grid code of a b-bit row on the 8-bit grid: qmax_b * 2^(8-b)
+/// (127, 124, 112, 64 for b = 8, 6, 4, 2).
+STATEPOOL_HD constexpr std::uint32_t grid_qmax(std::uint32_t bits) noexcept {
+  return code_qmax(bits) * grid_factor(bits);
+}
+
+/// Scales per row of a 2-bit GDN head: ceil(V / 32).
+STATEPOOL_HD constexpr std::size_t two_bit_groups(std::uint32_t value_dim) noexcept {
+  return (value_dim + kTwoBitGroup - 1u) / kTwoBitGroup;
+}
+
+/// Bytes of one KDA row: packed(V, b), or 2V for a pivot row.
+STATEPOOL_HD constexpr std::size_t row_bytes(std::uint32_t value_dim, std::uint32_t bits) noexcept {
+  return bits == kPivotWidth ? 2u * std::size_t{value_dim} : packed_bytes(value_dim, bits);
+}
+
+/// Bytes of a GDN head at width `bits` (2, 4, 6, 8 or kPivotWidth), full or spatial_only.
+STATEPOOL_HD constexpr std::size_t gdn_head_bytes(std::uint32_t key_dim, std::uint32_t value_dim,
+                                                  std::uint32_t bits) noexcept {
+  const std::size_t n = std::size_t{key_dim} * value_dim;
+  if (bits == kPivotWidth) {
+    return round_up4(2u * n);
+  }
+  if (bits == 2) {
+    return round_up4(2u * std::size_t{key_dim} * two_bit_groups(value_dim) + packed_bytes(n, 2));
+  }
+  return round_up4(2u * std::size_t{key_dim} + 2u * std::size_t{value_dim} + packed_bytes(n, bits));
+}
+
+/// Bytes of a GDN head of the temporal_only variant.
+STATEPOOL_HD constexpr std::size_t gdn_absmax_head_bytes(std::uint32_t key_dim,
+                                                         std::uint32_t value_dim,
+                                                         std::uint32_t bits) noexcept {
+  const std::size_t n = std::size_t{key_dim} * value_dim;
+  return bits == kPivotWidth ? round_up4(2u * n)
+                             : round_up4(2u * std::size_t{key_dim} + packed_bytes(n, bits));
+}
+
+/// Bytes of a KDA head with row widths widths[0..key_dim) (full or spatial_only).
+STATEPOOL_HD constexpr std::size_t kda_head_bytes(std::uint32_t key_dim, std::uint32_t value_dim,
+                                                  const std::uint8_t* widths) noexcept {
+  std::size_t bytes = 2u * std::size_t{key_dim} + 2u * std::size_t{value_dim};
+  for (std::uint32_t i = 0; i < key_dim; ++i) {
+    bytes += row_bytes(value_dim, widths[i]);
+  }
+  return round_up4(bytes);
+}
+
+/// Bytes of a KDA head of the temporal_only variant.
+STATEPOOL_HD constexpr std::size_t kda_absmax_head_bytes(std::uint32_t key_dim,
+                                                         std::uint32_t value_dim,
+                                                         const std::uint8_t* widths) noexcept {
+  std::size_t bytes = 2u * std::size_t{key_dim};
+  for (std::uint32_t i = 0; i < key_dim; ++i) {
+    bytes += row_bytes(value_dim, widths[i]);
+  }
+  return round_up4(bytes);
+}
+
+/// Bytes of a dsq4 / dsq6 head (bits 4 / 6).
+STATEPOOL_HD constexpr std::size_t dsq_head_bytes(std::uint32_t key_dim, std::uint32_t value_dim,
+                                                  std::uint32_t bits) noexcept {
+  return dsq_head_bytes_for(key_dim, value_dim, bits);  // = gdn_head_bytes at 4/6 bits
+}
+
+/// Reconstruction of a dual-axis code: (r * c) * z, where z is the grid code (KDA: the
+/// row's code times 2^(8-b)). r * c of two fp16 values is exact in binary32, so this is
+/// the correctly rounded value of the exact product r c z.
+STATEPOOL_HD inline float dual_axis_value(float r, float c, std::int32_t z) noexcept {
+  return (r * c) * static_cast<float>(z);
+}
+
+/// Level of a 2-bit GDN code index u in {0,1,2,3}: -3, -1, 1, 3.
+STATEPOOL_HD constexpr std::int32_t two_bit_level(std::uint32_t u) noexcept {
+  return 2 * static_cast<std::int32_t>(u) - 3;
+}
+
+/// Code index of a 2-bit GDN level in {-3,-1,1,3}.
+STATEPOOL_HD constexpr std::uint32_t two_bit_index(std::int32_t level) noexcept {
+  return static_cast<std::uint32_t>((level + 3) / 2);
+}
+
+static_assert(gdn_head_bytes(128, 128, 6) == 12800);  // 256 + 256 + 12,288 (STEPQUANT.md)
+static_assert(gdn_head_bytes(128, 128, 4) == 8704);   // 256 + 256 + 8,192
+static_assert(gdn_head_bytes(128, 128, 8) == 16896);  // 256 + 256 + 16,384
+static_assert(gdn_head_bytes(128, 128, 2) == 5120);   // 1,024 + 4,096
+static_assert(gdn_head_bytes(128, 128, kPivotWidth) == 32768);
+static_assert(dsq_head_bytes(7, 5, 6) == gdn_head_bytes(7, 5, 6));
+static_assert(grid_qmax(8) == 127 && grid_qmax(6) == 124 && grid_qmax(4) == 112 &&
+              grid_qmax(2) == 64);
+
+}  // namespace statepool::kernels::stepquant

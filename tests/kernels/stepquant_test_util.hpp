@@ -1,0 +1,90 @@
+#pragma once
+// Helpers shared by the STEPQuant tests: hand-built plans and layouts around them.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+
+namespace statepool::kernels::test {
+
+/// A valid plan: width(unit) per unit (GDN: head index l*H + h; KDA: row index
+/// (l*H + h)*K + i), impact(row) per key row (default 1).
+inline stepquant::Plan make_plan(Arch arch, std::uint32_t layers, std::uint32_t heads,
+                                 std::uint32_t key_dim, std::uint32_t value_dim,
+                                 std::uint32_t budget,
+                                 const std::function<std::uint8_t(std::size_t)>& width,
+                                 const std::function<float(std::size_t)>& impact = {}) {
+  stepquant::Plan plan;
+  plan.arch = arch;
+  plan.num_layers = layers;
+  plan.num_heads = heads;
+  plan.key_dim = key_dim;
+  plan.value_dim = value_dim;
+  plan.budget_bits = budget;
+  plan.widths.resize(plan.units());
+  for (std::size_t u = 0; u < plan.widths.size(); ++u) {
+    plan.widths[u] = width(u);
+  }
+  plan.impact.resize(std::size_t{layers} * heads * key_dim);
+  for (std::size_t i = 0; i < plan.impact.size(); ++i) {
+    plan.impact[i] = impact ? impact(i) : 1.0f;
+  }
+  plan.source = "test";
+  return plan;
+}
+
+inline stepquant::Plan uniform_plan(Arch arch, std::uint32_t layers, std::uint32_t heads,
+                                    std::uint32_t key_dim, std::uint32_t value_dim,
+                                    std::uint32_t budget) {
+  return make_plan(arch, layers, heads, key_dim, value_dim, budget,
+                   [budget](std::size_t) { return static_cast<std::uint8_t>(budget); });
+}
+
+/// Impact factors drawn log-normally around 1 (as calibration's geometric-mean
+/// normalisation gives).
+inline std::function<float(std::size_t)> random_impact(std::uint64_t seed) {
+  auto rng = std::make_shared<std::mt19937_64>(seed);
+  return [rng](std::size_t) {
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    return std::exp(normal(*rng));
+  };
+}
+
+inline StateLayout plan_layout(const stepquant::Plan& plan, CodecId codec,
+                               StepQuantVariant variant = StepQuantVariant::full,
+                               std::uint32_t conv_channels = 0, std::uint32_t conv_width = 0) {
+  StateLayout layout;
+  layout.name = "stepquant-test";
+  layout.arch = plan.arch;
+  layout.num_layers = plan.num_layers;
+  layout.num_heads = plan.num_heads;
+  layout.key_dim = plan.key_dim;
+  layout.value_dim = plan.value_dim;
+  layout.conv_channels = conv_channels;
+  layout.conv_width = conv_width;
+  layout.conv_dtype = DType::bf16;
+  layout.codec.id = codec;
+  layout.codec.variant = variant;
+  layout.plan = std::make_shared<const stepquant::Plan>(plan);
+  return layout;
+}
+
+/// fp16(x) as a float (round to nearest even, saturating).
+inline float fp16(float x) {
+  return half_bits_to_float(float_to_half_bits(x));
+}
+
+inline bool is_fp16_exact(float x) {
+  return float_bits(fp16(x)) == float_bits(x);
+}
+
+}  // namespace statepool::kernels::test

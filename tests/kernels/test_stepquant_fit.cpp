@@ -1,0 +1,740 @@
+// The STEPQuant dual-axis fit (stepquant/fit.hpp) pinned against the specification:
+// an independent scalar transcription of the formulas must give the same bits; the refit
+// is the impact-weighted least-squares column scale up to fp16 rounding; codes stay in
+// range; every scale is an fp16 value; pivots are exact; KDA rows of different widths
+// share one column grid; 2-bit GDN heads use levels {-3,-1,1,3}; DSQ follows its formula.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/packing.hpp"
+#include "statepool/kernels/stepquant/fit.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/kernels/synthetic.hpp"
+#include "stepquant_test_util.hpp"
+
+namespace statepool::kernels::stepquant {
+namespace {
+
+using test::fp16;
+using test::is_fp16_exact;
+
+// ---------------------------------------------------------------------------------------
+// An independent, one-value-at-a-time transcription of the fit formulas (fit.hpp).
+
+float fp16_sat(double y) {
+  return fp16(static_cast<float>(std::min(y, 65504.0)));
+}
+
+struct Naive {
+  std::vector<float> r;
+  std::vector<float> c_first;  // step 2
+  std::vector<int> z_first;    // step 3 with c_first
+  std::vector<float> c;        // after the refit
+  std::vector<int> z;          // final codes
+  std::vector<float> pivots;
+};
+
+Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
+                 const std::vector<std::uint8_t>& widths, const std::vector<float>& impact,
+                 bool grid8, bool refit) {
+  Naive n;
+  n.r.assign(K, 0.0f);
+  const auto pivot = [&](std::size_t i) { return widths[i] == kPivotWidth; };
+  const auto qmax = [&](std::size_t i) { return (1 << (widths[i] - 1)) - 1; };
+  const auto g = [&](std::size_t i) { return grid8 ? 1 << (8 - widths[i]) : 1; };
+  for (std::size_t i = 0; i < K; ++i) {
+    if (pivot(i)) {
+      for (std::size_t j = 0; j < V; ++j) {
+        n.pivots.push_back(fp16(x[i * V + j]));
+      }
+      continue;
+    }
+    double lane[4] = {0, 0, 0, 0};
+    for (std::size_t j = 0; j < V; ++j) {
+      lane[j % 4] += std::fabs(static_cast<double>(x[i * V + j]));
+    }
+    const double mean = ((lane[0] + lane[1]) + (lane[2] + lane[3])) / V;
+    const float r = fp16_sat(std::sqrt(mean / static_cast<double>(impact[i])));
+    n.r[i] = r == 0.0f ? 1.0f : r;
+  }
+  n.c_first.assign(V, 0.0f);
+  for (std::size_t j = 0; j < V; ++j) {
+    float m = 0.0f;
+    for (std::size_t i = 0; i < K; ++i) {
+      if (!pivot(i)) {
+        m = std::max(m, std::fabs(x[i * V + j]) / (n.r[i] * static_cast<float>(qmax(i) * g(i))));
+      }
+    }
+    n.c_first[j] = fp16_sat(static_cast<double>(m));
+  }
+  const auto codes = [&](const std::vector<float>& c) {
+    std::vector<int> z(std::size_t{K} * V, 0);
+    for (std::size_t i = 0; i < K; ++i) {
+      for (std::size_t j = 0; j < V && !pivot(i); ++j) {
+        if (c[j] > 0.0f) {
+          const float q = std::nearbyint(x[i * V + j] / (n.r[i] * c[j] * static_cast<float>(g(i))));
+          z[i * V + j] = static_cast<int>(
+              std::clamp(q, -static_cast<float>(qmax(i)), static_cast<float>(qmax(i))));
+        }
+      }
+    }
+    return z;
+  };
+  n.z_first = codes(n.c_first);
+  n.c = n.c_first;
+  if (refit) {
+    for (std::size_t j = 0; j < V; ++j) {
+      double num = 0.0;
+      double den = 0.0;
+      for (std::size_t i = 0; i < K; ++i) {
+        if (!pivot(i)) {
+          const double w = impact[i];
+          const double v =
+              n.r[i] * static_cast<float>(g(i)) * static_cast<float>(n.z_first[i * V + j]);
+          num += (w * w) * v * x[i * V + j];
+          den += (w * w) * v * v;
+        }
+      }
+      if (den > 0.0) {
+        const float c = fp16_sat(num / den);
+        if (c > 0.0f) {
+          n.c[j] = c;
+        }
+      }
+    }
+  }
+  n.z = codes(n.c);
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------
+
+std::vector<float> gdn_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed,
+                            std::uint32_t steps = 300) {
+  std::vector<float> x(std::size_t{K} * V);
+  synthetic_gdn_state(K, V, steps, seed, x);
+  return x;
+}
+
+std::vector<float> kda_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed) {
+  std::vector<float> x(std::size_t{K} * V);
+  synthetic_kda_state(K, V, 300, seed, x);
+  return x;
+}
+
+std::vector<float> heavy_tailed(std::size_t n, std::uint64_t seed, float spread) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) {
+    v = normal(rng) * std::exp(spread * normal(rng));
+  }
+  return x;
+}
+
+std::vector<float> impacts(std::uint32_t K, std::uint64_t seed) {
+  auto draw = test::random_impact(seed);
+  std::vector<float> w(K);
+  for (std::size_t i = 0; i < K; ++i) {
+    w[i] = draw(i);
+  }
+  return w;
+}
+
+// Mixed KDA widths: a deterministic pattern with every width and a few pivots.
+std::vector<std::uint8_t> kda_widths(std::uint32_t K, bool budget4, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::uint8_t> w(K);
+  const std::uint8_t options6[] = {4, 6, 6, 6, 8, 16};
+  const std::uint8_t options4[] = {2, 4, 4, 6, 8, 16};
+  const std::uint8_t* options = budget4 ? options4 : options6;
+  for (auto& b : w) {
+    const std::size_t pick = static_cast<std::size_t>(rng() % 6);
+    b = options[pick];
+  }
+  return w;
+}
+
+void expect_bits_equal(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(float_bits(a[i]), float_bits(b[i]))
+        << what << "[" << i << "] " << a[i] << " vs " << b[i];
+  }
+}
+
+void expect_codes_equal(const std::vector<std::int32_t>& a, const std::vector<int>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i], b[i]) << "code " << i;
+  }
+}
+
+struct Shape {
+  std::uint32_t K;
+  std::uint32_t V;
+};
+const Shape kShapes[] = {{128, 128}, {64, 96}, {7, 5}, {3, 33}, {1, 1}};
+
+TEST(StepQuantFit, GdnMatchesTheFormulasBitForBit) {
+  for (const Shape s : kShapes) {
+    for (const std::uint8_t b : {std::uint8_t{4}, std::uint8_t{6}, std::uint8_t{8}}) {
+      for (int data = 0; data < 2; ++data) {
+        const auto x = data == 0 ? gdn_head(s.K, s.V, 11 + b) : heavy_tailed(s.K * s.V, b, 1.5f);
+        const auto w = impacts(s.K, 5 + data);
+        const std::vector<std::uint8_t> widths(s.K, b);
+        HeadFit fit;
+        fit_head(Arch::gdn, x, s.K, s.V, widths, w, fit);
+        const Naive n = naive_dual(x, s.K, s.V, widths, w, false, true);
+        SCOPED_TRACE(std::to_string(s.K) + "x" + std::to_string(s.V) + " b" + std::to_string(b) +
+                     " data " + std::to_string(data));
+        EXPECT_EQ(fit.kind, FitKind::dual_axis);
+        expect_bits_equal(fit.row_scale, n.r, "r");
+        expect_bits_equal(fit.col_scale, n.c, "c");
+        expect_codes_equal(fit.codes, n.z);
+        EXPECT_TRUE(fit.pivot_values.empty());
+      }
+    }
+  }
+}
+
+TEST(StepQuantFit, KdaMixedWidthsMatchTheFormulasBitForBit) {
+  for (const Shape s : kShapes) {
+    for (const bool budget4 : {false, true}) {
+      const auto x = kda_head(s.K, s.V, 3 + s.K);
+      const auto w = impacts(s.K, 9);
+      const auto widths = kda_widths(s.K, budget4, s.K * 31 + s.V);
+      HeadFit fit;
+      fit_head(Arch::kda, x, s.K, s.V, widths, w, fit);
+      const Naive n = naive_dual(x, s.K, s.V, widths, w, true, true);
+      SCOPED_TRACE(std::to_string(s.K) + "x" + std::to_string(s.V));
+      EXPECT_EQ(fit.kind, FitKind::dual_axis_grid8);
+      expect_bits_equal(fit.row_scale, n.r, "r");
+      expect_bits_equal(fit.col_scale, n.c, "c");
+      expect_codes_equal(fit.codes, n.z);
+      expect_bits_equal(fit.pivot_values, n.pivots, "pivot");
+    }
+  }
+}
+
+TEST(StepQuantFit, DsqMatchesItsFormula) {
+  for (const Shape s : kShapes) {
+    for (const std::uint32_t b : {4u, 6u}) {
+      const auto x = gdn_head(s.K, s.V, 21 + b);
+      HeadFit fit;
+      fit_head_dsq(x, s.K, s.V, b, fit);
+      const std::vector<std::uint8_t> widths(s.K, static_cast<std::uint8_t>(b));
+      const Naive n = naive_dual(x, s.K, s.V, widths, std::vector<float>(s.K, 1.0f), false, false);
+      EXPECT_EQ(fit.kind, FitKind::dual_axis);
+      expect_bits_equal(fit.row_scale, n.r, "r");
+      expect_bits_equal(fit.col_scale, n.c_first, "c");
+      expect_codes_equal(fit.codes, n.z_first);
+      // No refit: every value of the column with the largest |x / r| sits at +-qmax or
+      // within rounding of it, i.e. c_j is the max-based scale.
+      std::vector<float> out(x.size());
+      reconstruct(Arch::gdn, fit, widths, out);
+      for (std::size_t j = 0; j < s.V; ++j) {
+        for (std::size_t i = 0; i < s.K; ++i) {
+          const std::size_t k = i * s.V + j;
+          ASSERT_EQ(float_bits(out[k]), float_bits((fit.row_scale[i] * fit.col_scale[j]) *
+                                                   static_cast<float>(fit.codes[k])));
+        }
+      }
+    }
+  }
+}
+
+// Impact-weighted squared error of column j for codes z and scale c (non-pivot rows).
+long double column_error(const std::vector<float>& x, const HeadFit& fit, const std::vector<int>& z,
+                         const std::vector<std::uint8_t>& widths, const std::vector<float>& w,
+                         bool grid8, std::size_t j, long double c) {
+  const std::size_t V = fit.value_dim;
+  long double e = 0.0L;
+  for (std::size_t i = 0; i < fit.key_dim; ++i) {
+    if (widths[i] == kPivotWidth) {
+      continue;
+    }
+    const long double g = grid8 ? std::ldexp(1.0L, 8 - widths[i]) : 1.0L;
+    const long double v = static_cast<long double>(fit.row_scale[i]) * g * z[i * V + j];
+    const long double d = x[i * V + j] - c * v;
+    e += static_cast<long double>(w[i]) * w[i] * d * d;
+  }
+  return e;
+}
+
+float next_half_up(float h) {
+  return half_bits_to_float(static_cast<std::uint16_t>(float_to_half_bits(h) + 1));
+}
+float next_half_down(float h) {
+  return half_bits_to_float(static_cast<std::uint16_t>(float_to_half_bits(h) - 1));
+}
+
+TEST(StepQuantFit, RefitIsTheWeightedLeastSquaresScaleUpToFp16Rounding) {
+  int checked = 0;
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      const std::uint32_t K = 64;
+      const std::uint32_t V = 48;
+      const auto x = arch == Arch::gdn ? gdn_head(K, V, 100 + seed) : kda_head(K, V, 100 + seed);
+      const auto w = impacts(K, 200 + seed);
+      const auto widths = arch == Arch::gdn ? std::vector<std::uint8_t>(K, 6)
+                                            : kda_widths(K, seed == 2, 300 + seed);
+      const bool grid8 = arch == Arch::kda;
+      HeadFit fit;
+      fit_head(arch, x, K, V, widths, w, fit);
+      // The codes the refit was fitted to: the first pass (steps 1-3).
+      const Naive n = naive_dual(x, K, V, widths, w, grid8, true);
+      for (std::size_t j = 0; j < V; ++j) {
+        long double num = 0.0L;
+        long double den = 0.0L;
+        for (std::size_t i = 0; i < K; ++i) {
+          if (widths[i] == kPivotWidth) {
+            continue;
+          }
+          const long double g = grid8 ? std::ldexp(1.0L, 8 - widths[i]) : 1.0L;
+          const long double v =
+              static_cast<long double>(fit.row_scale[i]) * g * n.z_first[i * V + j];
+          num += static_cast<long double>(w[i]) * w[i] * v * x[i * V + j];
+          den += static_cast<long double>(w[i]) * w[i] * v * v;
+        }
+        if (den == 0.0L) {
+          continue;
+        }
+        const long double exact = num / den;
+        const float c = fit.col_scale[j];
+        ASSERT_TRUE(is_fp16_exact(c));
+        // The stored scale is the fp16 value nearest the exact LS solution: no fp16
+        // neighbour is closer. Slack: the quotient is rounded to binary32 before fp16
+        // (fit.hpp), which can move a near-tie by 2^-24 relative, i.e. < 2^-12 ulp.
+        const long double dist = std::fabs(static_cast<long double>(c) - exact);
+        const long double e0 = column_error(x, fit, n.z_first, widths, w, grid8, j, c);
+        for (const float other : {next_half_up(c), next_half_down(c)}) {
+          const long double ulp = std::fabs(static_cast<long double>(other) - c);
+          EXPECT_LE(dist, std::fabs(static_cast<long double>(other) - exact) + 1e-3L * ulp)
+              << "column " << j;
+          // Equivalently: a one-ulp perturbation never lowers the weighted error E (a
+          // parabola den (c - exact)^2 + const), beyond that rounding.
+          const long double e1 = column_error(x, fit, n.z_first, widths, w, grid8, j, other);
+          EXPECT_LE(e0, e1 + 1e-3L * den * ulp * ulp + 1e-15L * e1) << "column " << j;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 200);
+}
+
+TEST(StepQuantFit, FinalCodesAreTheNearestCodesForTheRefittedScales) {
+  const std::uint32_t K = 32;
+  const std::uint32_t V = 40;
+  const auto x = kda_head(K, V, 77);
+  const auto w = impacts(K, 78);
+  const auto widths = kda_widths(K, true, 79);
+  HeadFit fit;
+  fit_head(Arch::kda, x, K, V, widths, w, fit);
+  for (std::size_t i = 0; i < K; ++i) {
+    if (widths[i] == kPivotWidth) {
+      continue;
+    }
+    const int qmax = (1 << (widths[i] - 1)) - 1;
+    const double step = static_cast<double>(fit.row_scale[i]) * std::ldexp(1.0, 8 - widths[i]);
+    for (std::size_t j = 0; j < V; ++j) {
+      const int z = fit.codes[i * V + j];
+      ASSERT_LE(std::abs(z), qmax);
+      const double d = step * fit.col_scale[j];
+      if (d == 0.0) {
+        ASSERT_EQ(z, 0);
+        continue;
+      }
+      // No other code in range reconstructs x closer.
+      const double err = std::fabs(x[i * V + j] - d * z);
+      for (const int other : {z - 1, z + 1}) {
+        if (std::abs(other) <= qmax) {
+          ASSERT_LE(err, std::fabs(x[i * V + j] - d * other) * (1 + 1e-6) + 1e-30)
+              << "row " << i << " col " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(StepQuantFit, RefitDoesNotIncreaseTheWeightedError) {
+  // Versus the same fit without a refit (the first pass): the refitted column minimises
+  // the weighted error for the first-pass codes and re-encoding can only lower it further,
+  // up to fp16 rounding of the new scale.
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    const std::uint32_t K = 128;
+    const std::uint32_t V = 128;
+    const auto x = gdn_head(K, V, 500 + seed);
+    const auto w = impacts(K, 600 + seed);
+    const std::vector<std::uint8_t> widths(K, 6);
+    HeadFit fit;
+    fit_head(Arch::gdn, x, K, V, widths, w, fit);
+    const Naive n = naive_dual(x, K, V, widths, w, false, true);
+    long double before = 0.0L;
+    long double after = 0.0L;
+    for (std::size_t i = 0; i < K; ++i) {
+      for (std::size_t j = 0; j < V; ++j) {
+        const std::size_t k = i * V + j;
+        const long double w2 = static_cast<long double>(w[i]) * w[i];
+        const long double d0 =
+            x[k] - static_cast<long double>(n.r[i]) * n.c_first[j] * n.z_first[k];
+        const long double d1 =
+            x[k] - static_cast<long double>(fit.row_scale[i]) * fit.col_scale[j] * fit.codes[k];
+        before += w2 * d0 * d0;
+        after += w2 * d1 * d1;
+      }
+    }
+    EXPECT_LE(after, before * 1.001L) << "seed " << seed;
+    RecordProperty("refit_error_ratio_seed" + std::to_string(seed),
+                   std::to_string(static_cast<double>(after / before)));
+  }
+}
+
+TEST(StepQuantFit, EveryScaleIsAnFp16ValueAndCodesAreInRange) {
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    for (int data = 0; data < 3; ++data) {
+      const std::uint32_t K = 48;
+      const std::uint32_t V = 70;
+      const float spread = data == 0 ? 0.5f : data == 1 ? 3.0f : 6.0f;
+      const auto x = heavy_tailed(K * V, 40 + data, spread);
+      const auto w = impacts(K, 41 + data);
+      for (const std::uint8_t b :
+           {std::uint8_t{2}, std::uint8_t{4}, std::uint8_t{6}, std::uint8_t{8}}) {
+        const auto widths =
+            arch == Arch::gdn ? std::vector<std::uint8_t>(K, b) : kda_widths(K, b == 2, b);
+        HeadFit fit;
+        fit_head(arch, x, K, V, widths, w, fit);
+        for (const float s : fit.row_scale) {
+          ASSERT_TRUE(std::isfinite(s) && s >= 0.0f && is_fp16_exact(s)) << s;
+        }
+        for (const float s : fit.col_scale) {
+          ASSERT_TRUE(std::isfinite(s) && s >= 0.0f && is_fp16_exact(s)) << s;
+        }
+        for (std::size_t i = 0; i < K; ++i) {
+          const std::uint32_t bits = widths[i];
+          for (std::size_t j = 0; j < V; ++j) {
+            const int z = fit.codes[i * V + j];
+            if (bits == kPivotWidth) {
+              ASSERT_EQ(z, 0);
+            } else if (arch == Arch::gdn && bits == 2) {
+              ASSERT_TRUE(z == -3 || z == -1 || z == 1 || z == 3) << z;
+            } else {
+              ASSERT_LE(std::abs(z), static_cast<int>(code_qmax(bits)));
+            }
+          }
+        }
+        std::vector<float> out(x.size());
+        reconstruct(arch, fit, widths, out);
+        for (const float v : out) {
+          ASSERT_TRUE(std::isfinite(v));
+        }
+      }
+    }
+  }
+}
+
+TEST(StepQuantFit, PivotRowsAndHeadsAreExactFp16) {
+  const std::uint32_t K = 16;
+  const std::uint32_t V = 24;
+  auto x = heavy_tailed(K * V, 3, 4.0f);
+  x[5] = 1e6f;     // saturates to 65504
+  x[6] = -1e-30f;  // underflows to -0
+  const auto w = impacts(K, 4);
+  // KDA: rows 0, 3, 15 pivots.
+  std::vector<std::uint8_t> widths(K, 6);
+  widths[0] = widths[3] = widths[15] = kPivotWidth;
+  HeadFit fit;
+  fit_head(Arch::kda, x, K, V, widths, w, fit);
+  std::vector<float> out(x.size());
+  reconstruct(Arch::kda, fit, widths, out);
+  ASSERT_EQ(fit.pivot_values.size(), 3u * V);
+  for (const std::size_t i : {0u, 3u, 15u}) {
+    EXPECT_EQ(fit.row_scale[i], 0.0f);
+    for (std::size_t j = 0; j < V; ++j) {
+      ASSERT_EQ(float_bits(out[i * V + j]), float_bits(fp16(x[i * V + j])));
+    }
+  }
+  EXPECT_EQ(out[5], 65504.0f);
+  EXPECT_EQ(float_bits(out[6]), float_bits(-0.0f));
+  // A GDN pivot head: every value.
+  const std::vector<std::uint8_t> all(K, kPivotWidth);
+  fit_head(Arch::gdn, x, K, V, all, w, fit);
+  reconstruct(Arch::gdn, fit, all, out);
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    ASSERT_EQ(float_bits(out[k]), float_bits(fp16(x[k])));
+  }
+  // Pivot rows do not take part in the column scales: a huge pivot row changes nothing
+  // in the other rows.
+  auto y = x;
+  widths.assign(K, 8);
+  widths[2] = kPivotWidth;
+  HeadFit a;
+  fit_head(Arch::kda, y, K, V, widths, w, a);
+  for (std::size_t j = 0; j < V; ++j) {
+    y[2 * V + j] = 1e5f * static_cast<float>(j + 1);
+  }
+  HeadFit b;
+  fit_head(Arch::kda, y, K, V, widths, w, b);
+  expect_bits_equal(a.col_scale, b.col_scale, "c");
+  expect_codes_equal(a.codes, std::vector<int>(b.codes.begin(), b.codes.end()));
+}
+
+TEST(StepQuantFit, KdaRowsShareOneColumnGrid) {
+  // Rows of width 8, 6, 4, 2 (independent values of one distribution) share one c_j;
+  // each row's reconstruction is r_i c_j z_ij 2^(8-b_i): x̂ / (r_i c_j) is a multiple of
+  // 2^(8-b_i) within +-qmax_b 2^(8-b_i).
+  const std::uint32_t K = 32;
+  const std::uint32_t V = 64;
+  const auto x = heavy_tailed(std::size_t{K} * V, 8, 0.5f);
+  std::vector<std::uint8_t> widths(K);
+  for (std::size_t i = 0; i < K; ++i) {
+    widths[i] = static_cast<std::uint8_t>(8 - 2 * (i % 4));
+  }
+  const std::vector<float> w(K, 1.0f);
+  HeadFit fit;
+  fit_head(Arch::kda, x, K, V, widths, w, fit);
+  std::vector<float> out(x.size());
+  reconstruct(Arch::kda, fit, widths, out);
+  ASSERT_EQ(fit.col_scale.size(), V);
+  double err[9] = {};
+  for (std::size_t i = 0; i < K; ++i) {
+    const std::int32_t g = 1 << (8 - widths[i]);
+    for (std::size_t j = 0; j < V; ++j) {
+      const std::size_t k = i * V + j;
+      ASSERT_EQ(float_bits(out[k]), float_bits((fit.row_scale[i] * fit.col_scale[j]) *
+                                               static_cast<float>(fit.codes[k] * g)));
+      err[widths[i]] += std::fabs(static_cast<double>(x[k]) - out[k]);
+    }
+  }
+  // The shared grid serves every width: errors grow as the width shrinks.
+  EXPECT_LT(err[8], err[6]);
+  EXPECT_LT(err[6], err[4]);
+  EXPECT_LT(err[4], err[2]);
+  // 2-bit KDA rows are ternary.
+  for (std::size_t j = 0; j < V; ++j) {
+    EXPECT_LE(std::abs(fit.codes[3 * V + j]), 1);
+  }
+}
+
+TEST(StepQuantFit, TwoBitGdnHeadsUseFourLevelsAndPer32Scales) {
+  const std::uint32_t K = 5;
+  const std::uint32_t V = 70;  // groups of 32, 32, 6
+  const auto x = heavy_tailed(K * V, 12, 1.0f);
+  const std::vector<std::uint8_t> widths(K, 2);
+  const std::vector<float> w(K, 1.0f);
+  HeadFit fit;
+  fit_head(Arch::gdn, x, K, V, widths, w, fit);
+  EXPECT_EQ(fit.kind, FitKind::two_bit_groups);
+  ASSERT_EQ(fit.row_scale.size(), K * 3u);
+  EXPECT_TRUE(fit.col_scale.empty());
+  std::vector<float> out(x.size());
+  reconstruct(Arch::gdn, fit, widths, out);
+  for (std::size_t i = 0; i < K; ++i) {
+    for (std::size_t g = 0; g < 3; ++g) {
+      const std::size_t begin = g * 32;
+      const std::size_t end = std::min<std::size_t>(V, begin + 32);
+      const float s = fit.row_scale[i * 3 + g];
+      ASSERT_TRUE(is_fp16_exact(s));
+      double sse = 0.0;
+      double sse_absmax = 0.0;
+      float absmax = 0.0f;
+      for (std::size_t j = begin; j < end; ++j) {
+        absmax = std::max(absmax, std::fabs(x[i * V + j]));
+      }
+      const float s0 = fp16(absmax / 3.0f);
+      for (std::size_t j = begin; j < end; ++j) {
+        const std::size_t k = i * V + j;
+        const int level = fit.codes[k];
+        ASSERT_TRUE(level == -3 || level == -1 || level == 1 || level == 3);
+        ASSERT_EQ(out[k], s * static_cast<float>(level));
+        // The level is the nearest one to x / s.
+        for (const float other : {-3.0f, -1.0f, 1.0f, 3.0f}) {
+          ASSERT_LE(std::fabs(x[k] - s * static_cast<float>(level)),
+                    std::fabs(x[k] - s * other) * (1 + 1e-6f));
+        }
+        sse += std::pow(static_cast<double>(x[k]) - out[k], 2);
+        // The plain absmax/3 candidate with its nearest levels.
+        double best = 1e300;
+        for (const float other : {-3.0f, -1.0f, 1.0f, 3.0f}) {
+          best = std::min(best, std::fabs(static_cast<double>(x[k]) - s0 * other));
+        }
+        sse_absmax += best * best;
+      }
+      // The stored scale is never worse than the absmax/3 candidate.
+      EXPECT_LE(sse, sse_absmax * (1 + 1e-9));
+    }
+  }
+}
+
+TEST(StepQuantFit, TwoBitWorkedExample) {
+  // One group of 4 values: absmax 3 -> s0 = 1, levels [-3, -1, 1, 3] fit exactly.
+  const std::vector<float> x = {-3.0f, -0.5f, 0.4f, 3.0f};
+  HeadFit fit;
+  fit_head(Arch::gdn, x, 1, 4, std::vector<std::uint8_t>{2}, std::vector<float>{1.0f}, fit);
+  EXPECT_EQ(fit.codes, (std::vector<std::int32_t>{-3, -1, 1, 3}));
+  // LS scale for those levels: (9 + 0.5 + 0.4 + 9) / 20 = 0.945 -> fp16 0.94482421875,
+  // whose squared error (0.549) beats s0 = 1 (0.61): the refined scale is kept.
+  EXPECT_EQ(fit.row_scale[0], fp16(0.945f));
+  // Zeros: scale 0, level +1, value 0.
+  fit_head(Arch::gdn, std::vector<float>(4, 0.0f), 1, 4, std::vector<std::uint8_t>{2},
+           std::vector<float>{1.0f}, fit);
+  EXPECT_EQ(fit.row_scale[0], 0.0f);
+  EXPECT_EQ(fit.codes, (std::vector<std::int32_t>{1, 1, 1, 1}));
+}
+
+TEST(StepQuantFit, ImportantRowsGetFinerSteps) {
+  const std::uint32_t K = 32;
+  const std::uint32_t V = 128;
+  const auto x = gdn_head(K, V, 42);
+  const std::vector<std::uint8_t> widths(K, 6);
+  std::vector<float> w(K, 1.0f);
+  HeadFit plain;
+  fit_head(Arch::gdn, x, K, V, widths, w, plain);
+  for (std::size_t i = 0; i < K; i += 2) {
+    w[i] = 4.0f;  // r_i halves: sqrt(m / 4) = sqrt(m) / 2
+  }
+  HeadFit weighted;
+  fit_head(Arch::gdn, x, K, V, widths, w, weighted);
+  double err_plain = 0.0;
+  double err_weighted = 0.0;
+  std::vector<float> a(x.size());
+  std::vector<float> b(x.size());
+  reconstruct(Arch::gdn, plain, widths, a);
+  reconstruct(Arch::gdn, weighted, widths, b);
+  for (std::size_t i = 0; i < K; i += 2) {
+    EXPECT_EQ(weighted.row_scale[i], fp16(plain.row_scale[i] / 2.0f)) << i;
+    for (std::size_t j = 0; j < V; ++j) {
+      err_plain += std::pow(static_cast<double>(x[i * V + j]) - a[i * V + j], 2);
+      err_weighted += std::pow(static_cast<double>(x[i * V + j]) - b[i * V + j], 2);
+    }
+  }
+  EXPECT_LT(err_weighted, err_plain);
+}
+
+TEST(StepQuantFit, EdgeInputs) {
+  const std::uint32_t K = 8;
+  const std::uint32_t V = 16;
+  const std::vector<float> w(K, 1.0f);
+  const std::vector<std::uint8_t> widths(K, 6);
+  HeadFit fit;
+  std::vector<float> out(std::size_t{K} * V);
+
+  // Zeros: row scales fall back to 1, column scales 0, codes 0, exact zeros out.
+  fit_head(Arch::gdn, std::vector<float>(out.size(), 0.0f), K, V, widths, w, fit);
+  for (const float r : fit.row_scale) {
+    EXPECT_EQ(r, 1.0f);
+  }
+  for (const float c : fit.col_scale) {
+    EXPECT_EQ(c, 0.0f);
+  }
+  reconstruct(Arch::gdn, fit, widths, out);
+  for (const float v : out) {
+    EXPECT_EQ(v, 0.0f);
+  }
+
+  // A zero row among ordinary rows decodes to zeros; the others are unaffected.
+  auto x = heavy_tailed(out.size(), 9, 0.3f);
+  std::fill(x.begin() + V, x.begin() + 2 * V, 0.0f);
+  fit_head(Arch::gdn, x, K, V, widths, w, fit);
+  EXPECT_EQ(fit.row_scale[1], 1.0f);
+  reconstruct(Arch::gdn, fit, widths, out);
+  for (std::size_t j = 0; j < V; ++j) {
+    EXPECT_EQ(out[V + j], 0.0f);
+  }
+
+  // Constant rows: reconstructed within one half-step.
+  std::vector<float> c(out.size());
+  for (std::size_t i = 0; i < K; ++i) {
+    std::fill(c.begin() + static_cast<std::ptrdiff_t>(i * V),
+              c.begin() + static_cast<std::ptrdiff_t>((i + 1) * V),
+              0.25f * static_cast<float>(i + 1));
+  }
+  fit_head(Arch::gdn, c, K, V, widths, w, fit);
+  reconstruct(Arch::gdn, fit, widths, out);
+  for (std::size_t k = 0; k < c.size(); ++k) {
+    EXPECT_NEAR(out[k], c[k], 0.5 * fit.row_scale[k / V] * fit.col_scale[k % V] + 1e-7);
+  }
+
+  // FP32 denormals and tiny values: finite, and each error bounded by |x| (the codes may
+  // all be zero).
+  std::vector<float> tiny(out.size());
+  for (std::size_t k = 0; k < tiny.size(); ++k) {
+    tiny[k] = std::ldexp(static_cast<float>(k % 7) - 3.0f, -130 + static_cast<int>(k % 20));
+  }
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    fit_head(arch, tiny, K, V, widths, w, fit);
+    reconstruct(arch, fit, widths, out);
+    for (std::size_t k = 0; k < tiny.size(); ++k) {
+      ASSERT_TRUE(std::isfinite(out[k]));
+      ASSERT_LE(std::fabs(out[k] - tiny[k]), std::fabs(tiny[k]) + 1e-38f);
+    }
+  }
+
+  // Huge values: scales saturate at 65504, nothing becomes Inf or NaN, signs are kept.
+  std::vector<float> huge(out.size());
+  for (std::size_t k = 0; k < huge.size(); ++k) {
+    huge[k] = (k % 2 == 0 ? 1.0f : -1.0f) * 3e38f / static_cast<float>(k + 1);
+  }
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    fit_head(arch, huge, K, V, widths, std::vector<float>(K, 1e-30f), fit);
+    for (const float r : fit.row_scale) {
+      EXPECT_EQ(r, 65504.0f);
+    }
+    reconstruct(arch, fit, widths, out);
+    for (std::size_t k = 0; k < huge.size(); ++k) {
+      ASSERT_TRUE(std::isfinite(out[k]));
+      ASSERT_EQ(std::signbit(out[k]), std::signbit(huge[k]));
+    }
+  }
+
+  // Extreme impact factors (finite, > 0) never produce Inf/NaN scales.
+  x = heavy_tailed(out.size(), 10, 2.0f);
+  for (const float big : {1e-38f, 1e38f, 3.4e38f, 1.4e-45f}) {
+    fit_head(Arch::kda, x, K, V, widths, std::vector<float>(K, big), fit);
+    for (const float r : fit.row_scale) {
+      ASSERT_TRUE(std::isfinite(r) && r > 0.0f && is_fp16_exact(r)) << big;
+    }
+    reconstruct(Arch::kda, fit, widths, out);
+    for (const float v : out) {
+      ASSERT_TRUE(std::isfinite(v)) << big;
+    }
+  }
+}
+
+TEST(StepQuantFit, RejectsBadArguments) {
+  const std::vector<float> x(12, 1.0f);
+  const std::vector<float> w(3, 1.0f);
+  HeadFit fit;
+  const auto widths = [](std::vector<std::uint8_t> v) { return v; };
+  EXPECT_THROW(fit_head(Arch::gdn, x, 3, 5, widths({6, 6, 6}), w, fit), std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::gdn, x, 3, 4, widths({6, 6}), w, fit), std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::gdn, x, 3, 4, widths({6, 8, 6}), w, fit), std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::kda, x, 3, 4, widths({6, 5, 6}), w, fit), std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::kda, x, 3, 4, widths({6, 6, 6}), std::vector<float>{1, 0, 1}, fit),
+               std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::kda, x, 3, 4, widths({6, 6, 6}),
+                        std::vector<float>{1, std::numeric_limits<float>::quiet_NaN(), 1}, fit),
+               std::invalid_argument);
+  EXPECT_THROW(fit_head(Arch::kda, x, 3, 4, widths({6, 6, 6}), std::vector<float>{1, 1}, fit),
+               std::invalid_argument);
+  EXPECT_THROW(fit_head_dsq(x, 3, 4, 5, fit), std::invalid_argument);
+  EXPECT_NO_THROW(fit_head(Arch::kda, x, 3, 4, widths({6, 8, 16}), w, fit));
+  std::vector<float> out(12);
+  EXPECT_THROW(reconstruct(Arch::gdn, fit, widths({6, 8, 16}), out), std::invalid_argument);
+  EXPECT_THROW(reconstruct(Arch::kda, fit, widths({6, 8, 8}), out), std::invalid_argument);
+  std::vector<float> short_out(11);
+  EXPECT_THROW(reconstruct(Arch::kda, fit, widths({6, 8, 16}), short_out), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace statepool::kernels::stepquant
