@@ -1,0 +1,169 @@
+#include "statepool/calibration/accumulator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace statepool::calibration {
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+SnapshotReservoir::SnapshotReservoir(std::size_t capacity, std::size_t values_per_snapshot,
+                                     std::uint64_t seed)
+    : capacity_(capacity), values_(values_per_snapshot), rng_(seed) {
+  if (capacity == 0 || values_per_snapshot == 0) {
+    throw std::invalid_argument("snapshot reservoir: capacity and snapshot size must be positive");
+  }
+}
+
+void SnapshotReservoir::offer(std::span<const float> values) {
+  if (values.size() != values_) {
+    throw std::invalid_argument("snapshot reservoir: snapshot of " + std::to_string(values.size()) +
+                                " values, expected " + std::to_string(values_));
+  }
+  ++offered_;
+  std::size_t slot = stored_;
+  if (stored_ == capacity_) {
+    // Keep the new snapshot with probability capacity / offered, in a uniform slot.
+    const std::uint64_t j = std::uniform_int_distribution<std::uint64_t>(0, offered_ - 1)(rng_);
+    if (j >= capacity_) {
+      return;
+    }
+    slot = static_cast<std::size_t>(j);
+  } else {
+    data_.resize((stored_ + 1) * values_);
+    ++stored_;
+  }
+  std::copy(values.begin(), values.end(),
+            data_.begin() + static_cast<std::ptrdiff_t>(slot * values_));
+}
+
+std::span<const float> SnapshotReservoir::snapshot(std::size_t index) const {
+  if (index >= stored_) {
+    throw std::out_of_range("snapshot " + std::to_string(index) + " of " + std::to_string(stored_));
+  }
+  return std::span<const float>(data_).subspan(index * values_, values_);
+}
+
+LayerAccumulator::LayerAccumulator(kernels::Arch arch, std::uint32_t layer, std::uint32_t heads,
+                                   std::uint32_t key_dim, std::uint32_t value_dim,
+                                   AccumulatorOptions options)
+    : arch_(arch),
+      layer_(layer),
+      heads_(heads),
+      key_dim_(key_dim),
+      value_dim_(value_dim),
+      options_(options) {
+  if (heads == 0 || key_dim == 0 || value_dim == 0) {
+    throw std::invalid_argument("accumulator: heads, key_dim and value_dim must be positive");
+  }
+  if (options.snapshot_every == 0 || options.reservoir == 0) {
+    throw std::invalid_argument("accumulator: snapshot_every and reservoir must be positive");
+  }
+  per_head_.reserve(heads);
+  for (std::uint32_t h = 0; h < heads; ++h) {
+    const std::uint64_t seed = mix(options.seed ^ mix((std::uint64_t{layer} << 32) | h));
+    per_head_.push_back(
+        Head{0, std::vector<double>(units_per_head(), 0.0), std::vector<double>(key_dim, 0.0),
+             SnapshotReservoir(options.reservoir, std::size_t{key_dim} * value_dim, seed)});
+  }
+}
+
+std::uint32_t LayerAccumulator::units_per_head() const noexcept {
+  return arch_ == kernels::Arch::gdn ? 1u : key_dim_;
+}
+
+void LayerAccumulator::add(std::uint32_t head, std::span<const float> q, std::span<const float> k,
+                           std::span<const float> log_decay, float beta,
+                           std::span<const float> state) {
+  if (head >= heads_) {
+    throw std::out_of_range("accumulator: head " + std::to_string(head) + " of " +
+                            std::to_string(heads_));
+  }
+  const std::size_t K = key_dim_;
+  if (q.size() != K || k.size() != K || log_decay.size() != units_per_head() ||
+      state.size() != K * value_dim_) {
+    throw std::invalid_argument("accumulator: input sizes do not match the layer's shape");
+  }
+  Head& h = per_head_[head];
+  double kq = 0.0;
+  for (std::size_t i = 0; i < K; ++i) {
+    kq += static_cast<double>(k[i]) * q[i];
+  }
+  for (std::size_t u = 0; u < log_decay.size(); ++u) {
+    h.log_decay_sum[u] += log_decay[u];
+  }
+  for (std::size_t i = 0; i < K; ++i) {
+    const double g = log_decay.size() == 1 ? log_decay[0] : log_decay[i];
+    const double c = std::exp(g) * (q[i] - static_cast<double>(beta) * k[i] * kq);
+    h.omega_sum[i] += c * c;
+  }
+  ++h.tokens;
+  if (h.tokens % options_.snapshot_every == 0) {
+    h.reservoir.offer(state);
+  }
+}
+
+const LayerAccumulator::Head& LayerAccumulator::head_at(std::uint32_t head) const {
+  if (head >= heads_) {
+    throw std::out_of_range("accumulator: head " + std::to_string(head) + " of " +
+                            std::to_string(heads_));
+  }
+  return per_head_[head];
+}
+
+std::uint64_t LayerAccumulator::tokens(std::uint32_t head) const {
+  return head_at(head).tokens;
+}
+
+double LayerAccumulator::mean_log_decay(std::uint32_t head, std::uint32_t unit) const {
+  const Head& h = head_at(head);
+  if (unit >= h.log_decay_sum.size()) {
+    throw std::out_of_range("accumulator: unit " + std::to_string(unit) + " of " +
+                            std::to_string(h.log_decay_sum.size()));
+  }
+  return h.tokens == 0 ? 0.0 : h.log_decay_sum[unit] / static_cast<double>(h.tokens);
+}
+
+std::vector<double> LayerAccumulator::omega(std::uint32_t head) const {
+  const Head& h = head_at(head);
+  std::vector<double> out(h.omega_sum);
+  if (h.tokens > 0) {
+    for (double& value : out) {
+      value /= static_cast<double>(h.tokens);
+    }
+  }
+  return out;
+}
+
+const SnapshotReservoir& LayerAccumulator::snapshots(std::uint32_t head) const {
+  return head_at(head).reservoir;
+}
+
+std::size_t LayerAccumulator::stored_snapshots() const noexcept {
+  std::size_t n = 0;
+  for (const Head& h : per_head_) {
+    n += h.reservoir.size();
+  }
+  return n;
+}
+
+std::size_t LayerAccumulator::memory_bytes() const noexcept {
+  std::size_t bytes = 0;
+  for (const Head& h : per_head_) {
+    bytes +=
+        h.reservoir.stored_bytes() + (h.log_decay_sum.size() + h.omega_sum.size()) * sizeof(double);
+  }
+  return bytes;
+}
+
+}  // namespace statepool::calibration

@@ -1,0 +1,112 @@
+#pragma once
+// Streaming calibration statistics of one layer (STEPQUANT.md, "Calibration statistics"):
+// fed one token of one head at a time (its normalised inputs and the FP32 state after the
+// step), it keeps
+//   - the mean log-decay per unit (per head for GDN, per key row for KDA),
+//   - the row impact omega_i = mean over tokens of (d_i (q_i - beta k_i (k^T q)))^2,
+//     d = exp(g): the weight with which an error in row i of the stored state reaches the
+//     next output (o_next = S_next^T q = S^T diag(d) (I - beta k k^T) q + ...),
+//   - a reservoir of state snapshots per head: every `snapshot_every`-th token of the head
+//     is offered; the reservoir keeps a uniform sample of at most `reservoir` of them
+//     (Algorithm R with a seeded RNG per head).
+// Memory is O(heads * (reservoir * K * V + K)), independent of the number of tokens. A
+// whole model is calibrated one layer at a time (calibrate.hpp), so at most one layer's
+// snapshots are held at once.
+//
+// Thread-safety: one accumulator per thread, or external locking; different heads of one
+// accumulator may be fed from different threads concurrently (per-head state only).
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "statepool/kernels/layout.hpp"
+
+namespace statepool::calibration {
+
+/// A bounded uniform sample of fixed-size snapshots (Algorithm R).
+class SnapshotReservoir {
+ public:
+  SnapshotReservoir(std::size_t capacity, std::size_t values_per_snapshot, std::uint64_t seed);
+
+  /// Offers one snapshot (values_per_snapshot floats); it is kept with probability
+  /// capacity / offered().
+  void offer(std::span<const float> values);
+
+  [[nodiscard]] std::size_t size() const noexcept { return stored_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::uint64_t offered() const noexcept { return offered_; }
+  [[nodiscard]] std::span<const float> snapshot(std::size_t index) const;
+  /// Bytes held by the stored snapshots (never more than capacity * values * 4).
+  [[nodiscard]] std::size_t stored_bytes() const noexcept { return data_.size() * sizeof(float); }
+
+ private:
+  std::size_t capacity_;
+  std::size_t values_;
+  std::size_t stored_ = 0;
+  std::uint64_t offered_ = 0;
+  std::mt19937_64 rng_;
+  std::vector<float> data_;
+};
+
+struct AccumulatorOptions {
+  /// Offer every n-th state of a head to its reservoir.
+  std::uint32_t snapshot_every = 8;
+  /// Snapshots kept per head.
+  std::uint32_t reservoir = 64;
+  /// Seed of the reservoir RNGs (each head derives its own from it and its position).
+  std::uint64_t seed = 0x5EED;
+};
+
+class LayerAccumulator {
+ public:
+  /// Throws std::invalid_argument on zero dimensions, snapshot_every 0 or reservoir 0.
+  LayerAccumulator(kernels::Arch arch, std::uint32_t layer, std::uint32_t heads,
+                   std::uint32_t key_dim, std::uint32_t value_dim, AccumulatorOptions options);
+
+  /// One token of one head: q, k normalised (K values each), log_decay (1 value for GDN, K
+  /// for KDA), beta, and the FP32 state after this token's step (K * V values).
+  void add(std::uint32_t head, std::span<const float> q, std::span<const float> k,
+           std::span<const float> log_decay, float beta, std::span<const float> state);
+
+  [[nodiscard]] kernels::Arch arch() const noexcept { return arch_; }
+  [[nodiscard]] std::uint32_t layer() const noexcept { return layer_; }
+  [[nodiscard]] std::uint32_t heads() const noexcept { return heads_; }
+  [[nodiscard]] std::uint32_t key_dim() const noexcept { return key_dim_; }
+  [[nodiscard]] std::uint32_t value_dim() const noexcept { return value_dim_; }
+  /// Units per head: 1 (GDN) or K (KDA).
+  [[nodiscard]] std::uint32_t units_per_head() const noexcept;
+  /// Tokens seen by `head`.
+  [[nodiscard]] std::uint64_t tokens(std::uint32_t head) const;
+  /// Mean log-decay of unit `unit` of `head` (unit 0 for GDN); 0 before any token.
+  [[nodiscard]] double mean_log_decay(std::uint32_t head, std::uint32_t unit = 0) const;
+  /// omega of every key row of `head` (K values); zeros before any token.
+  [[nodiscard]] std::vector<double> omega(std::uint32_t head) const;
+  [[nodiscard]] const SnapshotReservoir& snapshots(std::uint32_t head) const;
+  /// Snapshots stored over all heads.
+  [[nodiscard]] std::size_t stored_snapshots() const noexcept;
+  /// Bytes held: snapshots plus the per-row sums.
+  [[nodiscard]] std::size_t memory_bytes() const noexcept;
+
+ private:
+  struct Head {
+    std::uint64_t tokens = 0;
+    std::vector<double> log_decay_sum;  // units_per_head
+    std::vector<double> omega_sum;      // key_dim
+    SnapshotReservoir reservoir;
+  };
+
+  [[nodiscard]] const Head& head_at(std::uint32_t head) const;
+
+  kernels::Arch arch_;
+  std::uint32_t layer_;
+  std::uint32_t heads_;
+  std::uint32_t key_dim_;
+  std::uint32_t value_dim_;
+  AccumulatorOptions options_;
+  std::vector<Head> per_head_;
+};
+
+}  // namespace statepool::calibration

@@ -1,0 +1,203 @@
+// Plan building on small synthetic traces (calibrate.hpp, plan_builder.hpp): valid widths,
+// the budget kept, pivots as requested, and more bits for slow-decaying units than for
+// fast-decaying ones (the method's point).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "calibration_test_util.hpp"
+#include "statepool/calibration/calibrate.hpp"
+#include "statepool/calibration/synthetic_trace.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+
+namespace statepool::calibration {
+namespace {
+
+namespace sq = kernels::stepquant;
+using testing::TempDir;
+
+SyntheticOptions gdn_options() {
+  SyntheticOptions o;
+  o.arch = kernels::Arch::gdn;
+  o.layers = 2;
+  o.heads = 8;
+  o.key_dim = 32;
+  o.value_dim = 32;
+  o.tokens = 1536;
+  o.sequence_length = 768;
+  return o;
+}
+
+SyntheticOptions kda_options() {
+  SyntheticOptions o;
+  o.arch = kernels::Arch::kda;
+  o.layers = 1;
+  o.heads = 2;
+  o.key_dim = 32;
+  o.value_dim = 16;
+  o.tokens = 1024;
+  return o;
+}
+
+struct Checked {
+  double slow_width = 0.0;  // mean width of units with mean log-decay above -0.005
+  double fast_width = 0.0;  // ... below -0.1
+};
+
+// Checks what every plan must satisfy; returns the widths of slow and fast units.
+Checked check_plan(const sq::Plan& plan, std::uint32_t budget, std::uint32_t pivots) {
+  Checked out;
+  EXPECT_EQ(sq::validate(plan), "");
+  const auto allowed = sq::candidate_widths(budget);
+  std::uint64_t bits = 0;
+  std::uint32_t pivot_count = 0;
+  for (const std::uint8_t w : plan.widths) {
+    if (w == sq::kPivotWidth) {
+      ++pivot_count;
+      continue;
+    }
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), w), allowed.end()) << int{w};
+    bits += w;
+  }
+  EXPECT_EQ(pivot_count, pivots);
+  EXPECT_LE(bits, std::uint64_t{budget} * plan.widths.size() - 8ull * pivots);
+  // Spending (nearly) all of it: at most one step of the smallest gap left over.
+  EXPECT_GE(bits + 2, std::uint64_t{budget} * plan.widths.size() - 8ull * pivots);
+  EXPECT_EQ(plan.mean_log_decay.size(), plan.widths.size());
+  double slow = 0.0;
+  double fast = 0.0;
+  std::size_t n_slow = 0;
+  std::size_t n_fast = 0;
+  for (std::size_t u = 0; u < plan.widths.size(); ++u) {
+    if (plan.mean_log_decay[u] > -0.005f) {
+      slow += plan.widths[u];
+      ++n_slow;
+    } else if (plan.mean_log_decay[u] < -0.1f) {
+      fast += plan.widths[u];
+      ++n_fast;
+    }
+  }
+  EXPECT_GT(n_slow, 0u);
+  EXPECT_GT(n_fast, 0u);
+  out.slow_width = slow / static_cast<double>(n_slow);
+  out.fast_width = fast / static_cast<double>(n_fast);
+  for (std::uint32_t l = 0; l < plan.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < plan.num_heads; ++h) {
+      const auto w = plan.head_impact(l, h);
+      double log_sum = 0.0;
+      for (const float x : w) log_sum += std::log(static_cast<double>(x));
+      EXPECT_NEAR(log_sum, 0.0, 1e-4) << "impact factors are geometric-mean normalised";
+    }
+  }
+  return out;
+}
+
+TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
+  TempDir dir;
+  const SyntheticOptions o = gdn_options();
+  write_synthetic_trace(dir.path(), o);
+  const TraceReader trace(dir.path());
+  for (const std::uint32_t budget : {6u, 4u}) {
+    CalibrateOptions options;
+    options.plan.budget_bits = budget;
+    options.plan.pivots = 2;
+    options.threads = 2;
+    std::vector<std::string> progress;
+    const PlanResult result =
+        calibrate_trace(trace, options, [&](const std::string& line) { progress.push_back(line); });
+    const sq::Plan& plan = result.plan;
+    const Checked c = check_plan(plan, budget, 2);
+    EXPECT_GT(c.slow_width, c.fast_width) << "budget " << budget;
+    EXPECT_EQ(plan.tokens, o.tokens);
+    EXPECT_EQ(plan.horizon, 2048u);
+    EXPECT_FLOAT_EQ(plan.gamma, 0.25f);
+    EXPECT_NE(plan.source.find("SYNTHETIC"), std::string::npos);
+    // Calibrated decays match the synthetic heads' (jitter keeps the mean).
+    const SyntheticSource source(o);
+    for (std::uint32_t l = 0; l < o.layers; ++l) {
+      for (std::uint32_t h = 0; h < o.heads; ++h) {
+        EXPECT_NEAR(plan.mean_log_decay[l * o.heads + h], source.nominal_log_decay(l, h),
+                    0.05 * std::abs(source.nominal_log_decay(l, h)));
+      }
+    }
+    // Pivots: GDN picks the heads with the highest cost after a first allocation: at a
+    // 6-bit budget the slowest ones here (at 4 bits a medium head left at 2 bits can cost
+    // more).
+    ASSERT_EQ(result.report.pivots.size(), 2u);
+    for (const auto& p : result.report.pivots) {
+      EXPECT_EQ(plan.width(p.layer, p.head), sq::kPivotWidth);
+      if (budget == 6) {
+        EXPECT_GT(p.mean_log_decay, -0.005);
+      }
+    }
+    EXPECT_GE(result.report.pivots[0].risk, result.report.pivots[1].risk);
+    EXPECT_GE(progress.size(), o.layers) << "a progress line per layer";
+    EXPECT_LT(result.report.expected_cost, result.report.uniform_cost);
+    EXPECT_GE(result.report.bands.front().average_width, result.report.bands.back().average_width);
+    EXPECT_GT(result.report.page_bytes, 0u) << result.report.page_note;
+    const std::string text = format_report(result.report);
+    EXPECT_NE(text.find("STEPQuant plan: gdn, 2 layers x 8 heads"), std::string::npos) << text;
+    EXPECT_NE(text.find("x smaller than FP32"), std::string::npos) << text;
+
+    // The plan file round-trips.
+    sq::save(plan, dir.file("plan.spqp"));
+    EXPECT_EQ(sq::load(dir.file("plan.spqp")), plan);
+  }
+}
+
+TEST(PlanBuilder, KdaPlanKeepsTheBudgetAndFavoursSlowRows) {
+  TempDir dir;
+  write_synthetic_trace(dir.path(), kda_options());
+  const TraceReader trace(dir.path());
+  CalibrateOptions options;
+  options.plan.pivots = 3;
+  const PlanResult result = calibrate_trace(trace, options);
+  const Checked c = check_plan(result.plan, 6, 3);
+  EXPECT_GT(c.slow_width, c.fast_width);
+  ASSERT_EQ(result.report.pivots.size(), 3u);
+  for (const auto& p : result.report.pivots) {
+    EXPECT_EQ(result.plan.width(p.layer, p.head, p.row), sq::kPivotWidth);
+  }
+  // Default pivot count: round(0.625% of 64 rows) = 0.
+  options.plan.pivots.reset();
+  EXPECT_EQ(calibrate_trace(trace, options).plan.pivots(), 0u);
+}
+
+TEST(PlanBuilder, DefaultPivotsAndErrors) {
+  TempDir dir;
+  SyntheticOptions o = gdn_options();
+  o.tokens = 64;
+  o.sequence_length = 0;
+  write_synthetic_trace(dir.path(), o);
+  const TraceReader trace(dir.path());
+  CalibrateOptions options;
+  EXPECT_EQ(calibrate_trace(trace, options).plan.pivots(), 0u);  // round(16 / 72) = 0
+  options.plan.pivots = 16;  // every unit a pivot: 6 x 16 - 8 x 16 < 0
+  EXPECT_THROW((void)calibrate_trace(trace, options), std::invalid_argument);
+  options.plan.pivots = 17;
+  EXPECT_THROW((void)calibrate_trace(trace, options), std::invalid_argument);
+  options.plan.pivots.reset();
+  options.plan.budget_bits = 5;
+  EXPECT_THROW((void)calibrate_trace(trace, options), std::invalid_argument);
+  options.plan.budget_bits = 6;
+  options.accumulator.snapshot_every = 100;  // 64 tokens: no snapshot
+  EXPECT_THROW((void)calibrate_trace(trace, options), std::invalid_argument);
+}
+
+TEST(PlanBuilder, GammaZeroGivesUnitImpact) {
+  TempDir dir;
+  SyntheticOptions o = gdn_options();
+  o.tokens = 256;
+  write_synthetic_trace(dir.path(), o);
+  CalibrateOptions options;
+  options.plan.gamma = 0.0;
+  const PlanResult result = calibrate_trace(TraceReader(dir.path()), options);
+  for (const float w : result.plan.impact) EXPECT_EQ(w, 1.0f);
+}
+
+}  // namespace
+}  // namespace statepool::calibration

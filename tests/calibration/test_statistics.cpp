@@ -1,0 +1,116 @@
+// Derived calibration quantities (statistics.hpp): lifetime weight, impact factors, default
+// pivot counts.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "statepool/calibration/statistics.hpp"
+
+namespace statepool::calibration {
+namespace {
+
+// sum_{t<T} exp(2 g)^t by plain summation in long double.
+long double geometric_sum(double g, std::uint32_t horizon) {
+  const long double r = std::exp(2.0L * g);
+  long double term = 1.0L;
+  long double sum = 0.0L;
+  for (std::uint32_t t = 0; t < horizon; ++t) {
+    sum += term;
+    term *= r;
+  }
+  return sum;
+}
+
+TEST(LifetimeWeight, ExactlyTheHorizonWithoutDecay) {
+  EXPECT_EQ(lifetime_weight(0.0, 2048), 2048.0);
+  EXPECT_EQ(lifetime_weight(-0.0, 2048), 2048.0);
+  EXPECT_EQ(lifetime_weight(0.0, 1), 1.0);
+  EXPECT_EQ(lifetime_weight(-0.3, 0), 0.0);
+  EXPECT_EQ(lifetime_weight(0.5, 100), 100.0);  // growth is not a gate: treated as none
+  EXPECT_EQ(lifetime_weight(-std::numeric_limits<double>::infinity(), 2048), 1.0);
+}
+
+TEST(LifetimeWeight, MatchesTheGeometricSum) {
+  for (const double g : {-1e-12, -1e-9, -1e-6, -5e-4, -0.01, -0.1, -0.5, -3.0, -30.0}) {
+    for (const std::uint32_t horizon : {1u, 7u, 2048u}) {
+      const long double expected = geometric_sum(g, horizon);
+      EXPECT_NEAR(lifetime_weight(g, horizon), static_cast<double>(expected),
+                  1e-10 * static_cast<double>(expected))
+          << "g " << g << " T " << horizon;
+    }
+  }
+}
+
+TEST(LifetimeWeight, ContinuousAndDecreasingTowardFastDecay) {
+  double previous = lifetime_weight(0.0, 2048);
+  for (double g = -1e-15; g > -10.0; g *= 3.0) {
+    const double value = lifetime_weight(g, 2048);
+    EXPECT_LE(value, previous) << g;
+    EXPECT_GE(value, 1.0);
+    previous = value;
+  }
+  EXPECT_NEAR(lifetime_weight(-1e-15, 2048), 2048.0, 1e-6);
+}
+
+double log_product(const std::vector<float>& w) {
+  double sum = 0.0;
+  for (const float value : w) {
+    sum += std::log(static_cast<double>(value));
+  }
+  return sum;
+}
+
+TEST(ImpactFactors, GeometricMeanNormalisedAndMonotone) {
+  const std::vector<double> omega = {0.01, 0.5, 2.0, 0.0003, 7.5, 0.02, 1.0, 0.2};
+  std::vector<float> w(omega.size());
+  impact_factors(omega, 0.25, w);
+  EXPECT_NEAR(log_product(w), 0.0, 1e-5);  // prod w_i = 1
+  for (std::size_t a = 0; a < omega.size(); ++a) {
+    for (std::size_t b = 0; b < omega.size(); ++b) {
+      if (omega[a] < omega[b]) {
+        EXPECT_LT(w[a], w[b]);
+      }
+    }
+  }
+  // w_a / w_b = (omega_a / omega_b)^(gamma / 2).
+  EXPECT_NEAR(w[4] / w[0], std::pow(7.5 / 0.01, 0.125), 1e-5);
+}
+
+TEST(ImpactFactors, FloorsZeroAndTinyRows) {
+  const std::vector<double> omega = {0.0, 1.0, 4.0, 1e-30};
+  std::vector<float> w(omega.size());
+  impact_factors(omega, 0.25, w);
+  for (const float value : w) {
+    EXPECT_TRUE(std::isfinite(value));
+    EXPECT_GT(value, 0.0f);
+  }
+  EXPECT_FLOAT_EQ(w[0], w[3]);  // both at the floor, 1e-6 of the largest
+  EXPECT_NEAR(w[2] / w[0], std::pow(4.0 / (4.0 * kImpactFloorRatio), 0.125), 1e-4);
+  EXPECT_NEAR(log_product(w), 0.0, 1e-5);
+}
+
+TEST(ImpactFactors, OnesWithoutSignalOrWithoutTheSpatialAxis) {
+  std::vector<float> w(4);
+  impact_factors(std::vector<double>{0, 0, 0, 0}, 0.25, w);
+  EXPECT_EQ(w, std::vector<float>(4, 1.0f));
+  impact_factors(std::vector<double>{1, 2, 3, 4}, 0.0, w);
+  EXPECT_EQ(w, std::vector<float>(4, 1.0f));
+  EXPECT_THROW(impact_factors(std::vector<double>{1, -1, 3, 4}, 0.25, w), std::invalid_argument);
+  EXPECT_THROW(impact_factors(std::vector<double>{1, 2}, 0.25, w), std::invalid_argument);
+}
+
+TEST(DefaultPivots, PaperSharesScaledByUnits) {
+  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 48 * 48), 32u);  // 1.39% (the paper's share)
+  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 36 * 32), 16u);  // Qwen3-Next
+  EXPECT_EQ(default_pivot_count(kernels::Arch::kda, 20 * 32 * 128), 512u);  // Kimi-Linear
+  EXPECT_EQ(default_pivot_count(kernels::Arch::kda, 2 * 4 * 64), 3u);
+  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 8), 0u);
+  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 0), 0u);
+}
+
+}  // namespace
+}  // namespace statepool::calibration
