@@ -11,6 +11,7 @@
 
 #include "impl.hpp"
 #include "statepool/client.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::client {
 namespace detail {
@@ -397,16 +398,19 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
   }
 
   Impl& i = impl();
-  LayoutInfo info;
-  {
+  const std::string plan_digest =
+      layout.plan != nullptr ? kernels::stepquant::digest(*layout.plan) : std::string();
+  auto send = [&] {
+    LayoutInfo info;
     const std::lock_guard lock(i.mutex);
     auto& b = i.begin();
-    const auto params = wire::CreateCodecParams(b, layout.codec.group_size);
+    const auto params = wire::CreateCodecParams(
+        b, layout.codec.group_size, static_cast<wire::StepQuantVariant>(layout.codec.variant));
     const auto wire_layout = wire::CreateLayoutDirect(
         b, layout.name.c_str(), static_cast<wire::Arch>(layout.arch), layout.num_layers,
         layout.num_heads, layout.key_dim, layout.value_dim, layout.conv_channels, layout.conv_width,
         static_cast<wire::DType>(layout.conv_dtype), static_cast<wire::CodecId>(layout.codec.id),
-        params);
+        params, plan_digest.empty() ? nullptr : plan_digest.c_str());
     const auto body = wire::CreateRegisterLayout(b, wire_layout).Union();
     const auto& reply = i.roundtrip(wire::RequestBody::RegisterLayout, body,
                                     wire::ReplyBody::RegisterLayoutReply, nullptr);
@@ -416,6 +420,18 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
     info.fp32_bytes = r->fp32_bytes();
     info.state_bytes_f32 = r->state_bytes_f32();
     info.state_bytes_bf16 = r->state_bytes_bf16();
+    return info;
+  };
+  LayoutInfo info;
+  try {
+    info = send();
+  } catch (const ConnectionError&) {
+    throw;
+  } catch (const Error& e) {
+    // The daemon does not know the plan yet: install it from here, then register again.
+    if (e.status() != wire::Status::not_found || layout.plan == nullptr) throw;
+    (void)install_plan(*layout.plan);
+    info = send();
   }
   info.layout = layout;
   if (info.page_bytes != codec->page_bytes() ||
@@ -432,6 +448,26 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
     const std::lock_guard lock(i.codecs_mutex);
     i.codecs[info.id] = std::move(codec);
   }
+  return info;
+}
+
+PlanInfo Connection::install_plan(const kernels::stepquant::Plan& plan) {
+  const std::vector<std::byte> bytes = kernels::stepquant::to_bytes(plan);
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  const auto data =
+      b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+  const auto body = wire::CreateInstallPlan(b, data).Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::InstallPlan, body, wire::ReplyBody::InstallPlanReply, nullptr);
+  const auto* r = reply.body_as_InstallPlanReply();
+  PlanInfo info;
+  info.digest = str(r->digest());
+  info.units = r->units();
+  info.pivots = r->pivots();
+  info.average_bits = r->average_bits();
+  info.created = r->created();
   return info;
 }
 

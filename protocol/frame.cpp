@@ -127,6 +127,7 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::Stats: return "stats";
     case wire::RequestBody::Ping: return "ping";
     case wire::RequestBody::Drain: return "drain";
+    case wire::RequestBody::InstallPlan: return "install_plan";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

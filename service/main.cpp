@@ -5,12 +5,14 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include "config/config.hpp"
 #include "log.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
 #include "server/server.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 int main(int argc, char** argv) {
   using namespace statepool::service;
@@ -29,6 +31,19 @@ int main(int argc, char** argv) {
   set_log_level(config.log_level);
   std::signal(SIGPIPE, SIG_IGN);
 
+  // Plans are configuration: load and validate them all before creating anything.
+  std::vector<std::shared_ptr<const statepool::kernels::stepquant::Plan>> plans;
+  for (const auto& file : config.plan_files) {
+    try {
+      plans.push_back(std::make_shared<const statepool::kernels::stepquant::Plan>(
+          statepool::kernels::stepquant::load(file)));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "statepoold: configuration error: plan %s: %s\n", file.c_str(),
+                   e.what());
+      return 2;
+    }
+  }
+
   try {
     for (std::istringstream lines(describe(config)); !lines.eof();) {
       std::string line;
@@ -36,6 +51,11 @@ int main(int argc, char** argv) {
       if (!line.empty()) LOG_INFO("config", line);
     }
     Pool pool(config.pool, std::make_unique<HostBackend>());
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      const PlanInfo info = pool.install_plan(plans[i]);
+      LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
+               " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
+    }
     Metrics metrics(pool);
     Server server(config, pool, &metrics);
     server.bind();

@@ -1,4 +1,4 @@
-// statepoolctl: talk to a running statepoold (ping, stats, drain).
+// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain).
 // Exit status: 0 success, 1 the daemon refused or could not be reached, 2 usage error.
 
 #include <chrono>
@@ -10,6 +10,7 @@
 
 #include "common.hpp"
 #include "statepool/client.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace {
 
@@ -22,6 +23,9 @@ Talks to a running statepoold over its Unix socket.
 commands:
   ping      round trip(s) to the daemon; prints the latency
   stats     arenas (pages used/total, bytes, compression ratio) and tenants
+  install-plan FILE
+            send a STEPQuant plan file (statepool-quant calibrate) to the daemon;
+            prints the digest that stepquant layouts name it by
   drain     ask the daemon to finish in-flight work and exit (needs its uid or root)
 
 options:
@@ -39,6 +43,7 @@ exit status: 0 success, 1 daemon error or daemon unreachable, 2 usage error
 struct Args {
   statepool::client::Options options;
   std::string command;
+  std::string plan_file;  ///< install-plan
   std::uint64_t count = 1;
   bool json = false;
   bool help = false;
@@ -68,15 +73,20 @@ Args parse(int argc, char** argv) {
       throw UsageError{"unknown option " + arg};
     } else if (args.command.empty()) {
       args.command = arg;
+    } else if (args.command == "install-plan" && args.plan_file.empty()) {
+      args.plan_file = arg;
     } else {
       throw UsageError{"unexpected argument '" + arg + "' (one command at a time)"};
     }
   }
   if (args.help) return args;
   if (args.command.empty()) throw UsageError{"no command given"};
-  if (args.command != "ping" && args.command != "stats" && args.command != "drain") {
+  if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
+      args.command != "install-plan") {
     throw UsageError{"unknown command '" + args.command + "'"};
   }
+  if (args.command == "install-plan" && args.plan_file.empty())
+    throw UsageError{"install-plan needs a plan file"};
   return args;
 }
 
@@ -143,6 +153,21 @@ int main(int argc, char** argv) {
       } else {
         std::cout << conn.server() << " at " << args.options.socket_path << "\n";
         statepool::tools::print_stats(std::cout, stats);
+      }
+    } else if (args.command == "install-plan") {
+      // Load and validate locally first: a bad file never reaches the daemon.
+      const auto plan = statepool::kernels::stepquant::load(args.plan_file);
+      const auto info = conn.install_plan(plan);
+      if (args.json) {
+        std::cout << "{\"digest\": " << statepool::tools::json_string(info.digest)
+                  << ", \"units\": " << info.units << ", \"pivots\": " << info.pivots
+                  << ", \"average_bits\": " << statepool::tools::json_number(info.average_bits)
+                  << ", \"created\": " << (info.created ? "true" : "false") << "}\n";
+      } else {
+        std::cout << "plan " << info.digest << (info.created ? " installed" : " already installed")
+                  << ": " << info.units << " units, " << info.pivots << " pivots, "
+                  << statepool::tools::format_fixed(info.average_bits, 2)
+                  << " bits per value on average\n";
       }
     } else {
       conn.drain();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
@@ -195,50 +196,58 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0;
 
+  // clang-format off
   po::options_description general("General");
-  general.add_options()("help,h", "print this help and exit")(
-      "version", "print the version and exit")("print-config",
-                                               "print the effective configuration and exit")(
-      "config,c", po::value<std::string>(&config.config_file), "read options from this INI file")(
-      "log-level", po::value<std::string>(&log_level)->default_value("info"),
-      "debug, info, warn or error")("threads", po::value<std::uint64_t>(&threads)->default_value(2),
-                                    "I/O threads (1-64)");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("print-config", "print the effective configuration and exit")
+      ("config,c", po::value<std::string>(&config.config_file), "read options from this INI file")
+      ("log-level", po::value<std::string>(&log_level)->default_value("info"),
+       "debug, info, warn or error")
+      ("threads", po::value<std::uint64_t>(&threads)->default_value(2), "I/O threads (1-64)");
   po::options_description server("Server");
-  server.add_options()(
-      "socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
-      "Unix socket path")("socket-mode",
-                          po::value<std::string>(&socket_mode)->default_value("0660"),
-                          "socket file permission bits (octal)")(
-      "socket-group", po::value<std::string>(&config.socket_group),
-      "group that owns the socket file")(
-      "allow-uids", po::value<std::string>(&allow_uids),
-      "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")(
-      "max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
-      "concurrent client connections")(
-      "max-frame-bytes", po::value<std::string>(&max_frame)->default_value("1MiB"),
-      "largest request payload accepted, header excluded (4KiB-64MiB)")(
-      "max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
-      "staging memory one connection may hold")(
-      "io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
-      "time to finish receiving a started frame or sending a reply")(
-      "drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
-      "on SIGTERM, longest wait for in-flight requests")(
-      "metrics-address",
-      po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
-      "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
+  server.add_options()
+      ("socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
+       "Unix socket path")
+      ("socket-mode", po::value<std::string>(&socket_mode)->default_value("0660"),
+       "socket file permission bits (octal)")
+      ("socket-group", po::value<std::string>(&config.socket_group),
+       "group that owns the socket file")
+      ("allow-uids", po::value<std::string>(&allow_uids),
+       "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
+      ("max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
+       "concurrent client connections")
+      ("max-frame-bytes", po::value<std::string>(&max_frame)->default_value("4MiB"),
+       "largest request payload accepted, header excluded (4KiB-64MiB)")
+      ("max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
+       "staging memory one connection may hold")
+      ("io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
+       "time to finish receiving a started frame or sending a reply")
+      ("drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
+       "on SIGTERM, longest wait for in-flight requests")
+      ("metrics-address",
+       po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
+       "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
   po::options_description pool("Pool");
-  pool.add_options()("backend", po::value<std::string>(&config.backend)->default_value("host"),
-                     "memory backend: host (memfd shared memory)")(
-      "pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
-      "bytes of all arenas together")("arena-pages",
-                                      po::value<std::uint64_t>(&arena_pages)->default_value(64),
-                                      "pages of an arena when the client does not say")(
-      "max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
-      "largest arena a client may ask for, in pages")(
-      "grace-period", po::value<std::string>(&grace)->default_value("30s"),
-      "how long a dropped client's slots are kept for it to reconnect")(
-      "tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
-      "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
+  pool.add_options()
+      ("backend", po::value<std::string>(&config.backend)->default_value("host"),
+       "memory backend: host (memfd shared memory)")
+      ("pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
+       "bytes of all arenas together")
+      ("arena-pages", po::value<std::uint64_t>(&arena_pages)->default_value(64),
+       "pages of an arena when the client does not say")
+      ("max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
+       "largest arena a client may ask for, in pages")
+      ("grace-period", po::value<std::string>(&grace)->default_value("30s"),
+       "how long a dropped client's slots are kept for it to reconnect")
+      ("plan", po::value<std::vector<std::string>>(&config.plan_files)->composing(),
+       "STEPQuant plan file to load at start (repeatable; see statepool-quant calibrate)")
+      ("plan-dir", po::value<std::string>(&config.plan_dir),
+       "load every *.spqp plan file in this directory at start")
+      ("tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
+       "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
+  // clang-format on
   po::options_description all;
   all.add(general).add(server).add(pool);
 
@@ -358,6 +367,17 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.pool.max_arena_pages = static_cast<std::uint32_t>(max_arena_pages);
   config.pool.grace_period = parse_duration(grace, "--grace-period");
 
+  if (!config.plan_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(config.plan_dir, ec))
+      throw ConfigError("--plan-dir '" + config.plan_dir + "' is not a directory");
+    std::vector<std::string> found;
+    for (const auto& entry : std::filesystem::directory_iterator(config.plan_dir, ec))
+      if (entry.path().extension() == ".spqp") found.push_back(entry.path().string());
+    std::sort(found.begin(), found.end());
+    config.plan_files.insert(config.plan_files.end(), found.begin(), found.end());
+  }
+
   if (vm.count("print-config") != 0U) {
     result.exit_now = true;
     result.output = describe(config);
@@ -380,6 +400,7 @@ std::string describe(const Config& config) {
       << format_bytes(config.max_staging_bytes) << " per connection\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
       << ", threads " << config.threads << "\n";
+  for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
   if (config.pool.tenants.empty()) {
     out << "tenants: default (no quota)\n";
   } else {

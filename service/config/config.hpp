@@ -31,15 +31,17 @@ struct Config {
   std::string backend = "host";
   std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
   PoolConfig pool;
-  std::uint32_t max_frame_bytes = 1u << 20;
+  std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
   std::uint32_t max_connections = 256;
   std::chrono::milliseconds io_timeout{10000};     ///< to finish a started frame or a reply
   std::chrono::milliseconds drain_timeout{10000};  ///< SIGTERM: longest wait for in-flight work
   unsigned threads = 2;                            ///< I/O threads
   LogLevel log_level = LogLevel::info;
-  std::vector<uid_t> allow_uids;  ///< empty = any peer uid (socket mode rules)
-  std::string config_file;        ///< the file read, if any
+  std::vector<uid_t> allow_uids;        ///< empty = any peer uid (socket mode rules)
+  std::string config_file;              ///< the file read, if any
+  std::vector<std::string> plan_files;  ///< STEPQuant plan files loaded at start
+  std::string plan_dir;                 ///< every *.spqp file in it is loaded too
 };
 
 /// Outcome of parsing argv: either a configuration to run, or text to print and an exit

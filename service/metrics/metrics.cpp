@@ -28,14 +28,8 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
     1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
     2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 
-constexpr std::array kRequestTypes = {
-    wire::RequestBody::Hello,        wire::RequestBody::RegisterLayout,
-    wire::RequestBody::OpenArena,    wire::RequestBody::Allocate,
-    wire::RequestBody::Free,         wire::RequestBody::OpenStaging,
-    wire::RequestBody::CloseStaging, wire::RequestBody::Compress,
-    wire::RequestBody::Decompress,   wire::RequestBody::Copy,
-    wire::RequestBody::Stats,        wire::RequestBody::Ping,
-    wire::RequestBody::Drain,        wire::RequestBody::NONE};
+// Every request type (0 = NONE, labelled "unknown").
+constexpr std::size_t kRequestTypeCount = static_cast<std::size_t>(wire::RequestBody::MAX) + 1;
 
 ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
   ClientMetric metric;
@@ -226,11 +220,10 @@ struct Metrics::Impl {
         .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
         .Set(1);
     // Pre-create every request type so rates exist (at zero) before the first request.
-    for (auto type : kRequestTypes) {
-      const std::string name = protocol::request_name(type);
-      request_counters[static_cast<std::size_t>(type)] = &requests.Add({{"type", name}});
-      request_latency[static_cast<std::size_t>(type)] =
-          &latency.Add({{"type", name}}, kLatencyBuckets);
+    for (std::size_t type = 0; type < kRequestTypeCount; ++type) {
+      const std::string name = protocol::request_name(static_cast<wire::RequestBody>(type));
+      request_counters[type] = &requests.Add({{"type", name}});
+      request_latency[type] = &latency.Add({{"type", name}}, kLatencyBuckets);
     }
   }
 
@@ -247,8 +240,8 @@ struct Metrics::Impl {
   prometheus::Counter& connections;
   prometheus::Gauge& clients;
   prometheus::Gauge& draining;
-  std::array<prometheus::Counter*, 14> request_counters{};
-  std::array<prometheus::Histogram*, 14> request_latency{};
+  std::array<prometheus::Counter*, kRequestTypeCount> request_counters{};
+  std::array<prometheus::Histogram*, kRequestTypeCount> request_latency{};
   std::mutex mutex;
   std::unique_ptr<prometheus::Exposer> exposer;
 };

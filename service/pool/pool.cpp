@@ -79,6 +79,7 @@ struct Pool::Impl {
   mutable std::mutex mu;  // guards everything below
   std::vector<Tenant> tenants;
   std::map<std::string, std::size_t, std::less<>> tenant_index;
+  std::map<std::string, std::shared_ptr<const kernels::stepquant::Plan>, std::less<>> plans;
   std::vector<std::shared_ptr<const kernels::PageCodec>> layouts;   // id = index + 1
   std::vector<std::unique_ptr<Arena>> arenas;                       // id = index + 1
   std::map<std::pair<std::size_t, LayoutId>, ArenaId> arena_index;  // (tenant, layout)
@@ -306,6 +307,54 @@ LayoutId Pool::register_layout(const kernels::StateLayout& layout) {
 std::shared_ptr<const kernels::PageCodec> Pool::layout(LayoutId id) const {
   std::lock_guard lock(impl_->mu);
   return impl_->layout_of(id);
+}
+
+// --- plans ---------------------------------------------------------------------------
+
+namespace {
+PlanInfo describe_plan(const std::string& digest, const kernels::stepquant::Plan& plan,
+                       bool created) {
+  return PlanInfo{digest, static_cast<std::uint32_t>(plan.units()), plan.pivots(),
+                  plan.average_width(), created};
+}
+}  // namespace
+
+PlanInfo Pool::install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan) {
+  STATEPOOL_EXPECTS(plan != nullptr, Status::invalid_argument, "install_plan without a plan");
+  const std::string problem = kernels::stepquant::validate(*plan);
+  STATEPOOL_EXPECTS(problem.empty(), Status::invalid_argument, "invalid plan: " + problem);
+  const std::string digest = kernels::stepquant::digest(*plan);
+  std::lock_guard lock(impl_->mu);
+  if (const auto it = impl_->plans.find(digest); it != impl_->plans.end()) {
+    // The digest is a fast hash, not a signature: never let a different plan take the
+    // name of one that layouts may already use.
+    STATEPOOL_EXPECTS(
+        kernels::stepquant::same_codec_fields(*it->second, *plan), Status::invalid_argument,
+        "a different plan with digest " + digest + " is already installed; refusing to replace it");
+    return describe_plan(digest, *it->second, false);
+  }
+  STATEPOOL_EXPECTS(impl_->plans.size() < kMaxPlans, Status::pool_exhausted,
+                    "too many plans installed (limit " + std::to_string(kMaxPlans) + ")");
+  impl_->plans.emplace(digest, plan);
+  return describe_plan(digest, *plan, true);
+}
+
+std::shared_ptr<const kernels::stepquant::Plan> Pool::plan(std::string_view digest) const {
+  std::lock_guard lock(impl_->mu);
+  const auto it = impl_->plans.find(digest);
+  STATEPOOL_EXPECTS(it != impl_->plans.end(), Status::not_found,
+                    "no plan with digest '" + std::string(digest) +
+                        "' is installed (install it with InstallPlan, or start the daemon "
+                        "with --plan FILE / --plan-dir DIR)");
+  return it->second;
+}
+
+std::vector<PlanInfo> Pool::plans() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<PlanInfo> out;
+  for (const auto& [digest, plan] : impl_->plans)
+    out.push_back(describe_plan(digest, *plan, false));
+  return out;
 }
 
 // --- arenas --------------------------------------------------------------------------

@@ -26,6 +26,7 @@
 
 #include "backend/memory.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::service {
 
@@ -90,6 +91,18 @@ struct PoolStats {
   std::uint64_t pages_reclaimed_total = 0;
 };
 
+/// Plans the daemon holds are few (one per model and budget); the cap bounds what a
+/// client installing garbage plans in a loop can make it keep.
+inline constexpr std::size_t kMaxPlans = 64;
+
+struct PlanInfo {
+  std::string digest;
+  std::uint32_t units = 0;
+  std::uint32_t pivots = 0;
+  double average_bits = 0;
+  bool created = false;
+};
+
 struct LeaseGrant {
   LeaseId id = 0;
   std::string token;        ///< 32 hex characters from a CSPRNG
@@ -129,6 +142,15 @@ class Pool {
   LayoutId register_layout(const kernels::StateLayout& layout);
   /// Throws not_found.
   [[nodiscard]] std::shared_ptr<const kernels::PageCodec> layout(LayoutId id) const;
+
+  // --- STEPQuant plans -------------------------------------------------------------
+  /// Keeps a calibration plan (already verified and validated by its loader) under its
+  /// digest; the same plan twice is a no-op (created = false). At most kMaxPlans plans
+  /// (pool_exhausted beyond).
+  PlanInfo install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan);
+  /// The plan with this digest. Throws not_found naming how to install one.
+  [[nodiscard]] std::shared_ptr<const kernels::stepquant::Plan> plan(std::string_view digest) const;
+  [[nodiscard]] std::vector<PlanInfo> plans() const;
 
   // --- arenas --------------------------------------------------------------------
   /// Returns the tenant's arena for the layout, creating it with `pages` pages (0 =

@@ -11,6 +11,7 @@
 #include "log.hpp"
 #include "pool/accounting.hpp"
 #include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
 
@@ -27,7 +28,7 @@ std::string str(const fb::String* s) {
   return s == nullptr ? std::string() : s->str();
 }
 
-kernels::StateLayout from_wire(const wire::Layout& in) {
+kernels::StateLayout from_wire(const wire::Layout& in, const Pool& pool) {
   STATEPOOL_EXPECTS(in.arch() <= wire::Arch::MAX, Status::invalid_argument,
                     cat("unknown arch value ", static_cast<int>(in.arch())));
   STATEPOOL_EXPECTS(in.conv_dtype() <= wire::DType::MAX, Status::invalid_argument,
@@ -48,6 +49,23 @@ kernels::StateLayout from_wire(const wire::Layout& in) {
   out.conv_dtype = static_cast<kernels::DType>(in.conv_dtype());
   out.codec.id = static_cast<kernels::CodecId>(in.codec());
   out.codec.group_size = in.codec_params() != nullptr ? in.codec_params()->group_size() : 0;
+  if (in.codec_params() != nullptr) {
+    STATEPOOL_EXPECTS(
+        in.codec_params()->variant() <= wire::StepQuantVariant::MAX, Status::invalid_argument,
+        cat("unknown stepquant variant value ", static_cast<int>(in.codec_params()->variant())));
+    out.codec.variant = static_cast<kernels::StepQuantVariant>(in.codec_params()->variant());
+  }
+  const std::string digest = str(in.plan_digest());
+  if (!digest.empty()) {
+    out.plan = pool.plan(digest);  // not_found names how to install it
+  } else {
+    STATEPOOL_EXPECTS(out.codec.id != kernels::CodecId::stepquant4 &&
+                          out.codec.id != kernels::CodecId::stepquant6,
+                      Status::invalid_argument,
+                      cat("codec ", kernels::to_string(out.codec.id),
+                          " needs a calibration plan: set the layout's plan_digest to an "
+                          "installed plan (InstallPlan, or statepoold --plan FILE)"));
+  }
   return out;
 }
 
@@ -144,7 +162,7 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
       const auto* in = req.body_as_RegisterLayout();
       STATEPOOL_EXPECTS(in->layout() != nullptr, Status::invalid_argument,
                         "register_layout without a layout");
-      const LayoutId layout_id = s.pool.register_layout(from_wire(*in->layout()));
+      const LayoutId layout_id = s.pool.register_layout(from_wire(*in->layout(), s.pool));
       const auto codec = s.pool.layout(layout_id);
       finish(r, id,
              wire::CreateRegisterLayoutReply(b, layout_id, codec->page_bytes(), codec->fp32_bytes(),
@@ -282,6 +300,29 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
                                     s.clients_connected(), stats.leases_active,
                                     stats.leases_orphaned, stats.pages_reclaimed_total,
                                     stats.capacity_bytes, stats.reserved_bytes, uptime));
+      return;
+    }
+    case wire::RequestBody::InstallPlan: {
+      const auto* in = req.body_as_InstallPlan();
+      STATEPOOL_EXPECTS(in->plan() != nullptr && in->plan()->size() > 0, Status::invalid_argument,
+                        "install_plan without plan bytes");
+      std::shared_ptr<const kernels::stepquant::Plan> plan;
+      try {
+        plan = std::make_shared<const kernels::stepquant::Plan>(kernels::stepquant::from_bytes(
+            {reinterpret_cast<const std::byte*>(in->plan()->data()), in->plan()->size()}));
+      } catch (const std::invalid_argument& e) {
+        throw StatusError(Status::invalid_argument, cat("invalid plan: ", e.what()));
+      }
+      const PlanInfo info = s.pool.install_plan(plan);
+      if (info.created) {
+        LOG_INFO("pool", "plan ", info.digest, " installed by connection ", c.id, ": ",
+                 kernels::to_string(plan->arch), " ", plan->num_layers, "x", plan->num_heads, "x",
+                 plan->key_dim, "x", plan->value_dim, ", ", info.units, " units, ", info.pivots,
+                 " pivots, ", info.average_bits, " bits on average");
+      }
+      finish(r, id,
+             wire::CreateInstallPlanReply(b, b.CreateString(info.digest), info.units, info.pivots,
+                                          info.average_bits, info.created));
       return;
     }
     case wire::RequestBody::Ping: {

@@ -2,10 +2,7 @@
 // reply or a closed connection; the daemon and its other clients are unaffected.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,8 +13,6 @@
 #include "daemon_process.hpp"
 #include "raw_frames.hpp"
 #include "statepool/client.hpp"
-
-extern char** environ;
 
 namespace client = statepool::client;
 namespace protocol = statepool::protocol;
@@ -221,43 +216,8 @@ TEST_F(BadFrames, InvalidLayoutIsAnErrorAndTheConnectionStaysUsable) {
 
 namespace {
 
-struct Exit {
-  int code = -1;
-  std::string stdout_text;
-  std::string stderr_text;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
-  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const std::string err = dir + "/stderr.txt";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const std::string out = dir + "/stdout.txt";
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  Exit result;
-  if (::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ) != 0)
-    return result;
-  posix_spawn_file_actions_destroy(&actions);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.stdout_text = slurp(out);
-  result.stderr_text = slurp(err);
-  return result;
-}
+using statepool::testing::Exit;
+using statepool::testing::run_daemon;
 
 class BadConfig : public ::testing::Test {
  protected:

@@ -82,6 +82,40 @@ std::string http_get(int port, const std::string& path) {
   return body == std::string::npos ? std::string() : response.substr(body + 4);
 }
 
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+}  // namespace
+
+Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  const std::string err = dir + "/stderr.txt";
+  const std::string out = dir + "/stdout.txt";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  Exit result;
+  if (rc != 0) return result;
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.stdout_text = slurp(out);
+  result.stderr_text = slurp(err);
+  return result;
+}
+
 DaemonProcess::DaemonProcess(std::vector<std::string> args, bool with_metrics) {
   char templ[] = "/tmp/statepool-test-XXXXXX";
   if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");

@@ -40,6 +40,17 @@ class DaemonProcess {
   int exit_code_ = -1;
 };
 
+/// How a daemon run that was expected to end by itself ended.
+struct Exit {
+  int code = -1;  ///< exit status; -1 when it could not be started or was killed
+  std::string stdout_text;
+  std::string stderr_text;
+};
+
+/// Runs statepoold with `args` to completion (for runs that must exit by themselves, such
+/// as configuration errors or --print-config), capturing its output in files under `dir`.
+Exit run_daemon(const std::vector<std::string>& args, const std::string& dir);
+
 /// Polls `condition` every few milliseconds until it holds or `timeout` passes.
 /// Returns whether it held. (Waiting for a condition, not sleeping blindly.)
 template <class Condition>

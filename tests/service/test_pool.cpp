@@ -665,5 +665,32 @@ TEST(PoolLeases, ZeroGracePeriodReclaimsAtDetach) {
   EXPECT_EQ(again.slots, 0u);
 }
 
+TEST(PoolPlans, InstallIsIdempotentAndLookupsNameTheRemedy) {
+  auto pool = make_pool();
+  auto plan = std::make_shared<kernels::stepquant::Plan>();
+  plan->num_layers = 1;
+  plan->num_heads = 2;
+  plan->key_dim = 8;
+  plan->value_dim = 8;
+  plan->budget_bits = 6;
+  plan->widths = {6, 8};
+  plan->impact.assign(16, 1.0f);
+  const PlanInfo first = pool->install_plan(plan);
+  EXPECT_TRUE(first.created);
+  EXPECT_EQ(first.digest, kernels::stepquant::digest(*plan));
+  EXPECT_EQ(first.units, 2u);
+  EXPECT_DOUBLE_EQ(first.average_bits, 7.0);
+  EXPECT_FALSE(pool->install_plan(std::make_shared<kernels::stepquant::Plan>(*plan)).created);
+  EXPECT_EQ(pool->plan(first.digest).get(), plan.get());
+  EXPECT_EQ(pool->plans().size(), 1u);
+  const std::string message =
+      expect_status(Status::not_found, [&] { (void)pool->plan("0000000000000000"); });
+  EXPECT_NE(message.find("--plan"), std::string::npos) << message;
+  auto bad = std::make_shared<kernels::stepquant::Plan>(*plan);
+  bad->widths = {6, 5};  // not a candidate width
+  expect_status(Status::invalid_argument, [&] { (void)pool->install_plan(bad); });
+  EXPECT_EQ(pool->plans().size(), 1u);
+}
+
 }  // namespace
 }  // namespace statepool::service

@@ -138,6 +138,15 @@ struct LayoutInfo {
   [[nodiscard]] std::uint64_t state_bytes(kernels::DType dtype) const noexcept;
 };
 
+/// A STEPQuant plan the daemon holds (InstallPlanReply).
+struct PlanInfo {
+  std::string digest;        ///< what Layout.plan_digest names it by
+  std::uint32_t units = 0;   ///< heads (GDN) or key rows (KDA)
+  std::uint32_t pivots = 0;  ///< FP16 pivot units
+  double average_bits = 0;   ///< nominal bits per value over the units
+  bool created = false;      ///< false when the daemon already had it
+};
+
 /// One arena in a Stats reply (mirrors wire::ArenaStats).
 struct ArenaStats {
   ArenaId arena_id = 0;
@@ -386,8 +395,13 @@ class Connection {
   /// Registers (or finds) a layout. The layout is validated locally first
   /// (Error(invalid_argument) without a round trip), and the daemon's page size is
   /// checked against the local page format (Error(internal) if client and daemon
-  /// disagree, i.e. they were built from different kernels).
+  /// disagree, i.e. they were built from different kernels). A stepquant layout carries
+  /// its plan (StateLayout::plan); when the daemon does not know the plan yet, it is
+  /// installed first (install_plan) and the registration retried.
   [[nodiscard]] LayoutInfo register_layout(const kernels::StateLayout& layout);
+  /// Sends a STEPQuant calibration plan to the daemon (idempotent). register_layout does
+  /// this by itself when a stepquant layout's plan is unknown to the daemon.
+  PlanInfo install_plan(const kernels::stepquant::Plan& plan);
   /// Opens (or creates) the tenant's arena for a layout and maps it. `pages` = 0 lets the
   /// daemon pick its configured default; it matters only when the arena is created.
   [[nodiscard]] Arena open_arena(const LayoutInfo& layout, std::uint32_t pages = 0);

@@ -38,7 +38,7 @@ inline constexpr std::uint16_t kMaxProtocolVersion = 1;
 /// Hard upper bound on any frame payload, whatever a configuration says.
 inline constexpr std::uint32_t kAbsoluteMaxPayload = 64u << 20;
 /// Default payload cap of the daemon and the client.
-inline constexpr std::uint32_t kDefaultMaxPayload = 1u << 20;
+inline constexpr std::uint32_t kDefaultMaxPayload = 4u << 20;
 /// FlatBuffer verification limits (nesting depth and table count).
 inline constexpr std::uint32_t kMaxDepth = 16;
 inline constexpr std::uint32_t kMaxTables = 100000;
