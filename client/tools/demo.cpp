@@ -1,8 +1,10 @@
 // statepool-demo: every codec end to end against a running statepoold.
 //
-// Registers a Qwen3-Next-shaped GDN layout once per codec, opens an arena per codec,
-// stages realistic recurrent states (a gated-delta-rule recurrence run on random
-// keys/values), parks them (compress) and resumes them (decompress), and reports page
+// Registers a Qwen3-Next-shaped GDN layout once per codec (the uniform codecs, plus
+// stepquant6/stepquant4 for every --plan given), opens an arena per codec, stages
+// recurrent states (the gated delta rule run on the inputs of a seeded synthetic "model",
+// calibration/synthetic_trace.hpp, the same one `statepool-quant synth-trace` writes),
+// parks them (compress) and resumes them (decompress), and reports page
 // size, compression ratio, reconstruction error and request rates per codec. Each page is
 // also decoded locally from the mapped arena and compared with the daemon's decompress,
 // which checks that client and daemon agree on the page format. Frees everything.
@@ -24,22 +26,27 @@
 #include <vector>
 
 #include "common.hpp"
+#include "statepool/calibration/recurrence.hpp"
+#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/numeric.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace {
 
 namespace sc = statepool::client;
 namespace sk = statepool::kernels;
+namespace cal = statepool::calibration;
 using statepool::tools::UsageError;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage: statepool-demo [options]
 
 Parks and resumes synthetic Qwen3-Next-shaped GDN states in a running statepoold with
-every codec (fp32, bf16, fp16, int8, int6, int4) and reports page size, compression
-ratio, reconstruction error and request rates.
+every codec (fp32, bf16, fp16, int8, int6, int4, and stepquant6/stepquant4 for each
+--plan) and reports page size, compression ratio, reconstruction error and request
+rates. The states come from a seeded SYNTHETIC model (not a real LLM), the one
+`statepool-quant synth-trace --model-seed S` writes calibration traces of.
 
 options:
   --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
@@ -48,7 +55,10 @@ options:
   --slots N        states per codec (default 4)
   --layers N       linear-attention layers (default 12; Qwen3-Next-80B has 36)
   --heads N        value heads per layer (default 32)
-  --steps N        recurrence steps used to synthesize each state (default 48)
+  --steps N        recurrence steps (tokens) behind each state (default 128)
+  --model-seed S   seed of the synthetic model's per-head parameters (default 7)
+  --plan FILE      a STEPQuant plan calibrated for this layout (repeatable); adds the
+                   codec stepquant6 or stepquant4 by the plan's budget
   --metrics URL    where statepoold's Prometheus metrics are, printed at the end
   --timeout MS     per-call timeout in milliseconds (default 60000)
   -h, --help       this text
@@ -59,7 +69,9 @@ struct Args {
   std::uint32_t slots = 4;
   std::uint32_t layers = 12;
   std::uint32_t heads = 32;
-  std::uint32_t steps = 48;
+  std::uint32_t steps = 128;
+  std::uint64_t model_seed = 7;
+  std::vector<std::string> plans;
   std::string metrics;
   bool help = false;
 };
@@ -88,6 +100,10 @@ Args parse(int argc, char** argv) {
       args.heads = static_cast<std::uint32_t>(parse_uint("--heads", v, 1, sk::kMaxHeads));
     } else if (take_value(argc, argv, i, "--steps", v)) {
       args.steps = static_cast<std::uint32_t>(parse_uint("--steps", v, 1, 100000));
+    } else if (take_value(argc, argv, i, "--model-seed", v)) {
+      args.model_seed = parse_uint("--model-seed", v, 0, ~std::uint64_t{0} >> 1);
+    } else if (take_value(argc, argv, i, "--plan", v)) {
+      args.plans.push_back(v);
     } else if (take_value(argc, argv, i, "--metrics", v)) {
       args.metrics = v;
     } else if (take_value(argc, argv, i, "--timeout", v)) {
@@ -103,7 +119,8 @@ constexpr std::uint32_t kDim = 128;            // key_dim = value_dim (Qwen3-Nex
 constexpr std::uint32_t kConvChannels = 8192;  // q, k, v channels of the short convolution
 constexpr std::uint32_t kConvWidth = 3;        // kernel size 4 -> 3 cached columns
 
-sk::StateLayout demo_layout(const Args& args, sk::CodecId codec) {
+sk::StateLayout demo_layout(const Args& args, sk::CodecId codec,
+                            std::shared_ptr<const sk::stepquant::Plan> plan = nullptr) {
   sk::StateLayout l;
   l.name = std::string("demo-qwen3next-") + sk::to_string(codec);
   l.arch = sk::Arch::gdn;
@@ -115,40 +132,60 @@ sk::StateLayout demo_layout(const Args& args, sk::CodecId codec) {
   l.conv_width = kConvWidth;
   l.conv_dtype = sk::DType::bf16;
   l.codec.id = codec;
+  l.plan = std::move(plan);
   return l;
 }
 
-// One head's state after `steps` steps of the gated delta rule on seeded random inputs
-// (kernels/synthetic.hpp: row and column outliers as in trained models).
-void synthesize_head(std::uint32_t steps, std::uint64_t seed, std::span<float> out) {
-  sk::synthetic_gdn_state(kDim, kDim, steps, seed, out);
-}
-
-// Writes `count` staged FP32 states (recurrent + bf16 conv) back to back into `dst`.
+// Writes `args.slots` staged FP32 states (recurrent + bf16 conv) back to back into `dst`.
+// Slot s is the state after `args.steps` tokens of token stream 1000 + s through the
+// synthetic model: every (layer, head) runs the gated delta rule on its own inputs.
 void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte> dst) {
   const std::size_t head_values = static_cast<std::size_t>(kDim) * kDim;
   const std::size_t heads_per_state = static_cast<std::size_t>(args.layers) * args.heads;
-  const std::size_t total_heads = heads_per_state * args.slots;
+  const std::size_t jobs = std::size_t{args.slots} * args.layers;  // one job: a layer of a slot
   const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   std::atomic<std::size_t> next{0};
   std::atomic<std::size_t> done{0};
   auto work = [&] {
-    std::vector<float> head(head_values);
-    for (std::size_t h = next++; h < total_heads; h = next++) {
-      const std::size_t slot = h / heads_per_state;
-      const std::size_t in_state = h % heads_per_state;
-      synthesize_head(args.steps, 0x5eed0000ull + h, head);
-      std::memcpy(dst.data() + slot * state_bytes + in_state * head_values * sizeof(float),
-                  head.data(), head_values * sizeof(float));
+    cal::TokenBlock block;
+    std::vector<float> residual(kDim);
+    for (std::size_t job = next++; job < jobs; job = next++) {
+      const auto slot = static_cast<std::uint32_t>(job / args.layers);
+      const auto layer = static_cast<std::uint32_t>(job % args.layers);
+      cal::SyntheticOptions options;
+      options.arch = sk::Arch::gdn;
+      options.layers = args.layers;
+      options.heads = args.heads;
+      options.key_dim = kDim;
+      options.value_dim = kDim;
+      options.tokens = args.steps;
+      options.model_seed = args.model_seed;
+      options.token_seed = 1000 + slot;
+      cal::SyntheticSource source(options);
+      source.generate(layer, args.steps, block);
+      for (std::uint32_t head = 0; head < args.heads; ++head) {
+        auto* state = reinterpret_cast<float*>(dst.data() + std::size_t{slot} * state_bytes +
+                                               (std::size_t{layer} * args.heads + head) *
+                                                   head_values * sizeof(float));
+        std::span<float> s(state, head_values);
+        std::fill(s.begin(), s.end(), 0.0f);
+        for (std::uint32_t t = 0; t < args.steps; ++t) {
+          const std::size_t th = std::size_t{t} * args.heads + head;
+          cal::gdn_step(s, kDim, kDim, std::span<const float>(block.q).subspan(th * kDim, kDim),
+                        std::span<const float>(block.k).subspan(th * kDim, kDim),
+                        std::span<const float>(block.v).subspan(th * kDim, kDim), block.g[th],
+                        block.beta[th], residual, {});
+        }
+      }
       ++done;
     }
   };
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work);
   std::size_t last_pct = 0;
-  while (done.load() < total_heads) {
+  while (done.load() < jobs) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    const std::size_t pct = 100 * done.load() / total_heads;
+    const std::size_t pct = 100 * done.load() / jobs;
     if (pct >= last_pct + 10) {
       std::cerr << "  synthesizing states: " << pct << "%\n";
       last_pct = pct;
@@ -207,13 +244,26 @@ double seconds_since(Clock::time_point start) {
 int run(const Args& args) {
   const sk::CodecId codecs[] = {sk::CodecId::fp32, sk::CodecId::bf16, sk::CodecId::fp16,
                                 sk::CodecId::int8, sk::CodecId::int6, sk::CodecId::int4};
+  // Plans first: a bad plan file is reported before anything is sent to the daemon.
+  std::vector<std::shared_ptr<const sk::stepquant::Plan>> plans;
+  for (const auto& file : args.plans) {
+    plans.push_back(std::make_shared<const sk::stepquant::Plan>(sk::stepquant::load(file)));
+    std::cout << "plan " << file << ": " << sk::stepquant::digest(*plans.back()) << ", budget "
+              << plans.back()->budget_bits << " bits, " << plans.back()->pivots() << " pivots, "
+              << plans.back()->source << "\n";
+  }
   auto conn = sc::Connection::connect(args.options);
   std::cout << "connected to " << conn.server() << " at " << args.options.socket_path
             << " (protocol " << conn.protocol_version() << ")\n";
 
   // Register every codec's layout first: the staged state size is the same for all.
+  // A stepquant layout carries its plan; the client installs it in the daemon if needed.
   std::vector<sc::LayoutInfo> layouts;
   for (const auto codec : codecs) layouts.push_back(conn.register_layout(demo_layout(args, codec)));
+  for (const auto& plan : plans) {
+    const auto codec = plan->budget_bits == 4 ? sk::CodecId::stepquant4 : sk::CodecId::stepquant6;
+    layouts.push_back(conn.register_layout(demo_layout(args, codec, plan)));
+  }
   const auto& fp32 = layouts.front();
   const std::size_t state_bytes = fp32.state_bytes_f32;
   const std::size_t recurrent_values =
@@ -229,7 +279,8 @@ int run(const Args& args) {
   auto staging = conn.open_staging(2 * half);
   std::cerr << "staging " << statepool::tools::format_bytes(static_cast<double>(2 * half))
             << "; synthesizing " << args.slots << " state(s) (" << args.steps
-            << " gated-delta-rule steps per head)...\n";
+            << " gated-delta-rule steps per head on a SYNTHETIC model, seed " << args.model_seed
+            << ")...\n";
   const auto synth_start = Clock::now();
   stage_states(args, state_bytes, staging.bytes().first(half));
   std::cerr << "  done in " << statepool::tools::format_fixed(seconds_since(synth_start), 1)
