@@ -16,6 +16,10 @@
 
 int main(int argc, char** argv) {
   using namespace statepool::service;
+  // Before any thread exists: SIGTERM/SIGINT stay blocked in every thread and are taken by
+  // Server::run (sigtimedwait), so no signal can kill the daemon half-way through a drain.
+  const sigset_t drain_signals = Server::drain_signals();
+  pthread_sigmask(SIG_BLOCK, &drain_signals, nullptr);
   ParsedArgs args;
   try {
     args = parse_args(argc, argv);

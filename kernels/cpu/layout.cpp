@@ -5,9 +5,12 @@
 
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "validate_util.hpp"
 
 namespace statepool::kernels {
 namespace {
+
+using detail::range_problem;
 
 bool known(Arch arch) {
   return arch == Arch::gdn || arch == Arch::kda;
@@ -26,15 +29,6 @@ bool known(StepQuantVariant variant) {
 template <typename Enum>
 std::string enum_value(Enum value) {
   return std::to_string(static_cast<unsigned>(value));
-}
-
-std::string range_problem(std::string_view field, std::uint64_t value, std::uint64_t lo,
-                          std::uint64_t hi) {
-  if (value >= lo && value <= hi) {
-    return {};
-  }
-  return std::string(field) + " must be between " + std::to_string(lo) + " and " +
-         std::to_string(hi) + ", got " + std::to_string(value);
 }
 
 // Group size that identifies the format: irrelevant (0) for all but the uniform codecs.

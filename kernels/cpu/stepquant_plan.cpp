@@ -21,9 +21,12 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "validate_util.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
+
+using detail::range_problem;
 
 constexpr std::array<std::uint8_t, 3> kWidths6 = {4, 6, 8};
 constexpr std::array<std::uint8_t, 4> kWidths4 = {2, 4, 6, 8};
@@ -38,15 +41,6 @@ bool known(Arch arch) {
 std::uint64_t units_of(Arch arch, std::uint64_t layers, std::uint64_t heads,
                        std::uint64_t key_dim) {
   return arch == Arch::kda ? layers * heads * key_dim : layers * heads;
-}
-
-std::string range_problem(std::string_view field, std::uint64_t value, std::uint64_t lo,
-                          std::uint64_t hi) {
-  if (value >= lo && value <= hi) {
-    return {};
-  }
-  return std::string(field) + " must be between " + std::to_string(lo) + " and " +
-         std::to_string(hi) + ", got " + std::to_string(value);
 }
 
 std::string float_text(float value) {

@@ -7,16 +7,12 @@
 #include <string>
 
 #include "statepool/calibration/recurrence.hpp"
+#include "seed.hpp"
 
 namespace statepool::calibration {
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using detail::mix;
 
 // Box-Muller on the raw 64-bit engine: the same numbers with every standard library.
 class Normal {

@@ -49,7 +49,6 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics)
                [this] { return clients_connected(); },
                [this](const std::string& why) { drain(why); }},
       acceptor_(io_),
-      signals_(io_, SIGTERM, SIGINT),
       reclaim_timer_(io_),
       drain_timer_(io_) {}
 
@@ -107,17 +106,42 @@ void Server::bind() {
   }
 }
 
+sigset_t Server::drain_signals() noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
 std::size_t Server::run() {
-  signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
-    if (!ec) begin_drain(signal == SIGTERM ? "SIGTERM" : "SIGINT");
-  });
   asio::co_spawn(io_, accept_loop(), asio::detached);
   asio::co_spawn(io_, reclaim_loop(), asio::detached);
+
+  // SIGTERM/SIGINT are blocked in every thread (main blocks them before starting any) and
+  // taken here with sigtimedwait: a signal arriving at any moment, also a second one while
+  // the process is already exiting, starts (or is absorbed by) the drain and never kills
+  // the daemon with the default action.
+  std::atomic<bool> stopped{false};
+  std::thread signal_waiter([this, &stopped] {
+    const sigset_t set = drain_signals();
+    while (!stopped.load()) {
+      const timespec tick{0, 50'000'000};
+      const int signal = ::sigtimedwait(&set, nullptr, &tick);
+      if (signal == SIGTERM || signal == SIGINT) {
+        if (draining_.load())
+          LOG_INFO("server", signal == SIGTERM ? "SIGTERM" : "SIGINT", " while draining: ignored");
+        drain(signal == SIGTERM ? "SIGTERM" : "SIGINT");
+      }
+    }
+  });
 
   std::vector<std::thread> threads;
   for (unsigned i = 1; i < config_.threads; ++i) threads.emplace_back([this] { io_.run(); });
   io_.run();
   for (auto& t : threads) t.join();
+  stopped.store(true);
+  signal_waiter.join();
   return forced_closes_;
 }
 
@@ -132,7 +156,6 @@ void Server::begin_drain(const std::string& why) {
            " open, waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
   boost::system::error_code ignored;
   acceptor_.close(ignored);
-  signals_.cancel(ignored);
   reclaim_timer_.cancel();
   {
     const std::lock_guard lock(sessions_mutex_);

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <string>
 
+#include <csignal>
+
 #include <boost/asio.hpp>
 
 #include "config/config.hpp"
@@ -39,7 +41,12 @@ class Server {
   /// daemon. Throws std::runtime_error with an actionable message.
   void bind();
   /// Serves until drained. Returns the number of sessions that had to be closed forcibly.
+  /// SIGTERM and SIGINT (drain_signals()) must be blocked in every thread of the process
+  /// before any thread is started (pthread_sigmask in main); run() takes them with
+  /// sigtimedwait on a thread of its own and drains.
   std::size_t run();
+  /// The signals that drain the daemon: SIGTERM and SIGINT.
+  [[nodiscard]] static sigset_t drain_signals() noexcept;
   /// Starts draining; safe from any thread, idempotent.
   void drain(const std::string& why);
 
@@ -60,7 +67,6 @@ class Server {
   ServerContext context_;
   boost::asio::io_context io_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
-  boost::asio::signal_set signals_;
   boost::asio::steady_timer reclaim_timer_;
   boost::asio::steady_timer drain_timer_;
   std::mutex sessions_mutex_;

@@ -389,3 +389,13 @@ TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
   EXPECT_EQ(stats.leases_orphaned, 0u);
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << "exit 0 also means the pool check passed";
 }
+
+TEST(Daemon, RepeatedSignalsDuringTheDrainStillExitZero) {
+  DaemonProcess daemon({});
+  auto conn = client::Connection::connect(options_for(daemon));
+  // Operators (and Kubernetes) send SIGTERM again, or SIGINT after it: it must neither
+  // kill the daemon half-way through the drain nor change its exit status.
+  for (int i = 0; i < 20; ++i) ::kill(daemon.pid(), i % 2 == 0 ? SIGTERM : SIGINT);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
+  EXPECT_THROW((void)conn.ping(), client::ConnectionError);
+}
