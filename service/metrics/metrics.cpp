@@ -173,6 +173,23 @@ class PoolCollector final : public prometheus::Collectable {
     reclaimed.metric.push_back(
         sample({}, static_cast<double>(stats.pages_reclaimed_total), MetricType::Counter));
     out.push_back(std::move(reclaimed));
+
+    // Calibration state: the STEPQuant plans the daemon holds (at most kMaxPlans).
+    auto plan_bits = family("statepool_plan_average_bits",
+                            "Nominal bits per value of an installed STEPQuant plan (pivots "
+                            "counted at 16), by plan digest.",
+                            MetricType::Gauge);
+    auto plan_pivots = family("statepool_plan_pivots",
+                              "FP16 pivot units of an installed STEPQuant plan, by plan digest.",
+                              MetricType::Gauge);
+    for (const auto& plan : pool_.plans()) {
+      plan_bits.metric.push_back(sample({{"plan", plan.digest}}, plan.average_bits,
+                                        MetricType::Gauge));
+      plan_pivots.metric.push_back(sample({{"plan", plan.digest}},
+                                          static_cast<double>(plan.pivots), MetricType::Gauge));
+    }
+    out.push_back(std::move(plan_bits));
+    out.push_back(std::move(plan_pivots));
     return out;
   }
 

@@ -103,6 +103,9 @@ TEST(StepQuantDaemon, ClientInstallsThePlanAndPagesMatchTheLocalEncoder) {
   // stepquant arenas are reported like any other.
   const std::string metrics = statepool::testing::http_get(daemon.metrics_port(), "/metrics");
   EXPECT_NE(metrics.find("codec=\"stepquant6\""), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("statepool_plan_pivots{plan=\"" + sq::digest(*layout.plan) + "\"} 1"),
+            std::string::npos)
+      << metrics;
   const auto stats = conn.stats();
   ASSERT_EQ(stats.arenas.size(), 1u);
   EXPECT_EQ(stats.arenas[0].codec, kernels::CodecId::stepquant6);
