@@ -1,8 +1,11 @@
-// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain).
-// Exit status: 0 success, 1 the daemon refused or could not be reached, 2 usage error.
+// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain), and plan
+// capacity offline from a model's config.json (plan; no daemon needed).
+// Exit status: 0 success, 1 the daemon refused or could not be reached (plan: the model
+// config could not be read or is not supported), 2 usage error.
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -11,6 +14,7 @@
 #include "common.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/planner/planner.hpp"
 
 namespace {
 
@@ -27,6 +31,22 @@ commands:
             send a STEPQuant plan file (statepool-quant calibrate) to the daemon;
             prints the digest that stepquant layouts name it by
   drain     ask the daemon to finish in-flight work and exit (needs its uid or root)
+  plan      capacity plan from a model's config.json (offline, no daemon): state bytes
+            per request for each state codec, KV bytes, weights, max concurrency on one
+            GPU and the concurrency where the state pool passes the weights
+
+plan options:
+  --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
+  --weights-bits N       16, 8 or 4 (8/4: one fp16 scale per 128 weights; default 16)
+  --kv NAME              KV cache: bf16, fp8, kivi2, kivi4, flexgen4 (default bf16)
+  --state-codec NAME     all (default: fp32 bf16 int8 int6 stepquant6 stepquant4) or one
+                         codec name (stepquant: nominal plan, see docs/capacity.md)
+  --slots N              state slots per request (default 1)
+  --context N            tokens per request (default 32768)
+  --gpu-memory SIZE      memory of one GPU, e.g. 141GiB, 80GB (default 141GiB)
+  --reserved F           fraction kept back for activations and runtime (default 0.1)
+  --tp N                 tensor-parallel degree (default 1)
+  --concurrency N        breakdown at N requests (default: at each codec's maximum)
 
 options:
   --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
@@ -34,10 +54,11 @@ options:
   --tenant NAME    tenant to connect as (default: the daemon's "default" tenant)
   --timeout MS     per-call timeout in milliseconds (default 10000)
   --count N        ping: number of round trips (default 1)
-  --json           machine-readable output (ping, stats)
+  --json           machine-readable output (ping, stats, install-plan, plan)
   -h, --help       this text
 
-exit status: 0 success, 1 daemon error or daemon unreachable, 2 usage error
+exit status: 0 success, 1 daemon error or daemon unreachable (plan: unreadable or
+unsupported model config), 2 usage error
 )";
 
 struct Args {
@@ -45,6 +66,9 @@ struct Args {
   std::string command;
   std::string plan_file;  ///< install-plan
   std::uint64_t count = 1;
+  // plan
+  std::string model;
+  statepool::planner::PlanInputs plan;
   bool json = false;
   bool help = false;
 };
@@ -69,6 +93,46 @@ Args parse(int argc, char** argv) {
           statepool::tools::parse_uint("--timeout", value, 1, 3600 * 1000));
     } else if (statepool::tools::take_value(argc, argv, i, "--count", value)) {
       args.count = statepool::tools::parse_uint("--count", value, 1, 1000000);
+    } else if (statepool::tools::take_value(argc, argv, i, "--model", value)) {
+      args.model = value;
+    } else if (statepool::tools::take_value(argc, argv, i, "--weights-bits", value)) {
+      const auto bits = statepool::tools::parse_uint("--weights-bits", value, 4, 16);
+      if (bits != 4 && bits != 8 && bits != 16)
+        throw UsageError{"--weights-bits must be 16, 8 or 4, got " + value};
+      args.plan.weight_bits = static_cast<std::uint32_t>(bits);
+    } else if (statepool::tools::take_value(argc, argv, i, "--kv", value)) {
+      if (!statepool::planner::parse_kv_dtype(value, args.plan.kv))
+        throw UsageError{"--kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got '" + value + "'"};
+    } else if (statepool::tools::take_value(argc, argv, i, "--state-codec", value)) {
+      args.plan.codecs.clear();
+      if (value != "all") {
+        statepool::kernels::CodecId id{};
+        if (!statepool::kernels::parse_codec(value, id))
+          throw UsageError{"--state-codec: unknown codec '" + value + "'"};
+        args.plan.codecs.push_back(id);
+      }
+    } else if (statepool::tools::take_value(argc, argv, i, "--slots", value)) {
+      args.plan.slots =
+          static_cast<std::uint32_t>(statepool::tools::parse_uint("--slots", value, 1, 1024));
+    } else if (statepool::tools::take_value(argc, argv, i, "--context", value)) {
+      args.plan.context = statepool::tools::parse_uint("--context", value, 1, 1ull << 32);
+    } else if (statepool::tools::take_value(argc, argv, i, "--tp", value)) {
+      args.plan.tp =
+          static_cast<std::uint32_t>(statepool::tools::parse_uint("--tp", value, 1, 1024));
+    } else if (statepool::tools::take_value(argc, argv, i, "--concurrency", value)) {
+      args.plan.concurrency = statepool::tools::parse_uint("--concurrency", value, 0, 1ull << 32);
+    } else if (statepool::tools::take_value(argc, argv, i, "--gpu-memory", value)) {
+      try {
+        args.plan.gpu_memory = statepool::planner::parse_bytes(value);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError{std::string("--gpu-memory: ") + e.what()};
+      }
+    } else if (statepool::tools::take_value(argc, argv, i, "--reserved", value)) {
+      char* end = nullptr;
+      const double f = std::strtod(value.c_str(), &end);
+      if (value.empty() || end != value.c_str() + value.size() || !(f >= 0.0 && f < 1.0))
+        throw UsageError{"--reserved must be a fraction in [0, 1), got '" + value + "'"};
+      args.plan.reserved = f;
     } else if (!arg.empty() && arg.front() == '-') {
       throw UsageError{"unknown option " + arg};
     } else if (args.command.empty()) {
@@ -82,11 +146,13 @@ Args parse(int argc, char** argv) {
   if (args.help) return args;
   if (args.command.empty()) throw UsageError{"no command given"};
   if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
-      args.command != "install-plan") {
+      args.command != "install-plan" && args.command != "plan") {
     throw UsageError{"unknown command '" + args.command + "'"};
   }
   if (args.command == "install-plan" && args.plan_file.empty())
     throw UsageError{"install-plan needs a plan file"};
+  if (args.command == "plan" && args.model.empty())
+    throw UsageError{"plan needs --model CONFIG.json"};
   return args;
 }
 
@@ -128,6 +194,27 @@ void ping(statepool::client::Connection& conn, const Args& args) {
   }
 }
 
+/// statepoolctl plan: offline, no daemon.
+int plan_command(const Args& args) {
+  statepool::planner::ModelSpec model;
+  try {
+    model = statepool::planner::load_model(args.model);
+  } catch (const std::exception& e) {
+    std::cerr << "statepoolctl: " << e.what() << '\n';
+    return 1;
+  }
+  statepool::planner::PlanReport report;
+  try {
+    report = statepool::planner::plan(model, args.plan);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "statepoolctl: plan: " << e.what() << "\n\n" << kUsage;
+    return 2;
+  }
+  std::cout << (args.json ? statepool::planner::format_json(report)
+                          : statepool::planner::format_text(report));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,6 +228,14 @@ int main(int argc, char** argv) {
   if (args.help) {
     std::cout << kUsage;
     return 0;
+  }
+  if (args.command == "plan") {
+    try {
+      return plan_command(args);
+    } catch (const std::exception& e) {
+      std::cerr << "statepoolctl: " << e.what() << '\n';
+      return 1;
+    }
   }
   try {
     auto conn = statepool::client::Connection::connect(args.options);

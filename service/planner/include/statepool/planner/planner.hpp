@@ -1,0 +1,135 @@
+#pragma once
+// Capacity planner (DESIGN.md, "Capacity planner"): from a ModelSpec and deployment
+// choices, the bytes of one request's recurrent state (exact page bytes, as the pool
+// stores them), of its KV cache, of the weights, and what fits on one GPU.
+//
+// Memory model, per GPU (tensor-parallel rank):
+//   usable      = gpu_memory * (1 - reserved)
+//   per request = slots * state page stride + KV bytes at `context` tokens
+//   weights     = ceil(parameters * weight_bits / 8 + group metadata) / tp
+//   max concurrency = floor((usable - weights) / per request)
+//   crossover   = smallest concurrency N with N * state bytes > weights
+// What tensor parallelism divides: weights (all of them, evenly), linear-attention heads
+// (key and value heads, hence conv channels; must divide), GQA KV heads (ceil(kv/tp): a
+// rank with fewer KV heads than needed holds a replica). The MLA latent is not divided
+// (every rank caches the whole latent).
+//
+// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/planner/model.hpp"
+
+namespace statepool::planner {
+
+/// Pages are placed at this alignment in an arena; must equal service::kPageAlignment
+/// (checked by the tests).
+inline constexpr std::uint64_t kPageAlignment = 256;
+
+/// KV-cache storage of the full-attention layers (STEPQUANT.md, "KV-cache codecs").
+///   bf16      2 B per element
+///   fp8       1 B per element (per-tensor scales ignored)
+///   flexgen4  4-bit asymmetric, groups of 32 along each token's vector, fp16 scale and
+///             offset per group: 20 B per 32 elements (ratio 3.2 vs FP16)
+///   kivi2/4   keys per channel (groups of 32 tokens), values per token (groups of 32
+///             channels), fp16 scale and offset per group; the newest min(context, 128)
+///             tokens stay FP16. A partial group of keys is stored whole. MLA: the latent
+///             is one stream, quantized per channel like keys.
+enum class KvDtype : std::uint8_t { bf16, fp8, kivi2, kivi4, flexgen4 };
+
+[[nodiscard]] const char* to_string(KvDtype kv) noexcept;
+[[nodiscard]] bool parse_kv_dtype(std::string_view text, KvDtype& out) noexcept;
+
+inline constexpr std::uint32_t kKvGroup = 32;
+inline constexpr std::uint64_t kKiviResidualTokens = 128;
+
+/// Bytes of one KV stream of `channels` values per token over `tokens` tokens.
+/// `per_channel`: KIVI keys layout (groups along tokens); otherwise per token.
+[[nodiscard]] std::uint64_t kv_stream_bytes(KvDtype kv, std::uint64_t channels,
+                                            std::uint64_t tokens, bool per_channel) noexcept;
+
+/// The state codecs the planner compares.
+[[nodiscard]] const std::vector<kernels::CodecId>& planner_codecs();
+
+/// Nominal STEPQuant plan for planning: every unit at the budget width (6 or 4), the
+/// first default_pivot_count(arch, units) units as FP16 pivots (16 bits), impact all 1.
+/// A calibrated plan's bytes differ slightly (its allocator gives pivots' extra bits back).
+[[nodiscard]] kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
+                                                    std::uint32_t budget_bits);
+
+struct PlanInputs {
+  std::uint32_t weight_bits = 16;  ///< 16, 8 or 4
+  KvDtype kv = KvDtype::bf16;
+  std::vector<kernels::CodecId> codecs;  ///< empty = planner_codecs()
+  std::uint32_t slots = 1;               ///< state slots per request
+  std::uint64_t context = 32768;         ///< tokens per request
+  std::uint64_t gpu_memory = 141ull << 30;
+  double reserved = 0.1;  ///< fraction of gpu_memory kept for activations, runtime, ...
+  std::uint32_t tp = 1;
+  /// Concurrency of the breakdown; unset = each codec's max concurrency.
+  std::optional<std::uint64_t> concurrency;
+};
+
+struct Breakdown {
+  std::uint64_t concurrency = 0;
+  std::uint64_t weights = 0;
+  std::uint64_t state = 0;
+  std::uint64_t kv = 0;
+  std::uint64_t total = 0;
+  std::int64_t free = 0;  ///< usable - total (negative: does not fit)
+};
+
+struct CodecRow {
+  kernels::CodecId codec = kernels::CodecId::fp32;
+  bool nominal_plan = false;            ///< stepquant: bytes from nominal_plan()
+  std::uint32_t pivots = 0;             ///< stepquant: pivot units of the nominal plan
+  std::uint64_t page_bytes = 0;         ///< PageCodec::page_bytes (recurrent + conv)
+  std::uint64_t page_stride = 0;        ///< rounded up to kPageAlignment
+  std::uint64_t state_per_request = 0;  ///< slots * page_stride
+  double ratio_vs_fp32 = 0;             ///< fp32 state / this state (same slots)
+  double ratio_vs_bf16 = 0;
+  double saving_vs_fp32 = 0;  ///< 1 - this / fp32 (fraction of bytes saved)
+  double saving_vs_bf16 = 0;
+  std::uint64_t per_request = 0;  ///< state + KV
+  std::uint64_t max_concurrency = 0;
+  std::uint64_t crossover = 0;  ///< N where N * state first exceeds the weights
+  bool crossover_fits = false;  ///< crossover <= max_concurrency
+  Breakdown breakdown;
+};
+
+struct PlanReport {
+  ModelSpec model;
+  PlanInputs inputs;
+  kernels::StateLayout layout;       ///< per-GPU state shape (heads / tp), FP32 codec
+  std::uint64_t weights = 0;         ///< per GPU
+  double kv_per_token = 0;           ///< per GPU, steady rate (KIVI: quantized part)
+  std::uint64_t kv_per_request = 0;  ///< per GPU at inputs.context
+  std::uint64_t usable = 0;          ///< gpu_memory * (1 - reserved)
+  std::vector<CodecRow> rows;
+};
+
+/// Weight bytes of the whole model: 16 bits: 2 B per parameter; 8 / 4 bits: 1 / 0.5 B
+/// plus one fp16 scale per 128 weights (group-wise weight-only quantization).
+[[nodiscard]] std::uint64_t weight_bytes(std::uint64_t parameters, std::uint32_t bits);
+/// KV bytes per request on one rank.
+[[nodiscard]] std::uint64_t kv_request_bytes(const ModelSpec& model, KvDtype kv,
+                                             std::uint64_t context, std::uint32_t tp);
+
+/// Runs the plan. Throws std::invalid_argument for bad inputs (naming them).
+[[nodiscard]] PlanReport plan(const ModelSpec& model, const PlanInputs& inputs);
+
+/// Readable table and notes.
+[[nodiscard]] std::string format_text(const PlanReport& report);
+/// One JSON object (Boost.JSON inside).
+[[nodiscard]] std::string format_json(const PlanReport& report);
+
+/// "141GiB", "80GB", "1.5TiB", "123456" (bytes). Throws std::invalid_argument.
+[[nodiscard]] std::uint64_t parse_bytes(std::string_view text);
+
+}  // namespace statepool::planner

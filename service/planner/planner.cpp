@@ -1,0 +1,409 @@
+#include "statepool/planner/planner.hpp"
+
+#include <boost/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+
+#include "statepool/calibration/statistics.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+
+namespace statepool::planner {
+namespace {
+
+using kernels::CodecId;
+
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) {
+  return (a + b - 1) / b;
+}
+std::uint64_t round_up(std::uint64_t a, std::uint64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+bool is_stepquant(CodecId id) {
+  return id == CodecId::stepquant4 || id == CodecId::stepquant6;
+}
+
+/// Bytes of one 32-value group at `bits` with an fp16 scale and offset.
+std::uint64_t group_bytes(std::uint32_t bits) {
+  return kKvGroup * bits / 8 + 4;
+}
+
+/// The per-GPU state shape: linear heads divided by tp.
+kernels::StateLayout rank_layout(const ModelSpec& m, std::uint32_t tp) {
+  kernels::StateLayout layout = m.state_layout();
+  if (m.linear_value_heads % tp != 0 || m.linear_key_heads % tp != 0) {
+    throw std::invalid_argument("tp " + std::to_string(tp) + " does not divide the linear heads (" +
+                                std::to_string(m.linear_key_heads) + " key / " +
+                                std::to_string(m.linear_value_heads) + " value)");
+  }
+  const std::uint32_t kh = m.linear_key_heads / tp;
+  const std::uint32_t vh = m.linear_value_heads / tp;
+  layout.num_heads = vh;
+  layout.conv_channels = m.arch == kernels::Arch::kda
+                             ? 3 * vh * m.linear_value_dim
+                             : 2 * kh * m.linear_key_dim + vh * m.linear_value_dim;
+  return layout;
+}
+
+std::uint64_t page_bytes_for(const kernels::StateLayout& base, CodecId id, std::uint32_t* pivots) {
+  kernels::StateLayout layout = base;
+  layout.codec.id = id;
+  if (is_stepquant(id)) {
+    auto plan = std::make_shared<kernels::stepquant::Plan>(
+        nominal_plan(layout, id == CodecId::stepquant6 ? 6 : 4));
+    if (pivots != nullptr) *pivots = plan->pivots();
+    layout.plan = std::move(plan);
+  }
+  const kernels::PageCodec codec(std::move(layout));
+  return codec.page_bytes();
+}
+
+std::string fixed(double v, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, v);
+  return text;
+}
+std::string mib(std::uint64_t bytes) {
+  return fixed(static_cast<double>(bytes) / (1 << 20), 1);
+}
+std::string gib(double bytes) {
+  return fixed(bytes / (1 << 30), 2);
+}
+
+}  // namespace
+
+const char* to_string(KvDtype kv) noexcept {
+  switch (kv) {
+    case KvDtype::bf16: return "bf16";
+    case KvDtype::fp8: return "fp8";
+    case KvDtype::kivi2: return "kivi2";
+    case KvDtype::kivi4: return "kivi4";
+    case KvDtype::flexgen4: return "flexgen4";
+  }
+  return "?";
+}
+
+bool parse_kv_dtype(std::string_view text, KvDtype& out) noexcept {
+  for (const KvDtype kv :
+       {KvDtype::bf16, KvDtype::fp8, KvDtype::kivi2, KvDtype::kivi4, KvDtype::flexgen4}) {
+    if (text == to_string(kv)) {
+      out = kv;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::uint64_t kv_stream_bytes(KvDtype kv, std::uint64_t channels, std::uint64_t tokens,
+                              bool per_channel) noexcept {
+  switch (kv) {
+    case KvDtype::bf16: return channels * tokens * 2;
+    case KvDtype::fp8: return channels * tokens;
+    case KvDtype::flexgen4: return tokens * ceil_div(channels, kKvGroup) * group_bytes(4);
+    case KvDtype::kivi2:
+    case KvDtype::kivi4: {
+      const std::uint64_t g = group_bytes(kv == KvDtype::kivi2 ? 2 : 4);
+      const std::uint64_t residual = std::min(tokens, kKiviResidualTokens);
+      const std::uint64_t quantized = tokens - residual;
+      const std::uint64_t q = per_channel ? channels * ceil_div(quantized, kKvGroup) * g
+                                          : quantized * ceil_div(channels, kKvGroup) * g;
+      return q + residual * channels * 2;
+    }
+  }
+  return 0;
+}
+
+const std::vector<CodecId>& planner_codecs() {
+  static const std::vector<CodecId> codecs = {CodecId::fp32,       CodecId::bf16,
+                                              CodecId::int8,       CodecId::int6,
+                                              CodecId::stepquant6, CodecId::stepquant4};
+  return codecs;
+}
+
+kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
+                                      std::uint32_t budget_bits) {
+  kernels::stepquant::Plan plan;
+  plan.arch = layout.arch;
+  plan.num_layers = layout.num_layers;
+  plan.num_heads = layout.num_heads;
+  plan.key_dim = layout.key_dim;
+  plan.value_dim = layout.value_dim;
+  plan.budget_bits = budget_bits;
+  const std::size_t units = plan.units();
+  const std::uint32_t pivots = calibration::default_pivot_count(layout.arch, units);
+  plan.widths.assign(units, static_cast<std::uint8_t>(budget_bits));
+  std::fill_n(plan.widths.begin(), std::min<std::size_t>(pivots, units),
+              kernels::stepquant::kPivotWidth);
+  plan.impact.assign(std::size_t{plan.num_layers} * plan.num_heads * plan.key_dim, 1.0f);
+  plan.source = "statepool planner nominal plan";
+  return plan;
+}
+
+std::uint64_t weight_bytes(std::uint64_t parameters, std::uint32_t bits) {
+  switch (bits) {
+    case 16: return parameters * 2;
+    case 8: return parameters + 2 * ceil_div(parameters, 128);
+    case 4: return ceil_div(parameters, 2) + 2 * ceil_div(parameters, 128);
+    default:
+      throw std::invalid_argument("weight bits must be 16, 8 or 4, got " + std::to_string(bits));
+  }
+}
+
+std::uint64_t kv_request_bytes(const ModelSpec& m, KvDtype kv, std::uint64_t context,
+                               std::uint32_t tp) {
+  if (m.attention == AttentionKind::mla) {
+    // The latent is shared by all heads: every rank holds all of it.
+    const std::uint64_t channels = std::uint64_t{m.kv_lora_rank} + m.qk_rope_head_dim;
+    return m.full_layers * kv_stream_bytes(kv, channels, context, true);
+  }
+  const std::uint64_t heads = ceil_div(m.kv_heads, tp);  // replicated when tp > kv heads
+  const std::uint64_t channels = heads * m.head_dim;
+  return m.full_layers * (kv_stream_bytes(kv, channels, context, true) +
+                          kv_stream_bytes(kv, channels, context, false));
+}
+
+PlanReport plan(const ModelSpec& model, const PlanInputs& in) {
+  if (in.tp == 0) throw std::invalid_argument("tp must be at least 1");
+  if (in.slots == 0) throw std::invalid_argument("slots must be at least 1");
+  if (in.context == 0) throw std::invalid_argument("context must be at least 1 token");
+  if (in.gpu_memory == 0) throw std::invalid_argument("gpu memory must be positive");
+  if (!(in.reserved >= 0.0 && in.reserved < 1.0)) {
+    throw std::invalid_argument("reserved fraction must be in [0, 1), got " +
+                                fixed(in.reserved, 3));
+  }
+  PlanReport r;
+  r.model = model;
+  r.inputs = in;
+  if (r.inputs.codecs.empty()) r.inputs.codecs = planner_codecs();
+  r.layout = rank_layout(model, in.tp);
+  r.weights = ceil_div(weight_bytes(model.parameters, in.weight_bits), in.tp);
+  r.kv_per_request = kv_request_bytes(model, in.kv, in.context, in.tp);
+  if (in.kv == KvDtype::kivi2 || in.kv == KvDtype::kivi4) {
+    // Steady rate: the cost of 32 more quantized tokens past the FP16 residual.
+    const std::uint64_t t0 = kKiviResidualTokens;
+    r.kv_per_token = static_cast<double>(kv_request_bytes(model, in.kv, t0 + kKvGroup, in.tp) -
+                                         kv_request_bytes(model, in.kv, t0, in.tp)) /
+                     kKvGroup;
+  } else {
+    r.kv_per_token = static_cast<double>(kv_request_bytes(model, in.kv, 1, in.tp));
+  }
+  r.usable = static_cast<std::uint64_t>(
+      std::floor(static_cast<double>(in.gpu_memory) * (1.0 - in.reserved)));
+  const std::uint64_t fp32 =
+      in.slots * round_up(page_bytes_for(r.layout, CodecId::fp32, nullptr), kPageAlignment);
+  const std::uint64_t bf16 =
+      in.slots * round_up(page_bytes_for(r.layout, CodecId::bf16, nullptr), kPageAlignment);
+  for (const CodecId id : r.inputs.codecs) {
+    CodecRow row;
+    row.codec = id;
+    row.nominal_plan = is_stepquant(id);
+    row.page_bytes = page_bytes_for(r.layout, id, &row.pivots);
+    row.page_stride = round_up(row.page_bytes, kPageAlignment);
+    row.state_per_request = in.slots * row.page_stride;
+    const double s = static_cast<double>(row.state_per_request);
+    row.ratio_vs_fp32 = static_cast<double>(fp32) / s;
+    row.ratio_vs_bf16 = static_cast<double>(bf16) / s;
+    row.saving_vs_fp32 = 1.0 - s / static_cast<double>(fp32);
+    row.saving_vs_bf16 = 1.0 - s / static_cast<double>(bf16);
+    row.per_request = row.state_per_request + r.kv_per_request;
+    row.max_concurrency = r.usable > r.weights ? (r.usable - r.weights) / row.per_request : 0;
+    row.crossover = r.weights / row.state_per_request + 1;
+    row.crossover_fits = row.crossover <= row.max_concurrency;
+    Breakdown& b = row.breakdown;
+    b.concurrency = in.concurrency.value_or(row.max_concurrency);
+    b.weights = r.weights;
+    b.state = b.concurrency * row.state_per_request;
+    b.kv = b.concurrency * r.kv_per_request;
+    b.total = b.weights + b.state + b.kv;
+    b.free = static_cast<std::int64_t>(r.usable) - static_cast<std::int64_t>(b.total);
+    r.rows.push_back(row);
+  }
+  return r;
+}
+
+std::string format_text(const PlanReport& r) {
+  const ModelSpec& m = r.model;
+  const PlanInputs& in = r.inputs;
+  std::ostringstream out;
+  out << "model      " << m.model_type << " (" << to_string(m.family) << "): " << m.num_layers
+      << " layers = " << m.linear_layers << ' ' << kernels::to_string(m.arch) << " + "
+      << m.full_layers << " full (" << to_string(m.attention) << "), "
+      << fixed(static_cast<double>(m.parameters) / 1e9, 2) << "B parameters\n";
+  out << "state      per GPU: " << r.layout.num_layers << " layers x " << r.layout.num_heads
+      << " heads x " << r.layout.key_dim << " x " << r.layout.value_dim << ", conv "
+      << r.layout.conv_channels << " ch x " << r.layout.conv_width << " (bf16); " << in.slots
+      << " slot(s) per request; model state dtype "
+      << (m.state_dtype == kernels::DType::f32 ? "fp32" : "bf16")
+      << (m.state_dtype_declared ? " (declared)" : " (not declared: engine default)") << '\n';
+  out << "deployment " << in.weight_bits << "-bit weights, KV " << to_string(in.kv) << ", context "
+      << in.context << ", tp " << in.tp << ", GPU " << gib(static_cast<double>(in.gpu_memory))
+      << " GiB, reserved " << fixed(in.reserved * 100, 1) << "% -> usable "
+      << gib(static_cast<double>(r.usable)) << " GiB\n";
+  out << "weights    " << gib(static_cast<double>(r.weights)) << " GiB per GPU"
+      << (r.weights >= r.usable ? "  (do not fit: more tp, fewer weight bits or a larger GPU)" : "")
+      << '\n';
+  out << "KV cache   " << fixed(r.kv_per_token, 1) << " B/token, " << mib(r.kv_per_request)
+      << " MiB/request at " << in.context << " tokens\n\n";
+
+  char line[256];
+  std::snprintf(line, sizeof line, "%-11s %12s %8s %8s %13s %9s %10s %s\n", "codec",
+                "state MiB/req", "vs FP32", "vs BF16", "req MiB(+KV)", "max conc", "crossover",
+                (in.concurrency ? "  breakdown at " + std::to_string(*in.concurrency) +
+                                      ": weights + state + KV GiB"
+                                : std::string("  breakdown at max: weights + state + KV GiB"))
+                    .c_str());
+  out << line;
+  for (const CodecRow& row : r.rows) {
+    const std::string cross = std::to_string(row.crossover) + (row.crossover_fits ? "" : "*");
+    const std::string breakdown = gib(static_cast<double>(row.breakdown.weights)) + " + " +
+                                  gib(static_cast<double>(row.breakdown.state)) + " + " +
+                                  gib(static_cast<double>(row.breakdown.kv));
+    std::snprintf(
+        line, sizeof line, "%-11s %12s %7sx %7sx %13s %9llu %10s   %s\n",
+        (std::string(kernels::to_string(row.codec)) + (row.nominal_plan ? "+" : "")).c_str(),
+        mib(row.state_per_request).c_str(), fixed(row.ratio_vs_fp32, 2).c_str(),
+        fixed(row.ratio_vs_bf16, 2).c_str(), mib(row.per_request).c_str(),
+        static_cast<unsigned long long>(row.max_concurrency), cross.c_str(), breakdown.c_str());
+    out << line;
+  }
+  out << "\ncrossover: concurrency at which the state pool passes the weights; * = beyond max "
+         "concurrency (weights stay larger)\n";
+  bool nominal = false;
+  for (const CodecRow& row : r.rows) nominal = nominal || row.nominal_plan;
+  if (nominal) {
+    out << "+ stepquant: nominal plan (every unit at the budget width, default pivot count as "
+           "FP16 pivots); a calibrated plan's pages differ slightly\n";
+  }
+  out << "state sizes are exact page bytes rounded to the pool's " << kPageAlignment
+      << "-byte page stride\n";
+  return out.str();
+}
+
+std::string format_json(const PlanReport& r) {
+  namespace json = boost::json;
+  const ModelSpec& m = r.model;
+  const PlanInputs& in = r.inputs;
+  json::object model;
+  model["model_type"] = m.model_type;
+  model["family"] = to_string(m.family);
+  model["arch"] = kernels::to_string(m.arch);
+  model["layers"] = m.num_layers;
+  model["linear_layers"] = m.linear_layers;
+  model["full_layers"] = m.full_layers;
+  model["linear_key_heads"] = m.linear_key_heads;
+  model["linear_value_heads"] = m.linear_value_heads;
+  model["linear_key_dim"] = m.linear_key_dim;
+  model["linear_value_dim"] = m.linear_value_dim;
+  model["conv_kernel"] = m.conv_kernel;
+  model["conv_channels"] = m.conv_channels;
+  model["state_dtype"] = m.state_dtype == kernels::DType::f32 ? "fp32" : "bf16";
+  model["state_dtype_declared"] = m.state_dtype_declared;
+  model["attention"] = to_string(m.attention);
+  if (m.attention == AttentionKind::gqa) {
+    model["kv_heads"] = m.kv_heads;
+    model["head_dim"] = m.head_dim;
+  } else {
+    model["kv_lora_rank"] = m.kv_lora_rank;
+    model["qk_rope_head_dim"] = m.qk_rope_head_dim;
+  }
+  model["parameters"] = m.parameters;
+
+  json::object inputs;
+  inputs["weight_bits"] = in.weight_bits;
+  inputs["kv"] = to_string(in.kv);
+  inputs["slots"] = in.slots;
+  inputs["context"] = in.context;
+  inputs["gpu_memory"] = in.gpu_memory;
+  inputs["reserved"] = in.reserved;
+  inputs["tp"] = in.tp;
+  if (in.concurrency) inputs["concurrency"] = *in.concurrency;
+
+  json::array rows;
+  for (const CodecRow& row : r.rows) {
+    json::object o;
+    o["codec"] = kernels::to_string(row.codec);
+    o["nominal_plan"] = row.nominal_plan;
+    if (row.nominal_plan) o["pivots"] = row.pivots;
+    o["page_bytes"] = row.page_bytes;
+    o["page_stride"] = row.page_stride;
+    o["state_bytes_per_request"] = row.state_per_request;
+    o["ratio_vs_fp32"] = row.ratio_vs_fp32;
+    o["ratio_vs_bf16"] = row.ratio_vs_bf16;
+    o["saving_vs_fp32"] = row.saving_vs_fp32;
+    o["saving_vs_bf16"] = row.saving_vs_bf16;
+    o["bytes_per_request"] = row.per_request;
+    o["max_concurrency"] = row.max_concurrency;
+    o["crossover"] = row.crossover;
+    o["crossover_fits"] = row.crossover_fits;
+    json::object b;
+    b["concurrency"] = row.breakdown.concurrency;
+    b["weights"] = row.breakdown.weights;
+    b["state"] = row.breakdown.state;
+    b["kv"] = row.breakdown.kv;
+    b["total"] = row.breakdown.total;
+    b["free"] = row.breakdown.free;
+    o["breakdown"] = std::move(b);
+    rows.push_back(std::move(o));
+  }
+  json::object root;
+  root["model"] = std::move(model);
+  root["inputs"] = std::move(inputs);
+  root["page_alignment"] = kPageAlignment;
+  root["weights_bytes"] = r.weights;
+  root["kv_bytes_per_token"] = r.kv_per_token;
+  root["kv_bytes_per_request"] = r.kv_per_request;
+  root["usable_bytes"] = r.usable;
+  root["codecs"] = std::move(rows);
+  return json::serialize(root) + "\n";
+}
+
+std::uint64_t parse_bytes(std::string_view text) {
+  const std::string s(text);
+  std::size_t pos = 0;
+  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) != 0 || s[pos] == '.'))
+    ++pos;
+  const std::string number = s.substr(0, pos);
+  std::string unit = s.substr(pos);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1) {
+    throw std::invalid_argument("expected a size like 141GiB or 80GB, got '" + s + "'");
+  }
+  double scale = 0;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "kb")
+    scale = 1e3;
+  else if (unit == "mb")
+    scale = 1e6;
+  else if (unit == "gb")
+    scale = 1e9;
+  else if (unit == "tb")
+    scale = 1e12;
+  else if (unit == "kib")
+    scale = 1024.0;
+  else if (unit == "mib")
+    scale = 1024.0 * 1024;
+  else if (unit == "gib")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "tib")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else
+    throw std::invalid_argument("unknown size unit '" + unit + "' in '" + s +
+                                "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  const double value = std::stod(number) * scale;
+  if (!(value >= 1.0) || value > 1e18) {
+    throw std::invalid_argument("size out of range: '" + s + "'");
+  }
+  return static_cast<std::uint64_t>(std::llround(value));
+}
+
+}  // namespace statepool::planner

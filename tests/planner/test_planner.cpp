@@ -1,0 +1,210 @@
+// Planner arithmetic: exact state page bytes by hand, KV bytes, KIVI/FlexGen formulas,
+// concurrency and crossover on a small hand-computable model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "pool/pool.hpp"
+#include "statepool/planner/planner.hpp"
+
+namespace statepool::planner {
+namespace {
+
+using kernels::CodecId;
+
+ModelSpec load(const std::string& file) {
+  return load_model(std::string(STATEPOOL_MODELS_DIR) + "/" + file);
+}
+
+const CodecRow& row(const PlanReport& r, CodecId id) {
+  for (const CodecRow& x : r.rows) {
+    if (x.codec == id) return x;
+  }
+  throw std::logic_error("codec not in report");
+}
+
+PlanReport run(const ModelSpec& m, PlanInputs in = {}) {
+  return plan(m, in);
+}
+
+TEST(Planner, PageAlignmentMatchesThePool) {
+  EXPECT_EQ(kPageAlignment, service::kPageAlignment);
+}
+
+TEST(Planner, Qwen3NextStateBytesByHand) {
+  const PlanReport r = run(load("qwen3-next-80b-a3b-instruct.json"));
+  const std::uint64_t recurrent = 36ull * 32 * 128 * 128 * 4;
+  EXPECT_EQ(recurrent, 75'497'472u);
+  // Conv: 36 layers x (2*16*128 + 32*128 = 8192 channels) x (4 - 1) x 2 B (bf16).
+  const std::uint64_t conv = 36ull * 8192 * 3 * 2;
+  EXPECT_EQ(conv, 1'769'472u);
+  const CodecRow& fp32 = row(r, CodecId::fp32);
+  EXPECT_EQ(fp32.page_bytes, recurrent + conv);  // 77,266,944 (a multiple of 256)
+  EXPECT_EQ(fp32.state_per_request, recurrent + conv);
+  EXPECT_EQ(row(r, CodecId::bf16).page_bytes, recurrent / 2 + conv);
+  EXPECT_DOUBLE_EQ(fp32.ratio_vs_fp32, 1.0);
+  // KV: 12 layers x (K + V) x 2 heads x 256 x 2 B.
+  EXPECT_DOUBLE_EQ(r.kv_per_token, 24'576.0);
+  EXPECT_EQ(r.kv_per_request, 24'576ull * 32768);
+}
+
+TEST(Planner, Qwen35StateBytesByHand) {
+  const PlanReport r = run(load("qwen3.5-27b.json"));
+  const std::uint64_t recurrent = 48ull * 48 * 128 * 128 * 4;
+  EXPECT_EQ(recurrent, 150'994'944u);
+  const std::uint64_t conv = 48ull * (2 * 16 * 128 + 48 * 128) * 3 * 2;  // 2,949,120
+  EXPECT_EQ(row(r, CodecId::fp32).page_bytes, recurrent + conv);
+  EXPECT_DOUBLE_EQ(r.kv_per_token, 16.0 * 2 * 4 * 256 * 2);  // 65,536
+}
+
+TEST(Planner, KimiStateAndMlaBytesByHand) {
+  const PlanReport r = run(load("kimi-linear-48b-a3b-instruct.json"));
+  const std::uint64_t recurrent = 20ull * 32 * 128 * 128 * 4;  // 41,943,040
+  const std::uint64_t conv = 20ull * (3 * 32 * 128) * 3 * 2;   // q, k, v convs: 1,474,560
+  EXPECT_EQ(row(r, CodecId::fp32).page_bytes, recurrent + conv);
+  // MLA: 7 layers x (512 latent + 64 rope) x 2 B, not 72-dim heads.
+  EXPECT_DOUBLE_EQ(r.kv_per_token, 7.0 * 576 * 2);  // 8,064
+}
+
+TEST(Planner, CodecTableOrdersAndUsesNominalPlans) {
+  const PlanReport r = run(load("qwen3-next-80b-a3b-instruct.json"));
+  ASSERT_EQ(r.rows.size(), 6u);
+  const CodecRow& sq6 = row(r, CodecId::stepquant6);
+  const CodecRow& sq4 = row(r, CodecId::stepquant4);
+  EXPECT_TRUE(sq6.nominal_plan);
+  EXPECT_EQ(sq6.pivots, 16u);  // round(32/2304 * 1152 heads)
+  EXPECT_LT(sq4.state_per_request, sq6.state_per_request);
+  EXPECT_LT(sq6.state_per_request, row(r, CodecId::int8).state_per_request);
+  EXPECT_LT(row(r, CodecId::int8).state_per_request, row(r, CodecId::bf16).state_per_request);
+  for (const CodecRow& x : r.rows) {
+    EXPECT_EQ(x.page_stride % 256, 0u);
+    EXPECT_GE(x.page_stride, x.page_bytes);
+    EXPECT_LT(x.page_stride - x.page_bytes, 256u);
+  }
+  // 6 bits + pivots + scales: between 4x and 5.33x smaller than FP32.
+  EXPECT_GT(sq6.ratio_vs_fp32, 4.0);
+  EXPECT_LT(sq6.ratio_vs_fp32, 32.0 / 6.0);
+  EXPECT_NEAR(sq6.saving_vs_fp32, 1.0 - 1.0 / sq6.ratio_vs_fp32, 1e-12);
+  EXPECT_NO_THROW((void)format_text(r));
+  EXPECT_NE(format_json(r).find("\"stepquant6\""), std::string::npos);
+}
+
+TEST(Planner, FlexGenAndKiviMatchStepquantMd) {
+  // FlexGen: 32 FP16 values (64 B) -> 16 B codes + 2 B scale + 2 B offset = 20 B.
+  EXPECT_EQ(kv_stream_bytes(KvDtype::bf16, 32, 1, false), 64u);
+  EXPECT_EQ(kv_stream_bytes(KvDtype::flexgen4, 32, 1, false), 20u);
+  EXPECT_DOUBLE_EQ(64.0 / 20.0, 3.2);
+  // KIVI at 10K tokens, 128 channels, keys per channel + values per token, newest 128 FP16.
+  auto ratio = [](KvDtype kv) {
+    const double fp16 = 2.0 * static_cast<double>(kv_stream_bytes(KvDtype::bf16, 128, 10000, true));
+    const double q = static_cast<double>(kv_stream_bytes(kv, 128, 10000, true) +
+                                         kv_stream_bytes(kv, 128, 10000, false));
+    return fp16 / q;
+  };
+  EXPECT_NEAR(ratio(KvDtype::kivi2), 5.05, 0.005);
+  EXPECT_NEAR(ratio(KvDtype::kivi4), 3.11, 0.005);
+  EXPECT_NEAR(ratio(KvDtype::flexgen4), 3.20, 1e-12);
+  // Short contexts stay entirely FP16.
+  EXPECT_EQ(kv_stream_bytes(KvDtype::kivi2, 128, 100, true), 128u * 100 * 2);
+  // Keys: 128 channels x ceil(32/32) groups x 12 B + 128 residual tokens in FP16.
+  EXPECT_EQ(kv_stream_bytes(KvDtype::kivi2, 128, 160, true), 128u * 12 + 128u * 128 * 2);
+  // Values: 32 tokens x 4 groups x 20 B + residual.
+  EXPECT_EQ(kv_stream_bytes(KvDtype::kivi4, 128, 160, false), 32u * 4 * 20 + 128u * 128 * 2);
+  EXPECT_EQ(kv_stream_bytes(KvDtype::fp8, 128, 10, false), 1280u);
+}
+
+// 4 layers: 3 GDN + 1 full; one 16x16 linear head; one KV head of 16.
+constexpr const char* kTiny = R"({
+  "model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4,
+  "full_attention_interval": 4, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
+  "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+  "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 16,
+  "intermediate_size": 128, "vocab_size": 100})";
+
+TEST(Planner, ConcurrencyAndCrossoverByHand) {
+  ModelSpec m = parse_model(kTiny);
+  EXPECT_EQ(m.linear_layers, 3u);
+  EXPECT_EQ(m.full_layers, 1u);
+  m.parameters = 1'000'000;  // 2,000,000 B at 16 bits
+  PlanInputs in;
+  in.codecs = {CodecId::fp32};
+  in.context = 64;
+  in.gpu_memory = 10'000'000;
+  in.reserved = 0.0;
+  const PlanReport r = plan(m, in);
+  const CodecRow& x = r.rows.at(0);
+  // State: 3 x 16 x 16 x 4 = 3072 + conv 3 x 48 ch x 3 x 2 = 864 -> 3936 -> stride 4096.
+  EXPECT_EQ(x.page_bytes, 3936u);
+  EXPECT_EQ(x.state_per_request, 4096u);
+  // KV: 1 layer x 2 x 16 x 2 B = 64 B/token, x 64 tokens.
+  EXPECT_EQ(r.kv_per_request, 4096u);
+  EXPECT_EQ(r.weights, 2'000'000u);
+  EXPECT_EQ(x.per_request, 8192u);
+  EXPECT_EQ(x.max_concurrency, 976u);  // floor(8,000,000 / 8192)
+  EXPECT_EQ(x.crossover, 489u);        // 488 x 4096 < 2,000,000 < 489 x 4096
+  EXPECT_TRUE(x.crossover_fits);
+  EXPECT_EQ(x.breakdown.concurrency, 976u);
+  EXPECT_EQ(x.breakdown.total, 2'000'000u + 976u * 8192);
+  EXPECT_EQ(x.breakdown.free, 10'000'000 - 2'000'000 - 976 * 8192);
+
+  in.reserved = 0.5;
+  in.slots = 2;  // 8192 state + 4096 KV per request
+  in.concurrency = 100;
+  const CodecRow y = plan(m, in).rows.at(0);  // a copy: the report is a temporary
+  EXPECT_EQ(y.state_per_request, 8192u);
+  EXPECT_EQ(y.max_concurrency, 244u);  // floor(3,000,000 / 12,288)
+  EXPECT_EQ(y.crossover, 245u);        // 244 x 8192 = 1,998,848 < 2,000,000
+  EXPECT_FALSE(y.crossover_fits);
+  EXPECT_EQ(y.breakdown.concurrency, 100u);
+  EXPECT_EQ(y.breakdown.state, 819'200u);
+
+  in.gpu_memory = 1'000'000;  // weights alone do not fit
+  EXPECT_EQ(plan(m, in).rows.at(0).max_concurrency, 0u);
+}
+
+TEST(Planner, WeightBytes) {
+  EXPECT_EQ(weight_bytes(1280, 16), 2560u);
+  EXPECT_EQ(weight_bytes(1280, 8), 1280u + 20u);  // one fp16 scale per 128 weights
+  EXPECT_EQ(weight_bytes(1280, 4), 640u + 20u);
+  EXPECT_THROW((void)weight_bytes(1280, 3), std::invalid_argument);
+}
+
+TEST(Planner, TensorParallelDividesHeads) {
+  const ModelSpec m = load("qwen3-next-80b-a3b-instruct.json");
+  PlanInputs in;
+  in.tp = 2;
+  const PlanReport r = plan(m, in);
+  // 16 value heads, conv 2*8*128 + 16*128 = 4096 channels per rank.
+  EXPECT_EQ(row(r, CodecId::fp32).page_bytes, 36ull * 16 * 128 * 128 * 4 + 36ull * 4096 * 3 * 2);
+  EXPECT_DOUBLE_EQ(r.kv_per_token, 12'288.0);  // 1 KV head per rank
+  EXPECT_EQ(r.weights, (m.parameters * 2 + 1) / 2);
+  in.tp = 4;  // 2 KV heads over 4 ranks: each rank holds a replica of one
+  EXPECT_DOUBLE_EQ(plan(m, in).kv_per_token, 12'288.0);
+  in.tp = 3;
+  EXPECT_THROW((void)plan(m, in), std::invalid_argument);
+  // MLA latent is not divided.
+  PlanInputs k;
+  k.tp = 2;
+  EXPECT_DOUBLE_EQ(plan(load("kimi-linear-48b-a3b-instruct.json"), k).kv_per_token, 8064.0);
+}
+
+TEST(Planner, ParseBytesAndBadInputs) {
+  EXPECT_EQ(parse_bytes("141GiB"), 141ull << 30);
+  EXPECT_EQ(parse_bytes("80GB"), 80'000'000'000u);
+  EXPECT_EQ(parse_bytes("1.5 KiB"), 1536u);
+  EXPECT_EQ(parse_bytes("4096"), 4096u);
+  EXPECT_THROW((void)parse_bytes("lots"), std::invalid_argument);
+  EXPECT_THROW((void)parse_bytes("12XB"), std::invalid_argument);
+  const ModelSpec m = load("qwen3.5-27b.json");
+  PlanInputs in;
+  in.reserved = 1.0;
+  EXPECT_THROW((void)plan(m, in), std::invalid_argument);
+  in.reserved = 0.1;
+  in.weight_bits = 5;
+  EXPECT_THROW((void)plan(m, in), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace statepool::planner
