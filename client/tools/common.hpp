@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,25 @@ namespace statepool::tools {
 struct UsageError {
   std::string message;
 };
+
+/// The command-line prologue every tool shares: `args = parse(argc, argv)`; a UsageError
+/// is printed with the usage text (exit status 2), --help prints the usage (exit 0).
+/// Returns the exit status to leave with now, or nullopt to go on.
+template <class Args, class Parse>
+std::optional<int> parse_command_line(const char* tool, const char* usage, int argc, char** argv,
+                                      Parse parse, Args& args) {
+  try {
+    args = parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << tool << ": " << e.message << "\n\n" << usage;
+    return 2;
+  }
+  if (args.help) {
+    std::cout << usage;
+    return 0;
+  }
+  return std::nullopt;
+}
 
 /// The value of an option that takes one ("--socket PATH" or "--socket=PATH").
 /// Returns true and advances `i` when argv[i] is `name`.

@@ -379,16 +379,9 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  try {
-    args = parse(argc, argv);
-  } catch (const UsageError& e) {
-    std::cerr << "statepool-demo: " << e.message << "\n\n" << kUsage;
-    return 2;
-  }
-  if (args.help) {
-    std::cout << kUsage;
-    return 0;
-  }
+  if (const auto exit_status =
+          statepool::tools::parse_command_line("statepool-demo", kUsage, argc, argv, parse, args))
+    return *exit_status;
   try {
     return run(args);
   } catch (const statepool::client::ConnectionError& e) {

@@ -219,16 +219,9 @@ int plan_command(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  try {
-    args = parse(argc, argv);
-  } catch (const UsageError& e) {
-    std::cerr << "statepoolctl: " << e.message << "\n\n" << kUsage;
-    return 2;
-  }
-  if (args.help) {
-    std::cout << kUsage;
-    return 0;
-  }
+  if (const auto exit_status =
+          statepool::tools::parse_command_line("statepoolctl", kUsage, argc, argv, parse, args))
+    return *exit_status;
   if (args.command == "plan") {
     try {
       return plan_command(args);
