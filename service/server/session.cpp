@@ -224,11 +224,13 @@ asio::awaitable<void> Session::run() {
       }
       HandlerResult result;
       handle_request(server_.context_, state_, *request, result);
-      co_await write_frame(result.builder, result.fd);
+      // Counted before the reply goes out: a client holding its reply must find the
+      // request in the next scrape.
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
       if (server_.metrics_ != nullptr)
         server_.metrics_->observe_request(request->body_type(), result.status, seconds);
+      co_await write_frame(result.builder, result.fd);
       if (result.status != wire::Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",
                   protocol::request_name(request->body_type()), " -> ",
