@@ -128,6 +128,8 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::Ping: return "ping";
     case wire::RequestBody::Drain: return "drain";
     case wire::RequestBody::InstallPlan: return "install_plan";
+    case wire::RequestBody::PlanCapacity: return "plan_capacity";
+    case wire::RequestBody::FitsNow: return "fits_now";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

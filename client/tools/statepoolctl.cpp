@@ -39,8 +39,8 @@ plan options:
   --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
   --weights-bits N       16, 8 or 4 (8/4: one fp16 scale per 128 weights; default 16)
   --kv NAME              KV cache: bf16, fp8, kivi2, kivi4, flexgen4 (default bf16)
-  --state-codec NAME     all (default: fp32 bf16 int8 int6 stepquant6 stepquant4) or one
-                         codec name (stepquant: nominal plan, see docs/capacity.md)
+  --state-codec LIST     all (default: fp32 bf16 int8 int6 stepquant6 stepquant4) or codec
+                         names, comma-separated (stepquant: nominal plan, docs/capacity.md)
   --slots N              state slots per request (default 1)
   --context N            tokens per request (default 32768)
   --gpu-memory SIZE      memory of one GPU, e.g. 141GiB, 80GB (default 141GiB)
@@ -73,6 +73,21 @@ struct Args {
   bool help = false;
 };
 
+/// --NAME VALUE for any planner input; a bad value is a usage error.
+bool take_plan_input(int argc, char** argv, int& i, statepool::planner::PlanInputs& inputs) {
+  for (const std::string_view name : statepool::planner::plan_input_names()) {
+    std::string value;
+    if (!statepool::tools::take_value(argc, argv, i, "--" + std::string(name), value)) continue;
+    try {
+      (void)statepool::planner::set_plan_input(inputs, name, value);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError{std::string("--") + e.what()};
+    }
+    return true;
+  }
+  return false;
+}
+
 Args parse(int argc, char** argv) {
   Args args;
   args.options.socket_path = statepool::tools::default_socket();
@@ -95,44 +110,8 @@ Args parse(int argc, char** argv) {
       args.count = statepool::tools::parse_uint("--count", value, 1, 1000000);
     } else if (statepool::tools::take_value(argc, argv, i, "--model", value)) {
       args.model = value;
-    } else if (statepool::tools::take_value(argc, argv, i, "--weights-bits", value)) {
-      const auto bits = statepool::tools::parse_uint("--weights-bits", value, 4, 16);
-      if (bits != 4 && bits != 8 && bits != 16)
-        throw UsageError{"--weights-bits must be 16, 8 or 4, got " + value};
-      args.plan.weight_bits = static_cast<std::uint32_t>(bits);
-    } else if (statepool::tools::take_value(argc, argv, i, "--kv", value)) {
-      if (!statepool::planner::parse_kv_dtype(value, args.plan.kv))
-        throw UsageError{"--kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got '" + value + "'"};
-    } else if (statepool::tools::take_value(argc, argv, i, "--state-codec", value)) {
-      args.plan.codecs.clear();
-      if (value != "all") {
-        statepool::kernels::CodecId id{};
-        if (!statepool::kernels::parse_codec(value, id))
-          throw UsageError{"--state-codec: unknown codec '" + value + "'"};
-        args.plan.codecs.push_back(id);
-      }
-    } else if (statepool::tools::take_value(argc, argv, i, "--slots", value)) {
-      args.plan.slots =
-          static_cast<std::uint32_t>(statepool::tools::parse_uint("--slots", value, 1, 1024));
-    } else if (statepool::tools::take_value(argc, argv, i, "--context", value)) {
-      args.plan.context = statepool::tools::parse_uint("--context", value, 1, 1ull << 32);
-    } else if (statepool::tools::take_value(argc, argv, i, "--tp", value)) {
-      args.plan.tp =
-          static_cast<std::uint32_t>(statepool::tools::parse_uint("--tp", value, 1, 1024));
-    } else if (statepool::tools::take_value(argc, argv, i, "--concurrency", value)) {
-      args.plan.concurrency = statepool::tools::parse_uint("--concurrency", value, 0, 1ull << 32);
-    } else if (statepool::tools::take_value(argc, argv, i, "--gpu-memory", value)) {
-      try {
-        args.plan.gpu_memory = statepool::planner::parse_bytes(value);
-      } catch (const std::invalid_argument& e) {
-        throw UsageError{std::string("--gpu-memory: ") + e.what()};
-      }
-    } else if (statepool::tools::take_value(argc, argv, i, "--reserved", value)) {
-      char* end = nullptr;
-      const double f = std::strtod(value.c_str(), &end);
-      if (value.empty() || end != value.c_str() + value.size() || !(f >= 0.0 && f < 1.0))
-        throw UsageError{"--reserved must be a fraction in [0, 1), got '" + value + "'"};
-      args.plan.reserved = f;
+    } else if (take_plan_input(argc, argv, i, args.plan)) {
+      // one of the planner's inputs (statepool::planner::plan_input_names())
     } else if (!arg.empty() && arg.front() == '-') {
       throw UsageError{"unknown option " + arg};
     } else if (args.command.empty()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -13,10 +14,14 @@
 #include "statepool/calibration/statistics.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
+#include "internal.hpp"
 
 namespace statepool::planner {
 namespace {
 
+using detail::fixed;
+using detail::gib;
+using detail::mib;
 using kernels::CodecId;
 
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) {
@@ -50,31 +55,6 @@ kernels::StateLayout rank_layout(const ModelSpec& m, std::uint32_t tp) {
                              ? 3 * vh * m.linear_value_dim
                              : 2 * kh * m.linear_key_dim + vh * m.linear_value_dim;
   return layout;
-}
-
-std::uint64_t page_bytes_for(const kernels::StateLayout& base, CodecId id, std::uint32_t* pivots) {
-  kernels::StateLayout layout = base;
-  layout.codec.id = id;
-  if (is_stepquant(id)) {
-    auto plan = std::make_shared<kernels::stepquant::Plan>(
-        nominal_plan(layout, id == CodecId::stepquant6 ? 6 : 4));
-    if (pivots != nullptr) *pivots = plan->pivots();
-    layout.plan = std::move(plan);
-  }
-  const kernels::PageCodec codec(std::move(layout));
-  return codec.page_bytes();
-}
-
-std::string fixed(double v, int digits) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", digits, v);
-  return text;
-}
-std::string mib(std::uint64_t bytes) {
-  return fixed(static_cast<double>(bytes) / (1 << 20), 1);
-}
-std::string gib(double bytes) {
-  return fixed(bytes / (1 << 30), 2);
 }
 
 }  // namespace
@@ -146,6 +126,21 @@ kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
   return plan;
 }
 
+std::uint64_t page_bytes(const kernels::StateLayout& shape, CodecId codec, std::uint32_t* pivots) {
+  kernels::StateLayout layout = shape;
+  layout.codec = {};
+  layout.codec.id = codec;
+  layout.plan = nullptr;
+  if (is_stepquant(codec)) {
+    auto plan = std::make_shared<kernels::stepquant::Plan>(
+        nominal_plan(layout, codec == CodecId::stepquant6 ? 6 : 4));
+    if (pivots != nullptr) *pivots = plan->pivots();
+    layout.plan = std::move(plan);
+  }
+  const kernels::PageCodec page_codec(std::move(layout));
+  return page_codec.page_bytes();
+}
+
 std::uint64_t weight_bytes(std::uint64_t parameters, std::uint32_t bits) {
   switch (bits) {
     case 16: return parameters * 2;
@@ -197,14 +192,14 @@ PlanReport plan(const ModelSpec& model, const PlanInputs& in) {
   r.usable = static_cast<std::uint64_t>(
       std::floor(static_cast<double>(in.gpu_memory) * (1.0 - in.reserved)));
   const std::uint64_t fp32 =
-      in.slots * round_up(page_bytes_for(r.layout, CodecId::fp32, nullptr), kPageAlignment);
+      in.slots * round_up(page_bytes(r.layout, CodecId::fp32, nullptr), kPageAlignment);
   const std::uint64_t bf16 =
-      in.slots * round_up(page_bytes_for(r.layout, CodecId::bf16, nullptr), kPageAlignment);
+      in.slots * round_up(page_bytes(r.layout, CodecId::bf16, nullptr), kPageAlignment);
   for (const CodecId id : r.inputs.codecs) {
     CodecRow row;
     row.codec = id;
     row.nominal_plan = is_stepquant(id);
-    row.page_bytes = page_bytes_for(r.layout, id, &row.pivots);
+    row.page_bytes = page_bytes(r.layout, id, &row.pivots);
     row.page_stride = round_up(row.page_bytes, kPageAlignment);
     row.state_per_request = in.slots * row.page_stride;
     const double s = static_cast<double>(row.state_per_request);
@@ -286,7 +281,7 @@ std::string format_text(const PlanReport& r) {
   return out.str();
 }
 
-std::string format_json(const PlanReport& r) {
+boost::json::object to_json(const PlanReport& r) {
   namespace json = boost::json;
   const ModelSpec& m = r.model;
   const PlanInputs& in = r.inputs;
@@ -361,7 +356,100 @@ std::string format_json(const PlanReport& r) {
   root["kv_bytes_per_request"] = r.kv_per_request;
   root["usable_bytes"] = r.usable;
   root["codecs"] = std::move(rows);
-  return json::serialize(root) + "\n";
+  return root;
+}
+
+std::string format_json(const PlanReport& report) {
+  return boost::json::serialize(to_json(report)) + "\n";
+}
+
+std::string format_json(const PlanReport& report, const FitsReport& fits) {
+  boost::json::object root = to_json(report);
+  root["fits_now"] = to_json(fits);
+  return boost::json::serialize(root) + "\n";
+}
+
+namespace {
+
+std::uint64_t input_uint(std::string_view name, std::string_view text, std::uint64_t min,
+                         std::uint64_t max) {
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < min ||
+      value > max) {
+    throw std::invalid_argument(std::string(name) + " must be a whole number between " +
+                                std::to_string(min) + " and " + std::to_string(max) + ", got '" +
+                                std::string(text) + "'");
+  }
+  return value;
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& plan_input_names() {
+  static const std::vector<std::string_view> names = {
+      "weights-bits", "kv", "state-codec", "slots", "context", "gpu-memory",
+      "reserved",     "tp", "concurrency"};
+  return names;
+}
+
+bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view value) {
+  if (name == "weights-bits") {
+    const auto bits = input_uint(name, value, 4, 16);
+    if (bits != 4 && bits != 8 && bits != 16) {
+      throw std::invalid_argument("weights-bits must be 16, 8 or 4, got '" + std::string(value) +
+                                  "'");
+    }
+    in.weight_bits = static_cast<std::uint32_t>(bits);
+  } else if (name == "kv") {
+    if (!parse_kv_dtype(value, in.kv)) {
+      throw std::invalid_argument("kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got '" +
+                                  std::string(value) + "'");
+    }
+  } else if (name == "state-codec") {
+    std::vector<CodecId> codecs;
+    if (value != "all") {
+      std::size_t start = 0;
+      while (start <= value.size()) {
+        const std::size_t comma = std::min(value.find(',', start), value.size());
+        const std::string_view item = value.substr(start, comma - start);
+        CodecId id{};
+        if (!kernels::parse_codec(item, id)) {
+          throw std::invalid_argument("state-codec: unknown codec '" + std::string(item) +
+                                      "' (all, or names such as int6,stepquant6)");
+        }
+        codecs.push_back(id);
+        start = comma + 1;
+      }
+    }
+    in.codecs = std::move(codecs);
+  } else if (name == "slots") {
+    in.slots = static_cast<std::uint32_t>(input_uint(name, value, 1, 1024));
+  } else if (name == "context") {
+    in.context = input_uint(name, value, 1, 1ull << 32);
+  } else if (name == "gpu-memory") {
+    try {
+      in.gpu_memory = parse_bytes(value);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("gpu-memory: " + std::string(e.what()));
+    }
+  } else if (name == "reserved") {
+    double f = -1;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), f);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() ||
+        !(f >= 0.0 && f < 1.0)) {
+      throw std::invalid_argument("reserved must be a fraction in [0, 1), got '" +
+                                  std::string(value) + "'");
+    }
+    in.reserved = f;
+  } else if (name == "tp") {
+    in.tp = static_cast<std::uint32_t>(input_uint(name, value, 1, 1024));
+  } else if (name == "concurrency") {
+    in.concurrency = input_uint(name, value, 0, 1ull << 32);
+  } else {
+    return false;
+  }
+  return true;
 }
 
 std::uint64_t parse_bytes(std::string_view text) {

@@ -10,6 +10,7 @@
 
 #include "log.hpp"
 #include "pool/accounting.hpp"
+#include "server/capacity.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/protocol/frame.hpp"
@@ -65,6 +66,20 @@ kernels::StateLayout from_wire(const wire::Layout& in, const Pool& pool) {
                       cat("codec ", kernels::to_string(out.codec.id),
                           " needs a calibration plan: set the layout's plan_digest to an "
                           "installed plan (InstallPlan, or statepoold --plan FILE)"));
+  }
+  return out;
+}
+
+// Codecs a capacity request asks about; empty = the planner's list.
+std::vector<kernels::CodecId> wire_codecs(const fb::Vector<wire::CodecId>* in) {
+  std::vector<kernels::CodecId> out;
+  if (in == nullptr) return out;
+  STATEPOOL_EXPECTS(in->size() <= 64, Status::invalid_argument,
+                    cat("at most 64 codecs per request, got ", in->size()));
+  for (const wire::CodecId id : *in) {
+    STATEPOOL_EXPECTS(id <= wire::CodecId::MAX, Status::invalid_argument,
+                      cat("unknown codec value ", static_cast<int>(id)));
+    out.push_back(static_cast<kernels::CodecId>(id));
   }
   return out;
 }
@@ -323,6 +338,49 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
       finish(r, id,
              wire::CreateInstallPlanReply(b, b.CreateString(info.digest), info.units, info.pivots,
                                           info.average_bits, info.created));
+      return;
+    }
+    case wire::RequestBody::PlanCapacity: {
+      const auto* in = req.body_as_PlanCapacity();
+      planner::PlanInputs inputs;
+      if (in->weight_bits() != 0) inputs.weight_bits = in->weight_bits();
+      if (in->kv_dtype() != nullptr && in->kv_dtype()->size() > 0) {
+        STATEPOOL_EXPECTS(planner::parse_kv_dtype(in->kv_dtype()->string_view(), inputs.kv),
+                          Status::invalid_argument,
+                          cat("unknown kv_dtype '", in->kv_dtype()->str().substr(0, 32),
+                              "' (bf16, fp8, kivi2, kivi4, flexgen4)"));
+      }
+      inputs.codecs = wire_codecs(in->codecs());
+      if (in->slots() != 0) inputs.slots = in->slots();
+      if (in->context() != 0) inputs.context = in->context();
+      if (in->gpu_memory() != 0) inputs.gpu_memory = in->gpu_memory();
+      if (in->reserved()) inputs.reserved = *in->reserved();
+      if (in->tp() != 0) inputs.tp = in->tp();
+      if (in->concurrency()) inputs.concurrency = *in->concurrency();
+      const std::string report = plan_capacity_json(
+          s.pool, in->model_config() == nullptr ? std::string_view() : in->model_config()->string_view(),
+          inputs, c.tenant);
+      finish(r, id, wire::CreatePlanCapacityReply(b, b.CreateString(report)));
+      return;
+    }
+    case wire::RequestBody::FitsNow: {
+      const auto* in = req.body_as_FitsNow();
+      const auto layout = s.pool.layout(in->layout_id());  // not_found
+      const planner::FitsReport fits =
+          fits_now(s.pool, layout->layout(), c.tenant, in->slots() == 0 ? 1 : in->slots(),
+                   wire_codecs(in->codecs()));
+      std::vector<fb::Offset<wire::CodecFit>> rows;
+      for (const planner::FitRow& row : fits.rows) {
+        rows.push_back(wire::CreateCodecFit(
+            b, static_cast<wire::CodecId>(row.codec), row.nominal_plan, row.page_stride,
+            row.arena_pages, row.new_pages, row.requests,
+            b.CreateString(planner::to_string(row.limit))));
+      }
+      finish(r, id,
+             wire::CreateFitsNowReply(b, b.CreateString(fits.live.tenant), fits.live.capacity,
+                                      fits.live.free, fits.live.quota_free.has_value(),
+                                      fits.live.quota_free.value_or(0),
+                                      fits.live.max_arena_pages, b.CreateVector(rows)));
       return;
     }
     case wire::RequestBody::Ping: {

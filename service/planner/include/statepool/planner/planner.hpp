@@ -24,6 +24,7 @@
 
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/planner/fits.hpp"
 #include "statepool/planner/model.hpp"
 
 namespace statepool::planner {
@@ -56,6 +57,12 @@ inline constexpr std::uint64_t kKiviResidualTokens = 128;
 
 /// The state codecs the planner compares.
 [[nodiscard]] const std::vector<kernels::CodecId>& planner_codecs();
+
+/// Exact bytes of one page of `shape` under `codec` (PageCodec::page_bytes; the shape's
+/// codec and plan are ignored). stepquant4/6: with nominal_plan(); `pivots` (optional)
+/// receives its pivot count.
+[[nodiscard]] std::uint64_t page_bytes(const kernels::StateLayout& shape, kernels::CodecId codec,
+                                       std::uint32_t* pivots = nullptr);
 
 /// Nominal STEPQuant plan for planning: every unit at the budget width (6 or 4), the
 /// first default_pivot_count(arch, units) units as FP16 pivots (16 bits), impact all 1.
@@ -128,6 +135,18 @@ struct PlanReport {
 [[nodiscard]] std::string format_text(const PlanReport& report);
 /// One JSON object (Boost.JSON inside).
 [[nodiscard]] std::string format_json(const PlanReport& report);
+/// The same object with "fits_now": what the live pool can still take of this state
+/// (the daemon's answer to PlanCapacity and POST /v1/plan).
+[[nodiscard]] std::string format_json(const PlanReport& report, const FitsReport& fits);
+
+/// Sets one input by the name the CLI flags, the HTTP query string and docs/capacity.md
+/// share: weights-bits, kv, state-codec (all, or a comma-separated list of codec names),
+/// slots, context, gpu-memory (a size), reserved, tp, concurrency. Returns false for an
+/// unknown name; throws std::invalid_argument ("slots must be between 1 and 1024, got
+/// '0'") for a bad value, leaving `inputs` unchanged.
+bool set_plan_input(PlanInputs& inputs, std::string_view name, std::string_view value);
+/// The names set_plan_input() knows, in the order above.
+[[nodiscard]] const std::vector<std::string_view>& plan_input_names();
 
 /// "141GiB", "80GB", "1.5TiB", "123456" (bytes). Throws std::invalid_argument.
 [[nodiscard]] std::uint64_t parse_bytes(std::string_view text);

@@ -1,0 +1,35 @@
+#pragma once
+// Shared inside the planner library only: number formatting for the text reports and the
+// Boost.JSON objects the reports are built from (so one report can embed another).
+
+#include <boost/json/object.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "statepool/planner/fits.hpp"
+#include "statepool/planner/planner.hpp"
+
+namespace statepool::planner::detail {
+
+inline std::string fixed(double v, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", digits, v);
+  return text;
+}
+inline std::string mib(std::uint64_t bytes) {
+  return fixed(static_cast<double>(bytes) / (1 << 20), 1);
+}
+inline std::string gib(double bytes) {
+  return fixed(bytes / (1 << 30), 2);
+}
+
+}  // namespace statepool::planner::detail
+
+namespace statepool::planner {
+
+[[nodiscard]] boost::json::object to_json(const PlanReport& report);
+[[nodiscard]] boost::json::object to_json(const FitsReport& report);
+
+}  // namespace statepool::planner
