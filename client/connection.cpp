@@ -702,6 +702,65 @@ void Connection::copy(ArenaId arena, SlotId src, SlotId dst) {
   (void)i.roundtrip(wire::RequestBody::Copy, body, wire::ReplyBody::CopyReply, nullptr);
 }
 
+std::string Connection::plan_capacity(const PlanRequest& request) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  std::vector<wire::CodecId> codecs;
+  for (const kernels::CodecId id : request.codecs) codecs.push_back(static_cast<wire::CodecId>(id));
+  const auto config = b.CreateString(request.model_config);
+  const auto kv = b.CreateString(request.kv);
+  const auto codec_vector = b.CreateVector(codecs);
+  wire::PlanCapacityBuilder pb(b);
+  pb.add_model_config(config);
+  pb.add_weight_bits(request.weight_bits);
+  pb.add_kv_dtype(kv);
+  pb.add_codecs(codec_vector);
+  pb.add_slots(request.slots);
+  pb.add_context(request.context);
+  pb.add_gpu_memory(request.gpu_memory);
+  if (request.reserved) pb.add_reserved(*request.reserved);
+  pb.add_tp(request.tp);
+  if (request.concurrency) pb.add_concurrency(*request.concurrency);
+  const auto body = pb.Finish().Union();
+  const auto& reply = i.roundtrip(wire::RequestBody::PlanCapacity, body,
+                                  wire::ReplyBody::PlanCapacityReply, nullptr);
+  return str(reply.body_as_PlanCapacityReply()->report_json());
+}
+
+Fits Connection::fits_now(const LayoutInfo& layout, std::uint32_t slots,
+                          const std::vector<kernels::CodecId>& codecs) {
+  Impl& i = impl();
+  const std::lock_guard lock(i.mutex);
+  auto& b = i.begin();
+  std::vector<wire::CodecId> ids;
+  for (const kernels::CodecId id : codecs) ids.push_back(static_cast<wire::CodecId>(id));
+  const auto body = wire::CreateFitsNow(b, layout.id, slots, b.CreateVector(ids)).Union();
+  const auto& reply =
+      i.roundtrip(wire::RequestBody::FitsNow, body, wire::ReplyBody::FitsNowReply, nullptr);
+  const auto* r = reply.body_as_FitsNowReply();
+  Fits out;
+  out.tenant = str(r->tenant());
+  out.pool_capacity_bytes = r->pool_capacity_bytes();
+  out.pool_free_bytes = r->pool_free_bytes();
+  if (r->has_quota()) out.quota_free_bytes = r->quota_free_bytes();
+  out.max_arena_pages = r->max_arena_pages();
+  if (const auto* rows = r->fits()) {
+    for (const auto* row : *rows) {
+      CodecFit f;
+      f.codec = to_kernels(row->codec());
+      f.nominal_plan = row->nominal_plan();
+      f.page_stride = row->page_stride();
+      f.arena_free_pages = row->arena_free_pages();
+      f.new_arena_pages = row->new_arena_pages();
+      f.requests = row->requests();
+      f.limited_by = str(row->limited_by());
+      out.codecs.push_back(std::move(f));
+    }
+  }
+  return out;
+}
+
 Stats Connection::stats() {
   Impl& i = impl();
   const std::lock_guard lock(i.mutex);

@@ -34,8 +34,10 @@ commands:
   plan      capacity plan from a model's config.json (offline, no daemon): state bytes
             per request for each state codec, KV bytes, weights, max concurrency on one
             GPU and the concurrency where the state pool passes the weights
+  fits      what fits now: how many more requests of a model's state (--model, --tp,
+            --slots, --state-codec) the running daemon can take for --tenant, per codec
 
-plan options:
+plan and fits options:
   --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
   --weights-bits N       16, 8 or 4 (8/4: one fp16 scale per 128 weights; default 16)
   --kv NAME              KV cache: bf16, fp8, kivi2, kivi4, flexgen4 (default bf16)
@@ -54,7 +56,7 @@ options:
   --tenant NAME    tenant to connect as (default: the daemon's "default" tenant)
   --timeout MS     per-call timeout in milliseconds (default 10000)
   --count N        ping: number of round trips (default 1)
-  --json           machine-readable output (ping, stats, install-plan, plan)
+  --json           machine-readable output (ping, stats, install-plan, plan, fits)
   -h, --help       this text
 
 exit status: 0 success, 1 daemon error or daemon unreachable (plan: unreadable or
@@ -125,13 +127,13 @@ Args parse(int argc, char** argv) {
   if (args.help) return args;
   if (args.command.empty()) throw UsageError{"no command given"};
   if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
-      args.command != "install-plan" && args.command != "plan") {
+      args.command != "install-plan" && args.command != "plan" && args.command != "fits") {
     throw UsageError{"unknown command '" + args.command + "'"};
   }
   if (args.command == "install-plan" && args.plan_file.empty())
     throw UsageError{"install-plan needs a plan file"};
-  if (args.command == "plan" && args.model.empty())
-    throw UsageError{"plan needs --model CONFIG.json"};
+  if ((args.command == "plan" || args.command == "fits") && args.model.empty())
+    throw UsageError{args.command + " needs --model CONFIG.json"};
   return args;
 }
 
@@ -171,6 +173,40 @@ void ping(statepool::client::Connection& conn, const Args& args) {
               << conn.protocol_version() << "): min " << format_fixed(min, 1) << " us, mean "
               << format_fixed(mean, 1) << " us, max " << format_fixed(max, 1) << " us\n";
   }
+}
+
+/// statepoolctl fits: registers the model's per-GPU state shape and asks the daemon
+/// (FitsNow); printed by the planner's own formatters, so it reads like POST /v1/plan.
+void fits_command(statepool::client::Connection& conn, const Args& args) {
+  namespace planner = statepool::planner;
+  const planner::PlanReport report = planner::plan(planner::load_model(args.model), args.plan);
+  statepool::kernels::StateLayout layout = report.layout;
+  layout.name = report.model.model_type + "-tp" + std::to_string(args.plan.tp);
+  const auto info = conn.register_layout(layout);
+  const auto fits = conn.fits_now(info, args.plan.slots, args.plan.codecs);
+  planner::FitsReport out;
+  out.shape = report.layout;
+  out.slots = args.plan.slots;
+  out.live.tenant = fits.tenant;
+  out.live.capacity = fits.pool_capacity_bytes;
+  out.live.free = fits.pool_free_bytes;
+  out.live.quota_free = fits.quota_free_bytes;
+  out.live.max_arena_pages = fits.max_arena_pages;
+  for (const auto& f : fits.codecs) {
+    planner::FitRow row;
+    row.codec = f.codec;
+    row.nominal_plan = f.nominal_plan;
+    row.page_stride = f.page_stride;
+    row.arena_pages = f.arena_free_pages;
+    row.new_pages = f.new_arena_pages;
+    row.requests = f.requests;
+    for (const auto limit : {planner::FitLimit::arena, planner::FitLimit::pool,
+                             planner::FitLimit::quota, planner::FitLimit::max_arena_pages}) {
+      if (f.limited_by == planner::to_string(limit)) row.limit = limit;
+    }
+    out.rows.push_back(row);
+  }
+  std::cout << (args.json ? planner::format_json(out) : planner::format_text(out));
 }
 
 /// statepoolctl plan: offline, no daemon.
@@ -236,6 +272,8 @@ int main(int argc, char** argv) {
                   << statepool::tools::format_fixed(info.average_bits, 2)
                   << " bits per value on average\n";
       }
+    } else if (args.command == "fits") {
+      fits_command(conn, args);
     } else {
       conn.drain();
       if (!args.json) std::cout << "statepoold at " << args.options.socket_path << " is draining\n";

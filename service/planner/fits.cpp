@@ -44,8 +44,8 @@ FitsReport fits_now(const kernels::StateLayout& shape, const LivePool& live, std
     if (has_arena) {
       row.limit = FitLimit::arena;
     } else {
-      row.nominal_plan = codec == kernels::CodecId::stepquant4 ||
-                         codec == kernels::CodecId::stepquant6;
+      row.nominal_plan =
+          codec == kernels::CodecId::stepquant4 || codec == kernels::CodecId::stepquant6;
       const std::uint64_t stride = page_bytes(shape, codec);
       row.page_stride = (stride + kPageAlignment - 1) / kPageAlignment * kPageAlignment;
       std::uint64_t room = live.free;
@@ -81,8 +81,8 @@ boost::json::object to_json(const FitsReport& r) {
   pool["tenant"] = r.live.tenant.empty() ? json::value(nullptr) : json::value(r.live.tenant);
   pool["capacity_bytes"] = r.live.capacity;
   pool["free_bytes"] = r.live.free;
-  pool["quota_free_bytes"] = r.live.quota_free ? json::value(*r.live.quota_free)
-                                               : json::value(nullptr);
+  pool["quota_free_bytes"] =
+      r.live.quota_free ? json::value(*r.live.quota_free) : json::value(nullptr);
   pool["max_arena_pages"] = r.live.max_arena_pages;
 
   json::array rows;
@@ -121,14 +121,14 @@ std::string format_text(const FitsReport& r) {
       << " layers x " << r.shape.num_heads << " heads x " << r.shape.key_dim << " x "
       << r.shape.value_dim << ", " << r.slots << " slot(s) per request\n\n";
   char line[160];
-  std::snprintf(line, sizeof line, "%-11s %12s %12s %12s %10s  %s\n", "codec", "page KiB",
+  std::snprintf(line, sizeof line, "%-11s %12s %12s %12s %10s  %s\n", "codec", "page MiB",
                 "arena free", "new arena", "requests", "limited by");
   out << line;
   for (const FitRow& row : r.rows) {
     std::snprintf(
         line, sizeof line, "%-11s %12s %12llu %12llu %10llu  %s\n",
         (std::string(kernels::to_string(row.codec)) + (row.nominal_plan ? "+" : "")).c_str(),
-        detail::fixed(static_cast<double>(row.page_stride) / 1024, 1).c_str(),
+        detail::fixed(static_cast<double>(row.page_stride) / (1 << 20), 2).c_str(),
         static_cast<unsigned long long>(row.arena_pages),
         static_cast<unsigned long long>(row.new_pages),
         static_cast<unsigned long long>(row.requests), to_string(row.limit));
@@ -138,7 +138,8 @@ std::string format_text(const FitsReport& r) {
          "created); new arena: pages a new arena could take now\n";
   bool nominal = false;
   for (const FitRow& row : r.rows) nominal = nominal || row.nominal_plan;
-  if (nominal) out << "+ stepquant: nominal plan bytes; a calibrated plan's pages differ slightly\n";
+  if (nominal)
+    out << "+ stepquant: nominal plan bytes; a calibrated plan's pages differ slightly\n";
   return out.str();
 }
 

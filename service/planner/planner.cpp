@@ -11,10 +11,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "internal.hpp"
 #include "statepool/calibration/statistics.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
-#include "internal.hpp"
 
 namespace statepool::planner {
 namespace {
@@ -387,9 +387,9 @@ std::uint64_t input_uint(std::string_view name, std::string_view text, std::uint
 }  // namespace
 
 const std::vector<std::string_view>& plan_input_names() {
-  static const std::vector<std::string_view> names = {
-      "weights-bits", "kv", "state-codec", "slots", "context", "gpu-memory",
-      "reserved",     "tp", "concurrency"};
+  static const std::vector<std::string_view> names = {"weights-bits", "kv",      "state-codec",
+                                                      "slots",        "context", "gpu-memory",
+                                                      "reserved",     "tp",      "concurrency"};
   return names;
 }
 

@@ -358,7 +358,8 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
       if (in->tp() != 0) inputs.tp = in->tp();
       if (in->concurrency()) inputs.concurrency = *in->concurrency();
       const std::string report = plan_capacity_json(
-          s.pool, in->model_config() == nullptr ? std::string_view() : in->model_config()->string_view(),
+          s.pool,
+          in->model_config() == nullptr ? std::string_view() : in->model_config()->string_view(),
           inputs, c.tenant);
       finish(r, id, wire::CreatePlanCapacityReply(b, b.CreateString(report)));
       return;
@@ -371,16 +372,16 @@ void dispatch(ServerContext& s, ConnectionState& c, const wire::Request& req, Ha
                    wire_codecs(in->codecs()));
       std::vector<fb::Offset<wire::CodecFit>> rows;
       for (const planner::FitRow& row : fits.rows) {
-        rows.push_back(wire::CreateCodecFit(
-            b, static_cast<wire::CodecId>(row.codec), row.nominal_plan, row.page_stride,
-            row.arena_pages, row.new_pages, row.requests,
-            b.CreateString(planner::to_string(row.limit))));
+        rows.push_back(wire::CreateCodecFit(b, static_cast<wire::CodecId>(row.codec),
+                                            row.nominal_plan, row.page_stride, row.arena_pages,
+                                            row.new_pages, row.requests,
+                                            b.CreateString(planner::to_string(row.limit))));
       }
       finish(r, id,
              wire::CreateFitsNowReply(b, b.CreateString(fits.live.tenant), fits.live.capacity,
                                       fits.live.free, fits.live.quota_free.has_value(),
-                                      fits.live.quota_free.value_or(0),
-                                      fits.live.max_arena_pages, b.CreateVector(rows)));
+                                      fits.live.quota_free.value_or(0), fits.live.max_arena_pages,
+                                      b.CreateVector(rows)));
       return;
     }
     case wire::RequestBody::Ping: {

@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -192,6 +193,42 @@ struct Stats {
   std::uint64_t pool_capacity_bytes = 0;
   std::uint64_t pool_reserved_bytes = 0;
   double uptime_seconds = 0.0;
+};
+
+/// A capacity plan to ask the daemon for (PlanCapacity, docs/capacity.md). Fields left
+/// at 0 / empty / unset take the planner's defaults (those of `statepoolctl plan`).
+struct PlanRequest {
+  std::string model_config;                  ///< the text of the model's config.json
+  std::uint32_t weight_bits = 0;             ///< 16, 8 or 4; 0 = 16
+  std::string kv;                            ///< bf16 fp8 kivi2 kivi4 flexgen4; "" = bf16
+  std::vector<kernels::CodecId> codecs;      ///< state codecs compared; empty = the default six
+  std::uint32_t slots = 0;                   ///< state slots per request; 0 = 1
+  std::uint64_t context = 0;                 ///< tokens per request; 0 = 32768
+  std::uint64_t gpu_memory = 0;              ///< bytes per GPU; 0 = 141 GiB
+  std::optional<double> reserved;            ///< fraction kept back; unset = 0.1
+  std::uint32_t tp = 0;                      ///< tensor-parallel degree; 0 = 1
+  std::optional<std::uint64_t> concurrency;  ///< breakdown at; unset = each codec's maximum
+};
+
+/// How many more requests fit under one codec (mirrors wire::CodecFit).
+struct CodecFit {
+  kernels::CodecId codec = kernels::CodecId::fp32;
+  bool nominal_plan = false;           ///< stepquant without an arena: nominal plan bytes
+  std::uint64_t page_stride = 0;       ///< bytes one slot takes in an arena
+  std::uint64_t arena_free_pages = 0;  ///< free pages in the tenant's arena(s) of this codec
+  std::uint64_t new_arena_pages = 0;   ///< pages a new arena could take now
+  std::uint64_t requests = 0;          ///< (arena_free_pages + new_arena_pages) / slots
+  std::string limited_by;              ///< arena, pool, quota or max_arena_pages
+};
+
+/// What fits now for this connection's tenant (mirrors wire::FitsNowReply).
+struct Fits {
+  std::string tenant;
+  std::uint64_t pool_capacity_bytes = 0;
+  std::uint64_t pool_free_bytes = 0;              ///< capacity minus all arenas
+  std::optional<std::uint64_t> quota_free_bytes;  ///< unset: the tenant has no quota
+  std::uint32_t max_arena_pages = 0;
+  std::vector<CodecFit> codecs;
 };
 
 class Connection;
@@ -446,6 +483,15 @@ class Connection {
 
   // --- operations ----------------------------------------------------------------------
   [[nodiscard]] Stats stats();
+  /// The daemon's capacity plan for a model, as the JSON report of docs/capacity.md
+  /// (the same document `statepoolctl plan --json` prints, plus "fits_now" for this
+  /// connection's tenant). A bad config or input: Error(invalid_argument) naming it.
+  [[nodiscard]] std::string plan_capacity(const PlanRequest& request);
+  /// How many more requests with the state shape of `layout` (any codec) fit in the pool
+  /// now for this connection's tenant, per codec (empty = fp32 bf16 int8 int6 stepquant6
+  /// stepquant4), with `slots` state slots per request.
+  [[nodiscard]] Fits fits_now(const LayoutInfo& layout, std::uint32_t slots = 1,
+                              const std::vector<kernels::CodecId>& codecs = {});
   /// One round trip; returns its duration measured here (steady clock).
   std::chrono::nanoseconds ping();
   /// Asks the daemon to drain and exit (needs the daemon's uid or root).

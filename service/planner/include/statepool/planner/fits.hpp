@@ -49,11 +49,11 @@ enum class FitLimit : std::uint8_t {
 
 struct FitRow {
   kernels::CodecId codec = kernels::CodecId::fp32;
-  bool nominal_plan = false;       ///< stepquant without an arena: nominal plan bytes
-  std::uint64_t page_stride = 0;   ///< bytes one state slot takes in an arena
-  std::uint64_t arena_pages = 0;   ///< free pages in the tenant's arena(s) of this codec
-  std::uint64_t new_pages = 0;     ///< pages a new arena could get (0 when one exists)
-  std::uint64_t requests = 0;      ///< (arena_pages + new_pages) / slots
+  bool nominal_plan = false;      ///< stepquant without an arena: nominal plan bytes
+  std::uint64_t page_stride = 0;  ///< bytes one state slot takes in an arena
+  std::uint64_t arena_pages = 0;  ///< free pages in the tenant's arena(s) of this codec
+  std::uint64_t new_pages = 0;    ///< pages a new arena could get (0 when one exists)
+  std::uint64_t requests = 0;     ///< (arena_pages + new_pages) / slots
   FitLimit limit = FitLimit::pool;
 };
 
