@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
       LOG_INFO("metrics", "serving http://", host, ":", ports.empty() ? 0 : ports.front(),
                "/metrics");
     }
+    if (!config.api_address.empty()) {
+      const auto host = config.api_address.substr(0, config.api_address.rfind(':'));
+      LOG_INFO("api", "serving http://", host, ":", server.api_port(), "/v1");
+    }
     LOG_INFO("server", "ready on ", config.socket_path);
     const std::size_t forced = server.run();
     const auto problems = pool.check();

@@ -10,10 +10,12 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include <grp.h>
 #include <sys/un.h>
 
+#include <boost/asio/ip/address.hpp>
 #include <boost/program_options.hpp>
 
 namespace statepool::service {
@@ -126,6 +128,33 @@ void parse_tenant_key(const std::string& key, const std::string& value,
   }
 }
 
+// "host:port" -> host (brackets kept) and port, checking the form and the port's range.
+std::pair<std::string, std::uint16_t> split_host_port(const std::string& address,
+                                                      const std::string& option) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    throw ConfigError("invalid " + option + " '" + address + "': expected host:port");
+  const std::uint64_t port = parse_count(address.substr(colon + 1), option + " port");
+  if (port > 65535) throw ConfigError(option + " port must be at most 65535");
+  return {address.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+// An HTTP listen address (--metrics-address, --api-address): "host:port", or empty, "off"
+// or "none" for disabled (returned as ""). `numeric_host`: the host must be an IP address,
+// because the listener does not resolve names (the API's acceptor; the metrics exporter
+// leaves it to its web server).
+std::string validate_listen_address(const std::string& text, const std::string& option,
+                                    bool numeric_host) {
+  std::string address = trim(text);
+  if (address == "off" || address == "none") address.clear();
+  if (address.empty()) return address;
+  if (numeric_host)
+    (void)split_listen_address(address, option);
+  else
+    (void)split_host_port(address, option);
+  return address;
+}
+
 std::string usage_text(const po::options_description& options) {
   std::ostringstream out;
   out << "Usage: statepoold [OPTIONS]\n"
@@ -188,6 +217,25 @@ std::chrono::milliseconds parse_duration(const std::string& text, const std::str
   return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
 }
 
+ListenAddress split_listen_address(const std::string& address, const std::string& option) {
+  auto [host, port] = split_host_port(address, option);
+  const bool bracketed = host.size() >= 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string::npos) {
+    throw ConfigError("invalid " + option + " '" + address +
+                      "': write an IPv6 address in brackets, as in [::1]:" + std::to_string(port));
+  }
+  boost::system::error_code ec;
+  const auto ip = boost::asio::ip::make_address(host, ec);
+  if (ec || bracketed != ip.is_v6()) {
+    throw ConfigError("invalid " + option + " '" + address + "': '" + host +
+                      "' is not an IP address (host names are not resolved; use e.g. "
+                      "127.0.0.1, 0.0.0.0 or [::1])");
+  }
+  return ListenAddress{host, port};
+}
+
 ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   Config& config = result.config;
@@ -228,7 +276,11 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "on SIGTERM, longest wait for in-flight requests")
       ("metrics-address",
        po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
-       "Prometheus exporter host:port; empty, 'off' or 'none' disables it");
+       "Prometheus exporter host:port; empty, 'off' or 'none' disables it")
+      ("api-address",
+       po::value<std::string>(&config.api_address)->default_value(config.api_address),
+       "HTTP JSON API (capacity planning, docs/http-api.md) IP:port; empty, 'off' or "
+       "'none' disables it");
   po::options_description pool("Pool");
   pool.add_options()
       ("backend", po::value<std::string>(&config.backend)->default_value("host"),
@@ -343,16 +395,9 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
   config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
 
-  std::string metrics = trim(config.metrics_address);
-  if (metrics == "off" || metrics == "none") metrics.clear();
-  if (!metrics.empty()) {
-    const auto colon = metrics.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw ConfigError("invalid --metrics-address '" + metrics + "': expected host:port");
-    const std::uint64_t port = parse_count(metrics.substr(colon + 1), "--metrics-address port");
-    if (port > 65535) throw ConfigError("--metrics-address port must be at most 65535");
-  }
-  config.metrics_address = metrics;
+  config.metrics_address =
+      validate_listen_address(config.metrics_address, "--metrics-address", false);
+  config.api_address = validate_listen_address(config.api_address, "--api-address", true);
 
   if (config.backend != "host")
     throw ConfigError("unknown --backend '" + config.backend + "' (available: host)");
@@ -399,7 +444,8 @@ std::string describe(const Config& config) {
       << format_bytes(config.max_frame_bytes) << ", staging up to "
       << format_bytes(config.max_staging_bytes) << " per connection\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
-      << ", threads " << config.threads << "\n";
+      << ", api " << (config.api_address.empty() ? "disabled" : config.api_address) << ", threads "
+      << config.threads << "\n";
   for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
   if (config.pool.tenants.empty()) {
     out << "tenants: default (no quota)\n";

@@ -30,6 +30,7 @@ struct Config {
   std::string socket_group;     ///< group owning the socket file ("" = unchanged)
   std::string backend = "host";
   std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
+  std::string api_address = "127.0.0.1:9465";      ///< HTTP JSON API, IP:port; "" = none
   PoolConfig pool;
   std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
@@ -61,6 +62,16 @@ struct ParsedArgs {
 /// "30s", "500ms", "2m", "0" -> milliseconds. Throws ConfigError naming `what`.
 [[nodiscard]] std::chrono::milliseconds parse_duration(const std::string& text,
                                                        const std::string& what);
+
+/// A validated listen address ("127.0.0.1:9465", "[::1]:0") split into its parts: the
+/// host without IPv6 brackets and the port (0 = any free port).
+struct ListenAddress {
+  std::string host;
+  std::uint16_t port = 0;
+};
+/// Splits an address that parse_args() accepted. Throws ConfigError otherwise.
+[[nodiscard]] ListenAddress split_listen_address(const std::string& address,
+                                                 const std::string& option);
 
 /// Human-readable summary of the effective configuration (logged at start-up).
 [[nodiscard]] std::string describe(const Config& config);

@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "http/api.hpp"
 #include "log.hpp"
 #include "server/session.hpp"
 
@@ -90,6 +91,12 @@ void Server::bind() {
   ::umask(old_mask);
   if (bec) throw std::runtime_error("cannot bind " + config_.socket_path + ": " + bec.message());
   bound_ = true;
+  // The API listens before the Unix socket does: once a client can connect to the
+  // socket (the daemon looks ready), the API is there too.
+  if (!config_.api_address.empty()) {
+    api_ = std::make_unique<HttpApi>(io_, config_, pool_);
+    api_->listen();
+  }
   acceptor_.listen(asio::socket_base::max_listen_connections, bec);
   if (bec)
     throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
@@ -114,8 +121,13 @@ sigset_t Server::drain_signals() noexcept {
   return set;
 }
 
+std::uint16_t Server::api_port() const noexcept {
+  return api_ ? api_->port() : 0;
+}
+
 std::size_t Server::run() {
   asio::co_spawn(io_, accept_loop(), asio::detached);
+  if (api_) api_->start();
   asio::co_spawn(io_, reclaim_loop(), asio::detached);
 
   // SIGTERM/SIGINT are blocked in every thread (main blocks them before starting any) and
@@ -156,6 +168,7 @@ void Server::begin_drain(const std::string& why) {
            " open, waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  if (api_) api_->stop_accepting();
   reclaim_timer_.cancel();
   {
     const std::lock_guard lock(sessions_mutex_);

@@ -1,11 +1,14 @@
 #pragma once
 // The daemon's server: a Boost.Asio Unix-socket acceptor, one coroutine session per
-// connection (each on its own strand), a reclaim timer for expired leases, and SIGTERM /
-// SIGINT drain.
+// connection (each on its own strand), a reclaim timer for expired leases, SIGTERM /
+// SIGINT drain, and the HTTP JSON API (--api-address, service/http/api.hpp) on the same
+// io_context.
 //
 // Drain (SIGTERM, SIGINT or a Drain request): stop accepting, let every session finish
 // the request it is handling and send its reply, close idle connections, then return
-// from run(). Sessions still busy when the drain timeout expires are closed forcibly.
+// from run(). Sessions still busy when the drain timeout expires are closed forcibly. The
+// HTTP API stops accepting at the start of the drain; HTTP connections still open when
+// the last session ends are cut.
 //
 // Thread-safety: run() is called once; drain() may be called from any thread.
 
@@ -29,6 +32,7 @@
 namespace statepool::service {
 
 class Session;
+class HttpApi;
 
 class Server {
  public:
@@ -38,7 +42,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   /// Creates the socket file (mode, group), refusing to steal the socket of a live
-  /// daemon. Throws std::runtime_error with an actionable message.
+  /// daemon, and listens on --api-address unless it is off. Throws std::runtime_error
+  /// with an actionable message.
   void bind();
   /// Serves until drained. Returns the number of sessions that had to be closed forcibly.
   /// SIGTERM and SIGINT (drain_signals()) must be blocked in every thread of the process
@@ -51,6 +56,9 @@ class Server {
   void drain(const std::string& why);
 
   [[nodiscard]] std::uint32_t clients_connected() const noexcept { return sessions_live_.load(); }
+  /// The port the HTTP API listens on after bind() (the one picked for port 0); 0 when
+  /// --api-address is off.
+  [[nodiscard]] std::uint16_t api_port() const noexcept;
 
  private:
   friend class Session;
@@ -69,6 +77,9 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer reclaim_timer_;
   boost::asio::steady_timer drain_timer_;
+  // After io_: destroyed before it. Its connection coroutines, which io_ destroys, do not
+  // touch it once io_ has stopped.
+  std::unique_ptr<HttpApi> api_;
   std::mutex sessions_mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<std::uint32_t> sessions_live_{0};

@@ -8,10 +8,12 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -82,6 +84,70 @@ std::string http_get(int port, const std::string& path) {
   return body == std::string::npos ? std::string() : response.substr(body + 4);
 }
 
+std::string http_raw(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {};
+  const timeval timeout{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return {};
+  }
+  for (std::size_t sent = 0; sent < bytes.size();) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the peer closed (an early error reply): read what it sent
+    sent += static_cast<std::size_t>(n);
+  }
+  std::string response;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    response.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return response;
+}
+
+std::string HttpResponse::header(const std::string& name) const {
+  const auto lower = [](std::string text) {
+    for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  };
+  const std::string wanted = lower(name) + ":";
+  std::istringstream lines(headers);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (lower(line.substr(0, wanted.size())) != wanted) continue;
+    const auto start = line.find_first_not_of(' ', wanted.size());
+    return start == std::string::npos ? std::string() : line.substr(start);
+  }
+  return {};
+}
+
+HttpResponse http_request(int port, const std::string& method, const std::string& target,
+                          const std::string& body, const std::string& version) {
+  std::string request =
+      method + " " + target + " HTTP/" + version + "\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (!body.empty() || method == "POST")
+    request += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  request += "\r\n" + body;
+  const std::string raw = http_raw(port, request);
+  HttpResponse response;
+  const auto end = raw.find("\r\n\r\n");
+  if (raw.rfind("HTTP/1.", 0) != 0 || end == std::string::npos || raw.size() < 12) return response;
+  response.status = std::atoi(raw.substr(9, 3).c_str());
+  response.headers = raw.substr(0, end);
+  response.body = raw.substr(end + 4);
+  return response;
+}
+
 namespace {
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
@@ -116,17 +182,23 @@ Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
   return result;
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> args, bool with_metrics) {
+DaemonProcess::DaemonProcess(std::vector<std::string> args, DaemonOptions options) {
   char templ[] = "/tmp/statepool-test-XXXXXX";
   if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = templ;
   socket_ = dir_ + "/statepool.sock";
   std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH, "--socket", socket_};
-  if (with_metrics) {
+  if (options.metrics) {
     metrics_port_ = free_tcp_port();
     argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});
   } else {
     argv.insert(argv.end(), {"--metrics-address", "off"});
+  }
+  if (options.api) {
+    api_port_ = free_tcp_port();
+    argv.insert(argv.end(), {"--api-address", "127.0.0.1:" + std::to_string(api_port_)});
+  } else {
+    argv.insert(argv.end(), {"--api-address", "off"});
   }
   argv.insert(argv.end(), args.begin(), args.end());
 

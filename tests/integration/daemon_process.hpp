@@ -6,16 +6,26 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace statepool::testing {
 
+/// Which TCP listeners a DaemonProcess gets; each one that is on gets a free port on
+/// 127.0.0.1, the others are passed "off".
+struct DaemonOptions {
+  bool metrics = false;  ///< --metrics-address (Prometheus exporter)
+  bool api = false;      ///< --api-address (HTTP JSON API)
+};
+
 class DaemonProcess {
  public:
-  /// Starts the daemon with `args` added to --socket/--metrics-address defaults and waits
-  /// (up to 20 s) until its socket accepts connections. Fails the test (ADD_FAILURE +
-  /// throw) when it exits or does not get ready.
-  explicit DaemonProcess(std::vector<std::string> args, bool with_metrics = false);
+  /// Starts the daemon with `args` added to --socket/--metrics-address/--api-address
+  /// defaults and waits (up to 20 s) until its socket accepts connections. Fails the test
+  /// (ADD_FAILURE + throw) when it exits or does not get ready.
+  DaemonProcess(std::vector<std::string> args, DaemonOptions options);
+  explicit DaemonProcess(std::vector<std::string> args, bool with_metrics = false)
+      : DaemonProcess(std::move(args), DaemonOptions{with_metrics, false}) {}
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
@@ -23,6 +33,8 @@ class DaemonProcess {
   [[nodiscard]] const std::string& socket_path() const noexcept { return socket_; }
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
   [[nodiscard]] int metrics_port() const noexcept { return metrics_port_; }
+  /// Port of the HTTP API; 0 unless DaemonOptions::api.
+  [[nodiscard]] int api_port() const noexcept { return api_port_; }
   [[nodiscard]] pid_t pid() const noexcept { return pid_; }
   [[nodiscard]] bool running() const;
   /// The daemon's log so far.
@@ -36,6 +48,7 @@ class DaemonProcess {
   std::string dir_;
   std::string socket_;
   int metrics_port_ = 0;
+  int api_port_ = 0;
   pid_t pid_ = -1;
   int exit_code_ = -1;
 };
@@ -61,6 +74,25 @@ int free_tcp_port();
 
 /// GET http://127.0.0.1:port/path; returns the body ("" on failure).
 std::string http_get(int port, const std::string& path);
+
+/// Connects to 127.0.0.1:port, sends `bytes` (stopping early if the peer closes), and
+/// reads until the peer closes the connection (at most 30 s). Returns what was read.
+std::string http_raw(int port, const std::string& bytes);
+
+/// An HTTP response as http_request() read it.
+struct HttpResponse {
+  int status = 0;       ///< 0 when no response could be read
+  std::string headers;  ///< status line and header fields, CRLF-separated
+  std::string body;
+  /// The value of header field `name` (case-insensitive), "" when absent.
+  [[nodiscard]] std::string header(const std::string& name) const;
+};
+
+/// Sends one request to http://127.0.0.1:port`target` over a fresh connection
+/// (`Connection: close`; a Content-Length header when `body` is not empty, or when the
+/// method is POST) and reads the response to the end. `version` is "1.1" or "1.0".
+HttpResponse http_request(int port, const std::string& method, const std::string& target,
+                          const std::string& body = {}, const std::string& version = "1.1");
 
 }  // namespace statepool::testing
 

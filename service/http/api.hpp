@@ -1,0 +1,86 @@
+#pragma once
+// The daemon's HTTP JSON API for capacity planning (docs/http-api.md):
+//   GET  /v1        index of the endpoints
+//   POST /v1/plan   the planner's report for a model's config.json (the body), with
+//                   "fits_now" against the live pool
+//   GET  /v1/fits   what fits now for a layout the pool holds arenas of
+//
+// Boost.Beast on the Server's io_context: one C++20 coroutine per connection on its own
+// strand, HTTP/1.0 and 1.1 with keep-alive, --io-timeout for each read and write, request
+// bodies up to kMaxModelConfigBytes (1 MiB; larger ones get 413), at most
+// kMaxHttpConnections connections at a time. Replies are JSON; errors are
+// {"error": "<message>"}. No authentication: it listens on loopback by default.
+//
+// Thread-safety: listen() and start() are called once, before the io_context runs;
+// stop_accepting() may be called from any thread; handle() is const and reads the pool
+// through its thread-safe snapshots.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "config/config.hpp"
+#include "pool/pool.hpp"
+
+namespace statepool::service {
+
+/// Connections served at once; a connection past it is closed at once (with a warning).
+inline constexpr std::uint32_t kMaxHttpConnections = 64;
+
+/// One answer of the API before it becomes an HTTP response.
+struct ApiReply {
+  unsigned status = 200;
+  std::string body;   ///< JSON, ending with "\n"
+  std::string allow;  ///< the Allow header of a 405 reply
+};
+
+class HttpApi {
+ public:
+  HttpApi(boost::asio::io_context& io, const Config& config, const Pool& pool);
+  ~HttpApi();
+  HttpApi(const HttpApi&) = delete;
+  HttpApi& operator=(const HttpApi&) = delete;
+
+  /// Opens, binds and listens on config.api_address. Throws std::runtime_error
+  /// ("cannot listen on HOST:PORT for --api-address: ...").
+  void listen();
+  /// Spawns the accept loop on the io_context (after listen()).
+  void start();
+  /// Closes the acceptor (drain); connections being served are left to the io_context.
+  /// Replies written afterwards close their connection. Safe from any thread, idempotent.
+  void stop_accepting();
+  /// The port listened on (the one picked when the configured port is 0).
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+  /// Answers one request: routing, query parsing, the planner against the pool.
+  [[nodiscard]] ApiReply handle(std::string_view method, std::string_view target,
+                                std::string_view body) const;
+
+ private:
+  boost::asio::awaitable<void> accept_loop();
+  boost::asio::awaitable<void> serve(boost::asio::ip::tcp::socket socket,
+                                     std::shared_ptr<std::atomic<std::uint32_t>> live);
+  /// LOG_WARN at most once every few seconds; the rest are counted and reported with
+  /// the next one.
+  void warn(const std::string& message);
+
+  boost::asio::io_context& io_;
+  const Config& config_;
+  const Pool& pool_;
+  boost::asio::ip::tcp::acceptor acceptor_;  ///< on a strand of its own
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  /// Connections being served; shared with their coroutines, which may outlive this
+  /// object's use but never touch it once the io_context is stopped.
+  std::shared_ptr<std::atomic<std::uint32_t>> live_;
+  std::atomic<std::int64_t> next_warning_ns_{0};
+  std::atomic<std::uint64_t> warnings_suppressed_{0};
+};
+
+}  // namespace statepool::service
