@@ -165,10 +165,22 @@ std::uint64_t kv_request_bytes(const ModelSpec& m, KvDtype kv, std::uint64_t con
 }
 
 PlanReport plan(const ModelSpec& model, const PlanInputs& in) {
-  if (in.tp == 0) throw std::invalid_argument("tp must be at least 1");
-  if (in.slots == 0) throw std::invalid_argument("slots must be at least 1");
-  if (in.context == 0) throw std::invalid_argument("context must be at least 1 token");
-  if (in.gpu_memory == 0) throw std::invalid_argument("gpu memory must be positive");
+  // Bounded so that no product below can overflow 64 bits, whichever door the inputs
+  // came through (the CLI and HTTP parse with the same bounds; the protocol does not).
+  const auto within = [](std::uint64_t value, std::uint64_t max, const char* what) {
+    if (value == 0 || value > max) {
+      throw std::invalid_argument(std::string(what) + " must be between 1 and " +
+                                  std::to_string(max) + ", got " + std::to_string(value));
+    }
+  };
+  within(in.tp, kMaxTp, "tp");
+  within(in.slots, kMaxSlots, "slots");
+  within(in.context, kMaxContext, "context");
+  within(in.gpu_memory, kMaxGpuMemory, "gpu memory");
+  if (in.concurrency && *in.concurrency > kMaxConcurrency) {
+    throw std::invalid_argument("concurrency must be at most " + std::to_string(kMaxConcurrency) +
+                                ", got " + std::to_string(*in.concurrency));
+  }
   if (!(in.reserved >= 0.0 && in.reserved < 1.0)) {
     throw std::invalid_argument("reserved fraction must be in [0, 1), got " +
                                 fixed(in.reserved, 3));
@@ -424,9 +436,9 @@ bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view valu
     }
     in.codecs = std::move(codecs);
   } else if (name == "slots") {
-    in.slots = static_cast<std::uint32_t>(input_uint(name, value, 1, 1024));
+    in.slots = static_cast<std::uint32_t>(input_uint(name, value, 1, kMaxSlots));
   } else if (name == "context") {
-    in.context = input_uint(name, value, 1, 1ull << 32);
+    in.context = input_uint(name, value, 1, kMaxContext);
   } else if (name == "gpu-memory") {
     try {
       in.gpu_memory = parse_bytes(value);
@@ -443,9 +455,9 @@ bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view valu
     }
     in.reserved = f;
   } else if (name == "tp") {
-    in.tp = static_cast<std::uint32_t>(input_uint(name, value, 1, 1024));
+    in.tp = static_cast<std::uint32_t>(input_uint(name, value, 1, kMaxTp));
   } else if (name == "concurrency") {
-    in.concurrency = input_uint(name, value, 0, 1ull << 32);
+    in.concurrency = input_uint(name, value, 0, kMaxConcurrency);
   } else {
     return false;
   }

@@ -165,6 +165,7 @@ TEST(PlanInputs, EveryNameParsesAndBadValuesChangeNothing) {
   refuses("slots", "0", "slots must be");
   refuses("slots", "2x", "got '2x'");
   refuses("context", "-1", "context must be");
+  refuses("context", "16777217", "between 1 and 16777216");
   refuses("gpu-memory", "80XB", "gpu-memory: unknown size unit");
   refuses("reserved", "1", "fraction in [0, 1)");
   refuses("reserved", "0.1.2", "fraction");

@@ -208,3 +208,51 @@ TEST(Planner, ParseBytesAndBadInputs) {
 
 }  // namespace
 }  // namespace statepool::planner
+
+namespace statepool::planner {
+namespace {
+
+TEST(Planner, InputsOutsideTheirBoundsAreRefused) {
+  const ModelSpec m = load_model(std::string(STATEPOOL_MODELS_DIR) + "/qwen3.5-27b.json");
+  const auto refused = [&](PlanInputs in, const std::string& says) {
+    try {
+      (void)plan(m, in);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  PlanInputs in;
+  in.context = kMaxContext + 1;
+  refused(in, "context must be between 1 and 16777216");
+  in = {};
+  in.slots = kMaxSlots + 1;
+  refused(in, "slots must be between 1 and 1024");
+  in = {};
+  in.tp = 0;
+  refused(in, "tp must be between 1 and 1024");
+  in = {};
+  in.gpu_memory = kMaxGpuMemory + 1;
+  refused(in, "gpu memory must be between");
+  in = {};
+  in.concurrency = kMaxConcurrency + 1;
+  refused(in, "concurrency must be at most 1048576");
+  // At the bounds every byte count still fits: the breakdown adds up exactly.
+  in = {};
+  in.context = kMaxContext;
+  in.slots = kMaxSlots;
+  in.concurrency = kMaxConcurrency;
+  in.gpu_memory = kMaxGpuMemory;
+  const PlanReport r = plan(m, in);
+  for (const CodecRow& row : r.rows) {
+    const Breakdown& b = row.breakdown;
+    EXPECT_EQ(b.state, kMaxConcurrency * row.state_per_request);
+    EXPECT_EQ(b.kv, kMaxConcurrency * r.kv_per_request);
+    EXPECT_EQ(b.total, b.weights + b.state + b.kv);
+    EXPECT_LT(b.total, std::uint64_t{1} << 63);
+    EXPECT_EQ(b.free, static_cast<std::int64_t>(r.usable) - static_cast<std::int64_t>(b.total));
+  }
+}
+
+}  // namespace
+}  // namespace statepool::planner

@@ -70,6 +70,14 @@ inline constexpr std::uint64_t kKiviResidualTokens = 128;
 [[nodiscard]] kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
                                                     std::uint32_t budget_bits);
 
+/// Input bounds. plan() refuses values outside them: they keep every byte count of a
+/// breakdown (concurrency x (slots x page stride + KV at context)) well inside 64 bits.
+inline constexpr std::uint32_t kMaxSlots = 1024;
+inline constexpr std::uint64_t kMaxContext = 1ull << 24;  ///< 16,777,216 tokens
+inline constexpr std::uint32_t kMaxTp = 1024;
+inline constexpr std::uint64_t kMaxGpuMemory = 1ull << 50;  ///< 1 PiB
+inline constexpr std::uint64_t kMaxConcurrency = 1ull << 20;
+
 struct PlanInputs {
   std::uint32_t weight_bits = 16;  ///< 16, 8 or 4
   KvDtype kv = KvDtype::bf16;
