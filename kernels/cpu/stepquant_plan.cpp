@@ -130,6 +130,12 @@ std::string directory_of(const std::string& path) {
 
 }  // namespace
 
+std::uint32_t default_pivot_count(Arch arch, std::size_t units) noexcept {
+  const double share = arch == Arch::gdn ? kGdnPivotShare : kKdaPivotShare;
+  const double count = std::round(share * static_cast<double>(units));
+  return static_cast<std::uint32_t>(std::clamp(count, 0.0, static_cast<double>(units)));
+}
+
 std::span<const std::uint8_t> candidate_widths(std::uint32_t budget_bits) noexcept {
   switch (budget_bits) {
     case 6: return kWidths6;

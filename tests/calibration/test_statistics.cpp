@@ -103,14 +103,5 @@ TEST(ImpactFactors, OnesWithoutSignalOrWithoutTheSpatialAxis) {
   EXPECT_THROW(impact_factors(std::vector<double>{1, 2}, 0.25, w), std::invalid_argument);
 }
 
-TEST(DefaultPivots, PaperSharesScaledByUnits) {
-  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 48 * 48), 32u);  // 1.39% (the paper's share)
-  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 36 * 32), 16u);  // Qwen3-Next
-  EXPECT_EQ(default_pivot_count(kernels::Arch::kda, 20 * 32 * 128), 512u);  // Kimi-Linear
-  EXPECT_EQ(default_pivot_count(kernels::Arch::kda, 2 * 4 * 64), 3u);
-  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 8), 0u);
-  EXPECT_EQ(default_pivot_count(kernels::Arch::gdn, 0), 0u);
-}
-
 }  // namespace
 }  // namespace statepool::calibration

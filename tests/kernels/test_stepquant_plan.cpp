@@ -88,6 +88,15 @@ TEST(StepQuantPlan, CandidateWidths) {
   EXPECT_TRUE(candidate_widths(8).empty());
 }
 
+TEST(StepQuantPlan, DefaultPivotsArePaperSharesScaledByUnits) {
+  EXPECT_EQ(default_pivot_count(Arch::gdn, 48 * 48), 32u);         // 1.39% (the paper's share)
+  EXPECT_EQ(default_pivot_count(Arch::gdn, 36 * 32), 16u);         // Qwen3-Next
+  EXPECT_EQ(default_pivot_count(Arch::kda, 20 * 32 * 128), 512u);  // Kimi-Linear
+  EXPECT_EQ(default_pivot_count(Arch::kda, 2 * 4 * 64), 3u);
+  EXPECT_EQ(default_pivot_count(Arch::gdn, 8), 0u);
+  EXPECT_EQ(default_pivot_count(Arch::gdn, 0), 0u);
+}
+
 TEST(StepQuantPlan, Accessors) {
   const Plan g = gdn_sample();
   EXPECT_EQ(validate(g), "");

@@ -1,6 +1,6 @@
 #pragma once
 // A STEPQuant calibration plan: per-unit bit widths (with FP16 pivots) and per-row impact
-// factors for one model shape. Produced by calibration (service/calibration), stored as a
+// factors for one model shape. Produced by calibration (calibration/), stored as a
 // versioned, verified FlatBuffer file (kernels/stepquant/plan.fbs; docs/plans.md), loaded
 // by the daemon and by clients that decode pages locally, and fixed for every page of a
 // layout. Units: a whole head for GDN, one key row of one head for KDA.
@@ -21,6 +21,15 @@ namespace statepool::kernels::stepquant {
 /// Candidate widths of the allocation (besides pivots): {4, 6, 8} for a 6-bit budget,
 /// {2, 4, 6, 8} for a 4-bit budget, empty for any other budget.
 [[nodiscard]] std::span<const std::uint8_t> candidate_widths(std::uint32_t budget_bits) noexcept;
+
+/// Paper's pivot shares: 32 heads of 48 x 48 = 2304 (1.39%) for Qwen GDN (the fraction the
+/// paper quotes; on Qwen3-Next's 36 x 32 = 1152 heads it gives 16), and 512 rows of
+/// 20 layers x 32 heads x 128 rows (0.625%) for Kimi KDA.
+inline constexpr double kGdnPivotShare = 32.0 / 2304.0;
+inline constexpr double kKdaPivotShare = 512.0 / (20.0 * 32.0 * 128.0);
+
+/// Default number of pivots: round(share * units), at least 0 and at most units.
+[[nodiscard]] std::uint32_t default_pivot_count(Arch arch, std::size_t units) noexcept;
 
 struct Plan {
   static constexpr std::uint32_t kFormatVersion = 1;

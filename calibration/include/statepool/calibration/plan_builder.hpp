@@ -21,7 +21,7 @@
 //   Pivot cost: the error of storing the unit as fp16 values, weighted the same way.
 // Pivots (P units stored as fp16): GDN: the P heads with the highest cost after a first
 // allocation (DP, budget B n, no pivots); KDA: the P rows with the highest
-// cost(8) - cost(fp16). Default P: default_pivot_count (statistics.hpp).
+// cost(8) - cost(fp16). Default P: kernels::stepquant::default_pivot_count (plan.hpp).
 // Allocation of the other units: sum_u b_u <= B n - 8 P, n = all units of the model (each
 // pivot takes 8 bits of the nominal budget; the other 8 of its 16 are extra, so the
 // plan's average width, pivots counted at 16, is B + 8 P / n). GDN: allocate_dp; KDA:

@@ -1,6 +1,5 @@
 #pragma once
-// The derived calibration quantities of STEPQUANT.md ("Calibration statistics") and the
-// default pivot counts.
+// The derived calibration quantities of STEPQUANT.md ("Calibration statistics").
 //
 // Thread-safety: pure functions.
 
@@ -33,14 +32,5 @@ inline constexpr double kImpactFloorRatio = 1e-6;
 /// ones. `omega` and `out` have one value per key row. Throws std::invalid_argument on a
 /// size mismatch or a negative / non-finite omega.
 void impact_factors(std::span<const double> omega, double gamma, std::span<float> out);
-
-/// Paper's pivot shares: 32 heads of 48 x 48 = 2304 (1.39%) for Qwen GDN (the fraction the
-/// paper quotes; on Qwen3-Next's 36 x 32 = 1152 heads it gives 16), and 512 rows of
-/// 20 layers x 32 heads x 128 rows (0.625%) for Kimi KDA.
-inline constexpr double kGdnPivotShare = 32.0 / 2304.0;
-inline constexpr double kKdaPivotShare = 512.0 / (20.0 * 32.0 * 128.0);
-
-/// Default number of pivots: round(share * units), at least 0 and at most units.
-[[nodiscard]] std::uint32_t default_pivot_count(kernels::Arch arch, std::size_t units) noexcept;
 
 }  // namespace statepool::calibration

@@ -56,10 +56,4 @@ void impact_factors(std::span<const double> omega, double gamma, std::span<float
   }
 }
 
-std::uint32_t default_pivot_count(kernels::Arch arch, std::size_t units) noexcept {
-  const double share = arch == kernels::Arch::gdn ? kGdnPivotShare : kKdaPivotShare;
-  const double count = std::round(share * static_cast<double>(units));
-  return static_cast<std::uint32_t>(std::clamp(count, 0.0, static_cast<double>(units)));
-}
-
 }  // namespace statepool::calibration

@@ -213,7 +213,7 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
     }
   }
 
-  const std::uint32_t pivots = options.pivots.value_or(default_pivot_count(shape.arch, n));
+  const std::uint32_t pivots = options.pivots.value_or(kernels::stepquant::default_pivot_count(shape.arch, n));
   if (pivots > n) {
     throw std::invalid_argument("build_plan: " + std::to_string(pivots) +
                                 " pivots requested, the " + "model has " + std::to_string(n) +

@@ -12,7 +12,6 @@
 #include <stdexcept>
 
 #include "internal.hpp"
-#include "statepool/calibration/statistics.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 
@@ -117,7 +116,7 @@ kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
   plan.value_dim = layout.value_dim;
   plan.budget_bits = budget_bits;
   const std::size_t units = plan.units();
-  const std::uint32_t pivots = calibration::default_pivot_count(layout.arch, units);
+  const std::uint32_t pivots = kernels::stepquant::default_pivot_count(layout.arch, units);
   plan.widths.assign(units, static_cast<std::uint8_t>(budget_bits));
   std::fill_n(plan.widths.begin(), std::min<std::size_t>(pivots, units),
               kernels::stepquant::kPivotWidth);
