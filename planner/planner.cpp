@@ -3,7 +3,6 @@
 #include <boost/json.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +13,7 @@
 #include "internal.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/support/size.hpp"
 
 namespace statepool::planner {
 namespace {
@@ -439,11 +439,18 @@ bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view valu
   } else if (name == "context") {
     in.context = input_uint(name, value, 1, kMaxContext);
   } else if (name == "gpu-memory") {
+    std::uint64_t bytes = 0;
     try {
-      in.gpu_memory = parse_bytes(value);
+      bytes = support::parse_size(value);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("gpu-memory: " + std::string(e.what()));
     }
+    if (bytes == 0 || bytes > kMaxGpuMemory) {
+      throw std::invalid_argument("gpu-memory must be between 1 B and " +
+                                  support::format_bytes(kMaxGpuMemory) + ", got '" +
+                                  std::string(value) + "'");
+    }
+    in.gpu_memory = bytes;
   } else if (name == "reserved") {
     double f = -1;
     const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), f);
@@ -461,48 +468,6 @@ bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view valu
     return false;
   }
   return true;
-}
-
-std::uint64_t parse_bytes(std::string_view text) {
-  const std::string s(text);
-  std::size_t pos = 0;
-  while (pos < s.size() && (std::isdigit(static_cast<unsigned char>(s[pos])) != 0 || s[pos] == '.'))
-    ++pos;
-  const std::string number = s.substr(0, pos);
-  std::string unit = s.substr(pos);
-  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
-  std::transform(unit.begin(), unit.end(), unit.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1) {
-    throw std::invalid_argument("expected a size like 141GiB or 80GB, got '" + s + "'");
-  }
-  double scale = 0;
-  if (unit.empty() || unit == "b")
-    scale = 1;
-  else if (unit == "kb")
-    scale = 1e3;
-  else if (unit == "mb")
-    scale = 1e6;
-  else if (unit == "gb")
-    scale = 1e9;
-  else if (unit == "tb")
-    scale = 1e12;
-  else if (unit == "kib")
-    scale = 1024.0;
-  else if (unit == "mib")
-    scale = 1024.0 * 1024;
-  else if (unit == "gib")
-    scale = 1024.0 * 1024 * 1024;
-  else if (unit == "tib")
-    scale = 1024.0 * 1024 * 1024 * 1024;
-  else
-    throw std::invalid_argument("unknown size unit '" + unit + "' in '" + s +
-                                "' (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double value = std::stod(number) * scale;
-  if (!(value >= 1.0) || value > 1e18) {
-    throw std::invalid_argument("size out of range: '" + s + "'");
-  }
-  return static_cast<std::uint64_t>(std::llround(value));
 }
 
 }  // namespace statepool::planner

@@ -1,6 +1,7 @@
 #include "config/config.hpp"
 
 #include "pool/accounting.hpp"
+#include "statepool/support/size.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -163,7 +164,8 @@ std::string usage_text(const po::options_description& options) {
          "keeps it compressed, and serves engines over a Unix socket.\n"
          "Every option can also be set in the --config file (INI: `name = value`; tenants in\n"
          "[tenant.NAME] sections with quota, uids, gids). Flags override the file.\n"
-         "Sizes take KiB/MiB/GiB/TiB (or K/M/G/T); durations take ms/s/m/h.\n\n"
+         "Sizes are a number with an optional unit (docs/operations.md):\n  "
+      << support::size_units_text() << "\nDurations take ms/s/m/h.\n\n"
       << options;
   return out.str();
 }
@@ -171,32 +173,11 @@ std::string usage_text(const po::options_description& options) {
 }  // namespace
 
 std::uint64_t parse_size(const std::string& text, const std::string& what) {
-  double number = 0;
-  std::string unit;
-  bool ok = false;
-  split_number(text, number, unit, ok);
-  static const std::map<std::string, double> kUnits = {{"", 1.0},
-                                                       {"b", 1.0},
-                                                       {"k", 1024.0},
-                                                       {"kb", 1024.0},
-                                                       {"kib", 1024.0},
-                                                       {"m", 1048576.0},
-                                                       {"mb", 1048576.0},
-                                                       {"mib", 1048576.0},
-                                                       {"g", 1073741824.0},
-                                                       {"gb", 1073741824.0},
-                                                       {"gib", 1073741824.0},
-                                                       {"t", 1099511627776.0},
-                                                       {"tb", 1099511627776.0},
-                                                       {"tib", 1099511627776.0}};
-  const auto it = kUnits.find(unit);
-  if (!ok || it == kUnits.end()) {
-    throw ConfigError("invalid " + what + " '" + text +
-                      "': expected a size such as 4096, 64MiB or 8GiB");
+  try {
+    return support::parse_size(text);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("invalid " + what + ": " + e.what());
   }
-  const double bytes = std::floor(number * it->second);
-  if (bytes > 1.8e19) throw ConfigError(what + " '" + text + "' is too large");
-  return static_cast<std::uint64_t>(bytes);
 }
 
 std::chrono::milliseconds parse_duration(const std::string& text, const std::string& what) {

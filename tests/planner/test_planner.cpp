@@ -190,13 +190,24 @@ TEST(Planner, TensorParallelDividesHeads) {
   EXPECT_DOUBLE_EQ(plan(load("kimi-linear-48b-a3b-instruct.json"), k).kv_per_token, 8064.0);
 }
 
-TEST(Planner, ParseBytesAndBadInputs) {
-  EXPECT_EQ(parse_bytes("141GiB"), 141ull << 30);
-  EXPECT_EQ(parse_bytes("80GB"), 80'000'000'000u);
-  EXPECT_EQ(parse_bytes("1.5 KiB"), 1536u);
-  EXPECT_EQ(parse_bytes("4096"), 4096u);
-  EXPECT_THROW((void)parse_bytes("lots"), std::invalid_argument);
-  EXPECT_THROW((void)parse_bytes("12XB"), std::invalid_argument);
+TEST(Planner, GpuMemorySizesAndBadInputs) {
+  // Sizes are support::parse_size's (tests/support/test_size.cpp); the planner adds its
+  // bounds, 1 B to 1 PiB.
+  PlanInputs sized;
+  const auto gpu_memory = [&](std::string_view text) {
+    EXPECT_TRUE(set_plan_input(sized, "gpu-memory", text));
+    return sized.gpu_memory;
+  };
+  EXPECT_EQ(gpu_memory("141GiB"), 141ull << 30);
+  EXPECT_EQ(gpu_memory("80GB"), 80'000'000'000u);
+  EXPECT_EQ(gpu_memory("1.5 KiB"), 1536u);
+  EXPECT_EQ(gpu_memory("4096"), 4096u);
+  EXPECT_EQ(gpu_memory("1PiB"), kMaxGpuMemory);
+  EXPECT_THROW((void)set_plan_input(sized, "gpu-memory", "lots"), std::invalid_argument);
+  EXPECT_THROW((void)set_plan_input(sized, "gpu-memory", "12XB"), std::invalid_argument);
+  EXPECT_THROW((void)set_plan_input(sized, "gpu-memory", "0"), std::invalid_argument);
+  EXPECT_THROW((void)set_plan_input(sized, "gpu-memory", "1025TiB"), std::invalid_argument);
+  EXPECT_EQ(sized.gpu_memory, kMaxGpuMemory) << "a refused value changes nothing";
   const ModelSpec m = load("qwen3.5-27b.json");
   PlanInputs in;
   in.reserved = 1.0;

@@ -149,14 +149,12 @@ struct PlanReport {
 
 /// Sets one input by the name the CLI flags, the HTTP query string and docs/capacity.md
 /// share: weights-bits, kv, state-codec (all, or a comma-separated list of codec names),
-/// slots, context, gpu-memory (a size), reserved, tp, concurrency. Returns false for an
-/// unknown name; throws std::invalid_argument ("slots must be between 1 and 1024, got
-/// '0'") for a bad value, leaving `inputs` unchanged.
+/// slots, context, gpu-memory (a size: support::parse_size, "80GB" = 80 * 10^9 bytes,
+/// "141GiB" = 141 * 2^30; at most kMaxGpuMemory), reserved, tp, concurrency. Returns false
+/// for an unknown name; throws std::invalid_argument ("slots must be between 1 and 1024,
+/// got '0'") for a bad value, leaving `inputs` unchanged.
 bool set_plan_input(PlanInputs& inputs, std::string_view name, std::string_view value);
 /// The names set_plan_input() knows, in the order above.
 [[nodiscard]] const std::vector<std::string_view>& plan_input_names();
-
-/// "141GiB", "80GB", "1.5TiB", "123456" (bytes). Throws std::invalid_argument.
-[[nodiscard]] std::uint64_t parse_bytes(std::string_view text);
 
 }  // namespace statepool::planner
