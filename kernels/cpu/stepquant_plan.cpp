@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +20,9 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/atomic_file.hpp"
+#include "statepool/support/errno_text.hpp"
+#include "statepool/support/unique_fd.hpp"
 #include "validate_util.hpp"
 
 namespace statepool::kernels::stepquant {
@@ -94,38 +96,8 @@ class Fnv1a {
 
 // --- file I/O ----------------------------------------------------------------------
 
-class Fd {
- public:
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  /// Closes now, reporting the error (close can report a failed write-back).
-  int close() noexcept {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
 [[noreturn]] void io_error(const std::string& what, const std::string& path, int err) {
-  throw std::runtime_error(what + " " + path + ": " + std::strerror(err));
-}
-
-std::string directory_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) {
-    return ".";
-  }
-  return slash == 0 ? "/" : path.substr(0, slash);
+  throw std::runtime_error(what + " " + path + ": " + support::errno_text(err));
 }
 
 }  // namespace
@@ -446,8 +418,8 @@ Plan from_bytes(std::span<const std::byte> bytes) {
 }
 
 Plan load(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
+  const support::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) {
     io_error("cannot open plan file", path, errno);
   }
   std::vector<std::byte> bytes;
@@ -483,47 +455,10 @@ void save(const Plan& plan, const std::string& path) {
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("plan file " + path + ": " + e.what());
   }
-  // A unique temporary name in the same directory (rename is atomic only there).
-  std::random_device rd;
-  char suffix[32];
-  std::snprintf(suffix, sizeof suffix, ".tmp.%d.%08x", static_cast<int>(::getpid()), rd());
-  const std::string tmp = path + suffix;
-  {
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (fd.get() < 0) {
-      io_error("cannot create plan file", tmp, errno);
-    }
-    const auto fail = [&](const char* what, int err) {
-      ::unlink(tmp.c_str());
-      io_error(what, tmp, err);
-    };
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) {
-          continue;
-        }
-        fail("cannot write plan file", errno);
-      }
-      done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0) {
-      fail("cannot sync plan file", errno);
-    }
-    if (fd.close() != 0) {
-      fail("cannot close plan file", errno);
-    }
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    io_error("cannot rename plan file " + tmp + " to", path, err);
-  }
-  // Make the rename durable; a failure here leaves a complete file either way.
-  Fd dir(::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() >= 0) {
-    (void)::fsync(dir.get());
+  try {
+    support::write_file_atomic(path, bytes);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("plan file ") + e.what());
   }
 }
 
