@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "posix_file.hpp"
+#include "statepool/support/errno_text.hpp"
 
 namespace statepool::calibration {
 namespace {
@@ -26,6 +27,17 @@ constexpr std::size_t kWriteSlice = 1u << 20;
 
 [[noreturn]] void fail(const std::string& what, const std::string& message) {
   throw NpyError(what + ": " + message);
+}
+
+// Runs an AtomicFileWriter call, reporting its failures as NpyError (their messages
+// already start with the path).
+template <typename Call>
+decltype(auto) npy_io(Call&& call) {
+  try {
+    return call();
+  } catch (const std::runtime_error& e) {
+    throw NpyError(e.what());
+  }
 }
 
 // A strict parser of the Python dictionary literal numpy writes as the header, e.g.
@@ -289,13 +301,13 @@ std::vector<std::byte> make_npy_header(std::span<const std::uint64_t> shape) {
 // --- NpyReader ---------------------------------------------------------------------------
 
 NpyReader::NpyReader(std::string path) : path_(std::move(path)) {
-  detail::UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  support::UniqueFd fd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
-    fail(path_, "cannot open: " + detail::errno_text());
+    fail(path_, std::string("cannot open: ") + support::errno_text(errno));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    fail(path_, "cannot stat: " + detail::errno_text());
+    fail(path_, std::string("cannot stat: ") + support::errno_text(errno));
   }
   if (!S_ISREG(st.st_mode)) {
     fail(path_, "not a regular file");
@@ -304,7 +316,7 @@ NpyReader::NpyReader(std::string path) : path_(std::move(path)) {
   std::vector<std::byte> head(
       static_cast<std::size_t>(std::min<std::uint64_t>(file_size, 12 + kMaxHeaderBytes)));
   if (!detail::pread_all(fd.get(), head, 0)) {
-    fail(path_, "read failed: " + detail::errno_text());
+    fail(path_, std::string("read failed: ") + support::errno_text(errno));
   }
   header_ = parse_npy_header(head, path_);
   const std::uint64_t data_bytes = header_.values() * 4;
@@ -319,30 +331,7 @@ NpyReader::NpyReader(std::string path) : path_(std::move(path)) {
                     std::to_string(data_bytes) + " bytes of data for shape " +
                     shape_text(header_.shape));
   }
-  fd_ = fd.release();
-}
-
-NpyReader::~NpyReader() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-  }
-}
-
-NpyReader::NpyReader(NpyReader&& other) noexcept
-    : path_(std::move(other.path_)),
-      header_(std::move(other.header_)),
-      fd_(std::exchange(other.fd_, -1)) {}
-
-NpyReader& NpyReader::operator=(NpyReader&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-    path_ = std::move(other.path_);
-    header_ = std::move(other.header_);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
+  fd_ = std::move(fd);
 }
 
 std::uint64_t NpyReader::rows() const noexcept {
@@ -367,52 +356,31 @@ void NpyReader::read_rows(std::uint64_t first, std::uint64_t count, std::span<fl
                     std::to_string(count * row_values()) + " needed");
   }
   const std::uint64_t offset = header_.data_offset + first * row_values() * 4;
-  if (!detail::pread_all(fd_, std::as_writable_bytes(out), offset)) {
-    fail(path_, "read failed: " + (errno == 0 ? std::string("file shrank while being read")
-                                              : detail::errno_text()));
+  if (!detail::pread_all(fd_.get(), std::as_writable_bytes(out), offset)) {
+    fail(path_, std::string("read failed: ") +
+                    (errno == 0 ? "file shrank while being read" : support::errno_text(errno)));
   }
 }
 
 // --- NpyWriter ---------------------------------------------------------------------------
 
 NpyWriter::NpyWriter(std::string path, std::vector<std::uint64_t> shape)
-    : path_(std::move(path)), partial_(path_ + ".partial") {
-  expected_ = checked_values(shape, path_);
+    : path_(std::move(path)),
+      expected_(checked_values(shape, path_)),
+      file_(npy_io([&] { return support::AtomicFileWriter(path_); })) {
   const std::vector<std::byte> header = make_npy_header(shape);
-  detail::UniqueFd fd(::open(partial_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) {
-    fail(path_, "cannot create: " + detail::errno_text());
-  }
-  if (!detail::write_all(fd.get(), header)) {
-    const std::string reason = detail::errno_text();
-    ::unlink(partial_.c_str());
-    fail(path_, "write failed: " + reason);
-  }
-  fd_ = fd.release();
-}
-
-NpyWriter::~NpyWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-  }
-  if (!finished_) {
-    ::unlink(partial_.c_str());
-  }
+  npy_io([&] { file_.write(header); });
 }
 
 void NpyWriter::append(std::span<const float> values) {
-  if (finished_ || fd_ < 0) {
+  if (finished_ || !file_.open()) {
     fail(path_, "append after finish() or after a failed write");
   }
   if (values.size() > expected_ - written_) {
     fail(path_, "writing " + std::to_string(written_ + values.size()) +
                     " values into an array of " + std::to_string(expected_));
   }
-  if (!detail::write_all(fd_, std::as_bytes(values))) {
-    const std::string reason = detail::errno_text();
-    ::close(std::exchange(fd_, -1));
-    fail(path_, "write failed: " + reason);
-  }
+  npy_io([&] { file_.write(std::as_bytes(values)); });
   written_ += values.size();
 }
 
@@ -420,19 +388,14 @@ void NpyWriter::finish() {
   if (finished_) {
     return;
   }
-  if (fd_ < 0) {
+  if (!file_.open()) {
     fail(path_, "finish() after a failed write");
   }
   if (written_ != expected_) {
     fail(path_, "only " + std::to_string(written_) + " of " + std::to_string(expected_) +
                     " values were written");
   }
-  if (::close(std::exchange(fd_, -1)) != 0) {
-    fail(path_, "close failed: " + detail::errno_text());
-  }
-  if (std::rename(partial_.c_str(), path_.c_str()) != 0) {
-    fail(path_, "cannot rename into place: " + detail::errno_text());
-  }
+  npy_io([&] { file_.commit(); });
   finished_ = true;
 }
 

@@ -7,55 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <stdexcept>
 
+#include "statepool/support/errno_text.hpp"
+#include "statepool/support/unique_fd.hpp"
+
 namespace statepool::calibration::detail {
-
-UniqueFd::~UniqueFd() {
-  close();
-}
-
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    close();
-    fd_ = other.release();
-  }
-  return *this;
-}
-
-int UniqueFd::release() noexcept {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-bool UniqueFd::close() noexcept {
-  if (fd_ < 0) {
-    return true;
-  }
-  const int fd = release();
-  return ::close(fd) == 0;
-}
-
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
-bool write_all(int fd, std::span<const std::byte> bytes) noexcept {
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      return false;
-    }
-    bytes = bytes.subspan(static_cast<std::size_t>(n));
-  }
-  return true;
-}
 
 bool pread_all(int fd, std::span<std::byte> bytes, std::uint64_t offset) noexcept {
   while (!bytes.empty()) {
@@ -81,15 +38,13 @@ bool pread_all(int fd, std::span<std::byte> bytes, std::uint64_t offset) noexcep
 namespace statepool::calibration {
 
 std::string read_file(const std::string& path, std::size_t max_bytes) {
-  using detail::errno_text;
-  using detail::UniqueFd;
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  const support::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) {
-    throw std::runtime_error(path + ": cannot open: " + errno_text());
+    throw std::runtime_error(path + ": cannot open: " + support::errno_text(errno));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    throw std::runtime_error(path + ": cannot stat: " + errno_text());
+    throw std::runtime_error(path + ": cannot stat: " + support::errno_text(errno));
   }
   if (!S_ISREG(st.st_mode)) {
     throw std::runtime_error(path + ": not a regular file");
@@ -102,28 +57,9 @@ std::string read_file(const std::string& path, std::size_t max_bytes) {
   std::string text(static_cast<std::size_t>(size), '\0');
   if (!detail::pread_all(fd.get(), std::as_writable_bytes(std::span<char>(text)), 0)) {
     throw std::runtime_error(path + ": read failed: " +
-                             (errno == 0 ? std::string("unexpected end of file") : errno_text()));
+                             (errno == 0 ? "unexpected end of file" : support::errno_text(errno)));
   }
   return text;
-}
-
-void write_file_atomic(const std::string& path, std::span<const std::byte> bytes) {
-  using detail::errno_text;
-  const std::string partial = path + ".partial";
-  detail::UniqueFd fd(::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) {
-    throw std::runtime_error(path + ": cannot create: " + errno_text());
-  }
-  if (!detail::write_all(fd.get(), bytes) || !fd.close()) {
-    const std::string reason = errno_text();
-    ::unlink(partial.c_str());
-    throw std::runtime_error(path + ": write failed: " + reason);
-  }
-  if (std::rename(partial.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(partial.c_str());
-    throw std::runtime_error(path + ": cannot rename into place: " + reason);
-  }
 }
 
 }  // namespace statepool::calibration

@@ -11,8 +11,8 @@
 #include <sstream>
 #include <utility>
 
-#include "posix_file.hpp"
 #include "statepool/calibration/files.hpp"
+#include "statepool/support/atomic_file.hpp"
 
 namespace statepool::calibration {
 namespace {
@@ -380,8 +380,8 @@ void TraceWriter::finish() {
     fail(dir_ + ": finish() before every layer was written");
   }
   const std::string text = format_manifest(manifest_);
-  write_file_atomic((std::filesystem::path(dir_) / kManifestName).string(),
-                    std::as_bytes(std::span<const char>(text)));
+  support::write_file_atomic((std::filesystem::path(dir_) / kManifestName).string(),
+                             std::as_bytes(std::span<const char>(text)));
   finished_ = true;
 }
 

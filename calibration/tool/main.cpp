@@ -28,10 +28,12 @@
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/atomic_file.hpp"
 
 namespace cal = statepool::calibration;
 namespace kn = statepool::kernels;
 namespace sq = statepool::kernels::stepquant;
+namespace support = statepool::support;
 
 namespace {
 
@@ -257,7 +259,7 @@ int run_calibrate(const std::vector<std::string>& args) {
   const std::string report = cal::format_report(result.report);
   sq::save(result.plan, out);
   if (flags.has("report")) {
-    cal::write_file_atomic(flags.get("report"), std::as_bytes(std::span<const char>(report)));
+    support::write_file_atomic(flags.get("report"), std::as_bytes(std::span<const char>(report)));
   }
   std::cout << report << "plan written to " << out << " (digest " << sq::digest(result.plan)
             << ")\n";
@@ -508,7 +510,7 @@ int run_codec(const std::vector<std::string>& args) {
     header.page_bytes = page.size();
     header.plan_digest = layout.plan ? sq::digest(*layout.plan) : std::string();
     const std::vector<std::byte> file = cal::make_page_file(header, page);
-    cal::write_file_atomic(out, file);
+    support::write_file_atomic(out, file);
     std::cout << "encoded " << in << " " << cal::shape_text(state.shape) << " with "
               << kn::to_string(*id) << " into " << out << "\n";
     print_sizes(codec, state.data.size());

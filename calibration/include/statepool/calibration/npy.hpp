@@ -10,9 +10,10 @@
 // trailing data.
 //
 // Memory: NpyReader reads row ranges on demand (pread), so a file of any size is read
-// with a buffer of the caller's choosing. NpyWriter streams rows to "<path>.partial" and
-// renames it to <path> only when the promised number of values was written, so a failed
-// or interrupted write never leaves a file that looks complete.
+// with a buffer of the caller's choosing. NpyWriter streams rows to a temporary file next
+// to <path> (support::AtomicFileWriter) and renames it to <path> only when the promised
+// number of values was written, so a failed or interrupted write never leaves a file that
+// looks complete, and an older file at <path> stays until then.
 //
 // Thread-safety: an NpyReader may be read from several threads at once (pread has no
 // shared file position); an NpyWriter belongs to one thread.
@@ -23,6 +24,9 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "statepool/support/atomic_file.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::calibration {
 
@@ -61,9 +65,9 @@ class NpyReader {
  public:
   /// Opens and checks the file (header and exact size). Throws NpyError.
   explicit NpyReader(std::string path);
-  ~NpyReader();
-  NpyReader(NpyReader&& other) noexcept;
-  NpyReader& operator=(NpyReader&& other) noexcept;
+  ~NpyReader() = default;
+  NpyReader(NpyReader&& other) noexcept = default;
+  NpyReader& operator=(NpyReader&& other) noexcept = default;
   NpyReader(const NpyReader&) = delete;
   NpyReader& operator=(const NpyReader&) = delete;
 
@@ -81,21 +85,22 @@ class NpyReader {
  private:
   std::string path_;
   NpyHeader header_;
-  int fd_ = -1;
+  support::UniqueFd fd_;
 };
 
 class NpyWriter {
  public:
-  /// Creates "<path>.partial" and writes the header. Throws NpyError.
+  /// Creates the temporary file and writes the header. Throws NpyError.
   NpyWriter(std::string path, std::vector<std::uint64_t> shape);
-  /// Removes the partial file unless finish() succeeded.
-  ~NpyWriter();
+  /// Removes the temporary file unless finish() succeeded.
+  ~NpyWriter() = default;
   NpyWriter(const NpyWriter&) = delete;
   NpyWriter& operator=(const NpyWriter&) = delete;
 
   /// Appends values (any number; the total must not pass prod(shape)).
   void append(std::span<const float> values);
-  /// Checks that exactly prod(shape) values were written, closes, renames to `path`.
+  /// Checks that exactly prod(shape) values were written, then syncs and renames the
+  /// temporary file to `path`.
   void finish();
 
   [[nodiscard]] std::uint64_t written() const noexcept { return written_; }
@@ -103,10 +108,9 @@ class NpyWriter {
 
  private:
   std::string path_;
-  std::string partial_;
   std::uint64_t expected_ = 0;
   std::uint64_t written_ = 0;
-  int fd_ = -1;
+  support::AtomicFileWriter file_;
   bool finished_ = false;
 };
 
