@@ -4,7 +4,7 @@
 //   bench_codec_throughput [--layers N] [--heads N] [--iters N] [--steps N]
 //
 // Layout: GDN, K = V = 128, conv 4096 channels x 3 in bf16, `layers` x `heads` heads.
-// The state is synthetic (gated delta rule, synthetic.hpp). Throughput is bytes of the
+// The state is synthetic (gated delta rule, synthetic_state.hpp). Throughput is bytes of the
 // f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
 // after one warm-up; "x memcpy" is that throughput divided by memcpy's.
 //
@@ -26,7 +26,7 @@
 
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace {
 
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
         "f32 staged state %.1f MB; synthetic state, %u steps; median of %u runs\n",
         o.layers, o.heads, static_cast<double>(state_bytes) / 1e6, o.steps, o.iters);
 
-    const std::vector<std::byte> staged = statepool::kernels::synthetic_staged_state(
+    const std::vector<std::byte> staged = statepool::testing::synthetic_staged_state(
         make_layout(o, CodecId::fp32), o.steps, 1, DType::f32);
     std::vector<std::byte> copy(state_bytes);
     std::vector<std::byte> back(state_bytes);

@@ -5,14 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "seed.hpp"
+#include "statepool/calibration/seed.hpp"
 
 namespace statepool::calibration {
-namespace {
-
-using detail::mix;
-
-}  // namespace
 
 SnapshotReservoir::SnapshotReservoir(std::size_t capacity, std::size_t values_per_snapshot,
                                      std::uint64_t seed)
@@ -68,7 +63,7 @@ LayerAccumulator::LayerAccumulator(kernels::Arch arch, std::uint32_t layer, std:
   }
   per_head_.reserve(heads);
   for (std::uint32_t h = 0; h < heads; ++h) {
-    const std::uint64_t seed = mix(options.seed ^ mix((std::uint64_t{layer} << 32) | h));
+    const std::uint64_t seed = mix_seed(options.seed ^ mix_seed((std::uint64_t{layer} << 32) | h));
     per_head_.push_back(
         Head{0, std::vector<double>(units_per_head(), 0.0), std::vector<double>(key_dim, 0.0),
              SnapshotReservoir(options.reservoir, std::size_t{key_dim} * value_dim, seed)});

@@ -24,11 +24,11 @@
 #include "statepool/calibration/npy.hpp"
 #include "statepool/calibration/page_file.hpp"
 #include "statepool/calibration/statistics.hpp"
-#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/atomic_file.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
 
 namespace cal = statepool::calibration;
 namespace kn = statepool::kernels;
@@ -277,7 +277,7 @@ int run_synth(const std::vector<std::string>& args) {
   if (!flags.positional.empty()) {
     throw UsageError("unexpected argument '" + flags.positional.front() + "'");
   }
-  cal::SyntheticOptions o;
+  statepool::testing::SyntheticOptions o;
   const std::string out = flags.required("out");
   o.arch = parse_arch(flags.required("arch"));
   o.layers = parse_u32("layers", flags.required("layers"));
@@ -288,12 +288,13 @@ int run_synth(const std::vector<std::string>& args) {
   o.token_seed = parse_uint("seed", flags.get("seed", "1"), ~0ull);
   o.model_seed = parse_uint("model-seed", flags.get("model-seed", "7"), ~0ull);
   o.sequence_length = parse_uint("sequence-length", flags.get("sequence-length", "0"), 1ull << 40);
-  if (const std::string problem = cal::synthetic_manifest(o).validate(); !problem.empty()) {
+  if (const std::string problem = statepool::testing::synthetic_manifest(o).validate();
+      !problem.empty()) {
     throw UsageError(problem);
   }
   std::cerr << "statepool-quant: writing a SYNTHETIC " << kn::to_string(o.arch) << " trace to "
             << out << "\n";
-  cal::write_synthetic_trace(out, o, [&](std::uint32_t layer) {
+  statepool::testing::write_synthetic_trace(out, o, [&](std::uint32_t layer) {
     std::cerr << "layer " << layer + 1 << "/" << o.layers << " written\n";
   });
   std::cout << "SYNTHETIC trace written to " << out << ": " << kn::to_string(o.arch) << ", "

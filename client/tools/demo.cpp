@@ -3,7 +3,7 @@
 // Registers a Qwen3-Next-shaped GDN layout once per codec (the uniform codecs, plus
 // stepquant6/stepquant4 for every --plan given), opens an arena per codec, stages
 // recurrent states (the gated delta rule run on the inputs of a seeded synthetic "model",
-// calibration/synthetic_trace.hpp, the same one `statepool-quant synth-trace` writes),
+// testing/synthetic_trace.hpp, the same one `statepool-quant synth-trace` writes),
 // parks them (compress) and resumes them (decompress), and reports page
 // size, compression ratio, reconstruction error and request rates per codec. Each page is
 // also decoded locally from the mapped arena and compared with the daemon's decompress,
@@ -27,10 +27,10 @@
 
 #include "common.hpp"
 #include "statepool/calibration/recurrence.hpp"
-#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
 
 namespace {
 
@@ -152,7 +152,7 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
     for (std::size_t job = next++; job < jobs; job = next++) {
       const auto slot = static_cast<std::uint32_t>(job / args.layers);
       const auto layer = static_cast<std::uint32_t>(job % args.layers);
-      cal::SyntheticOptions options;
+      statepool::testing::SyntheticOptions options;
       options.arch = sk::Arch::gdn;
       options.layers = args.layers;
       options.heads = args.heads;
@@ -161,7 +161,7 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
       options.tokens = args.steps;
       options.model_seed = args.model_seed;
       options.token_seed = 1000 + slot;
-      cal::SyntheticSource source(options);
+      statepool::testing::SyntheticSource source(options);
       source.generate(layer, args.steps, block);
       for (std::uint32_t head = 0; head < args.heads; ++head) {
         auto* state = reinterpret_cast<float*>(dst.data() + std::size_t{slot} * state_bytes +

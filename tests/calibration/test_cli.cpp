@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "calibration_test_util.hpp"
 #include "statepool/calibration/npy.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 extern char** environ;
 
@@ -139,7 +139,7 @@ TEST(Cli, SynthCalibrateAndCodecSession) {
   layout.key_dim = 32;
   layout.value_dim = 32;
   const std::vector<std::byte> staged =
-      kernels::synthetic_staged_state(layout, 200, 5, kernels::DType::f32);
+      testing::synthetic_staged_state(layout, 200, 5, kernels::DType::f32);
   std::vector<float> values(staged.size() / 4);
   std::memcpy(values.data(), staged.data(), staged.size());
   const std::string state = dir.file("state.npy");

@@ -5,7 +5,7 @@
 // larger page size.
 //
 // Setup: one GDN layer, heads with mean log-decay -0.0005 (errors live ~1000 steps) and
-// -0.5 (forgotten within a few), synthetic inputs (calibration.hpp's SyntheticSource).
+// -0.5 (forgotten within a few), synthetic inputs (testing/synthetic_trace.hpp's SyntheticSource).
 // A stepquant6 plan is calibrated on one token stream (2048 tokens, FP32, no quantization
 // in the loop); the drift is measured on another (4096 tokens): the FP32 recurrence, and
 // the same recurrence with the whole state encoded and decoded through a PageCodec after
@@ -24,15 +24,17 @@
 #include "statepool/calibration/accumulator.hpp"
 #include "statepool/calibration/plan_builder.hpp"
 #include "statepool/calibration/recurrence.hpp"
-#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
 
 namespace statepool::calibration {
 namespace {
 
 namespace kn = kernels;
 namespace sq = kernels::stepquant;
+using testing::SyntheticOptions;
+using testing::SyntheticSource;
 
 constexpr std::uint32_t kHeads = 8;  // 4 long-lived, 4 short-lived
 constexpr std::uint32_t kDim = 64;   // K = V

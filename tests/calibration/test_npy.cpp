@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "calibration_test_util.hpp"
 #include "statepool/calibration/npy.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
 namespace {

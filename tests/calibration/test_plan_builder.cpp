@@ -9,16 +9,19 @@
 #include <string>
 #include <vector>
 
-#include "calibration_test_util.hpp"
 #include "statepool/calibration/calibrate.hpp"
-#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
 namespace {
 
 namespace sq = kernels::stepquant;
+using testing::SyntheticOptions;
+using testing::SyntheticSource;
 using testing::TempDir;
+using testing::write_synthetic_trace;
 
 SyntheticOptions gdn_options() {
   SyntheticOptions o;

@@ -9,14 +9,18 @@
 #include <string>
 #include <vector>
 
-#include "calibration_test_util.hpp"
-#include "statepool/calibration/synthetic_trace.hpp"
 #include "statepool/calibration/trace.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
 namespace {
 
+using testing::synthetic_manifest;
+using testing::SyntheticOptions;
+using testing::SyntheticSource;
 using testing::TempDir;
+using testing::write_synthetic_trace;
 
 SyntheticOptions small(kernels::Arch arch) {
   SyntheticOptions o;

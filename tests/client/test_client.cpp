@@ -17,16 +17,16 @@
 #include <thread>
 #include <vector>
 
-#include "fake_daemon.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/fake_daemon.hpp"
 
 namespace sc = statepool::client;
 namespace sk = statepool::kernels;
 namespace wire = statepool::wire;
 namespace protocol = statepool::protocol;
-using statepool::test::FakeDaemon;
-using statepool::test::FakePeer;
-using statepool::test::open_fd_count;
+using statepool::testing::FakeDaemon;
+using statepool::testing::FakePeer;
+using statepool::testing::open_fd_count;
 using Kind = sc::ConnectionError::Kind;
 
 namespace {

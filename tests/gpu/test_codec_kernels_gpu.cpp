@@ -15,9 +15,11 @@
 
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/page.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace statepool::kernels {
+
+using testing::synthetic_staged_state;
 
 // Readable test parameters in ctest listings.
 static void PrintTo(CodecId id, std::ostream* os) {

@@ -10,9 +10,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "daemon_process.hpp"
-#include "raw_frames.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/raw_peer.hpp"
 
 namespace client = statepool::client;
 namespace protocol = statepool::protocol;

@@ -11,11 +11,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
-#include "daemon_process.hpp"
-#include "raw_frames.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/random.hpp"
+#include "statepool/testing/raw_peer.hpp"
 
 namespace sp = statepool;
 namespace client = statepool::client;
@@ -51,11 +51,8 @@ client::Options options_for(const DaemonProcess& d, std::string tenant = {}) {
 
 // Fills a staged FP32 state (recurrent then conv) with seeded values of state-like size.
 void fill_state(std::span<std::byte> staged, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
   const std::size_t n = staged.size() / sizeof(float);
-  std::vector<float> values(n);
-  for (auto& v : values) v = normal(rng);
+  const std::vector<float> values = statepool::testing::gaussian_values(n, seed, 0.05f);
   std::memcpy(staged.data(), values.data(), n * sizeof(float));
 }
 

@@ -21,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "daemon_process.hpp"
 #include "statepool/client.hpp"
 #include "statepool/planner/model.hpp"
 #include "statepool/planner/planner.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;

@@ -11,8 +11,8 @@
 #include <map>
 #include <sstream>
 
-#include "daemon_process.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;

@@ -5,8 +5,8 @@
 
 #include <signal.h>
 
-#include "daemon_process.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
 
 TEST(Readme, QuickStartCompilesAndRuns) {
   statepool::testing::DaemonProcess daemon({"--tenant", "team-a"});

@@ -9,11 +9,11 @@
 #include <fstream>
 #include <random>
 
-#include "daemon_process.hpp"
-#include "raw_frames.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/random.hpp"
+#include "statepool/testing/raw_peer.hpp"
 
 namespace sp = statepool;
 namespace client = statepool::client;
@@ -77,10 +77,8 @@ TEST(StepQuantDaemon, ClientInstallsThePlanAndPagesMatchTheLocalEncoder) {
   auto slots = conn.allocate(arena, 1);
 
   auto state = staging.bytes().subspan(0, info.state_bytes_f32);
-  std::vector<float> values(info.state_bytes_f32 / 4);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.0f, 0.1f);
-  for (auto& v : values) v = normal(rng);
+  const std::vector<float> values =
+      statepool::testing::gaussian_values<std::mt19937>(info.state_bytes_f32 / 4, 3, 0.1f);
   std::memcpy(state.data(), values.data(), state.size());
   conn.compress(slots[0], staging, 0);
 

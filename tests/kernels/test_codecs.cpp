@@ -14,11 +14,12 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels_test_util.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/reference.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/random.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace statepool::kernels {
 
@@ -60,7 +61,8 @@ const std::vector<float>& realistic_head(std::uint32_t key_dim, std::uint32_t va
   auto& values = cache[{key_dim, value_dim}];
   if (values.empty()) {
     values.resize(std::size_t{key_dim} * value_dim);
-    synthetic_gdn_state(key_dim, value_dim, 300, 1234 + key_dim * 7919ull + value_dim, values);
+    testing::synthetic_gdn_state(key_dim, value_dim, 300, 1234 + key_dim * 7919ull + value_dim,
+                                 values);
   }
   return values;
 }
@@ -71,7 +73,7 @@ class CodecConformance : public ::testing::TestWithParam<Param> {
     const auto& [id, shape] = GetParam();
     id_ = id;
     shape_ = shape;
-    layout_ = test::head_layout(id, shape.group, shape.key_dim, shape.value_dim);
+    layout_ = testing::head_layout(id, shape.group, shape.key_dim, shape.value_dim);
     codec_ = make_codec(layout_);
     n_ = std::size_t{shape.key_dim} * shape.value_dim;
   }
@@ -90,13 +92,7 @@ class CodecConformance : public ::testing::TestWithParam<Param> {
   }
 
   [[nodiscard]] std::vector<float> random_values(std::uint32_t seed, float spread) const {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> values(n_);
-    for (auto& v : values) {
-      v = normal(rng) * std::exp(spread * normal(rng));
-    }
-    return values;
+    return testing::heavy_tailed_values<std::mt19937>(n_, seed, spread);
   }
 
   // Per-value error bound of the codec for the encoded head `bytes`.
@@ -109,7 +105,7 @@ class CodecConformance : public ::testing::TestWithParam<Param> {
       default: {
         // Rounding to the grid costs at most s/2; the float quotient x / s adds at most
         // qmax ulps of 2^-24 relative (tiny).
-        const double s = test::stored_scale(bytes, i / group());
+        const double s = testing::stored_scale(bytes, i / group());
         const double qmax = code_qmax(codec_code_bits(id_));
         return 0.5 * s + s * qmax * std::ldexp(1.0, -22);
       }
@@ -150,7 +146,7 @@ TEST_P(CodecConformance, FastPathMatchesReferenceByteForByte) {
     const std::vector<std::byte> fast = encode(values);
     std::vector<std::byte> ref(fast.size(), std::byte{0x5A});
     reference::encode_head(layout_.codec, shape_.key_dim, shape_.value_dim, values, ref);
-    ASSERT_EQ(test::first_difference(fast, ref), -1) << "variant " << variant;
+    ASSERT_EQ(testing::first_difference(fast, ref), -1) << "variant " << variant;
 
     const std::vector<float> fast_out = decode(fast);
     std::vector<float> ref_out(n_);
@@ -165,7 +161,8 @@ TEST_P(CodecConformance, FastPathMatchesReferenceByteForByte) {
 TEST_P(CodecConformance, WritesEveryByteOfTheHead) {
   const auto& values = realistic_head(shape_.key_dim, shape_.value_dim);
   EXPECT_EQ(
-      test::first_difference(encode(values, std::byte{0x00}), encode(values, std::byte{0xFF})), -1);
+      testing::first_difference(encode(values, std::byte{0x00}), encode(values, std::byte{0xFF})),
+      -1);
 }
 
 TEST_P(CodecConformance, RoundTripWithinTheCodecBound) {
@@ -188,7 +185,7 @@ TEST_P(CodecConformance, ReEncodingADecodedHeadIsStable) {
   const auto& values = realistic_head(shape_.key_dim, shape_.value_dim);
   const auto first = encode(values);
   const auto second = encode(decode(first));
-  EXPECT_EQ(test::first_difference(first, second), -1);
+  EXPECT_EQ(testing::first_difference(first, second), -1);
 }
 
 TEST_P(CodecConformance, EncodeIsDeterministic) {
@@ -231,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, CodecConformance,
                          param_name);
 
 TEST(CodecFp32, IsExactForEveryFiniteValue) {
-  const auto codec = make_codec(test::head_layout(CodecId::fp32, 0, 64, 64));
+  const auto codec = make_codec(testing::head_layout(CodecId::fp32, 0, 64, 64));
   std::mt19937_64 rng(5);
   std::vector<float> values(64 * 64);
   for (auto& v : values) {
@@ -253,13 +250,13 @@ TEST(CodecFp32, IsExactForEveryFiniteValue) {
 TEST(CodecAccuracy, RealisticStatesErrorOrdering) {
   std::map<CodecId, double> rel;
   for (const CodecId id : kCodecs) {
-    const StateLayout layout = test::head_layout(id, 0, 128, 128);
+    const StateLayout layout = testing::head_layout(id, 0, 128, 128);
     const auto codec = make_codec(layout);
     double err2 = 0.0;
     double ref2 = 0.0;
     for (std::uint64_t seed = 0; seed < 4; ++seed) {
       std::vector<float> values(128 * 128);
-      synthetic_gdn_state(128, 128, 400, 77 + seed, values);
+      testing::synthetic_gdn_state(128, 128, 400, 77 + seed, values);
       std::vector<std::byte> bytes(codec->head_bytes(0, 0));
       codec->encode_head(0, 0, values, bytes);
       std::vector<float> out(values.size());

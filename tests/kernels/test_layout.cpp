@@ -5,15 +5,15 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels_test_util.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/layout.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
 
 namespace statepool::kernels {
 namespace {
 
-using test::qwen3_next_layout;
+using testing::qwen3_next_layout;
 
 TEST(Layout, QwenNextIsValid) {
   for (const CodecId id :
@@ -89,7 +89,7 @@ TEST(Layout, NoConvStateIsValid) {
 TEST(Layout, GroupSizeValidation) {
   for (const std::uint32_t bad : {1u, 2u, 3u, 6u, 130u, 65540u, 131072u, 0xFFFFFFFFu}) {
     for (const CodecId id : {CodecId::int4, CodecId::int6, CodecId::int8}) {
-      StateLayout layout = test::head_layout(id, bad, 16, 16);
+      StateLayout layout = testing::head_layout(id, bad, 16, 16);
       const std::string problem = validate(layout);
       EXPECT_NE(problem.find("codec.group_size"), std::string::npos) << bad;
       EXPECT_NE(problem.find("got " + std::to_string(bad)), std::string::npos) << bad;
@@ -97,12 +97,12 @@ TEST(Layout, GroupSizeValidation) {
     }
   }
   for (const std::uint32_t good : {0u, 4u, 8u, 12u, 128u, 1000u, 65536u}) {
-    StateLayout layout = test::head_layout(CodecId::int6, good, 16, 16);
+    StateLayout layout = testing::head_layout(CodecId::int6, good, 16, 16);
     EXPECT_EQ(validate(layout), "") << good;
     EXPECT_NO_THROW((void)make_codec(layout)) << good;
   }
   // The float codecs ignore group_size.
-  EXPECT_EQ(validate(test::head_layout(CodecId::bf16, 6, 16, 16)), "");
+  EXPECT_EQ(validate(testing::head_layout(CodecId::bf16, 6, 16, 16)), "");
 }
 
 TEST(Layout, NamesAndParsing) {

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels_test_util.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/reference.hpp"
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -52,7 +52,7 @@ TEST(Page, QwenNextExactBytes) {
       {CodecId::int6, 12544, 14450688 + 1769472}, {CodecId::int4, 8448, 9732096 + 1769472},
   };
   for (const auto& e : expects) {
-    const PageCodec page(test::qwen3_next_layout(e.id));
+    const PageCodec page(testing::qwen3_next_layout(e.id));
     EXPECT_EQ(page.codec().head_bytes(0, 0), e.head) << to_string(e.id);
     EXPECT_EQ(page.page_bytes(), e.page) << to_string(e.id);
     EXPECT_EQ(page.conv_bytes(), 1769472u);
@@ -67,7 +67,8 @@ TEST(Page, QwenNextExactBytes) {
     EXPECT_DOUBLE_EQ(page.compression_ratio(), 79036416.0 / static_cast<double>(e.page));
   }
   // int6: 79,036,416 / 16,220,160 = 4.8727...: metadata and conv count in the ratio.
-  EXPECT_NEAR(PageCodec(test::qwen3_next_layout(CodecId::int6)).compression_ratio(), 4.8727, 1e-4);
+  EXPECT_NEAR(PageCodec(testing::qwen3_next_layout(CodecId::int6)).compression_ratio(), 4.8727,
+              1e-4);
 }
 
 TEST(Page, OffsetsArePrefixSums) {
@@ -89,7 +90,7 @@ TEST(Page, BytesAreTheHeadsThenTheRawConvState) {
   for (const CodecId id : kCodecs) {
     const StateLayout layout = small_layout(id, 32);
     const PageCodec page(layout);
-    const auto staged = synthetic_staged_state(layout, 40, 3, DType::f32);
+    const auto staged = testing::synthetic_staged_state(layout, 40, 3, DType::f32);
     std::vector<std::byte> bytes(page.page_bytes(), std::byte{0xCD});
     page.encode(staged, DType::f32, bytes);
 
@@ -97,15 +98,15 @@ TEST(Page, BytesAreTheHeadsThenTheRawConvState) {
     const std::size_t head = page.codec().head_bytes(0, 0);
     std::vector<std::byte> expected;
     for (std::size_t index = 0; index < 12; ++index) {
-      const auto values =
-          test::bytes_to_floats(std::span<const std::byte>(staged).subspan(index * n * 4, n * 4));
+      const auto values = testing::bytes_to_floats(
+          std::span<const std::byte>(staged).subspan(index * n * 4, n * 4));
       std::vector<std::byte> one(head);
       reference::encode_head(layout.codec, 16, 24, values, one);
       expected.insert(expected.end(), one.begin(), one.end());
     }
     expected.insert(expected.end(), staged.end() - static_cast<std::ptrdiff_t>(page.conv_bytes()),
                     staged.end());
-    EXPECT_EQ(test::first_difference(bytes, expected), -1) << to_string(id);
+    EXPECT_EQ(testing::first_difference(bytes, expected), -1) << to_string(id);
   }
 }
 
@@ -113,7 +114,7 @@ TEST(Page, RoundTripKeepsConvBytesAndMatchesHeadDecode) {
   for (const CodecId id : kCodecs) {
     const StateLayout layout = small_layout(id);
     const PageCodec page(layout);
-    const auto staged = synthetic_staged_state(layout, 40, 9, DType::f32);
+    const auto staged = testing::synthetic_staged_state(layout, 40, 9, DType::f32);
     std::vector<std::byte> bytes(page.page_bytes());
     page.encode(staged, DType::f32, bytes);
     std::vector<std::byte> back(page.staged_bytes(DType::f32), std::byte{0xEE});
@@ -123,7 +124,7 @@ TEST(Page, RoundTripKeepsConvBytesAndMatchesHeadDecode) {
     EXPECT_EQ(
         std::memcmp(back.data() + back.size() - conv, staged.data() + staged.size() - conv, conv),
         0);
-    const auto out = test::bytes_to_floats(back);
+    const auto out = testing::bytes_to_floats(back);
     const std::size_t n = 16 * 24;
     for (std::uint32_t l = 0; l < 3; ++l) {
       for (std::uint32_t h = 0; h < 4; ++h) {
@@ -148,7 +149,7 @@ TEST(Page, Bf16StagingEqualsF32StagingOfTheSameValues) {
   for (const CodecId id : kCodecs) {
     const StateLayout layout = small_layout(id);
     const PageCodec page(layout);
-    const auto staged_bf16 = synthetic_staged_state(layout, 40, 21, DType::bf16);
+    const auto staged_bf16 = testing::synthetic_staged_state(layout, 40, 21, DType::bf16);
     // The same values widened to f32 (bf16 -> f32 is exact).
     const std::size_t values = 12 * 16 * 24;
     std::vector<float> widened(values);
@@ -157,14 +158,14 @@ TEST(Page, Bf16StagingEqualsF32StagingOfTheSameValues) {
       std::memcpy(&b, staged_bf16.data() + 2 * i, 2);
       widened[i] = bf16_bits_to_float(b);
     }
-    std::vector<std::byte> staged_f32 = test::float_bytes(widened);
+    std::vector<std::byte> staged_f32 = testing::float_bytes(widened);
     staged_f32.insert(staged_f32.end(), staged_bf16.begin() + 2 * values, staged_bf16.end());
 
     std::vector<std::byte> from_bf16(page.page_bytes());
     std::vector<std::byte> from_f32(page.page_bytes());
     page.encode(staged_bf16, DType::bf16, from_bf16);
     page.encode(staged_f32, DType::f32, from_f32);
-    EXPECT_EQ(test::first_difference(from_bf16, from_f32), -1) << to_string(id);
+    EXPECT_EQ(testing::first_difference(from_bf16, from_f32), -1) << to_string(id);
 
     // Decoding to bf16 equals decoding to f32 then rounding each value to bf16.
     std::vector<std::byte> out_bf16(page.staged_bytes(DType::bf16));
@@ -172,7 +173,7 @@ TEST(Page, Bf16StagingEqualsF32StagingOfTheSameValues) {
     page.decode(from_bf16, DType::bf16, out_bf16);
     page.decode(from_bf16, DType::f32, out_f32);
     const auto decoded =
-        test::bytes_to_floats(std::span<const std::byte>(out_f32).first(values * 4));
+        testing::bytes_to_floats(std::span<const std::byte>(out_f32).first(values * 4));
     for (std::size_t i = 0; i < values; ++i) {
       std::uint16_t b = 0;
       std::memcpy(&b, out_bf16.data() + 2 * i, 2);
@@ -190,7 +191,7 @@ TEST(Page, Bf16StagingEqualsF32StagingOfTheSameValues) {
 TEST(Page, MisalignedStagingGivesTheSameBytes) {
   const StateLayout layout = small_layout(CodecId::int6);
   const PageCodec page(layout);
-  const auto staged = synthetic_staged_state(layout, 20, 5, DType::f32);
+  const auto staged = testing::synthetic_staged_state(layout, 20, 5, DType::f32);
   std::vector<std::byte> shifted(staged.size() + 1);
   std::memcpy(shifted.data() + 1, staged.data(), staged.size());
   const auto misaligned = std::span<std::byte>(shifted).subspan(1);
@@ -225,7 +226,7 @@ TEST(Page, NonFiniteIsRejectedBeforeAnythingIsWritten) {
     const StateLayout layout = small_layout(id);
     const PageCodec page(layout);
     for (const auto& c : cases) {
-      auto staged = synthetic_staged_state(layout, 10, 1, c.dtype);
+      auto staged = testing::synthetic_staged_state(layout, 10, 1, c.dtype);
       // layer 1, head 2, row 3, col 4 (and a later bad value that must not be reported)
       const std::size_t index = ((1 * 4 + 2) * 16 + 3) * 24 + 4;
       const std::size_t later = ((2 * 4 + 1) * 16 + 0) * 24 + 0;
@@ -265,7 +266,7 @@ TEST(Page, ConvStateIsOpaqueBytes) {
   // The conv state is stored raw: even NaN bit patterns there pass through unchanged.
   const StateLayout layout = small_layout(CodecId::int4);
   const PageCodec page(layout);
-  auto staged = synthetic_staged_state(layout, 10, 2, DType::f32);
+  auto staged = testing::synthetic_staged_state(layout, 10, 2, DType::f32);
   const std::uint16_t nan = 0x7FC1;
   std::memcpy(staged.data() + staged.size() - 2, &nan, 2);
   std::vector<std::byte> bytes(page.page_bytes());
@@ -276,7 +277,7 @@ TEST(Page, ConvStateIsOpaqueBytes) {
 TEST(Page, RejectsF16StagingAndWrongSizes) {
   const StateLayout layout = small_layout(CodecId::int8);
   const PageCodec page(layout);
-  const auto staged = synthetic_staged_state(layout, 5, 4, DType::f32);
+  const auto staged = testing::synthetic_staged_state(layout, 5, 4, DType::f32);
   std::vector<std::byte> bytes(page.page_bytes(), std::byte{0x11});
   const std::vector<std::byte> before = bytes;
 
@@ -322,7 +323,7 @@ TEST(Page, NoConvState) {
   const PageCodec page(layout);
   EXPECT_EQ(page.conv_bytes(), 0u);
   EXPECT_EQ(page.page_bytes(), page.conv_offset());
-  const auto staged = synthetic_staged_state(layout, 5, 4, DType::f32);
+  const auto staged = testing::synthetic_staged_state(layout, 5, 4, DType::f32);
   EXPECT_EQ(staged.size(), page.staged_bytes(DType::f32));
   std::vector<std::byte> bytes(page.page_bytes());
   page.encode(staged, DType::f32, bytes);

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels_test_util.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/numeric.hpp"
@@ -23,8 +22,9 @@
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/kernels/synthetic.hpp"
-#include "stepquant_test_util.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -33,8 +33,8 @@ using stepquant::FitKind;
 using stepquant::HeadFit;
 using stepquant::kPivotWidth;
 using stepquant::Plan;
-using test::make_plan;
-using test::plan_layout;
+using testing::make_plan;
+using testing::plan_layout;
 
 constexpr StepQuantVariant kVariants[] = {StepQuantVariant::full, StepQuantVariant::spatial_only,
                                           StepQuantVariant::temporal_only};
@@ -52,14 +52,14 @@ const char* name(StepQuantVariant v) {
 Plan gdn_plan6() {
   const std::uint8_t w[] = {6, 8, 4, kPivotWidth, 6, 6};
   return make_plan(
-      Arch::gdn, 2, 3, 128, 128, 6, [&](std::size_t u) { return w[u]; }, test::random_impact(1));
+      Arch::gdn, 2, 3, 128, 128, 6, [&](std::size_t u) { return w[u]; }, testing::random_impact(1));
 }
 
 // GDN, 1 layer x 6 heads, 128 x 128, budget 4: widths 2, 4, 6, 8, pivot, 2.
 Plan gdn_plan4() {
   const std::uint8_t w[] = {2, 4, 6, 8, kPivotWidth, 2};
   return make_plan(
-      Arch::gdn, 1, 6, 128, 128, 4, [&](std::size_t u) { return w[u]; }, test::random_impact(2));
+      Arch::gdn, 1, 6, 128, 128, 4, [&](std::size_t u) { return w[u]; }, testing::random_impact(2));
 }
 
 // KDA, 1 layer x 2 heads, 8 x V, budget 4. Head 0 rows: 2 4 6 8 P 6 4 2; head 1: P P 8 8 8 8 8 8.
@@ -68,7 +68,7 @@ Plan kda_plan4(std::uint32_t value_dim) {
                             kPivotWidth, kPivotWidth, 8, 8, 8,           8, 8, 8};
   return make_plan(
       Arch::kda, 1, 2, 8, value_dim, 4, [&](std::size_t u) { return w[u]; },
-      test::random_impact(3));
+      testing::random_impact(3));
 }
 
 // KDA, 2 layers x 2 heads, 16 x 24, budget 6, every width and some pivots.
@@ -76,7 +76,7 @@ Plan kda_plan6() {
   const std::uint8_t w[] = {4, 6, 6, 8, kPivotWidth, 6, 4, 6};
   return make_plan(
       Arch::kda, 2, 2, 16, 24, 6, [&](std::size_t u) { return w[(u * 5 + u / 7) % 8]; },
-      test::random_impact(4));
+      testing::random_impact(4));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ TEST(StepQuantCodec, KdaPageBytesByHand) {
 }
 
 TEST(StepQuantCodec, DsqPageBytes) {
-  StateLayout layout = test::qwen3_next_layout(CodecId::dsq6);
+  StateLayout layout = testing::qwen3_next_layout(CodecId::dsq6);
   const PageCodec dsq6(layout);
   EXPECT_EQ(dsq6.codec().head_bytes(0, 0), 12800u);
   // 1,152 heads x 12,800 + conv 1,769,472.
@@ -294,16 +294,17 @@ TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
       SCOPED_TRACE(std::string(c.what) + " " + name(variant));
       const StateLayout layout = plan_layout(c.plan, c.codec, variant, 6, 2);
       const PageCodec page(layout);
-      const auto staged = synthetic_staged_state(layout, 200, 9, DType::f32);
+      const auto staged = testing::synthetic_staged_state(layout, 200, 9, DType::f32);
       std::vector<std::byte> bytes(page.page_bytes(), std::byte{0xA5});
       page.encode(staged, DType::f32, bytes);
-      const auto values = test::bytes_to_floats(std::span<const std::byte>(staged).first(
+      const auto values = testing::bytes_to_floats(std::span<const std::byte>(staged).first(
           page.staged_bytes(DType::f32) - page.conv_bytes()));
       std::vector<float> decoded(values.size());
       {
         std::vector<std::byte> out(page.staged_bytes(DType::f32));
         page.decode(bytes, DType::f32, out);
-        decoded = test::bytes_to_floats(std::span<const std::byte>(out).first(decoded.size() * 4));
+        decoded =
+            testing::bytes_to_floats(std::span<const std::byte>(out).first(decoded.size() * 4));
       }
       const std::size_t n = std::size_t{c.plan.key_dim} * c.plan.value_dim;
       HeadFit fit;
@@ -318,7 +319,7 @@ TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
           const std::size_t size = page.codec().head_bytes(l, h);
           const auto expect = expected_head(c.plan.arch, variant, fit, widths, size);
           const std::span<const std::byte> got(bytes.data() + page.head_offset(l, h), size);
-          ASSERT_EQ(test::first_difference(got, expect), -1) << "layer " << l << " head " << h;
+          ASSERT_EQ(testing::first_difference(got, expect), -1) << "layer " << l << " head " << h;
           // Values: decode == reconstruct(fit).
           stepquant::reconstruct(c.plan.arch, fit, widths, rec);
           for (std::size_t k = 0; k < n; ++k) {
@@ -328,7 +329,7 @@ TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
         }
       }
       // The conv state is copied raw.
-      EXPECT_EQ(test::first_difference(
+      EXPECT_EQ(testing::first_difference(
                     std::span<const std::byte>(bytes).subspan(page.conv_offset()),
                     std::span<const std::byte>(staged).subspan(staged.size() - page.conv_bytes())),
                 -1);
@@ -339,14 +340,14 @@ TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
 TEST(StepQuantCodec, DsqPageIsItsFitInTheGdnFormat) {
   for (const Arch arch : {Arch::gdn, Arch::kda}) {
     for (const CodecId id : {CodecId::dsq4, CodecId::dsq6}) {
-      StateLayout layout = test::head_layout(id, 0, 24, 36);
+      StateLayout layout = testing::head_layout(id, 0, 24, 36);
       layout.arch = arch;
       layout.num_heads = 2;
       const PageCodec page(layout);
-      const auto staged = synthetic_staged_state(layout, 200, 3, DType::f32);
+      const auto staged = testing::synthetic_staged_state(layout, 200, 3, DType::f32);
       std::vector<std::byte> bytes(page.page_bytes());
       page.encode(staged, DType::f32, bytes);
-      const auto values = test::bytes_to_floats(staged);
+      const auto values = testing::bytes_to_floats(staged);
       const std::uint32_t b = id == CodecId::dsq4 ? 4 : 6;
       const std::size_t n = 24 * 36;
       HeadFit fit;
@@ -355,9 +356,9 @@ TEST(StepQuantCodec, DsqPageIsItsFitInTheGdnFormat) {
         const std::vector<std::uint8_t> widths(24, static_cast<std::uint8_t>(b));
         const auto expect = expected_head(Arch::gdn, StepQuantVariant::full, fit, widths,
                                           page.codec().head_bytes(0, h));
-        ASSERT_EQ(test::first_difference(std::span<const std::byte>(bytes).subspan(
-                                             page.head_offset(0, h), expect.size()),
-                                         expect),
+        ASSERT_EQ(testing::first_difference(std::span<const std::byte>(bytes).subspan(
+                                                page.head_offset(0, h), expect.size()),
+                                            expect),
                   -1);
       }
     }
@@ -375,12 +376,12 @@ std::vector<StateLayout> contract_layouts() {
     }
   }
   for (const CodecId id : {CodecId::dsq4, CodecId::dsq6}) {
-    out.push_back(test::head_layout(id, 0, 7, 5));
-    out.push_back(test::head_layout(id, 0, 1, 1));
-    out.push_back(test::head_layout(id, 0, 128, 128));
+    out.push_back(testing::head_layout(id, 0, 7, 5));
+    out.push_back(testing::head_layout(id, 0, 1, 1));
+    out.push_back(testing::head_layout(id, 0, 128, 128));
   }
   // Tiny stepquant heads: 1 x 1 and a 3 x 33 GDN 2-bit head.
-  out.push_back(plan_layout(test::uniform_plan(Arch::gdn, 1, 1, 1, 1, 6), CodecId::stepquant6));
+  out.push_back(plan_layout(testing::uniform_plan(Arch::gdn, 1, 1, 1, 1, 6), CodecId::stepquant6));
   out.push_back(plan_layout(
       make_plan(Arch::gdn, 1, 2, 3, 33, 4,
                 [](std::size_t u) { return static_cast<std::uint8_t>(u == 0 ? 2 : 16); }),
@@ -397,19 +398,19 @@ TEST(StepQuantCodec, WritesEveryByteIsDeterministicAndDecodesFinite) {
     SCOPED_TRACE(std::string(to_string(layout.codec.id)) + " " + name(layout.codec.variant) + " " +
                  std::to_string(layout.key_dim) + "x" + std::to_string(layout.value_dim));
     const PageCodec page(layout);
-    const auto staged = synthetic_staged_state(layout, 100, 5, DType::f32);
+    const auto staged = testing::synthetic_staged_state(layout, 100, 5, DType::f32);
     std::vector<std::byte> zeros(page.page_bytes(), std::byte{0x00});
     std::vector<std::byte> ones(page.page_bytes(), std::byte{0xFF});
     page.encode(staged, DType::f32, zeros);
     page.encode(staged, DType::f32, ones);
-    ASSERT_EQ(test::first_difference(zeros, ones), -1);
+    ASSERT_EQ(testing::first_difference(zeros, ones), -1);
     std::vector<std::byte> out(page.staged_bytes(DType::f32));
     page.decode(zeros, DType::f32, out);
-    for (const float v : test::bytes_to_floats(out)) {
+    for (const float v : testing::bytes_to_floats(out)) {
       ASSERT_TRUE(std::isfinite(v));
     }
     // bf16 staging encodes the same values to the same bytes.
-    const auto staged16 = synthetic_staged_state(layout, 100, 5, DType::bf16);
+    const auto staged16 = testing::synthetic_staged_state(layout, 100, 5, DType::bf16);
     std::vector<float> widened(page.staged_bytes(DType::f32) / 4);
     {
       std::vector<std::byte> tmp(page.staged_bytes(DType::f32));
@@ -424,11 +425,11 @@ TEST(StepQuantCodec, WritesEveryByteIsDeterministicAndDecodesFinite) {
         const auto hi = std::to_integer<std::uint16_t>(staged16[2 * k + 1]);
         x[k] = bf16_bits_to_float(static_cast<std::uint16_t>(lo | (hi << 8)));
       }
-      auto f32 = test::float_bytes(x);
+      auto f32 = testing::float_bytes(x);
       std::copy(staged16.end() - static_cast<std::ptrdiff_t>(page.conv_bytes()), staged16.end(),
                 f32.end() - static_cast<std::ptrdiff_t>(page.conv_bytes()));
       page.encode(f32, DType::f32, enc2);
-      ASSERT_EQ(test::first_difference(enc, enc2), -1);
+      ASSERT_EQ(testing::first_difference(enc, enc2), -1);
     }
   }
 }
@@ -441,7 +442,7 @@ TEST(StepQuantCodec, ZerosDecodeToExactZeros) {
     page.encode(staged, DType::f32, bytes);
     std::vector<std::byte> out(staged.size(), std::byte{0x7F});
     page.decode(bytes, DType::f32, out);
-    for (const float v : test::bytes_to_floats(out)) {
+    for (const float v : testing::bytes_to_floats(out)) {
       ASSERT_EQ(v, 0.0f) << to_string(layout.codec.id);
     }
   }
@@ -465,16 +466,16 @@ TEST(StepQuantCodec, RejectsWrongBufferSizesAndHeads) {
 
 TEST(StepQuantCodec, NonFiniteValuesAreRejectedBeforeAnythingIsWritten) {
   for (const CodecId id : {CodecId::stepquant6, CodecId::dsq6}) {
-    const StateLayout layout = id == CodecId::dsq6 ? test::head_layout(id, 0, 16, 24)
+    const StateLayout layout = id == CodecId::dsq6 ? testing::head_layout(id, 0, 16, 24)
                                                    : plan_layout(kda_plan6(), CodecId::stepquant6);
     const PageCodec page(layout);
-    auto staged = synthetic_staged_state(layout, 50, 2, DType::f32);
-    std::vector<float> x = test::bytes_to_floats(staged);
+    auto staged = testing::synthetic_staged_state(layout, 50, 2, DType::f32);
+    std::vector<float> x = testing::bytes_to_floats(staged);
     const std::size_t bad = x.size() / 2 + 3;
     for (const float v :
          {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
       x[bad] = v;
-      auto input = test::float_bytes(x);
+      auto input = testing::float_bytes(x);
       std::vector<std::byte> bytes(page.page_bytes(), std::byte{0x3C});
       const auto before = bytes;
       EXPECT_THROW(page.encode(input, DType::f32, bytes), NonFiniteError);
@@ -490,8 +491,8 @@ TEST(StepQuantCodec, VariantsChangeWhatTheyShould) {
   const Plan plan = kda_plan6();
   const auto x_all = [&] {
     const auto staged =
-        synthetic_staged_state(plan_layout(plan, CodecId::stepquant6), 200, 4, DType::f32);
-    return test::bytes_to_floats(staged);
+        testing::synthetic_staged_state(plan_layout(plan, CodecId::stepquant6), 200, 4, DType::f32);
+    return testing::bytes_to_floats(staged);
   }();
   const std::size_t n = std::size_t{plan.key_dim} * plan.value_dim;
   const std::span<const float> x(x_all.data(), n);
@@ -525,7 +526,8 @@ TEST(StepQuantCodec, VariantsChangeWhatTheyShould) {
     for (std::size_t j = 0; j < plan.value_dim; ++j) {
       absmax = std::max(absmax, std::fabs(x[i * plan.value_dim + j]));
     }
-    EXPECT_EQ(temporal.row_scale[i], test::fp16(absmax / static_cast<float>(code_qmax(w_full[i]))));
+    EXPECT_EQ(temporal.row_scale[i],
+              testing::fp16(absmax / static_cast<float>(code_qmax(w_full[i]))));
   }
   // The impact factors matter to full and spatial_only, not to temporal_only.
   Plan flat = plan;
@@ -627,7 +629,7 @@ TEST(StepQuantLayout, IdentityComparesVariantAndPlan) {
   b.codec.group_size = 64;  // ignored by stepquant
   EXPECT_TRUE(a.same_shape_and_codec(b));
   // The variant is not part of other codecs' identity.
-  StateLayout i1 = test::qwen3_next_layout(CodecId::int6);
+  StateLayout i1 = testing::qwen3_next_layout(CodecId::int6);
   StateLayout i2 = i1;
   i2.codec.variant = StepQuantVariant::spatial_only;
   EXPECT_TRUE(i1.same_shape_and_codec(i2));
@@ -646,13 +648,13 @@ Accuracy measure(const StateLayout& layout, std::uint32_t seeds) {
   double err2 = 0.0;
   double ref2 = 0.0;
   for (std::uint32_t seed = 0; seed < seeds; ++seed) {
-    const auto staged = synthetic_staged_state(layout, 400, 77 + seed, DType::f32);
+    const auto staged = testing::synthetic_staged_state(layout, 400, 77 + seed, DType::f32);
     std::vector<std::byte> bytes(page.page_bytes());
     page.encode(staged, DType::f32, bytes);
     std::vector<std::byte> out(staged.size());
     page.decode(bytes, DType::f32, out);
-    const auto x = test::bytes_to_floats(staged);
-    const auto y = test::bytes_to_floats(out);
+    const auto x = testing::bytes_to_floats(staged);
+    const auto y = testing::bytes_to_floats(out);
     const std::size_t n =
         std::size_t{layout.num_layers} * layout.num_heads * layout.key_dim * layout.value_dim;
     for (std::size_t k = 0; k < n; ++k) {
@@ -665,7 +667,7 @@ Accuracy measure(const StateLayout& layout, std::uint32_t seeds) {
 }
 
 StateLayout heads_layout(Arch arch, CodecId id, std::uint32_t heads) {
-  StateLayout layout = test::head_layout(id, 0, 128, 128);
+  StateLayout layout = testing::head_layout(id, 0, 128, 128);
   layout.arch = arch;
   layout.num_heads = heads;
   return layout;
@@ -677,7 +679,7 @@ TEST(StepQuantAccuracy, UniformPlanBeatsIntAtComparableBytes) {
       const CodecId sq = budget == 6 ? CodecId::stepquant6 : CodecId::stepquant4;
       const CodecId uniform = budget == 6 ? CodecId::int6 : CodecId::int4;
       const CodecId dsq = budget == 6 ? CodecId::dsq6 : CodecId::dsq4;
-      const Plan plan = test::uniform_plan(arch, 1, 8, 128, 128, budget);  // unit impact
+      const Plan plan = testing::uniform_plan(arch, 1, 8, 128, 128, budget);  // unit impact
       const Accuracy a_sq = measure(plan_layout(plan, sq), 2);
       const Accuracy a_int = measure(heads_layout(arch, uniform, 8), 2);
       const Accuracy a_dsq = measure(heads_layout(arch, dsq, 8), 2);

@@ -18,14 +18,15 @@
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
-#include "statepool/kernels/synthetic.hpp"
-#include "stepquant_test_util.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/random.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
 
-using test::fp16;
-using test::is_fp16_exact;
+using testing::fp16;
+using testing::is_fp16_exact;
 
 // ---------------------------------------------------------------------------------------
 // An independent, one-value-at-a-time transcription of the fit formulas (fit.hpp).
@@ -121,28 +122,22 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
 std::vector<float> gdn_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed,
                             std::uint32_t steps = 300) {
   std::vector<float> x(std::size_t{K} * V);
-  synthetic_gdn_state(K, V, steps, seed, x);
+  testing::synthetic_gdn_state(K, V, steps, seed, x);
   return x;
 }
 
 std::vector<float> kda_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed) {
   std::vector<float> x(std::size_t{K} * V);
-  synthetic_kda_state(K, V, 300, seed, x);
+  testing::synthetic_kda_state(K, V, 300, seed, x);
   return x;
 }
 
 std::vector<float> heavy_tailed(std::size_t n, std::uint64_t seed, float spread) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (auto& v : x) {
-    v = normal(rng) * std::exp(spread * normal(rng));
-  }
-  return x;
+  return testing::heavy_tailed_values(n, seed, spread);
 }
 
 std::vector<float> impacts(std::uint32_t K, std::uint64_t seed) {
-  auto draw = test::random_impact(seed);
+  auto draw = testing::random_impact(seed);
   std::vector<float> w(K);
   for (std::size_t i = 0; i < K; ++i) {
     w[i] = draw(i);

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "stepquant_test_util.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
@@ -28,7 +28,7 @@ namespace {
 // GDN: 2 layers x 3 heads x 4 x 5, budget 6, heads 4, 6, 8, pivot, 6, 6; 24 key rows.
 Plan gdn_sample() {
   const std::uint8_t w[] = {4, 6, 8, kPivotWidth, 6, 6};
-  Plan plan = test::make_plan(
+  Plan plan = testing::make_plan(
       Arch::gdn, 2, 3, 4, 5, 6, [&](std::size_t u) { return w[u]; },
       [](std::size_t i) { return 0.5f + 0.125f * static_cast<float>(i); });
   plan.mean_log_decay = {-0.01f, -0.2f, -0.001f, -0.5f, -0.05f, -0.3f};
@@ -42,7 +42,7 @@ Plan gdn_sample() {
 // KDA: 1 layer x 2 heads x 3 rows x 4, budget 4; units are rows.
 Plan kda_sample() {
   const std::uint8_t w[] = {2, 4, kPivotWidth, 8, 6, 2};
-  return test::make_plan(
+  return testing::make_plan(
       Arch::kda, 1, 2, 3, 4, 4, [&](std::size_t u) { return w[u]; },
       [](std::size_t i) { return 2.0f - 0.25f * static_cast<float>(i); });
 }

@@ -8,10 +8,10 @@
 #include <limits>
 #include <vector>
 
-#include "kernels_test_util.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/reference.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -27,7 +27,7 @@ struct Head {
 Head round_trip(CodecId id, std::uint32_t group, std::uint32_t key_dim, std::uint32_t value_dim,
                 const std::vector<float>& values) {
   Head h;
-  h.codec = make_codec(test::head_layout(id, group, key_dim, value_dim));
+  h.codec = make_codec(testing::head_layout(id, group, key_dim, value_dim));
   h.bytes.resize(h.codec->head_bytes(0, 0));
   h.codec->encode_head(0, 0, values, h.bytes);
   h.out.resize(values.size());
@@ -39,7 +39,7 @@ TEST(UniformEdges, ZerosGiveZeroScalesAndExactZeros) {
   for (const CodecId id : kUniform) {
     const Head h = round_trip(id, 32, 8, 8, std::vector<float>(64, 0.0f));
     for (std::size_t g = 0; g < 2; ++g) {
-      EXPECT_EQ(test::stored_scale_bits(h.bytes, g), 0u);
+      EXPECT_EQ(testing::stored_scale_bits(h.bytes, g), 0u);
     }
     for (const float v : h.out) {
       ASSERT_EQ(float_bits(v), 0u);  // +0, not -0
@@ -60,7 +60,7 @@ TEST(UniformEdges, ConstantGroupReconstructsToScaleTimesQmax) {
       const float s =
           half_bits_to_float(float_to_half_bits(std::fabs(c) / static_cast<float>(qmax)));
       for (std::size_t g = 0; g < 2; ++g) {
-        EXPECT_EQ(test::stored_scale(h.bytes, g), s);
+        EXPECT_EQ(testing::stored_scale(h.bytes, g), s);
       }
       const float expected = std::copysign(s * static_cast<float>(qmax), c);
       for (const float v : h.out) {
@@ -83,7 +83,7 @@ TEST(UniformEdges, FloatDenormalsGiveZeroScaleAndBoundedError) {
   }
   for (const CodecId id : kUniform) {
     const Head h = round_trip(id, 32, 8, 8, values);
-    EXPECT_EQ(test::stored_scale_bits(h.bytes, 0), 0u);
+    EXPECT_EQ(testing::stored_scale_bits(h.bytes, 0), 0u);
     for (std::size_t i = 0; i < values.size(); ++i) {
       ASSERT_EQ(h.out[i], 0.0f);
     }
@@ -99,7 +99,7 @@ TEST(UniformEdges, TinyGroupsUseSubnormalScalesWithErrorBoundedByAbsmax) {
   }
   for (const CodecId id : kUniform) {
     const Head h = round_trip(id, 64, 8, 8, values);
-    const std::uint16_t sb = test::stored_scale_bits(h.bytes, 0);
+    const std::uint16_t sb = testing::stored_scale_bits(h.bytes, 0);
     EXPECT_LT(sb, 0x0400u) << to_string(id);  // subnormal or zero
     float absmax = 0.0f;
     for (const float v : values) {
@@ -118,7 +118,7 @@ TEST(UniformEdges, HugeValuesSaturateToTheLargestMagnitude) {
   for (const CodecId id : kUniform) {
     const std::uint32_t qmax = code_qmax(codec_code_bits(id));
     const Head h = round_trip(id, 8, 2, 4, values);
-    EXPECT_EQ(test::stored_scale_bits(h.bytes, 0), kHalfMaxBits);
+    EXPECT_EQ(testing::stored_scale_bits(h.bytes, 0), kHalfMaxBits);
     const float largest = kHalfMax * static_cast<float>(qmax);
     EXPECT_EQ(h.out[0], largest);
     EXPECT_EQ(h.out[1], -largest);
@@ -160,7 +160,7 @@ TEST(UniformEdges, ShortLastGroupHasItsOwnScale) {
     const std::uint32_t bits = codec_code_bits(id);
     const std::size_t codes = bits == 6 ? 3 * 25 : 100 * bits / 8;
     EXPECT_EQ(h.bytes.size(), (8 + codes + 3) / 4 * 4);
-    const float s_last = test::stored_scale(h.bytes, 3);
+    const float s_last = testing::stored_scale(h.bytes, 3);
     EXPECT_EQ(s_last, half_bits_to_float(float_to_half_bits(2e-3f / static_cast<float>(qmax))));
     for (std::size_t i = 96; i < 100; ++i) {
       EXPECT_LE(std::fabs(values[i] - h.out[i]), 0.5 * s_last * 1.001) << to_string(id);
@@ -200,7 +200,7 @@ TEST(UniformEdges, NonFiniteInputToEncodeHeadStaysInBounds) {
   values[40] = -std::numeric_limits<float>::infinity();
   for (const CodecId id :
        {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
-    const auto codec = make_codec(test::head_layout(id, 32, 8, 8));
+    const auto codec = make_codec(testing::head_layout(id, 32, 8, 8));
     std::vector<std::byte> bytes(codec->head_bytes(0, 0));
     codec->encode_head(0, 0, values, bytes);
     std::vector<float> out(64);
@@ -213,7 +213,7 @@ TEST(UniformEdges, RoundingUsesTheStoredScale) {
   const float s = 0.25f;  // exact in fp16; absmax = 31 * 0.25 = 7.75 for int6
   std::vector<float> values = {7.75f, 0.125f, 0.375f, -0.125f, -0.375f, 0.625f, 1.0f, -7.75f};
   const Head h = round_trip(CodecId::int6, 8, 2, 4, values);
-  EXPECT_EQ(test::stored_scale(h.bytes, 0), s);
+  EXPECT_EQ(testing::stored_scale(h.bytes, 0), s);
   EXPECT_EQ(h.out, (std::vector<float>{7.75f, 0.0f, 0.5f, -0.0f, -0.5f, 0.5f, 1.0f, -7.75f}));
 }
 

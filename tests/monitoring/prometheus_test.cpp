@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon_process.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
 
 extern char** environ;
 

@@ -13,9 +13,9 @@
 #include <sstream>
 #include <string>
 
-#include "../integration/daemon_process.hpp"
 #include "statepool/client.hpp"
 #include "statepool/planner/planner.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
 
 namespace statepool {
 namespace {

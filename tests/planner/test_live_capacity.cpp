@@ -8,8 +8,8 @@
 #include <sstream>
 #include <string>
 
-#include "../service/pool_test_util.hpp"
 #include "server/capacity.hpp"
+#include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
 namespace {

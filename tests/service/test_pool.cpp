@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "pool/lease_token.hpp"
-#include "pool_test_util.hpp"
+#include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
 namespace {

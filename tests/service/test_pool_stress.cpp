@@ -12,7 +12,7 @@
 #include <random>
 #include <set>
 
-#include "pool_test_util.hpp"
+#include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
 namespace {

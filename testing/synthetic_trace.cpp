@@ -1,45 +1,21 @@
-#include "statepool/calibration/synthetic_trace.hpp"
+#include "statepool/testing/synthetic_trace.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <stdexcept>
 #include <string>
 
 #include "statepool/calibration/recurrence.hpp"
-#include "seed.hpp"
+#include "statepool/calibration/seed.hpp"
+#include "statepool/testing/random.hpp"
 
-namespace statepool::calibration {
+namespace statepool::testing {
 namespace {
 
-using detail::mix;
-
-// Box-Muller on the raw 64-bit engine: the same numbers with every standard library.
-class Normal {
- public:
-  explicit Normal(std::uint64_t seed) : rng_(seed) {}
-
-  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
-
-  float next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double r = std::sqrt(-2.0 * std::log(1.0 - uniform()));
-    const double angle = 6.283185307179586 * uniform();
-    spare_ = static_cast<float>(r * std::sin(angle));
-    has_spare_ = true;
-    return static_cast<float>(r * std::cos(angle));
-  }
-
-  std::uint64_t below(std::uint64_t n) { return rng_() % n; }
-
- private:
-  std::mt19937_64 rng_;
-  bool has_spare_ = false;
-  float spare_ = 0.0f;
-};
+using calibration::mix_seed;
+using calibration::TokenBlock;
+using calibration::TraceManifest;
+using calibration::TraceWriter;
 
 constexpr double kSlowestRate = 5e-4;
 constexpr double kFastestRate = 0.7;
@@ -49,7 +25,7 @@ constexpr float kJitter = 0.25f;
 
 struct SyntheticSource::Stream {
   explicit Stream(std::uint64_t seed) : rng(seed) {}
-  Normal rng;
+  PortableNormal rng;
   std::uint64_t next_token = 0;
 };
 
@@ -99,7 +75,7 @@ SyntheticSource::SyntheticSource(SyntheticOptions options) : options_(std::move(
   models_.reserve(std::size_t{o.layers} * o.heads);
   for (std::uint32_t layer = 0; layer < o.layers; ++layer) {
     for (std::uint32_t head = 0; head < o.heads; ++head) {
-      Normal rng(mix(o.model_seed ^ mix((std::uint64_t{layer} << 32) | head)));
+      PortableNormal rng(mix_seed(o.model_seed ^ mix_seed((std::uint64_t{layer} << 32) | head)));
       HeadModel m;
       double centre = 0.0;
       if (!o.head_log_decay.empty()) {
@@ -139,7 +115,8 @@ SyntheticSource::SyntheticSource(SyntheticOptions options) : options_(std::move(
     }
   }
   for (std::uint32_t layer = 0; layer < o.layers; ++layer) {
-    streams_.push_back(std::make_shared<Stream>(mix(o.token_seed ^ mix(0xA11CEull + layer))));
+    streams_.push_back(
+        std::make_shared<Stream>(mix_seed(o.token_seed ^ mix_seed(0xA11CEull + layer))));
   }
 }
 
@@ -176,7 +153,7 @@ void SyntheticSource::generate(std::uint32_t layer, std::uint64_t count, TokenBl
   out.beta.resize(n);
   // exp(kJitter N) has mean exp(kJitter^2 / 2): divide it out to keep the nominal mean.
   const float jitter_norm = std::exp(-0.5f * kJitter * kJitter);
-  Normal& rng = stream.rng;
+  PortableNormal& rng = stream.rng;
   for (std::size_t t = 0; t < count; ++t) {
     for (std::size_t h = 0; h < H; ++h) {
       const HeadModel& m = models_[std::size_t{layer} * H + h];
@@ -187,7 +164,7 @@ void SyntheticSource::generate(std::uint32_t layer, std::uint64_t count, TokenBl
         k[i] = rng.next() + m.key_bias[i];
         q[i] = rng.next() + m.query_bias[i];
       }
-      normalize_qk(std::span<float>(q, K), std::span<float>(k, K));
+      calibration::normalize_qk(std::span<float>(q, K), std::span<float>(k, K));
       float* v = out.v.data() + index * V;
       for (std::size_t j = 0; j < V; ++j) {
         v[j] = rng.next() * m.column_scale[j];
@@ -223,4 +200,4 @@ void write_synthetic_trace(const std::string& dir, const SyntheticOptions& optio
   writer.finish();
 }
 
-}  // namespace statepool::calibration
+}  // namespace statepool::testing

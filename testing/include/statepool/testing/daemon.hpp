@@ -1,37 +1,59 @@
 #pragma once
 // Runs statepoold in its own process for integration tests: a private temp directory,
-// its own socket, stderr captured to a log file that is printed when a test fails.
+// its own socket, stderr captured to a log file. No GoogleTest here: a daemon that does
+// not start throws DaemonError carrying its log (a test reports the exception as a
+// failure with that message). gtest/daemon_process.hpp adds printing the log when a test
+// fails.
+//
+// Thread-safety: a Daemon belongs to one thread; the free functions are independent.
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "statepool/testing/temp_dir.hpp"
+
 namespace statepool::testing {
 
-/// Which TCP listeners a DaemonProcess gets; each one that is on gets a free port on
+/// statepoold did not get ready (it exited, or its socket did not accept within 20 s).
+/// what(): "statepoold did not get ready; its log:\n" followed by the whole log.
+class DaemonError : public std::runtime_error {
+ public:
+  explicit DaemonError(const std::string& log)
+      : std::runtime_error("statepoold did not get ready; its log:\n" + log), log_(log) {}
+  [[nodiscard]] const std::string& log() const noexcept { return log_; }
+
+ private:
+  std::string log_;
+};
+
+/// Which TCP listeners a Daemon gets; each one that is on gets a free port on
 /// 127.0.0.1, the others are passed "off".
 struct DaemonOptions {
   bool metrics = false;  ///< --metrics-address (Prometheus exporter)
   bool api = false;      ///< --api-address (HTTP JSON API)
 };
 
-class DaemonProcess {
+class Daemon {
  public:
   /// Starts the daemon with `args` added to --socket/--metrics-address/--api-address
-  /// defaults and waits (up to 20 s) until its socket accepts connections. Fails the test
-  /// (ADD_FAILURE + throw) when it exits or does not get ready.
-  DaemonProcess(std::vector<std::string> args, DaemonOptions options);
-  explicit DaemonProcess(std::vector<std::string> args, bool with_metrics = false)
-      : DaemonProcess(std::move(args), DaemonOptions{with_metrics, false}) {}
-  ~DaemonProcess();
-  DaemonProcess(const DaemonProcess&) = delete;
-  DaemonProcess& operator=(const DaemonProcess&) = delete;
+  /// defaults and waits (up to 20 s) until its socket accepts connections. Throws
+  /// DaemonError (after killing it) when it exits or does not get ready, and
+  /// std::runtime_error when it cannot be spawned.
+  Daemon(std::vector<std::string> args, DaemonOptions options);
+  explicit Daemon(std::vector<std::string> args, bool with_metrics = false)
+      : Daemon(std::move(args), DaemonOptions{with_metrics, false}) {}
+  /// Kills the daemon if it still runs and removes its directory.
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
 
   [[nodiscard]] const std::string& socket_path() const noexcept { return socket_; }
-  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_.path(); }
   [[nodiscard]] int metrics_port() const noexcept { return metrics_port_; }
   /// Port of the HTTP API; 0 unless DaemonOptions::api.
   [[nodiscard]] int api_port() const noexcept { return api_port_; }
@@ -45,7 +67,7 @@ class DaemonProcess {
   int stop(int signal, std::chrono::milliseconds timeout);
 
  private:
-  std::string dir_;
+  TempDir dir_{"/tmp/statepool-test"};  // short: the socket's path must fit in sun_path
   std::string socket_;
   int metrics_port_ = 0;
   int api_port_ = 0;

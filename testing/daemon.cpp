@@ -1,6 +1,4 @@
-#include "daemon_process.hpp"
-
-#include <gtest/gtest.h>
+#include "statepool/testing/daemon.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,9 +14,6 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <sstream>
 #include <stdexcept>
 
@@ -127,15 +122,6 @@ HttpResponse http_request(int port, const std::string& method, const std::string
   return response;
 }
 
-namespace {
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-}  // namespace
-
 Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
   std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -156,16 +142,13 @@ Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.stdout_text = slurp(out);
-  result.stderr_text = slurp(err);
+  result.stdout_text = read_bytes(out);
+  result.stderr_text = read_bytes(err);
   return result;
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> args, DaemonOptions options) {
-  char templ[] = "/tmp/statepool-test-XXXXXX";
-  if (::mkdtemp(templ) == nullptr) throw std::runtime_error("mkdtemp failed");
-  dir_ = templ;
-  socket_ = dir_ + "/statepool.sock";
+Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
+  socket_ = dir_.file("statepool.sock");
   std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH, "--socket", socket_};
   if (options.metrics) {
     metrics_port_ = free_tcp_port();
@@ -183,7 +166,7 @@ DaemonProcess::DaemonProcess(std::vector<std::string> args, DaemonOptions option
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  const std::string log_path = dir_ + "/daemon.log";
+  const std::string log_path = dir_.file("daemon.log");
   posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                    0644);
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
@@ -198,25 +181,21 @@ DaemonProcess::DaemonProcess(std::vector<std::string> args, DaemonOptions option
   const bool ready =
       eventually([&] { return !running() || can_connect(socket_); }, std::chrono::seconds(20));
   if (!ready || !running()) {
-    ADD_FAILURE() << "statepoold did not get ready; its log:\n" << log();
     stop(SIGKILL, std::chrono::seconds(5));
-    throw std::runtime_error("statepoold did not start");
+    throw DaemonError(log());  // dir_ (and the log file) go with the half-built object
   }
 }
 
-DaemonProcess::~DaemonProcess() {
+Daemon::~Daemon() {
   if (running()) stop(SIGKILL, std::chrono::seconds(5));
-  if (::testing::Test::HasFailure()) std::cerr << "---- statepoold log ----\n" << log();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
 }
 
-bool DaemonProcess::running() const {
+bool Daemon::running() const {
   if (pid_ <= 0) return false;
   int status = 0;
   const pid_t r = ::waitpid(pid_, &status, WNOHANG);
   if (r == 0) return true;
-  auto* self = const_cast<DaemonProcess*>(this);
+  auto* self = const_cast<Daemon*>(this);
   if (r == pid_) {
     self->exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     self->pid_ = -1;
@@ -224,14 +203,11 @@ bool DaemonProcess::running() const {
   return false;
 }
 
-std::string DaemonProcess::log() const {
-  std::ifstream in(dir_ + "/daemon.log");
-  std::stringstream out;
-  out << in.rdbuf();
-  return out.str();
+std::string Daemon::log() const {
+  return read_bytes(dir_.file("daemon.log"));
 }
 
-int DaemonProcess::stop(int signal, std::chrono::milliseconds timeout) {
+int Daemon::stop(int signal, std::chrono::milliseconds timeout) {
   if (!running()) return exit_code_;
   ::kill(pid_, signal);
   if (eventually([&] { return !running(); }, timeout)) return exit_code_;

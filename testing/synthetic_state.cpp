@@ -1,58 +1,25 @@
-#include "statepool/kernels/synthetic.hpp"
+#include "statepool/testing/synthetic_state.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <stdexcept>
 #include <string>
 
-#include "bytes.hpp"
+#include "statepool/calibration/seed.hpp"
 #include "statepool/kernels/numeric.hpp"
+#include "statepool/testing/random.hpp"
 
-namespace statepool::kernels {
+namespace statepool::testing {
 namespace {
 
-// Box-Muller on the raw engine output: std::normal_distribution differs between standard
-// libraries, this does not.
-class Gaussian {
- public:
-  explicit Gaussian(std::uint64_t seed) : rng_(seed) {}
-
-  double uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }  // [0, 1)
-
-  float next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return static_cast<float>(spare_);
-    }
-    const double u1 = 1.0 - uniform();  // (0, 1]: log is finite
-    const double u2 = uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    const double angle = 6.283185307179586 * u2;
-    spare_ = r * std::sin(angle);
-    has_spare_ = true;
-    return static_cast<float>(r * std::cos(angle));
-  }
-
-  std::uint64_t below(std::uint64_t n) { return rng_() % n; }
-
- private:
-  std::mt19937_64 rng_;
-  bool has_spare_ = false;
-  double spare_ = 0.0;
-};
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using calibration::mix_seed;
+using kernels::Arch;
+using kernels::DType;
 
 // log-decay rate, log-uniform magnitude in [1e-3, 0.7]: slow units keep their state
 // (and their errors) for thousands of steps, fast ones forget within a few.
-float draw_log_decay(Gaussian& rng) {
+float draw_log_decay(PortableNormal& rng) {
   const double lo = std::log(1e-3);
   const double hi = std::log(0.7);
   return static_cast<float>(-std::exp(lo + (hi - lo) * rng.uniform()));
@@ -66,7 +33,7 @@ void run_recurrence(std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_
     throw std::invalid_argument("synthetic state: output has " + std::to_string(out.size()) +
                                 " floats, expected " + std::to_string(K * V));
   }
-  Gaussian rng(seed);
+  PortableNormal rng(seed);
 
   std::vector<float> log_decay(K, draw_log_decay(rng));
   if (per_row_decay) {
@@ -131,11 +98,20 @@ void run_recurrence(std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_
   }
 }
 
+// Staged values are little-endian, as every host statepool builds for is.
 void store_value(std::byte* dst, std::size_t i, float value, DType dtype) {
   switch (dtype) {
-    case DType::f32: detail::store_u32(dst + 4 * i, float_bits(value)); return;
-    case DType::bf16: detail::store_u16_le(dst + 2 * i, float_to_bf16_bits(value)); return;
-    case DType::f16: detail::store_u16_le(dst + 2 * i, float_to_half_bits(value)); return;
+    case DType::f32: std::memcpy(dst + 4 * i, &value, 4); return;
+    case DType::bf16: {
+      const std::uint16_t bits = kernels::float_to_bf16_bits(value);
+      std::memcpy(dst + 2 * i, &bits, 2);
+      return;
+    }
+    case DType::f16: {
+      const std::uint16_t bits = kernels::float_to_half_bits(value);
+      std::memcpy(dst + 2 * i, &bits, 2);
+      return;
+    }
   }
 }
 
@@ -151,37 +127,39 @@ void synthetic_kda_state(std::uint32_t key_dim, std::uint32_t value_dim, std::ui
   run_recurrence(key_dim, value_dim, steps, seed, true, out);
 }
 
-std::vector<std::byte> synthetic_staged_state(const StateLayout& layout, std::uint32_t steps,
-                                              std::uint64_t seed, DType dtype) {
-  if (const std::string problem = validate(layout); !problem.empty()) {
+std::vector<std::byte> synthetic_staged_state(const kernels::StateLayout& layout,
+                                              std::uint32_t steps, std::uint64_t seed,
+                                              DType dtype) {
+  if (const std::string problem = kernels::validate(layout); !problem.empty()) {
     throw std::invalid_argument("synthetic state: invalid layout: " + problem);
   }
   if (dtype != DType::f32 && dtype != DType::bf16) {
     throw std::invalid_argument(
-        std::string("synthetic state: staged dtype must be f32 or bf16, got ") + to_string(dtype));
+        std::string("synthetic state: staged dtype must be f32 or bf16, got ") +
+        kernels::to_string(dtype));
   }
   const std::size_t n = std::size_t{layout.key_dim} * layout.value_dim;
   const std::size_t heads = std::size_t{layout.num_layers} * layout.num_heads;
   const std::size_t conv_values =
       std::size_t{layout.num_layers} * layout.conv_channels * layout.conv_width;
-  const std::size_t recurrent = heads * n * dtype_bytes(dtype);
-  std::vector<std::byte> staged(recurrent + conv_values * dtype_bytes(layout.conv_dtype));
+  const std::size_t recurrent = heads * n * kernels::dtype_bytes(dtype);
+  std::vector<std::byte> staged(recurrent + conv_values * kernels::dtype_bytes(layout.conv_dtype));
 
   std::vector<float> head(n);
   for (std::size_t index = 0; index < heads; ++index) {
-    const std::uint64_t head_seed = splitmix64(seed ^ splitmix64(index));
+    const std::uint64_t head_seed = mix_seed(seed ^ mix_seed(index));
     run_recurrence(layout.key_dim, layout.value_dim, steps, head_seed, layout.arch == Arch::kda,
                    head);
-    std::byte* dst = staged.data() + index * n * dtype_bytes(dtype);
+    std::byte* dst = staged.data() + index * n * kernels::dtype_bytes(dtype);
     for (std::size_t i = 0; i < n; ++i) {
       store_value(dst, i, head[i], dtype);
     }
   }
-  Gaussian rng(splitmix64(seed ^ 0xC0117u));
+  PortableNormal rng(mix_seed(seed ^ 0xC0117u));
   for (std::size_t i = 0; i < conv_values; ++i) {
     store_value(staged.data() + recurrent, i, 0.5f * rng.next(), layout.conv_dtype);
   }
   return staged;
 }
 
-}  // namespace statepool::kernels
+}  // namespace statepool::testing

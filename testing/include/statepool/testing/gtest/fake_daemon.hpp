@@ -4,6 +4,10 @@
 // and runs a script against it. The script reads requests and writes replies (with file
 // descriptors when asked) through FakePeer. Every wait is bounded, so a broken client
 // makes a test fail, never hang.
+//
+// GoogleTest only (header-only): the script runs on its own thread, where an exception
+// cannot reach the test, so a failing script reports with ADD_FAILURE, and expect()
+// checks with EXPECT_EQ.
 
 #include <flatbuffers/flatbuffers.h>
 #include <gtest/gtest.h>
@@ -22,14 +26,16 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "statepool/protocol/frame.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
-namespace statepool::test {
+namespace statepool::testing {
 
 /// Thrown inside a script when the client went away or took too long; ends the script.
 struct PeerGone : std::runtime_error {
@@ -198,10 +204,8 @@ class FakeDaemon {
       addr.sun_path[0] = '\0';
       addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path_.size());
     } else {
-      char dir_template[] = "/tmp/statepool-client-test-XXXXXX";
-      if (::mkdtemp(dir_template) == nullptr) throw std::runtime_error("mkdtemp failed");
-      dir_ = dir_template;
-      path_ = dir_ + "/d.sock";
+      dir_.emplace("/tmp/statepool-client-test");  // short: sun_path holds 108 bytes
+      path_ = dir_->file("d.sock");
       std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
     }
     listener_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -236,16 +240,13 @@ class FakeDaemon {
     if (thread_.joinable()) thread_.join();
     if (listener_ >= 0) ::close(listener_);
     listener_ = -1;
-    if (!dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
+    dir_.reset();
   }
 
   [[nodiscard]] const std::string& path() const { return path_; }
 
  private:
-  std::string dir_;
+  std::optional<TempDir> dir_;  // none for an abstract socket
   std::string path_;
   int listener_ = -1;
   std::thread thread_;
@@ -261,4 +262,4 @@ inline std::size_t open_fd_count() {
   return n - 1;
 }
 
-}  // namespace statepool::test
+}  // namespace statepool::testing

@@ -13,7 +13,8 @@
 //   - value column scales with a few 4-8x larger columns (column outliers).
 // Per token (token_seed): k, q Gaussian plus bias, L2-normalised (q also scaled by
 // 1/sqrt(K)); v Gaussian times the column scales; beta = sigmoid(N(0, 1)).
-// Deterministic for given seeds with a given standard library.
+// Deterministic for given seeds with a given standard library (PortableNormal of
+// random.hpp; seeds derived with calibration/seed.hpp).
 //
 // Thread-safety: a SyntheticSource belongs to one thread.
 
@@ -26,7 +27,7 @@
 #include "statepool/calibration/trace.hpp"
 #include "statepool/kernels/layout.hpp"
 
-namespace statepool::calibration {
+namespace statepool::testing {
 
 struct SyntheticOptions {
   kernels::Arch arch = kernels::Arch::gdn;
@@ -47,7 +48,7 @@ struct SyntheticOptions {
 };
 
 /// The manifest a synthetic trace of these options has (synthetic = yes).
-[[nodiscard]] TraceManifest synthetic_manifest(const SyntheticOptions& options);
+[[nodiscard]] calibration::TraceManifest synthetic_manifest(const SyntheticOptions& options);
 
 class SyntheticSource {
  public:
@@ -60,7 +61,7 @@ class SyntheticSource {
                                         std::uint32_t row = 0) const;
   /// The next `count` tokens of `layer` (each layer is its own stream, starting at token
   /// 0; calls for one layer continue where the previous one stopped).
-  void generate(std::uint32_t layer, std::uint64_t count, TokenBlock& out);
+  void generate(std::uint32_t layer, std::uint64_t count, calibration::TokenBlock& out);
 
  private:
   struct HeadModel {
@@ -78,10 +79,10 @@ class SyntheticSource {
   std::vector<std::shared_ptr<Stream>> streams_;  // per layer: RNG and next token
 };
 
-/// Writes a whole synthetic trace into `dir` (TraceWriter; streaming, blocks of
+/// Writes a whole synthetic trace into `dir` (calibration::TraceWriter; streaming, blocks of
 /// `block_tokens`). `progress`, when set, is called after each layer.
 void write_synthetic_trace(const std::string& dir, const SyntheticOptions& options,
                            const std::function<void(std::uint32_t layer)>& progress = {},
                            std::uint64_t block_tokens = 256);
 
-}  // namespace statepool::calibration
+}  // namespace statepool::testing

@@ -1,5 +1,7 @@
 #pragma once
-// Helpers shared by the STEPQuant tests: hand-built plans and layouts around them.
+// Hand-built STEPQuant plans and the layouts around them, for the codec tests.
+//
+// Thread-safety: pure functions (random_impact's functor owns its engine: one thread).
 
 #include <cmath>
 #include <cstddef>
@@ -14,16 +16,16 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
-namespace statepool::kernels::test {
+namespace statepool::testing {
 
 /// A valid plan: width(unit) per unit (GDN: head index l*H + h; KDA: row index
 /// (l*H + h)*K + i), impact(row) per key row (default 1).
-inline stepquant::Plan make_plan(Arch arch, std::uint32_t layers, std::uint32_t heads,
-                                 std::uint32_t key_dim, std::uint32_t value_dim,
-                                 std::uint32_t budget,
-                                 const std::function<std::uint8_t(std::size_t)>& width,
-                                 const std::function<float(std::size_t)>& impact = {}) {
-  stepquant::Plan plan;
+inline kernels::stepquant::Plan make_plan(kernels::Arch arch, std::uint32_t layers,
+                                          std::uint32_t heads, std::uint32_t key_dim,
+                                          std::uint32_t value_dim, std::uint32_t budget,
+                                          const std::function<std::uint8_t(std::size_t)>& width,
+                                          const std::function<float(std::size_t)>& impact = {}) {
+  kernels::stepquant::Plan plan;
   plan.arch = arch;
   plan.num_layers = layers;
   plan.num_heads = heads;
@@ -42,9 +44,10 @@ inline stepquant::Plan make_plan(Arch arch, std::uint32_t layers, std::uint32_t 
   return plan;
 }
 
-inline stepquant::Plan uniform_plan(Arch arch, std::uint32_t layers, std::uint32_t heads,
-                                    std::uint32_t key_dim, std::uint32_t value_dim,
-                                    std::uint32_t budget) {
+/// Every unit at the budget width, unit impact.
+inline kernels::stepquant::Plan uniform_plan(kernels::Arch arch, std::uint32_t layers,
+                                             std::uint32_t heads, std::uint32_t key_dim,
+                                             std::uint32_t value_dim, std::uint32_t budget) {
   return make_plan(arch, layers, heads, key_dim, value_dim, budget,
                    [budget](std::size_t) { return static_cast<std::uint8_t>(budget); });
 }
@@ -59,10 +62,13 @@ inline std::function<float(std::size_t)> random_impact(std::uint64_t seed) {
   };
 }
 
-inline StateLayout plan_layout(const stepquant::Plan& plan, CodecId codec,
-                               StepQuantVariant variant = StepQuantVariant::full,
-                               std::uint32_t conv_channels = 0, std::uint32_t conv_width = 0) {
-  StateLayout layout;
+/// The layout `plan` describes, with codec `codec` (stepquant4/6), `variant` and an
+/// optional bf16 conv state.
+inline kernels::StateLayout plan_layout(
+    const kernels::stepquant::Plan& plan, kernels::CodecId codec,
+    kernels::StepQuantVariant variant = kernels::StepQuantVariant::full,
+    std::uint32_t conv_channels = 0, std::uint32_t conv_width = 0) {
+  kernels::StateLayout layout;
   layout.name = "stepquant-test";
   layout.arch = plan.arch;
   layout.num_layers = plan.num_layers;
@@ -71,20 +77,20 @@ inline StateLayout plan_layout(const stepquant::Plan& plan, CodecId codec,
   layout.value_dim = plan.value_dim;
   layout.conv_channels = conv_channels;
   layout.conv_width = conv_width;
-  layout.conv_dtype = DType::bf16;
+  layout.conv_dtype = kernels::DType::bf16;
   layout.codec.id = codec;
   layout.codec.variant = variant;
-  layout.plan = std::make_shared<const stepquant::Plan>(plan);
+  layout.plan = std::make_shared<const kernels::stepquant::Plan>(plan);
   return layout;
 }
 
 /// fp16(x) as a float (round to nearest even, saturating).
 inline float fp16(float x) {
-  return half_bits_to_float(float_to_half_bits(x));
+  return kernels::half_bits_to_float(kernels::float_to_half_bits(x));
 }
 
 inline bool is_fp16_exact(float x) {
-  return float_bits(fp16(x)) == float_bits(x);
+  return kernels::float_bits(fp16(x)) == kernels::float_bits(x);
 }
 
-}  // namespace statepool::kernels::test
+}  // namespace statepool::testing

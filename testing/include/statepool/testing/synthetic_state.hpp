@@ -8,8 +8,8 @@
 //   beta = sigmoid(N(0, 1)) in (0, 1);
 //   g <= 0: GDN draws one log-decay rate per head (log-uniform in [1e-3, 0.7], plus a
 //   small per-step jitter); KDA draws one per key row.
-// Deterministic for a given seed with a given toolchain (it uses std::mt19937_64 and
-// its own Gaussian sampler).
+// Deterministic for a given seed with a given toolchain (PortableNormal of random.hpp:
+// std::mt19937_64 and its own Gaussian sampler).
 //
 // Thread-safety: pure functions.
 
@@ -20,7 +20,7 @@
 
 #include "statepool/kernels/layout.hpp"
 
-namespace statepool::kernels {
+namespace statepool::testing {
 
 /// Fills `out` (key_dim * value_dim floats, row-major K x V) with the state of one GDN
 /// head after `steps` steps. Throws std::invalid_argument if out.size() is wrong.
@@ -36,8 +36,8 @@ void synthetic_kda_state(std::uint32_t key_dim, std::uint32_t value_dim, std::ui
 /// steps of its architecture's recurrence; the conv state is Gaussian, stored in
 /// layout.conv_dtype. Cost ~ 4 * layers * heads * K * V * steps flops. Throws
 /// std::invalid_argument on an invalid layout or dtype.
-[[nodiscard]] std::vector<std::byte> synthetic_staged_state(const StateLayout& layout,
+[[nodiscard]] std::vector<std::byte> synthetic_staged_state(const kernels::StateLayout& layout,
                                                             std::uint32_t steps, std::uint64_t seed,
-                                                            DType dtype);
+                                                            kernels::DType dtype);
 
-}  // namespace statepool::kernels
+}  // namespace statepool::testing

@@ -1,11 +1,15 @@
 #pragma once
-// A raw Unix-socket peer for tests that must send what no well-behaved client would.
+// A raw Unix-socket peer for tests that must send what no well-behaved client would
+// (framed requests built by hand, garbage, half frames), and read the daemon's replies.
+//
+// Thread-safety: a RawPeer belongs to one thread.
 
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <optional>

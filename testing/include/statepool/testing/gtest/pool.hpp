@@ -1,5 +1,9 @@
 #pragma once
-// Helpers shared by the pool tests.
+// Helpers shared by the pool tests (tests/service, tests/planner): a small layout, pool
+// configurations, and a StatusError expectation.
+//
+// GoogleTest only (header-only), and above service/ in the dependency order: it includes
+// the pool's own headers, so only tests that link statepool::pool include it.
 
 #include <gtest/gtest.h>
 
@@ -8,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/memory.hpp"
+#include "memory/host_memfd.hpp"
 #include "pool/pool.hpp"
 #include "statepool/protocol/status.hpp"
 
-namespace statepool::service::testing {
+namespace statepool::testing {
 
 /// A small GDN layout (2 layers x 2 heads x 16x16): pages of a few KiB.
 inline kernels::StateLayout small_layout(kernels::CodecId codec = kernels::CodecId::int8,
@@ -28,15 +32,15 @@ inline kernels::StateLayout small_layout(kernels::CodecId codec = kernels::Codec
   return layout;
 }
 
-inline TenantConfig tenant(std::string name, std::uint64_t quota = 0) {
-  TenantConfig t;
+inline service::TenantConfig tenant(std::string name, std::uint64_t quota = 0) {
+  service::TenantConfig t;
   t.name = std::move(name);
   t.quota_bytes = quota;
   return t;
 }
 
-inline PoolConfig config(std::vector<TenantConfig> tenants = {}) {
-  PoolConfig c;
+inline service::PoolConfig config(std::vector<service::TenantConfig> tenants = {}) {
+  service::PoolConfig c;
   c.capacity_bytes = 64ull << 20;
   c.default_arena_pages = 8;
   c.max_arena_pages = 1024;
@@ -45,8 +49,9 @@ inline PoolConfig config(std::vector<TenantConfig> tenants = {}) {
   return c;
 }
 
-inline std::unique_ptr<Pool> make_pool(PoolConfig c = config()) {
-  return std::make_unique<Pool>(std::move(c), std::make_unique<HostBackend>());
+inline std::unique_ptr<service::Pool> make_pool(service::PoolConfig c = config()) {
+  return std::make_unique<service::Pool>(std::move(c),
+                                         std::make_shared<service::HostMemfdResource>());
 }
 
 /// Runs `fn`, expects StatusError with `status`; returns its message ("" if none thrown).
@@ -65,7 +70,7 @@ inline std::string expect_status(Status status, const std::function<void()>& fn)
   return {};
 }
 
-inline bool same_stats(const PoolStats& a, const PoolStats& b) {
+inline bool same_stats(const service::PoolStats& a, const service::PoolStats& b) {
   if (a.capacity_bytes != b.capacity_bytes || a.reserved_bytes != b.reserved_bytes ||
       a.leases_active != b.leases_active || a.leases_orphaned != b.leases_orphaned ||
       a.pages_reclaimed_total != b.pages_reclaimed_total || a.arenas.size() != b.arenas.size() ||
@@ -73,8 +78,8 @@ inline bool same_stats(const PoolStats& a, const PoolStats& b) {
     return false;
   }
   for (std::size_t i = 0; i < a.arenas.size(); ++i) {
-    const ArenaInfo& x = a.arenas[i];
-    const ArenaInfo& y = b.arenas[i];
+    const service::ArenaInfo& x = a.arenas[i];
+    const service::ArenaInfo& y = b.arenas[i];
     if (x.id != y.id || x.tenant != y.tenant || x.layout != y.layout ||
         x.page_count != y.page_count || x.pages_used != y.pages_used || x.bytes != y.bytes ||
         x.fd != y.fd) {
@@ -82,8 +87,8 @@ inline bool same_stats(const PoolStats& a, const PoolStats& b) {
     }
   }
   for (std::size_t i = 0; i < a.tenants.size(); ++i) {
-    const TenantUsage& x = a.tenants[i];
-    const TenantUsage& y = b.tenants[i];
+    const service::TenantUsage& x = a.tenants[i];
+    const service::TenantUsage& y = b.tenants[i];
     if (x.name != y.name || x.reserved_bytes != y.reserved_bytes || x.pages_used != y.pages_used ||
         x.stored_bytes != y.stored_bytes || x.fp32_bytes != y.fp32_bytes) {
       return false;
@@ -98,4 +103,4 @@ inline std::string join(const std::vector<std::string>& lines) {
   return out;
 }
 
-}  // namespace statepool::service::testing
+}  // namespace statepool::testing

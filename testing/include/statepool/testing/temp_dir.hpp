@@ -1,0 +1,69 @@
+#pragma once
+// A private temporary directory and whole-file I/O, for tests and fixtures.
+//
+// Errors throw (std::runtime_error naming the path): an exception in a test is a failure
+// with its message, so no GoogleTest is needed here.
+//
+// Thread-safety: a TempDir belongs to one owner; the functions are independent.
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+
+namespace statepool::testing {
+
+/// mkdtemp(prefix + "-XXXXXX"), removed with its contents at destruction. The default
+/// prefix is <temp_directory_path>/statepool-test; fixtures that bind Unix sockets inside
+/// pass a short absolute one ("/tmp/...": sun_path holds 108 bytes).
+class TempDir {
+ public:
+  TempDir() : TempDir((std::filesystem::temp_directory_path() / "statepool-test").string()) {}
+  explicit TempDir(const std::string& prefix) {
+    std::string pattern = prefix + "-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error("mkdtemp " + pattern + ": " + std::strerror(errno));
+    }
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  /// path()/name.
+  [[nodiscard]] std::string file(const std::string& name) const {
+    return (std::filesystem::path(path_) / name).string();
+  }
+
+ private:
+  std::string path_;
+};
+
+/// Writes `bytes` to `path` (created or truncated); throws when that fails.
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out.good()) {
+    throw std::runtime_error("cannot write " + path);
+  }
+}
+
+/// The whole file ("" when it cannot be read).
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline bool exists(const std::string& path) {
+  return std::filesystem::exists(path);
+}
+
+}  // namespace statepool::testing
