@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "statepool/kernels/format.hpp"
+#include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "validate_util.hpp"
 
@@ -100,6 +101,23 @@ const char* to_string(CodecId codec) noexcept {
     case CodecId::stepquant6: return "stepquant6";
     case CodecId::dsq4: return "dsq4";
     case CodecId::dsq6: return "dsq6";
+  }
+  return "unknown";
+}
+
+const char* to_string(MemorySpace space) noexcept {
+  switch (space) {
+    case MemorySpace::host: return "host";
+    case MemorySpace::device: return "device";
+  }
+  return "unknown";
+}
+
+const char* to_string(HandleKind kind) noexcept {
+  switch (kind) {
+    case HandleKind::memfd: return "memfd";
+    case HandleKind::cuda_vmm_fd: return "cuda_vmm_fd";
+    case HandleKind::cuda_ipc: return "cuda_ipc";
   }
   return "unknown";
 }

@@ -130,53 +130,28 @@ double PageCodec::compression_ratio() const noexcept {
   return static_cast<double>(fp32_bytes()) / static_cast<double>(page_bytes_);
 }
 
-void PageCodec::encode(std::span<const std::byte> staged, DType dtype,
-                       std::span<std::byte> page) const {
+void PageCodec::check_buffers(std::span<const std::byte> staged, DType dtype,
+                              std::span<const std::byte> page) const {
   check_staging_dtype(dtype);
   check_size("staged state", staged.size(), staged_bytes(dtype));
   check_size("page", page.size(), page_bytes_);
+}
 
-  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
-  const std::size_t in_head = n * dtype_bytes(dtype);
+void PageCodec::check_range(std::size_t first, std::size_t last) const {
+  if (first > last || last > head_count()) {
+    throw std::invalid_argument("head range [" + std::to_string(first) + ", " +
+                                std::to_string(last) + ") is not within the layout's " +
+                                std::to_string(head_count()) + " heads");
+  }
+}
 
+void PageCodec::encode(std::span<const std::byte> staged, DType dtype,
+                       std::span<std::byte> page) const {
+  check_buffers(staged, dtype, page);
   // Check everything before writing anything: a rejected state leaves the page as it was.
-  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
-    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
-      const std::byte* src = staged.data() + (std::size_t{l} * layout_.num_heads + h) * in_head;
-      const std::size_t bad = first_non_finite(src, n, dtype);
-      if (bad != n) {
-        throw NonFiniteError(l, h, bad, staged_value(src, bad, dtype), layout_.value_dim);
-      }
-    }
-  }
-
-  std::vector<float> scratch;
-  const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
-  if (!direct) {
-    scratch.resize(n);
-  }
-  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
-    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
-      const std::size_t index = std::size_t{l} * layout_.num_heads + h;
-      const std::byte* src = staged.data() + index * in_head;
-      std::span<const float> values;
-      if (direct) {
-        values = {reinterpret_cast<const float*>(src), n};
-      } else if (dtype == DType::f32) {
-        std::memcpy(scratch.data(), src, in_head);
-        values = scratch;
-      } else {
-        bf16_to_f32(src, n, scratch.data());
-        values = scratch;
-      }
-      codec_->encode_head(
-          l, h, values,
-          page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]));
-    }
-  }
-  if (const std::size_t conv = conv_bytes(); conv != 0) {
-    std::memcpy(page.data() + conv_offset_, staged.data() + staged.size() - conv, conv);
-  }
+  check_finite(staged, dtype, 0, head_count());
+  encode_heads(staged, dtype, page, 0, head_count());
+  encode_conv(staged, dtype, page);
 }
 
 void PageCodec::decode(std::span<const std::byte> page, DType dtype,
@@ -184,32 +159,101 @@ void PageCodec::decode(std::span<const std::byte> page, DType dtype,
   check_staging_dtype(dtype);
   check_size("page", page.size(), page_bytes_);
   check_size("staged state", staged.size(), staged_bytes(dtype));
+  decode_heads(page, dtype, staged, 0, head_count());
+  decode_conv(page, dtype, staged);
+}
 
+void PageCodec::check_finite(std::span<const std::byte> staged, DType dtype, std::size_t first,
+                             std::size_t last) const {
+  check_staging_dtype(dtype);
+  check_size("staged state", staged.size(), staged_bytes(dtype));
+  check_range(first, last);
+  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
+  const std::size_t in_head = n * dtype_bytes(dtype);
+  for (std::size_t index = first; index < last; ++index) {
+    const std::byte* src = staged.data() + index * in_head;
+    const std::size_t bad = first_non_finite(src, n, dtype);
+    if (bad != n) {
+      const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
+      const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
+      throw NonFiniteError(layer, head, bad, staged_value(src, bad, dtype), layout_.value_dim);
+    }
+  }
+}
+
+void PageCodec::encode_heads(std::span<const std::byte> staged, DType dtype,
+                             std::span<std::byte> page, std::size_t first, std::size_t last) const {
+  check_buffers(staged, dtype, page);
+  check_range(first, last);
+  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
+  const std::size_t in_head = n * dtype_bytes(dtype);
+  std::vector<float> scratch;
+  const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
+  if (!direct && first < last) {
+    scratch.resize(n);
+  }
+  for (std::size_t index = first; index < last; ++index) {
+    const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
+    const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
+    const std::byte* src = staged.data() + index * in_head;
+    std::span<const float> values;
+    if (direct) {
+      values = {reinterpret_cast<const float*>(src), n};
+    } else if (dtype == DType::f32) {
+      std::memcpy(scratch.data(), src, in_head);
+      values = scratch;
+    } else {
+      bf16_to_f32(src, n, scratch.data());
+      values = scratch;
+    }
+    codec_->encode_head(
+        layer, head, values,
+        page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]));
+  }
+}
+
+void PageCodec::encode_conv(std::span<const std::byte> staged, DType dtype,
+                            std::span<std::byte> page) const {
+  check_buffers(staged, dtype, page);
+  if (const std::size_t conv = conv_bytes(); conv != 0) {
+    std::memcpy(page.data() + conv_offset_, staged.data() + staged.size() - conv, conv);
+  }
+}
+
+void PageCodec::decode_heads(std::span<const std::byte> page, DType dtype,
+                             std::span<std::byte> staged, std::size_t first,
+                             std::size_t last) const {
+  check_buffers(staged, dtype, page);
+  check_range(first, last);
   const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
   const std::size_t out_head = n * dtype_bytes(dtype);
   std::vector<float> scratch;
   const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
-  if (!direct) {
+  if (!direct && first < last) {
     scratch.resize(n);
   }
-  for (std::uint32_t l = 0; l < layout_.num_layers; ++l) {
-    for (std::uint32_t h = 0; h < layout_.num_heads; ++h) {
-      const std::size_t index = std::size_t{l} * layout_.num_heads + h;
-      std::byte* dst = staged.data() + index * out_head;
-      const auto src =
-          page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]);
-      if (direct) {
-        codec_->decode_head(l, h, src, {reinterpret_cast<float*>(dst), n});
-        continue;
-      }
-      codec_->decode_head(l, h, src, scratch);
-      if (dtype == DType::f32) {
-        std::memcpy(dst, scratch.data(), out_head);
-      } else {
-        f32_to_bf16(scratch.data(), n, dst);
-      }
+  for (std::size_t index = first; index < last; ++index) {
+    const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
+    const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
+    std::byte* dst = staged.data() + index * out_head;
+    const auto src =
+        page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]);
+    if (direct) {
+      codec_->decode_head(layer, head, src, {reinterpret_cast<float*>(dst), n});
+      continue;
+    }
+    codec_->decode_head(layer, head, src, scratch);
+    if (dtype == DType::f32) {
+      std::memcpy(dst, scratch.data(), out_head);
+    } else {
+      f32_to_bf16(scratch.data(), n, dst);
     }
   }
+}
+
+void PageCodec::decode_conv(std::span<const std::byte> page, DType dtype,
+                            std::span<std::byte> staged) const {
+  check_buffers(staged, dtype, page);
   if (const std::size_t conv = conv_bytes(); conv != 0) {
     std::memcpy(staged.data() + staged.size() - conv, page.data() + conv_offset_, conv);
   }

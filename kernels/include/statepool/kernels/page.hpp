@@ -49,7 +49,36 @@ class PageCodec {
   /// staged <- page.
   void decode(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
+  // --- the same work in pieces, for executors that split one state across threads -----
+  // Heads are numbered in page order, index = layer * num_heads + head, and are
+  // independent: any split of [0, head_count()) into ranges, run in any order or
+  // concurrently, writes exactly the bytes of encode() / decode(). Every piece checks the
+  // dtype and the buffer sizes like encode() / decode() (std::invalid_argument).
+
+  /// num_layers * num_heads.
+  [[nodiscard]] std::size_t head_count() const noexcept { return head_offsets_.size() - 1; }
+  /// Throws NonFiniteError for the first NaN/Inf among the recurrent values of heads
+  /// [first, last) of `staged`; reads nothing else. encode() == check_finite over every
+  /// head, then encode_heads over every head, then encode_conv.
+  void check_finite(std::span<const std::byte> staged, DType dtype, std::size_t first,
+                    std::size_t last) const;
+  /// Encodes heads [first, last) of `staged` into `page` without checking finiteness
+  /// (call check_finite on them first: a codec's output for NaN/Inf is unspecified).
+  void encode_heads(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page,
+                    std::size_t first, std::size_t last) const;
+  /// Copies the conv state of `staged` into `page`.
+  void encode_conv(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
+  /// Decodes heads [first, last) of `page` into `staged`.
+  void decode_heads(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged,
+                    std::size_t first, std::size_t last) const;
+  /// Copies the conv state of `page` into `staged`.
+  void decode_conv(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
+
  private:
+  void check_buffers(std::span<const std::byte> staged, DType dtype,
+                     std::span<const std::byte> page) const;
+  void check_range(std::size_t first, std::size_t last) const;
+
   StateLayout layout_;
   std::unique_ptr<Codec> codec_;
   std::vector<std::size_t> head_offsets_;  // layers * heads + 1 prefix sums
