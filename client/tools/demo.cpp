@@ -19,6 +19,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -31,13 +32,13 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/tools/cli.hpp"
 
 namespace {
 
 namespace sc = statepool::client;
 namespace sk = statepool::kernels;
 namespace cal = statepool::calibration;
-using statepool::tools::UsageError;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage: statepool-demo [options]
@@ -73,46 +74,34 @@ struct Args {
   std::uint64_t model_seed = 7;
   std::vector<std::string> plans;
   std::string metrics;
-  bool help = false;
 };
 
-Args parse(int argc, char** argv) {
-  using statepool::tools::parse_uint;
-  using statepool::tools::take_value;
-  Args args;
+/// Reads the command line into `args`; returns the exit status to leave with now (--help,
+/// a usage error), or nullopt to go on.
+std::optional<int> parse(int argc, char** argv, Args& args) {
+  namespace po = statepool::tools::po;
+  using statepool::tools::bounded;
   args.options.socket_path = statepool::tools::default_socket();
   args.options.client_name = "statepool-demo";
   args.options.timeout = std::chrono::milliseconds(60000);
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    std::string v;
-    if (arg == "-h" || arg == "--help") {
-      args.help = true;
-    } else if (take_value(argc, argv, i, "--socket", v)) {
-      args.options.socket_path = v;
-    } else if (take_value(argc, argv, i, "--tenant", v)) {
-      args.options.tenant = v;
-    } else if (take_value(argc, argv, i, "--slots", v)) {
-      args.slots = static_cast<std::uint32_t>(parse_uint("--slots", v, 1, 4096));
-    } else if (take_value(argc, argv, i, "--layers", v)) {
-      args.layers = static_cast<std::uint32_t>(parse_uint("--layers", v, 1, sk::kMaxLayers));
-    } else if (take_value(argc, argv, i, "--heads", v)) {
-      args.heads = static_cast<std::uint32_t>(parse_uint("--heads", v, 1, sk::kMaxHeads));
-    } else if (take_value(argc, argv, i, "--steps", v)) {
-      args.steps = static_cast<std::uint32_t>(parse_uint("--steps", v, 1, 100000));
-    } else if (take_value(argc, argv, i, "--model-seed", v)) {
-      args.model_seed = parse_uint("--model-seed", v, 0, ~std::uint64_t{0} >> 1);
-    } else if (take_value(argc, argv, i, "--plan", v)) {
-      args.plans.push_back(v);
-    } else if (take_value(argc, argv, i, "--metrics", v)) {
-      args.metrics = v;
-    } else if (take_value(argc, argv, i, "--timeout", v)) {
-      args.options.timeout = std::chrono::milliseconds(parse_uint("--timeout", v, 1, 3600000));
-    } else {
-      throw UsageError{"unknown argument '" + arg + "'"};
-    }
-  }
-  return args;
+  auto timeout_ms = static_cast<std::uint64_t>(args.options.timeout.count());
+  statepool::tools::CommandLine cli("statepool-demo", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("socket", po::value(&args.options.socket_path))
+      ("tenant", po::value(&args.options.tenant))
+      ("slots", bounded(args.slots, 1, 4096))
+      ("layers", bounded(args.layers, 1, sk::kMaxLayers))
+      ("heads", bounded(args.heads, 1, sk::kMaxHeads))
+      ("steps", bounded(args.steps, 1, 100000))
+      ("model-seed", bounded(args.model_seed, 0, ~std::uint64_t{0} >> 1))
+      ("plan", po::value(&args.plans))  // repeatable
+      ("metrics", po::value(&args.metrics))
+      ("timeout", bounded(timeout_ms, 1, 3600000));
+  // clang-format on
+  const auto exit_status = cli.parse(argc, argv);
+  args.options.timeout = std::chrono::milliseconds(timeout_ms);
+  return exit_status;
 }
 
 constexpr std::uint32_t kDim = 128;            // key_dim = value_dim (Qwen3-Next GDN)
@@ -271,14 +260,14 @@ int run(const Args& args) {
   const std::size_t recurrent_bytes = recurrent_values * sizeof(float);
   std::cout << "layout: gdn, " << args.layers << " layers x " << args.heads << " heads x " << kDim
             << "x" << kDim << " fp32 state + conv " << kConvChannels << " ch x " << kConvWidth
-            << " bf16 = " << statepool::tools::format_bytes(static_cast<double>(state_bytes))
-            << " per staged state; " << args.slots << " slot(s) per codec\n";
+            << " bf16 = " << statepool::support::format_bytes(state_bytes) << " per staged state; "
+            << args.slots << " slot(s) per codec\n";
 
   // Staging: originals in the first half, resumed states in the second.
   const std::size_t half = state_bytes * args.slots;
   auto staging = conn.open_staging(2 * half);
-  std::cerr << "staging " << statepool::tools::format_bytes(static_cast<double>(2 * half))
-            << "; synthesizing " << args.slots << " state(s) (" << args.steps
+  std::cerr << "staging " << statepool::support::format_bytes(2 * half) << "; synthesizing "
+            << args.slots << " state(s) (" << args.steps
             << " gated-delta-rule steps per head on a SYNTHETIC model, seed " << args.model_seed
             << ")...\n";
   const auto synth_start = Clock::now();
@@ -339,8 +328,7 @@ int run(const Args& args) {
       all_ok = false;
     }
     const double n = static_cast<double>(args.slots);
-    table.add({name, std::to_string(args.slots),
-               statepool::tools::format_bytes(static_cast<double>(info.page_bytes)),
+    table.add({name, std::to_string(args.slots), statepool::support::format_bytes(info.page_bytes),
                statepool::tools::format_ratio(static_cast<double>(fp32.page_bytes) /
                                               static_cast<double>(info.page_bytes)),
                sci(worst.rel_l2), sci(worst.max_abs),
@@ -379,9 +367,7 @@ int run(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  if (const auto exit_status =
-          statepool::tools::parse_command_line("statepool-demo", kUsage, argc, argv, parse, args))
-    return *exit_status;
+  if (const auto exit_status = parse(argc, argv, args)) return *exit_status;
   try {
     return run(args);
   } catch (const statepool::client::ConnectionError& e) {

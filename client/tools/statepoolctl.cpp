@@ -4,17 +4,23 @@
 // config could not be read or is not supported), 2 usage error.
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <boost/json.hpp>
 
 #include "common.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/planner/planner.hpp"
+#include "statepool/tools/cli.hpp"
 
 namespace {
 
@@ -72,69 +78,114 @@ struct Args {
   std::string model;
   statepool::planner::PlanInputs plan;
   bool json = false;
-  bool help = false;
 };
 
-/// --NAME VALUE for any planner input; a bad value is a usage error.
-bool take_plan_input(int argc, char** argv, int& i, statepool::planner::PlanInputs& inputs) {
-  for (const std::string_view name : statepool::planner::plan_input_names()) {
-    std::string value;
-    if (!statepool::tools::take_value(argc, argv, i, "--" + std::string(name), value)) continue;
-    try {
-      (void)statepool::planner::set_plan_input(inputs, name, value);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError{std::string("--") + e.what()};
-    }
-    return true;
-  }
-  return false;
-}
-
-Args parse(int argc, char** argv) {
-  Args args;
+/// Reads the command line into `args`; returns the exit status to leave with now (--help,
+/// a usage error), or nullopt to go on.
+std::optional<int> parse(int argc, char** argv, Args& args) {
+  namespace po = statepool::tools::po;
+  namespace planner = statepool::planner;
+  using statepool::tools::bounded;
   args.options.socket_path = statepool::tools::default_socket();
   args.options.client_name = "statepoolctl";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    std::string value;
-    if (arg == "-h" || arg == "--help") {
-      args.help = true;
-    } else if (arg == "--json") {
-      args.json = true;
-    } else if (statepool::tools::take_value(argc, argv, i, "--socket", value)) {
-      args.options.socket_path = value;
-    } else if (statepool::tools::take_value(argc, argv, i, "--tenant", value)) {
-      args.options.tenant = value;
-    } else if (statepool::tools::take_value(argc, argv, i, "--timeout", value)) {
-      args.options.timeout = std::chrono::milliseconds(
-          statepool::tools::parse_uint("--timeout", value, 1, 3600 * 1000));
-    } else if (statepool::tools::take_value(argc, argv, i, "--count", value)) {
-      args.count = statepool::tools::parse_uint("--count", value, 1, 1000000);
-    } else if (statepool::tools::take_value(argc, argv, i, "--model", value)) {
-      args.model = value;
-    } else if (take_plan_input(argc, argv, i, args.plan)) {
-      // one of the planner's inputs (statepool::planner::plan_input_names())
-    } else if (!arg.empty() && arg.front() == '-') {
-      throw UsageError{"unknown option " + arg};
-    } else if (args.command.empty()) {
-      args.command = arg;
-    } else if (args.command == "install-plan" && args.plan_file.empty()) {
-      args.plan_file = arg;
-    } else {
-      throw UsageError{"unexpected argument '" + arg + "' (one command at a time)"};
+  auto timeout_ms = static_cast<std::uint64_t>(args.options.timeout.count());
+  std::vector<std::string> operands;
+
+  statepool::tools::CommandLine cli("statepoolctl", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("json", po::bool_switch(&args.json))
+      ("socket", po::value(&args.options.socket_path))
+      ("tenant", po::value(&args.options.tenant))
+      ("timeout", bounded(timeout_ms, 1, 3600 * 1000))
+      ("count", bounded(args.count, 1, 1000000))
+      ("model", po::value(&args.model));
+  // clang-format on
+  // --NAME VALUE for every planner input, read by the planner's own parser (as the
+  // daemon's HTTP API reads ?NAME=VALUE); a bad value is a usage error.
+  for (const std::string_view name : planner::plan_input_names()) {
+    cli.add_options()(std::string(name).c_str(),
+                      po::value<std::string>()->notifier([&args, name](const std::string& value) {
+                        try {
+                          (void)planner::set_plan_input(args.plan, name, value);
+                        } catch (const std::invalid_argument& e) {
+                          throw UsageError(std::string("--") + e.what());
+                        }
+                      }));
+  }
+  cli.positional("command", args.command).positional("operand", operands, -1);
+
+  const auto check = [&](const po::variables_map&) {
+    if (args.command.empty()) throw UsageError("no command given");
+    if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
+        args.command != "install-plan" && args.command != "plan" && args.command != "fits") {
+      throw UsageError("unknown command '" + args.command + "'");
     }
+    auto operand = operands.begin();
+    if (args.command == "install-plan") {
+      if (operand == operands.end()) throw UsageError("install-plan needs a plan file");
+      args.plan_file = *operand++;
+    }
+    if (operand != operands.end())
+      throw UsageError("unexpected argument '" + *operand + "' (one command at a time)");
+    if ((args.command == "plan" || args.command == "fits") && args.model.empty())
+      throw UsageError(args.command + " needs --model CONFIG.json");
+  };
+  const auto exit_status = cli.parse(argc, argv, check);
+  args.options.timeout = std::chrono::milliseconds(timeout_ms);
+  return exit_status;
+}
+
+/// A number for --json; null when it is not finite (JSON has neither NaN nor infinity).
+boost::json::value json_number(double value) {
+  return std::isfinite(value) ? boost::json::value(value) : boost::json::value(nullptr);
+}
+
+/// A compression ratio for --json: null while nothing is stored (the ratio is undefined).
+boost::json::value json_ratio(double ratio) {
+  return ratio > 0.0 ? json_number(ratio) : boost::json::value(nullptr);
+}
+
+/// stats --json: every field of the reply, names as in the wire schema, plus the derived
+/// stored bytes and ratios.
+boost::json::object stats_json(const statepool::client::Stats& s) {
+  boost::json::array arenas;
+  for (const auto& a : s.arenas) {
+    arenas.push_back(boost::json::object{{"arena_id", a.arena_id},
+                                         {"tenant", a.tenant},
+                                         {"layout_id", a.layout_id},
+                                         {"layout_name", a.layout_name},
+                                         {"codec", statepool::kernels::to_string(a.codec)},
+                                         {"backend", a.backend},
+                                         {"page_bytes", a.page_bytes},
+                                         {"page_stride", a.page_stride},
+                                         {"pages_total", a.pages_total},
+                                         {"pages_used", a.pages_used},
+                                         {"bytes_total", a.bytes_total},
+                                         {"stored_bytes_used", a.stored_bytes_used()},
+                                         {"fp32_bytes_used", a.fp32_bytes_used},
+                                         {"compression_ratio", json_ratio(a.compression_ratio())}});
   }
-  if (args.help) return args;
-  if (args.command.empty()) throw UsageError{"no command given"};
-  if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
-      args.command != "install-plan" && args.command != "plan" && args.command != "fits") {
-    throw UsageError{"unknown command '" + args.command + "'"};
+  boost::json::array tenants;
+  for (const auto& t : s.tenants) {
+    tenants.push_back(
+        boost::json::object{{"tenant", t.tenant},
+                            {"quota_bytes", t.quota_bytes},
+                            {"reserved_bytes", t.reserved_bytes},
+                            {"pages_used", t.pages_used},
+                            {"stored_bytes", t.stored_bytes},
+                            {"fp32_bytes", t.fp32_bytes},
+                            {"compression_ratio", json_ratio(t.compression_ratio())}});
   }
-  if (args.command == "install-plan" && args.plan_file.empty())
-    throw UsageError{"install-plan needs a plan file"};
-  if ((args.command == "plan" || args.command == "fits") && args.model.empty())
-    throw UsageError{args.command + " needs --model CONFIG.json"};
-  return args;
+  return {{"uptime_seconds", json_number(s.uptime_seconds)},
+          {"clients_connected", s.clients_connected},
+          {"leases_active", s.leases_active},
+          {"leases_orphaned", s.leases_orphaned},
+          {"pages_reclaimed_total", s.pages_reclaimed_total},
+          {"pool_capacity_bytes", s.pool_capacity_bytes},
+          {"pool_reserved_bytes", s.pool_reserved_bytes},
+          {"arenas", std::move(arenas)},
+          {"tenants", std::move(tenants)}};
 }
 
 double micros(std::chrono::nanoseconds d) {
@@ -155,14 +206,12 @@ void ping(statepool::client::Connection& conn, const Args& args) {
   }
   const double mean = sum / static_cast<double>(us.size());
   using statepool::tools::format_fixed;
-  using statepool::tools::json_number;
-  using statepool::tools::json_string;
   if (args.json) {
-    std::cout << "{\"server\": " << json_string(conn.server())
-              << ", \"protocol_version\": " << conn.protocol_version()
-              << ", \"count\": " << us.size() << ", \"min_us\": " << json_number(min)
-              << ", \"mean_us\": " << json_number(mean) << ", \"max_us\": " << json_number(max)
-              << "}\n";
+    const boost::json::object out{
+        {"server", conn.server()},      {"protocol_version", conn.protocol_version()},
+        {"count", us.size()},           {"min_us", json_number(min)},
+        {"mean_us", json_number(mean)}, {"max_us", json_number(max)}};
+    std::cout << boost::json::serialize(out) << '\n';
     return;
   }
   if (us.size() == 1) {
@@ -222,8 +271,8 @@ int plan_command(const Args& args) {
   try {
     report = statepool::planner::plan(model, args.plan);
   } catch (const std::invalid_argument& e) {
-    std::cerr << "statepoolctl: plan: " << e.what() << "\n\n" << kUsage;
-    return 2;
+    return statepool::tools::report_usage_error("statepoolctl", std::string("plan: ") + e.what(),
+                                                kUsage);
   }
   std::cout << (args.json ? statepool::planner::format_json(report)
                           : statepool::planner::format_text(report));
@@ -234,9 +283,7 @@ int plan_command(const Args& args) {
 
 int main(int argc, char** argv) {
   Args args;
-  if (const auto exit_status =
-          statepool::tools::parse_command_line("statepoolctl", kUsage, argc, argv, parse, args))
-    return *exit_status;
+  if (const auto exit_status = parse(argc, argv, args)) return *exit_status;
   if (args.command == "plan") {
     try {
       return plan_command(args);
@@ -252,7 +299,7 @@ int main(int argc, char** argv) {
     } else if (args.command == "stats") {
       const auto stats = conn.stats();
       if (args.json) {
-        statepool::tools::print_stats_json(std::cout, stats);
+        std::cout << boost::json::serialize(stats_json(stats)) << '\n';
       } else {
         std::cout << conn.server() << " at " << args.options.socket_path << "\n";
         statepool::tools::print_stats(std::cout, stats);
@@ -262,10 +309,12 @@ int main(int argc, char** argv) {
       const auto plan = statepool::kernels::stepquant::load(args.plan_file);
       const auto info = conn.install_plan(plan);
       if (args.json) {
-        std::cout << "{\"digest\": " << statepool::tools::json_string(info.digest)
-                  << ", \"units\": " << info.units << ", \"pivots\": " << info.pivots
-                  << ", \"average_bits\": " << statepool::tools::json_number(info.average_bits)
-                  << ", \"created\": " << (info.created ? "true" : "false") << "}\n";
+        const boost::json::object out{{"digest", info.digest},
+                                      {"units", info.units},
+                                      {"pivots", info.pivots},
+                                      {"average_bits", json_number(info.average_bits)},
+                                      {"created", info.created}};
+        std::cout << boost::json::serialize(out) << '\n';
       } else {
         std::cout << "plan " << info.digest << (info.created ? " installed" : " already installed")
                   << ": " << info.units << " units, " << info.pivots << " pivots, "

@@ -197,5 +197,54 @@ TEST_F(CapacityDaemon, StatepoolctlFitsAsksTheDaemonForAModel) {
   EXPECT_NE(missing.output.find("/nonexistent/config.json"), std::string::npos) << missing.output;
 }
 
+// ping and stats --json are JSON documents with the wire schema's names (ratios null
+// while nothing is stored); the command line is the tools' shared prologue (a usage error
+// exits 2 with the message, a blank line and the usage).
+TEST_F(CapacityDaemon, StatepoolctlJsonDocumentsAndUsageErrors) {
+  const std::string socket = "--socket=" + daemon_->socket_path();
+  const ToolRun ping = statepoolctl(socket + " --tenant alice ping --json --count=3");
+  ASSERT_EQ(ping.code, 0) << ping.output;
+  const auto p = boost::json::parse(ping.output);
+  EXPECT_EQ(p.at("count").as_int64(), 3);
+  EXPECT_FALSE(p.at("server").as_string().empty());
+  EXPECT_GT(p.at("protocol_version").as_int64(), 0);
+  for (const char* field : {"min_us", "mean_us", "max_us"}) {
+    EXPECT_GT(p.at(field).to_number<double>(), 0.0) << field;
+  }
+
+  const ToolRun stats = statepoolctl("stats --json --tenant=alice " + socket);
+  ASSERT_EQ(stats.code, 0) << stats.output;
+  const auto st = boost::json::parse(stats.output);
+  EXPECT_EQ(st.at("pool_capacity_bytes").as_int64(), 1ll << 30);
+  EXPECT_GE(st.at("uptime_seconds").to_number<double>(), 0.0);
+  EXPECT_TRUE(st.at("arenas").is_array());
+  bool saw_alice = false;
+  for (const auto& tenant : st.at("tenants").as_array()) {
+    if (tenant.at("tenant").as_string() != "alice") continue;
+    saw_alice = true;
+    EXPECT_EQ(tenant.at("quota_bytes").as_int64(), 512ll << 20);
+    EXPECT_TRUE(tenant.at("compression_ratio").is_null()) << "nothing stored: undefined";
+  }
+  EXPECT_TRUE(saw_alice) << stats.output;
+
+  const auto usage_error = [&](const std::string& args, const std::string& message) {
+    const ToolRun run = statepoolctl(args);
+    EXPECT_EQ(run.code, 2) << args << ": " << run.output;
+    EXPECT_NE(run.output.find(message), std::string::npos) << args << ": " << run.output;
+    EXPECT_NE(run.output.find("\n\nusage: statepoolctl"), std::string::npos) << run.output;
+  };
+  usage_error(socket + " ping --count 0", "--count must be between 1 and 1000000, got 0");
+  usage_error(socket + " ping --count=-1", "--count expects a number, got '-1'");
+  usage_error(socket + " ping stats", "unexpected argument 'stats' (one command at a time)");
+  usage_error(socket + " ping --colour red", "unrecognised option '--colour'");
+  usage_error(socket + " ping --tenant a --tenant b",
+              "'--tenant' cannot be specified more than once");
+  usage_error("ping --socket", "the required argument for option '--socket' is missing");
+  usage_error(socket, "no command given");
+  const ToolRun help = statepoolctl("ping --help");
+  EXPECT_EQ(help.code, 0) << help.output;
+  EXPECT_EQ(help.output.rfind("usage: statepoolctl", 0), 0u) << help.output;
+}
+
 }  // namespace
 }  // namespace statepool
