@@ -4,19 +4,18 @@
 // 2 bad command line.
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "statepool/calibration/calibrate.hpp"
@@ -29,6 +28,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/atomic_file.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/tools/cli.hpp"
 
 namespace cal = statepool::calibration;
 namespace kn = statepool::kernels;
@@ -101,87 +101,11 @@ constexpr const char* kCodecUsage =
   --variant V      stepquant: full, spatial (spatial axis only), temporal (temporal only)
 )";
 
-// A command-line error: usage text and exit status 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace po = statepool::tools::po;
+using statepool::tools::bounded;
+using statepool::tools::UsageError;
 
-struct Flags {
-  std::map<std::string, std::string> values;
-  std::vector<std::string> positional;
-
-  [[nodiscard]] bool has(const std::string& name) const { return values.count(name) != 0; }
-  [[nodiscard]] std::string get(const std::string& name, const std::string& fallback = {}) const {
-    const auto it = values.find(name);
-    return it == values.end() ? fallback : it->second;
-  }
-  [[nodiscard]] std::string required(const std::string& name) const {
-    if (!has(name)) {
-      throw UsageError("missing --" + name);
-    }
-    return values.at(name);
-  }
-};
-
-// --name value or --name=value; every flag takes a value.
-Flags parse_flags(const std::vector<std::string>& args, const std::set<std::string>& allowed) {
-  Flags flags;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0) {
-      flags.positional.push_back(arg);
-      continue;
-    }
-    std::string name = arg.substr(2);
-    std::string value;
-    if (const auto eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-    } else {
-      if (allowed.count(name) == 0) {
-        throw UsageError("unknown option --" + name);
-      }
-      if (i + 1 >= args.size()) {
-        throw UsageError("--" + name + " needs a value");
-      }
-      value = args[++i];
-    }
-    if (allowed.count(name) == 0) {
-      throw UsageError("unknown option --" + name);
-    }
-    if (flags.values.count(name) != 0) {
-      throw UsageError("--" + name + " given twice");
-    }
-    flags.values[name] = value;
-  }
-  return flags;
-}
-
-std::uint64_t parse_uint(const std::string& name, const std::string& text, std::uint64_t max) {
-  std::uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc{} || ptr != end || value > max) {
-    throw UsageError("--" + name + " must be an integer between 0 and " + std::to_string(max) +
-                     ", got '" + text + "'");
-  }
-  return value;
-}
-
-std::uint32_t parse_u32(const std::string& name, const std::string& text) {
-  return static_cast<std::uint32_t>(parse_uint(name, text, 0xFFFFFFFFull));
-}
-
-double parse_double(const std::string& name, const std::string& text) {
-  double value = 0.0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc{} || ptr != end || !std::isfinite(value)) {
-    throw UsageError("--" + name + " must be a number, got '" + text + "'");
-  }
-  return value;
-}
+constexpr const char* kTool = "statepool-quant";
 
 kn::Arch parse_arch(const std::string& text) {
   if (text == "gdn") return kn::Arch::gdn;
@@ -203,42 +127,41 @@ std::string sci(double value) {
 
 // --- calibrate --------------------------------------------------------------------------
 
-int run_calibrate(const std::vector<std::string>& args) {
-  const Flags flags =
-      parse_flags(args, {"trace", "out", "budget", "pivots", "gamma", "horizon", "report",
-                         "threads", "seed", "snapshot-every", "reservoir"});
-  if (!flags.positional.empty()) {
-    throw UsageError("unexpected argument '" + flags.positional.front() + "'");
+int run_calibrate(int argc, const char* const* argv) {
+  std::string trace_dir;
+  std::string out;
+  std::optional<std::string> report_file;
+  cal::CalibrateOptions options;  // its defaults are the ones kCalibrateUsage names
+  statepool::tools::CommandLine cli(kTool, kCalibrateUsage);
+  // clang-format off
+  cli.add_options()
+      ("trace", po::value(&trace_dir)->required())
+      ("out", po::value(&out)->required())
+      ("budget", bounded(options.plan.budget_bits, 0, 0xFFFFFFFFull))
+      ("pivots", bounded(options.plan.pivots, 0, 0xFFFFFFFFull))
+      ("gamma", statepool::tools::finite(options.plan.gamma))
+      ("horizon", bounded(options.plan.horizon, 1, 0xFFFFFFFFull))
+      ("report", statepool::tools::optional_value(report_file))
+      ("threads", bounded(options.threads, 0, 0xFFFFFFFFull))
+      ("seed", bounded(options.accumulator.seed, 0, ~0ull))
+      ("snapshot-every", bounded(options.accumulator.snapshot_every, 1, 0xFFFFFFFFull))
+      ("reservoir", bounded(options.accumulator.reservoir, 1, 0xFFFFFFFFull));
+  // clang-format on
+  const auto check = [&](const po::variables_map&) {
+    if (options.plan.budget_bits != 6 && options.plan.budget_bits != 4) {
+      throw UsageError("--budget must be 6 or 4");
+    }
+    if (options.plan.gamma < 0.0) {
+      throw UsageError("--gamma must be >= 0");
+    }
+  };
+  if (const auto exit_status = cli.parse(argc, argv, check)) {
+    return *exit_status;
   }
-  const std::string trace_dir = flags.required("trace");
-  const std::string out = flags.required("out");
-  cal::CalibrateOptions options;
-  options.plan.budget_bits = parse_u32("budget", flags.get("budget", "6"));
-  if (options.plan.budget_bits != 6 && options.plan.budget_bits != 4) {
-    throw UsageError("--budget must be 6 or 4");
-  }
-  if (flags.has("pivots")) {
-    options.plan.pivots = parse_u32("pivots", flags.get("pivots"));
-  }
-  options.plan.gamma = parse_double("gamma", flags.get("gamma", "0.25"));
-  if (options.plan.gamma < 0.0) {
-    throw UsageError("--gamma must be >= 0");
-  }
-  options.plan.horizon = parse_u32("horizon", flags.get("horizon", "2048"));
-  if (options.plan.horizon == 0) {
-    throw UsageError("--horizon must be positive");
-  }
-  options.threads = std::max(1u, parse_u32("threads", flags.get("threads", "1")));
-  options.accumulator.seed = parse_uint("seed", flags.get("seed", "24301"), ~0ull);
-  options.accumulator.snapshot_every =
-      parse_u32("snapshot-every", flags.get("snapshot-every", "8"));
-  options.accumulator.reservoir = parse_u32("reservoir", flags.get("reservoir", "64"));
-  if (options.accumulator.snapshot_every == 0 || options.accumulator.reservoir == 0) {
-    throw UsageError("--snapshot-every and --reservoir must be positive");
-  }
+  options.threads = std::max(1u, options.threads);
 
   // Fail before hours of work, not after: the output directories must exist.
-  for (const std::string& path : {out, flags.get("report")}) {
+  for (const std::string& path : {out, report_file.value_or(std::string())}) {
     const std::filesystem::path parent = std::filesystem::path(path).parent_path();
     if (!path.empty() && !parent.empty() && !std::filesystem::is_directory(parent)) {
       throw std::invalid_argument(path + ": directory " + parent.string() + " does not exist");
@@ -258,8 +181,8 @@ int run_calibrate(const std::vector<std::string>& args) {
       trace, options, [](const std::string& line) { std::cerr << line << "\n"; });
   const std::string report = cal::format_report(result.report);
   sq::save(result.plan, out);
-  if (flags.has("report")) {
-    support::write_file_atomic(flags.get("report"), std::as_bytes(std::span<const char>(report)));
+  if (report_file) {
+    support::write_file_atomic(*report_file, std::as_bytes(std::span<const char>(report)));
   }
   std::cout << report << "plan written to " << out << " (digest " << sq::digest(result.plan)
             << ")\n";
@@ -271,26 +194,31 @@ int run_calibrate(const std::vector<std::string>& args) {
 
 // --- synth-trace ------------------------------------------------------------------------
 
-int run_synth(const std::vector<std::string>& args) {
-  const Flags flags = parse_flags(args, {"out", "arch", "layers", "heads", "key-dim", "value-dim",
-                                         "tokens", "seed", "model-seed", "sequence-length"});
-  if (!flags.positional.empty()) {
-    throw UsageError("unexpected argument '" + flags.positional.front() + "'");
-  }
-  statepool::testing::SyntheticOptions o;
-  const std::string out = flags.required("out");
-  o.arch = parse_arch(flags.required("arch"));
-  o.layers = parse_u32("layers", flags.required("layers"));
-  o.heads = parse_u32("heads", flags.required("heads"));
-  o.key_dim = parse_u32("key-dim", flags.required("key-dim"));
-  o.value_dim = parse_u32("value-dim", flags.required("value-dim"));
-  o.tokens = parse_uint("tokens", flags.required("tokens"), 1ull << 40);
-  o.token_seed = parse_uint("seed", flags.get("seed", "1"), ~0ull);
-  o.model_seed = parse_uint("model-seed", flags.get("model-seed", "7"), ~0ull);
-  o.sequence_length = parse_uint("sequence-length", flags.get("sequence-length", "0"), 1ull << 40);
-  if (const std::string problem = statepool::testing::synthetic_manifest(o).validate();
-      !problem.empty()) {
-    throw UsageError(problem);
+int run_synth(int argc, const char* const* argv) {
+  std::string out;
+  statepool::testing::SyntheticOptions o;  // its defaults are the ones kSynthUsage names
+  statepool::tools::CommandLine cli(kTool, kSynthUsage);
+  // clang-format off
+  cli.add_options()
+      ("out", po::value(&out)->required())
+      ("arch", statepool::tools::parsed(o.arch, parse_arch)->required())
+      ("layers", bounded(o.layers, 0, 0xFFFFFFFFull)->required())
+      ("heads", bounded(o.heads, 0, 0xFFFFFFFFull)->required())
+      ("key-dim", bounded(o.key_dim, 0, 0xFFFFFFFFull)->required())
+      ("value-dim", bounded(o.value_dim, 0, 0xFFFFFFFFull)->required())
+      ("tokens", bounded(o.tokens, 0, 1ull << 40)->required())
+      ("seed", bounded(o.token_seed, 0, ~0ull))
+      ("model-seed", bounded(o.model_seed, 0, ~0ull))
+      ("sequence-length", bounded(o.sequence_length, 0, 1ull << 40));
+  // clang-format on
+  const auto check = [&](const po::variables_map&) {
+    if (const std::string problem = statepool::testing::synthetic_manifest(o).validate();
+        !problem.empty()) {
+      throw UsageError(problem);
+    }
+  };
+  if (const auto exit_status = cli.parse(argc, argv, check)) {
+    return *exit_status;
   }
   std::cerr << "statepool-quant: writing a SYNTHETIC " << kn::to_string(o.arch) << " trace to "
             << out << "\n";
@@ -313,45 +241,66 @@ kn::StepQuantVariant parse_variant(const std::string& text) {
   throw UsageError("--variant must be full, spatial or temporal, got '" + text + "'");
 }
 
+kn::CodecId parse_codec_name(const std::string& text) {
+  kn::CodecId id{};
+  if (!kn::parse_codec(text, id)) {
+    throw UsageError("unknown codec '" + text +
+                     "' (fp32 bf16 fp16 int4 int6 int8 dsq4 dsq6 stepquant4 stepquant6)");
+  }
+  return id;
+}
+
 bool needs_plan(kn::CodecId id) {
   return id == kn::CodecId::stepquant4 || id == kn::CodecId::stepquant6;
 }
 
-std::shared_ptr<const sq::Plan> load_plan(const Flags& flags) {
-  if (!flags.has("plan")) {
+// statepool-quant codec's command line; the optional ones are set when given.
+struct CodecArgs {
+  std::string mode;  // encode, decode, roundtrip
+  std::string in;
+  std::string out;
+  std::optional<kn::CodecId> codec;
+  std::optional<std::string> plan;  // the plan file
+  std::optional<kn::Arch> arch;
+  std::optional<std::uint32_t> group_size;
+  std::optional<kn::StepQuantVariant> variant;
+};
+
+std::shared_ptr<const sq::Plan> load_plan(const CodecArgs& args) {
+  if (!args.plan) {
     return nullptr;
   }
-  return std::make_shared<const sq::Plan>(sq::load(flags.get("plan")));
+  return std::make_shared<const sq::Plan>(sq::load(*args.plan));
 }
 
 // Arch from --arch, checked against the plan's when both are given.
-kn::Arch codec_arch(const Flags& flags, const sq::Plan* plan) {
-  const kn::Arch arch = flags.has("arch") ? parse_arch(flags.get("arch")) : kn::Arch::gdn;
+kn::Arch codec_arch(const CodecArgs& args, const sq::Plan* plan) {
+  const kn::Arch arch = args.arch.value_or(kn::Arch::gdn);
   if (plan == nullptr) {
     return arch;
   }
-  if (flags.has("arch") && plan->arch != arch) {
-    throw std::invalid_argument("--arch " + flags.get("arch") + " but plan " + flags.get("plan") +
-                                " is for " + kn::to_string(plan->arch));
+  if (args.arch && plan->arch != arch) {
+    throw std::invalid_argument("--arch " + std::string(kn::to_string(arch)) + " but plan " +
+                                *args.plan + " is for " + kn::to_string(plan->arch));
   }
   return plan->arch;
 }
 
 // Completes `layout` (shape and arch already set) with codec, group size, variant, plan.
-void attach_codec(const Flags& flags, kn::CodecId id, std::shared_ptr<const sq::Plan> plan,
+void attach_codec(const CodecArgs& args, kn::CodecId id, std::shared_ptr<const sq::Plan> plan,
                   kn::StateLayout& layout) {
   layout.codec.id = id;
-  if (flags.has("group-size")) {
+  if (args.group_size) {
     if (!kn::is_uniform_codec(id)) {
       throw UsageError("--group-size applies to int4/int6/int8 only");
     }
-    layout.codec.group_size = parse_u32("group-size", flags.get("group-size"));
+    layout.codec.group_size = *args.group_size;
   }
-  if (flags.has("variant")) {
+  if (args.variant) {
     if (!needs_plan(id)) {
       throw UsageError("--variant applies to stepquant4/stepquant6 only");
     }
-    layout.codec.variant = parse_variant(flags.get("variant"));
+    layout.codec.variant = *args.variant;
   }
   if (needs_plan(id)) {
     if (!plan) {
@@ -359,8 +308,7 @@ void attach_codec(const Flags& flags, kn::CodecId id, std::shared_ptr<const sq::
                        " needs --plan (make one with 'statepool-quant calibrate')");
     }
     if (const std::string problem = sq::check_matches(*plan, layout); !problem.empty()) {
-      throw std::invalid_argument("plan " + flags.get("plan") +
-                                  " does not fit this state: " + problem);
+      throw std::invalid_argument("plan " + *args.plan + " does not fit this state: " + problem);
     }
     layout.plan = std::move(plan);
   } else if (plan) {
@@ -411,29 +359,38 @@ void print_sizes(const kn::PageCodec& codec, std::size_t values) {
             << fixed(2.0 * static_cast<double>(values) / page, 3) << "x than BF16\n";
 }
 
-int run_codec(const std::vector<std::string>& args) {
-  const Flags flags =
-      parse_flags(args, {"codec", "plan", "in", "out", "arch", "group-size", "variant"});
-  if (flags.positional.size() != 1) {
-    throw UsageError("codec needs exactly one of encode, decode, roundtrip");
-  }
-  const std::string mode = flags.positional.front();
-  if (mode != "encode" && mode != "decode" && mode != "roundtrip") {
-    throw UsageError("unknown codec mode '" + mode + "' (encode, decode, roundtrip)");
-  }
-  const std::string in = flags.required("in");
-  const std::string out = flags.required("out");
-  std::optional<kn::CodecId> id;
-  if (flags.has("codec")) {
-    kn::CodecId parsed{};
-    if (!kn::parse_codec(flags.get("codec"), parsed)) {
-      throw UsageError("unknown codec '" + flags.get("codec") +
-                       "' (fp32 bf16 fp16 int4 int6 int8 dsq4 dsq6 stepquant4 stepquant6)");
+int run_codec(int argc, const char* const* argv) {
+  CodecArgs args;
+  statepool::tools::CommandLine cli(kTool, kCodecUsage);
+  // clang-format off
+  cli.add_options()
+      ("codec", statepool::tools::parsed(args.codec, parse_codec_name))
+      ("plan", statepool::tools::optional_value(args.plan))
+      ("in", po::value(&args.in)->required())
+      ("out", po::value(&args.out)->required())
+      ("arch", statepool::tools::parsed(args.arch, parse_arch))
+      ("group-size", bounded(args.group_size, 0, 0xFFFFFFFFull))
+      ("variant", statepool::tools::parsed(args.variant, parse_variant));
+  // clang-format on
+  cli.positional("mode", args.mode);
+  const auto check = [&](const po::variables_map&) {
+    if (args.mode.empty()) {
+      throw UsageError("codec needs exactly one of encode, decode, roundtrip");
     }
-    id = parsed;
-  } else if (mode != "decode") {
-    throw UsageError("missing --codec");
+    if (args.mode != "encode" && args.mode != "decode" && args.mode != "roundtrip") {
+      throw UsageError("unknown codec mode '" + args.mode + "' (encode, decode, roundtrip)");
+    }
+    if (!args.codec && args.mode != "decode") {
+      throw UsageError("missing --codec");
+    }
+  };
+  if (const auto exit_status = cli.parse(argc, argv, check)) {
+    return *exit_status;
   }
+  const std::string& mode = args.mode;
+  const std::string& in = args.in;
+  const std::string& out = args.out;
+  const std::optional<kn::CodecId> id = args.codec;
 
   if (mode == "decode") {
     const std::string file = cal::read_file(in, kn::kMaxPageBytes + cal::kPageFileHeaderBytes);
@@ -441,13 +398,13 @@ int run_codec(const std::vector<std::string>& args) {
     const cal::PageFileHeader header = cal::parse_page_file(bytes, in);
     if (id && *id != header.codec) {
       throw std::invalid_argument(in + ": the page was encoded with " +
-                                  kn::to_string(header.codec) + ", not " + flags.get("codec"));
+                                  kn::to_string(header.codec) + ", not " + kn::to_string(*id));
     }
-    if (flags.has("arch") && parse_arch(flags.get("arch")) != header.arch) {
+    if (args.arch && *args.arch != header.arch) {
       throw std::invalid_argument(in + ": the page holds a " + kn::to_string(header.arch) +
-                                  " state, not " + flags.get("arch"));
+                                  " state, not " + kn::to_string(*args.arch));
     }
-    if (flags.has("group-size") || flags.has("variant")) {
+    if (args.group_size || args.variant) {
       throw UsageError("decode takes the group size and variant from the page header");
     }
     kn::StateLayout layout;
@@ -461,13 +418,13 @@ int run_codec(const std::vector<std::string>& args) {
     layout.codec.group_size = header.group_size;
     layout.codec.variant = header.variant;
     if (needs_plan(header.codec)) {
-      if (!flags.has("plan")) {
+      if (!args.plan) {
         throw UsageError(in + " was encoded with " + kn::to_string(header.codec) + " and plan " +
                          header.plan_digest + ": pass that plan with --plan");
       }
-      auto plan = std::make_shared<const sq::Plan>(sq::load(flags.get("plan")));
+      auto plan = load_plan(args);
       if (sq::digest(*plan) != header.plan_digest) {
-        throw std::invalid_argument("plan " + flags.get("plan") + " (digest " + sq::digest(*plan) +
+        throw std::invalid_argument("plan " + *args.plan + " (digest " + sq::digest(*plan) +
                                     ") is not the plan " + in + " was encoded with (digest " +
                                     header.plan_digest + ")");
       }
@@ -491,9 +448,9 @@ int run_codec(const std::vector<std::string>& args) {
   }
 
   const cal::NpyArray state = cal::read_npy(in);
-  std::shared_ptr<const sq::Plan> plan = load_plan(flags);
-  kn::StateLayout layout = layout_for_state(state.shape, codec_arch(flags, plan.get()), in);
-  attach_codec(flags, *id, std::move(plan), layout);
+  std::shared_ptr<const sq::Plan> plan = load_plan(args);
+  kn::StateLayout layout = layout_for_state(state.shape, codec_arch(args, plan.get()), in);
+  attach_codec(args, *id, std::move(plan), layout);
   const kn::PageCodec codec(layout);
   const std::vector<std::byte> page = encode_state(codec, state.data);
 
@@ -558,55 +515,52 @@ int run_codec(const std::vector<std::string>& args) {
   return 0;
 }
 
-int usage_for(const std::string& command) {
-  if (command == "calibrate") {
-    std::cout << kCalibrateUsage;
-  } else if (command == "synth-trace") {
-    std::cout << kSynthUsage;
-  } else if (command == "codec") {
-    std::cout << kCodecUsage;
-  } else {
-    std::cout << kUsage;
-    return command.empty() ? 0 : 2;
+// The subcommands: each parses its own options (argv[0] is the command's name).
+struct Command {
+  const char* name;
+  const char* usage;
+  int (*run)(int argc, const char* const* argv);
+};
+
+constexpr Command kCommands[] = {{"calibrate", kCalibrateUsage, run_calibrate},
+                                 {"synth-trace", kSynthUsage, run_synth},
+                                 {"codec", kCodecUsage, run_codec}};
+
+const Command* find_command(std::string_view name) {
+  for (const Command& command : kCommands) {
+    if (name == command.name) {
+      return &command;
+    }
   }
-  return 0;
+  return nullptr;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) {
-    std::cerr << kUsage;
-    return 2;
+  using statepool::tools::report_usage_error;
+  if (argc < 2) {
+    return report_usage_error(kTool, "no command given", kUsage);
   }
-  const std::string command = args.front();
-  args.erase(args.begin());
-  if (command == "--help" || command == "-h" || command == "help") {
-    return usage_for(args.empty() ? std::string() : args.front());
+  const std::string_view first = argv[1];
+  if (first == "--help" || first == "-h" || first == "help") {
+    const Command* command = argc > 2 ? find_command(argv[2]) : nullptr;
+    if (argc > 2 && command == nullptr) {
+      return report_usage_error(kTool, "unknown command '" + std::string(argv[2]) + "'", kUsage);
+    }
+    std::cout << (command == nullptr ? kUsage : command->usage);
+    return 0;
   }
-  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
-      std::find(args.begin(), args.end(), "-h") != args.end()) {
-    return usage_for(command);
+  const Command* command = find_command(first);
+  if (command == nullptr) {
+    return report_usage_error(kTool, "unknown command '" + std::string(first) + "'", kUsage);
   }
   try {
-    if (command == "calibrate") {
-      return run_calibrate(args);
-    }
-    if (command == "synth-trace") {
-      return run_synth(args);
-    }
-    if (command == "codec") {
-      return run_codec(args);
-    }
-    throw UsageError("unknown command '" + command + "'");
+    // The command's name stands where program_options expects the program's.
+    return command->run(argc - 1, argv + 1);
   } catch (const UsageError& e) {
-    std::cerr << "statepool-quant: " << e.what() << "\n(statepool-quant help";
-    if (command == "calibrate" || command == "synth-trace" || command == "codec") {
-      std::cerr << " " << command;
-    }
-    std::cerr << " shows the usage)\n";
-    return 2;
+    // A command line that reading the inputs showed to be wrong (a page that needs --plan).
+    return report_usage_error(kTool, e.what(), command->usage);
   } catch (const std::exception& e) {
     std::cerr << "statepool-quant: error: " << e.what() << "\n";
     return 1;

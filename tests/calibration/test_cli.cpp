@@ -77,13 +77,26 @@ TEST(Cli, HelpAndUsageErrors) {
   }
   EXPECT_EQ(run(dir, {"help", "codec"}).status, 0);
   EXPECT_NE(run(dir, {"calibrate", "--help"}).out.find("--budget"), std::string::npos);
-  EXPECT_EQ(run(dir, {}).status, 2);
+  EXPECT_FAILS_WITH(run(dir, {}), 2, "no command given");
+  EXPECT_FAILS_WITH(run(dir, {"help", "frobnicate"}), 2, "unknown command 'frobnicate'");
   EXPECT_FAILS_WITH(run(dir, {"frobnicate"}), 2, "unknown command 'frobnicate'");
-  EXPECT_FAILS_WITH(run(dir, {"calibrate", "--out", dir.file("p")}), 2, "missing --trace");
+  // program_options' own messages name the option (the tools share one prologue).
+  EXPECT_FAILS_WITH(run(dir, {"calibrate", "--out", dir.file("p")}), 2,
+                    "the option '--trace' is required but missing");
   EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--budget", "5"}), 2,
                     "--budget must be 6 or 4");
   EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--colour", "red"}), 2,
-                    "unknown option --colour");
+                    "unrecognised option '--colour'");
+  EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--trace", "y", "--out", "p"}), 2,
+                    "option '--trace' cannot be specified more than once");
+  EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--threads", "-1"}), 2,
+                    "--threads expects a number, got '-1'");
+  EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--reservoir=0"}), 2,
+                    "--reservoir must be between 1 and 4294967295, got 0");
+  // A usage error prints the message, a blank line and the command's usage.
+  EXPECT_NE(
+      run(dir, {"calibrate", "--trace", "x"}).err.find("\n\nusage: statepool-quant calibrate"),
+      std::string::npos);
   EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--gamma", "abc"}), 2,
                     "--gamma must be a number");
   EXPECT_FAILS_WITH(run(dir, {"synth-trace", "--out", dir.file("t"), "--arch", "mamba"}), 2,
