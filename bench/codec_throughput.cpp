@@ -15,11 +15,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <memory>
@@ -27,6 +26,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_state.hpp"
+#include "statepool/tools/cli.hpp"
 
 namespace {
 
@@ -43,47 +43,25 @@ struct Options {
   std::uint32_t steps = 64;
 };
 
-[[noreturn]] void usage(const char* argv0, int code) {
-  std::fprintf(code == 0 ? stdout : stderr,
-               "usage: %s [--layers N] [--heads N] [--iters N] [--steps N]\n"
-               "  --layers N  linear-attention layers (default 8)\n"
-               "  --heads N   heads per layer (default 16)\n"
-               "  --iters N   timed runs per measurement, median reported (default 15)\n"
-               "  --steps N   recurrence steps of the synthetic state (default 64)\n",
-               argv0);
-  std::exit(code);
-}
+constexpr const char* kUsage =
+    "usage: bench_codec_throughput [--layers N] [--heads N] [--iters N] [--steps N]\n"
+    "  --layers N  linear-attention layers (default 8)\n"
+    "  --heads N   heads per layer (default 16)\n"
+    "  --iters N   timed runs per measurement, median reported (default 15)\n"
+    "  --steps N   recurrence steps of the synthetic state (default 64)\n";
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; i += 2) {  // "--name value" pairs
-    const std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      usage(argv[0], 0);
-    }
-    if (i + 1 >= argc) {
-      usage(argv[0], 2);
-    }
-    char* end = nullptr;
-    const unsigned long value = std::strtoul(argv[i + 1], &end, 10);
-    if (end == argv[i + 1] || *end != '\0' || value == 0 || value > 1000000) {
-      std::fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], argv[i + 1], argv[i]);
-      std::exit(2);
-    }
-    const auto v = static_cast<std::uint32_t>(value);
-    if (arg == "--layers") {
-      o.layers = v;
-    } else if (arg == "--heads") {
-      o.heads = v;
-    } else if (arg == "--iters") {
-      o.iters = v;
-    } else if (arg == "--steps") {
-      o.steps = v;
-    } else {
-      usage(argv[0], 2);
-    }
-  }
-  return o;
+// The options, or the exit status to leave with now (--help, a usage error).
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  using statepool::tools::bounded;
+  statepool::tools::CommandLine cli("bench_codec_throughput", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("layers", bounded(o.layers, 1, 1000000))
+      ("heads", bounded(o.heads, 1, 1000000))
+      ("iters", bounded(o.iters, 1, 1000000))
+      ("steps", bounded(o.steps, 1, 1000000));
+  // clang-format on
+  return cli.parse(argc, argv);
 }
 
 template <typename F>
@@ -149,8 +127,11 @@ StateLayout make_layout(const Options& o, CodecId codec) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options o;
+  if (const auto exit_status = parse(argc, argv, o)) {
+    return *exit_status;
+  }
   try {
-    const Options o = parse(argc, argv);
     const PageCodec reference_layout(make_layout(o, CodecId::fp32));
     const std::size_t state_bytes = reference_layout.staged_bytes(DType::f32);
     std::printf(

@@ -19,11 +19,11 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/tools/cli.hpp"
 
 namespace {
 
@@ -37,52 +37,32 @@ struct Args {
   std::uint32_t warmup = 200;
 };
 
-[[noreturn]] void usage(const std::string& error) {
-  if (!error.empty()) std::cerr << "bench_control_plane: " << error << "\n\n";
-  std::cerr << "usage: bench_control_plane [--socket PATH] [--iterations N] [--clients N]"
-               " [--tenant NAME]\n"
-               "  --socket PATH     statepoold socket (default $STATEPOOL_SOCKET or "
-            << sc::kDefaultSocketPath
-            << ")\n"
-               "  --iterations N    round trips per client and request type (default 20000)\n"
-               "  --clients N       concurrent clients, one connection each (default 1)\n"
-               "  --tenant NAME     tenant to connect as\n";
-  std::exit(error.empty() ? 0 : 2);
-}
-
-std::uint32_t parse_count(std::string_view name, const char* text, std::uint32_t max) {
-  char* end = nullptr;
-  const unsigned long value = std::strtoul(text, &end, 10);
-  if (end == text || *end != '\0' || value == 0 || value > max) {
-    usage(std::string(name) + " expects a number between 1 and " + std::to_string(max));
-  }
-  return static_cast<std::uint32_t>(value);
-}
-
-Args parse(int argc, char** argv) {
-  Args args;
+// The options, or the exit status to leave with now (--help, a usage error).
+std::optional<int> parse(int argc, char** argv, Args& args) {
+  using statepool::tools::bounded;
+  namespace po = statepool::tools::po;
   if (const char* env = std::getenv("STATEPOOL_SOCKET"); env != nullptr && *env != '\0') {
     args.options.socket_path = env;
   }
   args.options.client_name = "bench_control_plane";
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "-h" || arg == "--help") usage("");
-    if (!has_value) usage("unknown or incomplete argument '" + std::string(arg) + "'");
-    if (arg == "--socket") {
-      args.options.socket_path = argv[++i];
-    } else if (arg == "--tenant") {
-      args.options.tenant = argv[++i];
-    } else if (arg == "--iterations") {
-      args.iterations = parse_count(arg, argv[++i], 100000000);
-    } else if (arg == "--clients") {
-      args.clients = parse_count(arg, argv[++i], 1024);
-    } else {
-      usage("unknown argument '" + std::string(arg) + "'");
-    }
-  }
-  return args;
+  std::string usage =
+      "usage: bench_control_plane [--socket PATH] [--iterations N] [--clients N] [--tenant NAME]\n"
+      "  --socket PATH     statepoold socket (default $STATEPOOL_SOCKET or ";
+  usage += sc::kDefaultSocketPath;
+  usage +=
+      ")\n"
+      "  --iterations N    round trips per client and request type (default 20000)\n"
+      "  --clients N       concurrent clients, one connection each (default 1)\n"
+      "  --tenant NAME     tenant to connect as\n";
+  statepool::tools::CommandLine cli("bench_control_plane", usage);
+  // clang-format off
+  cli.add_options()
+      ("socket", po::value(&args.options.socket_path))
+      ("tenant", po::value(&args.options.tenant))
+      ("iterations", bounded(args.iterations, 1, 100000000))
+      ("clients", bounded(args.clients, 1, 1024));
+  // clang-format on
+  return cli.parse(argc, argv);
 }
 
 struct Samples {
@@ -109,7 +89,8 @@ double us_since(Clock::time_point t) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  if (const auto exit_status = parse(argc, argv, args)) return *exit_status;
   try {
     // A tiny layout (one 16x16 FP32 head): the page work is negligible, the round trip is
     // what is measured. One arena, shared by all clients of the tenant.
