@@ -1,8 +1,8 @@
 #include "http/api.hpp"
 
-#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <set>
 #include <stdexcept>
@@ -19,6 +19,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
+#include <boost/url.hpp>
 
 #include "log.hpp"
 #include "server/capacity.hpp"
@@ -30,6 +31,7 @@ namespace statepool::service {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace urls = boost::urls;
 using asio::ip::tcp;
 
 namespace {
@@ -109,65 +111,75 @@ std::string json_error(std::string_view message) {
   return boost::json::serialize(body) + "\n";
 }
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
+// "%7C" for '|': how a byte is written in a URL.
+std::string percent_escape(unsigned char byte) {
+  char escape[4];
+  std::snprintf(escape, sizeof escape, "%%%02X", static_cast<unsigned>(byte));
+  return escape;
 }
 
-// Strict percent-decoding (RFC 3986): '%' must be followed by two hex digits; '+' is a
-// plus sign, not a space; decoded control characters are refused.
-std::string percent_decode(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '%') {
-      out += text[i];
-      continue;
-    }
-    const int hi = i + 1 < text.size() ? hex_digit(text[i + 1]) : -1;
-    const int lo = i + 2 < text.size() ? hex_digit(text[i + 2]) : -1;
-    if (hi < 0 || lo < 0) {
-      throw ApiError(400, "malformed percent escape '" + clip(text.substr(i, 3)) +
-                              "' in the query string: '%' must be followed by two hex "
+// The request target as origin-form (RFC 9112 3.2.1: an absolute path and an optional
+// query), parsed by Boost.URL; a target it refuses is answered 400 with the reason.
+urls::url_view parse_target(std::string_view target) {
+  if (target.empty() || target.front() != '/')
+    throw ApiError(400, "request target '" + clip(target) + "' is not a path such as /v1");
+  const auto parsed = urls::parse_origin_form(target);
+  if (parsed) return *parsed;
+  // Boost.URL says what is wrong but not where: find the culprit to quote it.
+  for (std::size_t i = target.find('%'); i != std::string_view::npos; i = target.find('%', i + 1)) {
+    if (i + 2 >= target.size() || !urls::grammar::hexdig_chars(target[i + 1]) ||
+        !urls::grammar::hexdig_chars(target[i + 2])) {
+      throw ApiError(400, "malformed percent escape '" + clip(target.substr(i, 3)) +
+                              "' in the request target: '%' must be followed by two hex "
                               "digits (write %25 for a literal '%')");
     }
-    const auto byte = static_cast<unsigned char>(hi * 16 + lo);
-    if (byte < 0x20 || byte == 0x7f) {
-      throw ApiError(
-          400, "control character '" + std::string(text.substr(i, 3)) + "' in the query string");
-    }
-    out += static_cast<char>(byte);
-    i += 2;
   }
-  return out;
+  constexpr auto allowed = urls::pchars + '/' + '?' + '%';
+  const char* bad =
+      urls::grammar::find_if_not(target.data(), target.data() + target.size(), allowed);
+  if (bad != target.data() + target.size()) {
+    const auto byte = static_cast<unsigned char>(*bad);
+    const std::string escape = percent_escape(byte);
+    const std::string what = byte > 0x20 && byte < 0x7f ? "'" + std::string(1, *bad) + "'"
+                                                        : "a byte outside printable ASCII";
+    throw ApiError(400, "request target '" + clip(target) + "' has " + what +
+                            ", which must be percent-encoded (as " + escape + ")");
+  }
+  throw ApiError(400, "request target '" + clip(target) +
+                          "' is not a path with an optional query: " + parsed.error().message());
+}
+
+// Decoded control characters are refused: names and values end up in messages and logs.
+void refuse_control_characters(std::string_view text) {
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte != 0x7f) continue;
+    throw ApiError(400, "control character '" + percent_escape(byte) + "' in the query string");
+  }
 }
 
 using Params = std::vector<std::pair<std::string, std::string>>;
 
-// "a=1&b=x%2Cy" -> {{"a", "1"}, {"b", "x,y"}}. Empty items ("a=1&&b=2", a trailing '&')
-// are skipped; an item without '=' or a name given twice is an error.
-Params parse_query(std::string_view query) {
+// "?a=1&b=x%2Cy" -> {{"a", "1"}, {"b", "x,y"}}, percent-decoded by Boost.URL with '+' left a
+// plus sign (this is not a form). Empty items ("a=1&&b=2", a trailing '&') are skipped; an
+// item without '=' or a name given twice is an error.
+Params query_params(const urls::url_view& url) {
+  urls::encoding_opts decoding;
+  decoding.space_as_plus = false;
   Params params;
-  std::size_t start = 0;
-  while (start < query.size()) {
-    const std::size_t amp = std::min(query.find('&', start), query.size());
-    const std::string_view item = query.substr(start, amp - start);
-    start = amp + 1;
-    if (item.empty()) continue;
-    const std::size_t eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      throw ApiError(400, "query parameter '" + clip(percent_decode(item)) +
-                              "' has no value (write NAME=VALUE)");
+  for (const urls::param& item : url.params(decoding)) {
+    if (item.key.empty() && !item.has_value) continue;
+    refuse_control_characters(item.key);
+    refuse_control_characters(item.value);
+    if (!item.has_value) {
+      throw ApiError(400,
+                     "query parameter '" + clip(item.key) + "' has no value (write NAME=VALUE)");
     }
-    std::string name = percent_decode(item.substr(0, eq));
-    std::string value = percent_decode(item.substr(eq + 1));
     for (const auto& [seen, unused] : params) {
-      if (seen == name)
-        throw ApiError(400, "query parameter '" + clip(name) + "' is given more than once");
+      if (seen == item.key)
+        throw ApiError(400, "query parameter '" + clip(item.key) + "' is given more than once");
     }
-    params.emplace_back(std::move(name), std::move(value));
+    params.emplace_back(item.key, item.value);
   }
   return params;
 }
@@ -468,17 +480,13 @@ ApiReply HttpApi::handle(std::string_view method, std::string_view target,
                          std::string_view body) const {
   ApiReply reply;
   try {
-    if (target.empty() || target.front() != '/')
-      throw ApiError(400, "request target '" + clip(target) + "' is not a path such as /v1");
-    const std::size_t question = target.find('?');
-    std::string_view path = target.substr(0, question);
-    const std::string_view query =
-        question == std::string_view::npos ? std::string_view() : target.substr(question + 1);
+    const urls::url_view url = parse_target(target);
+    std::string_view path = url.encoded_path();
     if (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
 
     if (path == "/v1") {
       require_method(method, "GET", path);
-      const Params params = parse_query(query);
+      const Params params = query_params(url);
       if (!params.empty())
         throw ApiError(400, "unknown query parameter '" + clip(params.front().first) +
                                 "' for GET /v1 (it takes none)");
@@ -487,7 +495,7 @@ ApiReply HttpApi::handle(std::string_view method, std::string_view target,
       require_method(method, "POST", path);
       planner::PlanInputs inputs;
       std::string tenant;
-      for (const auto& [name, value] : parse_query(query)) {
+      for (const auto& [name, value] : query_params(url)) {
         if (name == "tenant")
           tenant = tenant_value(value);
         else if (!planner::set_plan_input(inputs, name, value))
@@ -499,7 +507,7 @@ ApiReply HttpApi::handle(std::string_view method, std::string_view target,
       planner::PlanInputs scratch;  // parses slots and state-codec like POST /v1/plan
       std::string layout, tenant;
       bool has_layout = false;
-      for (const auto& [name, value] : parse_query(query)) {
+      for (const auto& [name, value] : query_params(url)) {
         if (name == "layout") {
           if (value.empty()) throw ApiError(400, "layout must not be empty");
           layout = value;
