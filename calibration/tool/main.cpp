@@ -137,15 +137,15 @@ int run_calibrate(int argc, const char* const* argv) {
   cli.add_options()
       ("trace", po::value(&trace_dir)->required())
       ("out", po::value(&out)->required())
-      ("budget", bounded(options.plan.budget_bits, 0, 0xFFFFFFFFull))
-      ("pivots", bounded(options.plan.pivots, 0, 0xFFFFFFFFull))
+      ("budget", bounded(options.plan.budget_bits))
+      ("pivots", bounded(options.plan.pivots))
       ("gamma", statepool::tools::finite(options.plan.gamma))
-      ("horizon", bounded(options.plan.horizon, 1, 0xFFFFFFFFull))
+      ("horizon", bounded(options.plan.horizon, 1))
       ("report", statepool::tools::optional_value(report_file))
-      ("threads", bounded(options.threads, 0, 0xFFFFFFFFull))
-      ("seed", bounded(options.accumulator.seed, 0, ~0ull))
-      ("snapshot-every", bounded(options.accumulator.snapshot_every, 1, 0xFFFFFFFFull))
-      ("reservoir", bounded(options.accumulator.reservoir, 1, 0xFFFFFFFFull));
+      ("threads", bounded(options.threads))
+      ("seed", bounded(options.accumulator.seed))
+      ("snapshot-every", bounded(options.accumulator.snapshot_every, 1))
+      ("reservoir", bounded(options.accumulator.reservoir, 1));
   // clang-format on
   const auto check = [&](const po::variables_map&) {
     if (options.plan.budget_bits != 6 && options.plan.budget_bits != 4) {
@@ -202,13 +202,13 @@ int run_synth(int argc, const char* const* argv) {
   cli.add_options()
       ("out", po::value(&out)->required())
       ("arch", statepool::tools::parsed(o.arch, parse_arch)->required())
-      ("layers", bounded(o.layers, 0, 0xFFFFFFFFull)->required())
-      ("heads", bounded(o.heads, 0, 0xFFFFFFFFull)->required())
-      ("key-dim", bounded(o.key_dim, 0, 0xFFFFFFFFull)->required())
-      ("value-dim", bounded(o.value_dim, 0, 0xFFFFFFFFull)->required())
+      ("layers", bounded(o.layers)->required())
+      ("heads", bounded(o.heads)->required())
+      ("key-dim", bounded(o.key_dim)->required())
+      ("value-dim", bounded(o.value_dim)->required())
       ("tokens", bounded(o.tokens, 0, 1ull << 40)->required())
-      ("seed", bounded(o.token_seed, 0, ~0ull))
-      ("model-seed", bounded(o.model_seed, 0, ~0ull))
+      ("seed", bounded(o.token_seed))
+      ("model-seed", bounded(o.model_seed))
       ("sequence-length", bounded(o.sequence_length, 0, 1ull << 40));
   // clang-format on
   const auto check = [&](const po::variables_map&) {
@@ -369,7 +369,7 @@ int run_codec(int argc, const char* const* argv) {
       ("in", po::value(&args.in)->required())
       ("out", po::value(&args.out)->required())
       ("arch", statepool::tools::parsed(args.arch, parse_arch))
-      ("group-size", bounded(args.group_size, 0, 0xFFFFFFFFull))
+      ("group-size", bounded(args.group_size))
       ("variant", statepool::tools::parsed(args.variant, parse_variant));
   // clang-format on
   cli.positional("mode", args.mode);

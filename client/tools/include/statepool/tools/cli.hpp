@@ -115,12 +115,14 @@ inline po::typed_value<std::string>* optional_value(std::optional<std::string>& 
   return parsed(out, [](const std::string& text) { return text; });
 }
 
-/// An unsigned integer option within [min, max], read into `out` (an unsigned T, or a
-/// std::optional<T>): "--count expects a number, got 'x'", "--count must be between 1 and
-/// 1000000, got 0". Decimal digits only (program_options' own reading of an unsigned
-/// would wrap "-1" around to the largest value).
+/// An unsigned integer option within [min, max] (max: at most T's largest value), read
+/// into `out` (an unsigned T, or a std::optional<T>): "--count expects a number, got 'x'",
+/// "--count must be between 1 and 1000000, got 0". Decimal digits only (program_options'
+/// own reading of an unsigned would wrap "-1" around to the largest value).
 template <class Out>
-po::typed_value<std::string>* bounded(Out& out, std::uint64_t min, std::uint64_t max) {
+po::typed_value<std::string>* bounded(
+    Out& out, std::uint64_t min = 0,
+    std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
   using T = typename detail::Unwrap<Out>::type;
   static_assert(std::is_unsigned_v<T>, "bounded() reads unsigned integers");
   max = std::min<std::uint64_t>(max, std::numeric_limits<T>::max());
