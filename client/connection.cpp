@@ -12,6 +12,7 @@
 #include "impl.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/protocol/convert.hpp"
 
 namespace statepool::client {
 namespace detail {
@@ -45,11 +46,6 @@ Impl::Impl(UniqueFd fd, const Options& options)
       max_reply_bytes(std::min(
           options.max_reply_bytes == 0 ? protocol::kDefaultMaxPayload : options.max_reply_bytes,
           protocol::kAbsoluteMaxPayload)) {}
-
-flatbuffers::FlatBufferBuilder& Impl::begin() {
-  builder.Clear();
-  return builder;
-}
 
 void Impl::mark_broken(const std::string& reason) noexcept {
   if (broken) return;
@@ -178,13 +174,7 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
                                                    " body, expected " + reply_name(expected));
       }
     }
-    if (fd_out != nullptr) {
-      if (!attached) {
-        throw ConnectionError(Kind::bad_frame, std::string("statepoold's reply to ") + name +
-                                                   " carries no file descriptor");
-      }
-      *fd_out = std::move(attached);
-    }
+    if (fd_out != nullptr) *fd_out = std::move(attached);
     return *reply;
   } catch (const ConnectionError& error) {
     mark_broken(error.what());
@@ -194,20 +184,16 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
 
 std::uint32_t Impl::free_slots(ArenaId arena, std::span<const SlotId> slots) {
   if (slots.empty()) return 0;
-  const std::lock_guard lock(mutex);
-  auto& b = begin();
-  const auto ids = b.CreateVector(slots.data(), slots.size());
-  const auto body = wire::CreateFree(b, arena, ids).Union();
-  const auto& reply = roundtrip(wire::RequestBody::Free, body, wire::ReplyBody::FreeReply, nullptr);
-  return reply.body_as_FreeReply()->freed();
+  return call<wire::Free>(
+      [&](auto& b) {
+        return wire::CreateFree(b, arena, b.CreateVector(slots.data(), slots.size()));
+      },
+      [](const wire::FreeReply* r) { return r->freed(); });
 }
 
 void Impl::close_staging(StagingId staging) {
-  const std::lock_guard lock(mutex);
-  auto& b = begin();
-  const auto body = wire::CreateCloseStaging(b, staging).Union();
-  (void)roundtrip(wire::RequestBody::CloseStaging, body, wire::ReplyBody::CloseStagingReply,
-                  nullptr);
+  call<wire::CloseStaging>([&](auto& b) { return wire::CreateCloseStaging(b, staging); },
+                           [](const wire::CloseStagingReply*) {});
 }
 
 std::shared_ptr<const kernels::PageCodec> Impl::codec_for(LayoutId layout) {
@@ -235,10 +221,6 @@ std::string default_client_name() {
   return name + "[" + std::to_string(::getpid()) + "]";
 }
 
-kernels::CodecId to_kernels(wire::CodecId codec) noexcept {
-  return static_cast<kernels::CodecId>(static_cast<std::uint8_t>(codec));
-}
-
 std::string str(const flatbuffers::String* s) {
   return s != nullptr ? s->str() : std::string();
 }
@@ -247,6 +229,31 @@ std::string str(const flatbuffers::String* s) {
 [[noreturn]] void inconsistent(const std::string& what) {
   throw Error(wire::Status::internal, "statepoold sent an inconsistent reply: " + what +
                                           " (client and daemon builds may differ; report it)");
+}
+
+/// A codec named in a reply; one this client does not know is an inconsistent reply.
+kernels::CodecId reply_codec(wire::CodecId codec) {
+  try {
+    return protocol::from_wire(codec);
+  } catch (const StatusError& e) {
+    inconsistent(e.what());
+  }
+}
+
+/// How to map the memory a reply describes.
+kernels::MemoryDescriptor memory_descriptor(const wire::MemoryDescriptor* in, const char* what) {
+  try {
+    return protocol::from_wire(in);
+  } catch (const StatusError& e) {
+    inconsistent(std::string(what) + ": " + e.what());
+  }
+}
+
+/// Memory this process maps with mmap: a host memfd. Device memory is imported with the
+/// CUDA driver instead (the CUDA backend), and stays unmapped here.
+bool host_mappable(const kernels::MemoryDescriptor& memory) noexcept {
+  return memory.space == kernels::MemorySpace::host &&
+         memory.handle_kind == kernels::HandleKind::memfd;
 }
 
 }  // namespace
@@ -326,31 +333,31 @@ Connection Connection::from_fd(int fd, const Options& options) {
 
 void Connection::say_hello(const Options& options) {
   Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
   const std::string name =
       options.client_name.empty() ? default_client_name() : options.client_name;
-  const auto body =
-      wire::CreateHelloDirect(b, protocol::kMinProtocolVersion, protocol::kMaxProtocolVersion,
-                              options.tenant.c_str(), options.lease_token.c_str(), name.c_str())
-          .Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::Hello, body, wire::ReplyBody::HelloReply, nullptr);
-  const auto* hello = reply.body_as_HelloReply();
-  if (hello->version() < protocol::kMinProtocolVersion ||
-      hello->version() > protocol::kMaxProtocolVersion) {
-    throw Error(wire::Status::unsupported_version,
-                "statepoold chose protocol version " + std::to_string(hello->version()) +
-                    ", this client speaks " + std::to_string(protocol::kMinProtocolVersion) + ".." +
-                    std::to_string(protocol::kMaxProtocolVersion) + "; upgrade the client library");
-  }
-  i.version = hello->version();
-  i.lease_token = str(hello->lease_token());
-  i.lease_resumed = hello->lease_resumed();
-  i.resumed_slots = hello->resumed_slots();
-  i.server = str(hello->server());
-  i.grace_period = std::chrono::milliseconds(hello->grace_period_ms());
-  i.max_frame_bytes = hello->max_frame_bytes();
+  i.call<wire::Hello>(
+      [&](auto& b) {
+        return wire::CreateHelloDirect(b, protocol::kMinProtocolVersion,
+                                       protocol::kMaxProtocolVersion, options.tenant.c_str(),
+                                       options.lease_token.c_str(), name.c_str());
+      },
+      [&](const wire::HelloReply* hello) {
+        if (hello->version() < protocol::kMinProtocolVersion ||
+            hello->version() > protocol::kMaxProtocolVersion) {
+          throw Error(wire::Status::unsupported_version,
+                      "statepoold chose protocol version " + std::to_string(hello->version()) +
+                          ", this client speaks " + std::to_string(protocol::kMinProtocolVersion) +
+                          ".." + std::to_string(protocol::kMaxProtocolVersion) +
+                          "; upgrade the client library");
+        }
+        i.version = hello->version();
+        i.lease_token = str(hello->lease_token());
+        i.lease_resumed = hello->lease_resumed();
+        i.resumed_slots = hello->resumed_slots();
+        i.server = str(hello->server());
+        i.grace_period = std::chrono::milliseconds(hello->grace_period_ms());
+        i.max_frame_bytes = hello->max_frame_bytes();
+      });
 }
 
 Connection::~Connection() = default;
@@ -401,26 +408,19 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
   const std::string plan_digest =
       layout.plan != nullptr ? kernels::stepquant::digest(*layout.plan) : std::string();
   auto send = [&] {
-    LayoutInfo info;
-    const std::lock_guard lock(i.mutex);
-    auto& b = i.begin();
-    const auto params = wire::CreateCodecParams(
-        b, layout.codec.group_size, static_cast<wire::StepQuantVariant>(layout.codec.variant));
-    const auto wire_layout = wire::CreateLayoutDirect(
-        b, layout.name.c_str(), static_cast<wire::Arch>(layout.arch), layout.num_layers,
-        layout.num_heads, layout.key_dim, layout.value_dim, layout.conv_channels, layout.conv_width,
-        static_cast<wire::DType>(layout.conv_dtype), static_cast<wire::CodecId>(layout.codec.id),
-        params, plan_digest.empty() ? nullptr : plan_digest.c_str());
-    const auto body = wire::CreateRegisterLayout(b, wire_layout).Union();
-    const auto& reply = i.roundtrip(wire::RequestBody::RegisterLayout, body,
-                                    wire::ReplyBody::RegisterLayoutReply, nullptr);
-    const auto* r = reply.body_as_RegisterLayoutReply();
-    info.id = r->layout_id();
-    info.page_bytes = r->page_bytes();
-    info.fp32_bytes = r->fp32_bytes();
-    info.state_bytes_f32 = r->state_bytes_f32();
-    info.state_bytes_bf16 = r->state_bytes_bf16();
-    return info;
+    return i.call<wire::RegisterLayout>(
+        [&](auto& b) {
+          return wire::CreateRegisterLayout(b, protocol::to_wire(b, layout, plan_digest));
+        },
+        [](const wire::RegisterLayoutReply* r) {
+          LayoutInfo info;
+          info.id = r->layout_id();
+          info.page_bytes = r->page_bytes();
+          info.fp32_bytes = r->fp32_bytes();
+          info.state_bytes_f32 = r->state_bytes_f32();
+          info.state_bytes_bf16 = r->state_bytes_bf16();
+          return info;
+        });
   };
   LayoutInfo info;
   try {
@@ -453,22 +453,20 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
 
 PlanInfo Connection::install_plan(const kernels::stepquant::Plan& plan) {
   const std::vector<std::byte> bytes = kernels::stepquant::to_bytes(plan);
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto data =
-      b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
-  const auto body = wire::CreateInstallPlan(b, data).Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::InstallPlan, body, wire::ReplyBody::InstallPlanReply, nullptr);
-  const auto* r = reply.body_as_InstallPlanReply();
-  PlanInfo info;
-  info.digest = str(r->digest());
-  info.units = r->units();
-  info.pivots = r->pivots();
-  info.average_bits = r->average_bits();
-  info.created = r->created();
-  return info;
+  return impl().call<wire::InstallPlan>(
+      [&](auto& b) {
+        return wire::CreateInstallPlan(
+            b, b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()));
+      },
+      [](const wire::InstallPlanReply* r) {
+        PlanInfo info;
+        info.digest = str(r->digest());
+        info.units = r->units();
+        info.pivots = r->pivots();
+        info.average_bits = r->average_bits();
+        info.created = r->created();
+        return info;
+      });
 }
 
 Arena Connection::open_arena(const LayoutInfo& layout, std::uint32_t pages) {
@@ -496,23 +494,24 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
   Impl& i = impl();
   Arena arena;
   UniqueFd fd;
-  {
-    const std::lock_guard lock(i.mutex);
-    auto& b = i.begin();
-    const auto body = wire::CreateOpenArena(b, layout_id, pages).Union();
-    const auto& reply =
-        i.roundtrip(wire::RequestBody::OpenArena, body, wire::ReplyBody::OpenArenaReply, &fd);
-    const auto* r = reply.body_as_OpenArenaReply();
-    arena.id_ = r->arena_id();
-    arena.layout_id_ = layout_id;
-    arena.page_bytes_ = r->page_bytes();
-    arena.page_stride_ = r->page_stride();
-    arena.page_count_ = r->page_count();
-    arena.bytes_ = r->bytes();
-    arena.backend_ = str(r->backend());
-    arena.created_ = r->created();
-  }
+  i.call<wire::OpenArena>([&](auto& b) { return wire::CreateOpenArena(b, layout_id, pages); },
+                          [&](const wire::OpenArenaReply* r) {
+                            arena.id_ = r->arena_id();
+                            arena.layout_id_ = layout_id;
+                            arena.page_bytes_ = r->page_bytes();
+                            arena.page_stride_ = r->page_stride();
+                            arena.page_count_ = r->page_count();
+                            arena.bytes_ = r->bytes();
+                            arena.backend_ = str(r->backend());
+                            arena.created_ = r->created();
+                            arena.memory_ = memory_descriptor(r->memory(), "arena");
+                          },
+                          &fd);
   arena.fd_ = fd.release();  // owned by the arena from here on, also if a check throws
+  if (arena.memory_.handle_is_fd() && arena.fd_ < 0) {
+    inconsistent("open_arena's reply carries no file descriptor for a " +
+                 std::string(kernels::to_string(arena.memory_.handle_kind)) + " arena");
+  }
 
   if (arena.page_stride_ < arena.page_bytes_) {
     inconsistent("page_stride " + std::to_string(arena.page_stride_) + " < page_bytes " +
@@ -530,7 +529,7 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
     }
     arena.codec_ = std::move(codec);
   }
-  if (arena.backend_ == "host") arena.map();
+  if (host_mappable(arena.memory_)) arena.map();
   return arena;
 }
 
@@ -541,25 +540,26 @@ Staging Connection::open_staging(std::uint64_t bytes) {
   Impl& i = impl();
   Staging staging;
   UniqueFd fd;
-  {
-    const std::lock_guard lock(i.mutex);
-    auto& b = i.begin();
-    const auto body = wire::CreateOpenStaging(b, bytes).Union();
-    const auto& reply =
-        i.roundtrip(wire::RequestBody::OpenStaging, body, wire::ReplyBody::OpenStagingReply, &fd);
-    const auto* r = reply.body_as_OpenStagingReply();
-    staging.id_ = r->staging_id();
-    staging.size_ = r->bytes();
-  }
+  i.call<wire::OpenStaging>([&](auto& b) { return wire::CreateOpenStaging(b, bytes); },
+                            [&](const wire::OpenStagingReply* r) {
+                              staging.id_ = r->staging_id();
+                              staging.size_ = r->bytes();
+                              staging.memory_ = memory_descriptor(r->memory(), "staging buffer");
+                            },
+                            &fd);
   // From here the Staging object owns the daemon-side buffer: if mapping fails, its
   // destructor closes the buffer on the daemon (the lock is no longer held).
   staging.impl_ = impl_;
   staging.fd_ = fd.release();
+  if (staging.memory_.handle_is_fd() && staging.fd_ < 0) {
+    inconsistent("open_staging's reply carries no file descriptor for a " +
+                 std::string(kernels::to_string(staging.memory_.handle_kind)) + " buffer");
+  }
   if (staging.size_ < bytes) {
     inconsistent("staging buffer of " + std::to_string(staging.size_) + " bytes for a request of " +
                  std::to_string(bytes));
   }
-  staging.map();
+  if (host_mappable(staging.memory_)) staging.map();
   return staging;
 }
 
@@ -572,16 +572,12 @@ std::vector<Slot> Connection::allocate(ArenaId arena, std::uint32_t count) {
     throw Error(wire::Status::invalid_argument, "allocate: count must be greater than 0");
   }
   Impl& i = impl();
-  std::vector<SlotId> ids;
-  {
-    const std::lock_guard lock(i.mutex);
-    auto& b = i.begin();
-    const auto body = wire::CreateAllocate(b, arena, count).Union();
-    const auto& reply =
-        i.roundtrip(wire::RequestBody::Allocate, body, wire::ReplyBody::AllocateReply, nullptr);
-    const auto* slots = reply.body_as_AllocateReply()->slots();
-    if (slots != nullptr) ids.assign(slots->begin(), slots->end());
-  }
+  const std::vector<SlotId> ids = i.call<wire::Allocate>(
+      [&](auto& b) { return wire::CreateAllocate(b, arena, count); },
+      [](const wire::AllocateReply* r) {
+        return r->slots() == nullptr ? std::vector<SlotId>()
+                                     : std::vector<SlotId>(r->slots()->begin(), r->slots()->end());
+      });
   // Slots are built without the lock: a Slot destructor (on a throw below) takes it.
   std::vector<Slot> out;
   out.reserve(ids.size());
@@ -651,15 +647,11 @@ std::uint64_t Connection::compress(const Slot& slot, const Staging& staging, std
 
 std::uint64_t Connection::compress(ArenaId arena, SlotId slot, StagingId staging,
                                    std::uint64_t offset, kernels::DType dtype) {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto body =
-      wire::CreateCompress(b, arena, slot, staging, offset, static_cast<wire::DType>(dtype))
-          .Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::Compress, body, wire::ReplyBody::CompressReply, nullptr);
-  return reply.body_as_CompressReply()->page_bytes();
+  return impl().call<wire::Compress>(
+      [&](auto& b) {
+        return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype));
+      },
+      [](const wire::CompressReply* r) { return r->page_bytes(); });
 }
 
 std::uint64_t Connection::decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
@@ -671,15 +663,11 @@ std::uint64_t Connection::decompress(const Slot& slot, const Staging& staging, s
 
 std::uint64_t Connection::decompress(ArenaId arena, SlotId slot, StagingId staging,
                                      std::uint64_t offset, kernels::DType dtype) {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto body =
-      wire::CreateDecompress(b, arena, slot, staging, offset, static_cast<wire::DType>(dtype))
-          .Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::Decompress, body, wire::ReplyBody::DecompressReply, nullptr);
-  return reply.body_as_DecompressReply()->state_bytes();
+  return impl().call<wire::Decompress>(
+      [&](auto& b) {
+        return wire::CreateDecompress(b, arena, slot, staging, offset, protocol::to_wire(dtype));
+      },
+      [](const wire::DecompressReply* r) { return r->state_bytes(); });
 }
 
 void Connection::copy(const Slot& src, const Slot& dst) {
@@ -695,139 +683,119 @@ void Connection::copy(const Slot& src, const Slot& dst) {
 }
 
 void Connection::copy(ArenaId arena, SlotId src, SlotId dst) {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto body = wire::CreateCopy(b, arena, src, dst).Union();
-  (void)i.roundtrip(wire::RequestBody::Copy, body, wire::ReplyBody::CopyReply, nullptr);
+  impl().call<wire::Copy>([&](auto& b) { return wire::CreateCopy(b, arena, src, dst); },
+                          [](const wire::CopyReply*) {});
 }
 
 std::string Connection::plan_capacity(const PlanRequest& request) {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  std::vector<wire::CodecId> codecs;
-  for (const kernels::CodecId id : request.codecs) codecs.push_back(static_cast<wire::CodecId>(id));
-  const auto config = b.CreateString(request.model_config);
-  const auto kv = b.CreateString(request.kv);
-  const auto codec_vector = b.CreateVector(codecs);
-  wire::PlanCapacityBuilder pb(b);
-  pb.add_model_config(config);
-  pb.add_weight_bits(request.weight_bits);
-  pb.add_kv_dtype(kv);
-  pb.add_codecs(codec_vector);
-  pb.add_slots(request.slots);
-  pb.add_context(request.context);
-  pb.add_gpu_memory(request.gpu_memory);
-  if (request.reserved) pb.add_reserved(*request.reserved);
-  pb.add_tp(request.tp);
-  if (request.concurrency) pb.add_concurrency(*request.concurrency);
-  const auto body = pb.Finish().Union();
-  const auto& reply = i.roundtrip(wire::RequestBody::PlanCapacity, body,
-                                  wire::ReplyBody::PlanCapacityReply, nullptr);
-  return str(reply.body_as_PlanCapacityReply()->report_json());
+  return impl().call<wire::PlanCapacity>(
+      [&](auto& b) {
+        const auto config = b.CreateString(request.model_config);
+        const auto kv = b.CreateString(request.kv);
+        const auto codecs = b.CreateVector(protocol::to_wire(request.codecs));
+        wire::PlanCapacityBuilder pb(b);
+        pb.add_model_config(config);
+        pb.add_weight_bits(request.weight_bits);
+        pb.add_kv_dtype(kv);
+        pb.add_codecs(codecs);
+        pb.add_slots(request.slots);
+        pb.add_context(request.context);
+        pb.add_gpu_memory(request.gpu_memory);
+        if (request.reserved) pb.add_reserved(*request.reserved);
+        pb.add_tp(request.tp);
+        if (request.concurrency) pb.add_concurrency(*request.concurrency);
+        return pb.Finish();
+      },
+      [](const wire::PlanCapacityReply* r) { return str(r->report_json()); });
 }
 
 Fits Connection::fits_now(const LayoutInfo& layout, std::uint32_t slots,
                           const std::vector<kernels::CodecId>& codecs) {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  std::vector<wire::CodecId> ids;
-  for (const kernels::CodecId id : codecs) ids.push_back(static_cast<wire::CodecId>(id));
-  const auto body = wire::CreateFitsNow(b, layout.id, slots, b.CreateVector(ids)).Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::FitsNow, body, wire::ReplyBody::FitsNowReply, nullptr);
-  const auto* r = reply.body_as_FitsNowReply();
-  Fits out;
-  out.tenant = str(r->tenant());
-  out.pool_capacity_bytes = r->pool_capacity_bytes();
-  out.pool_free_bytes = r->pool_free_bytes();
-  if (r->has_quota()) out.quota_free_bytes = r->quota_free_bytes();
-  out.max_arena_pages = r->max_arena_pages();
-  if (const auto* rows = r->fits()) {
-    for (const auto* row : *rows) {
-      CodecFit f;
-      f.codec = to_kernels(row->codec());
-      f.nominal_plan = row->nominal_plan();
-      f.page_stride = row->page_stride();
-      f.arena_free_pages = row->arena_free_pages();
-      f.new_arena_pages = row->new_arena_pages();
-      f.requests = row->requests();
-      f.limited_by = str(row->limited_by());
-      out.codecs.push_back(std::move(f));
-    }
-  }
-  return out;
+  return impl().call<wire::FitsNow>(
+      [&](auto& b) {
+        return wire::CreateFitsNow(b, layout.id, slots, b.CreateVector(protocol::to_wire(codecs)));
+      },
+      [](const wire::FitsNowReply* r) {
+        Fits out;
+        out.tenant = str(r->tenant());
+        out.pool_capacity_bytes = r->pool_capacity_bytes();
+        out.pool_free_bytes = r->pool_free_bytes();
+        if (r->has_quota()) out.quota_free_bytes = r->quota_free_bytes();
+        out.max_arena_pages = r->max_arena_pages();
+        if (const auto* rows = r->fits()) {
+          for (const auto* row : *rows) {
+            CodecFit f;
+            f.codec = reply_codec(row->codec());
+            f.nominal_plan = row->nominal_plan();
+            f.page_stride = row->page_stride();
+            f.arena_free_pages = row->arena_free_pages();
+            f.new_arena_pages = row->new_arena_pages();
+            f.requests = row->requests();
+            f.limited_by = str(row->limited_by());
+            out.codecs.push_back(std::move(f));
+          }
+        }
+        return out;
+      });
 }
 
 Stats Connection::stats() {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto body = wire::CreateStats(b).Union();
-  const auto& reply =
-      i.roundtrip(wire::RequestBody::Stats, body, wire::ReplyBody::StatsReply, nullptr);
-  const auto* r = reply.body_as_StatsReply();
-  Stats out;
-  if (const auto* arenas = r->arenas()) {
-    out.arenas.reserve(arenas->size());
-    for (const auto* a : *arenas) {
-      ArenaStats s;
-      s.arena_id = a->arena_id();
-      s.tenant = str(a->tenant());
-      s.layout_id = a->layout_id();
-      s.layout_name = str(a->layout_name());
-      s.codec = to_kernels(a->codec());
-      s.backend = str(a->backend());
-      s.page_bytes = a->page_bytes();
-      s.page_stride = a->page_stride();
-      s.pages_total = a->pages_total();
-      s.pages_used = a->pages_used();
-      s.bytes_total = a->bytes_total();
-      s.fp32_bytes_used = a->fp32_bytes_used();
-      out.arenas.push_back(std::move(s));
-    }
-  }
-  if (const auto* tenants = r->tenants()) {
-    out.tenants.reserve(tenants->size());
-    for (const auto* t : *tenants) {
-      TenantStats s;
-      s.tenant = str(t->tenant());
-      s.quota_bytes = t->quota_bytes();
-      s.reserved_bytes = t->reserved_bytes();
-      s.pages_used = t->pages_used();
-      s.stored_bytes = t->stored_bytes();
-      s.fp32_bytes = t->fp32_bytes();
-      out.tenants.push_back(std::move(s));
-    }
-  }
-  out.clients_connected = r->clients_connected();
-  out.leases_active = r->leases_active();
-  out.leases_orphaned = r->leases_orphaned();
-  out.pages_reclaimed_total = r->pages_reclaimed_total();
-  out.pool_capacity_bytes = r->pool_capacity_bytes();
-  out.pool_reserved_bytes = r->pool_reserved_bytes();
-  out.uptime_seconds = r->uptime_seconds();
-  return out;
+  return impl().call<wire::Stats>([](auto& b) { return wire::CreateStats(b); },
+                                  [](const wire::StatsReply* r) {
+                                    Stats out;
+                                    if (const auto* arenas = r->arenas()) {
+                                      out.arenas.reserve(arenas->size());
+                                      for (const auto* a : *arenas) {
+                                        ArenaStats s;
+                                        s.arena_id = a->arena_id();
+                                        s.tenant = str(a->tenant());
+                                        s.layout_id = a->layout_id();
+                                        s.layout_name = str(a->layout_name());
+                                        s.codec = reply_codec(a->codec());
+                                        s.backend = str(a->backend());
+                                        s.page_bytes = a->page_bytes();
+                                        s.page_stride = a->page_stride();
+                                        s.pages_total = a->pages_total();
+                                        s.pages_used = a->pages_used();
+                                        s.bytes_total = a->bytes_total();
+                                        s.fp32_bytes_used = a->fp32_bytes_used();
+                                        out.arenas.push_back(std::move(s));
+                                      }
+                                    }
+                                    if (const auto* tenants = r->tenants()) {
+                                      out.tenants.reserve(tenants->size());
+                                      for (const auto* t : *tenants) {
+                                        TenantStats s;
+                                        s.tenant = str(t->tenant());
+                                        s.quota_bytes = t->quota_bytes();
+                                        s.reserved_bytes = t->reserved_bytes();
+                                        s.pages_used = t->pages_used();
+                                        s.stored_bytes = t->stored_bytes();
+                                        s.fp32_bytes = t->fp32_bytes();
+                                        out.tenants.push_back(std::move(s));
+                                      }
+                                    }
+                                    out.clients_connected = r->clients_connected();
+                                    out.leases_active = r->leases_active();
+                                    out.leases_orphaned = r->leases_orphaned();
+                                    out.pages_reclaimed_total = r->pages_reclaimed_total();
+                                    out.pool_capacity_bytes = r->pool_capacity_bytes();
+                                    out.pool_reserved_bytes = r->pool_reserved_bytes();
+                                    out.uptime_seconds = r->uptime_seconds();
+                                    return out;
+                                  });
 }
 
 std::chrono::nanoseconds Connection::ping() {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
   const auto start = detail::Clock::now();
-  auto& b = i.begin();
-  const auto body = wire::CreatePing(b).Union();
-  (void)i.roundtrip(wire::RequestBody::Ping, body, wire::ReplyBody::PingReply, nullptr);
+  impl().call<wire::Ping>([](auto& b) { return wire::CreatePing(b); },
+                          [](const wire::PingReply*) {});
   return std::chrono::duration_cast<std::chrono::nanoseconds>(detail::Clock::now() - start);
 }
 
 void Connection::drain() {
-  Impl& i = impl();
-  const std::lock_guard lock(i.mutex);
-  auto& b = i.begin();
-  const auto body = wire::CreateDrain(b).Union();
-  (void)i.roundtrip(wire::RequestBody::Drain, body, wire::ReplyBody::DrainReply, nullptr);
+  impl().call<wire::Drain>([](auto& b) { return wire::CreateDrain(b); },
+                           [](const wire::DrainReply*) {});
 }
 
 }  // namespace statepool::client

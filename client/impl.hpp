@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/protocol/messages.hpp"
 #include "transport.hpp"
 
 namespace statepool::client::detail {
@@ -18,8 +19,8 @@ namespace statepool::client::detail {
 struct Impl {
   Impl(UniqueFd fd, const Options& options);
 
-  /// Serializes requests; guards everything below except the immutable Hello results
-  /// and `codecs` (own mutex).
+  /// Serializes requests (call() takes it); guards everything below except the immutable
+  /// Hello results and `codecs` (own mutex).
   std::mutex mutex;
   UniqueFd socket;
   bool broken = false;
@@ -44,17 +45,25 @@ struct Impl {
   std::mutex codecs_mutex;
   std::map<LayoutId, std::shared_ptr<const kernels::PageCodec>> codecs;
 
-  /// The builder, cleared, for the next request's body. Caller holds `mutex`.
-  flatbuffers::FlatBufferBuilder& begin();
-  /// Sends the request whose body was just built into `builder`, waits for its reply and
-  /// returns it (valid until the next round trip; caller holds `mutex`). Throws Error for
-  /// a status other than ok and ConnectionError for transport failures (then the
-  /// connection is broken). A reply body of another type than `expected` is a bad frame,
-  /// except that an absent body is accepted for the empty reply tables. When `fd_out` is
-  /// not null the reply must carry a descriptor, which is moved there; any other
-  /// descriptor received is closed.
-  const wire::Reply& roundtrip(wire::RequestBody type, flatbuffers::Offset<void> body,
-                               wire::ReplyBody expected, UniqueFd* fd_out);
+  /// One request and its reply: the one typed call every request wrapper uses.
+  /// Locks `mutex`, lets build(builder) build the body (it returns the request table's
+  /// offset), sends it, waits for the reply of the matching type and returns
+  /// read(reply_table) — read runs under the lock, while the reply's buffer is valid. The
+  /// reply table pointer is null only for the empty reply tables (CopyReply, ...), which
+  /// a daemon may leave out. Throws Error for a status other than ok and ConnectionError
+  /// for transport failures (then the connection is broken). When `fd_out` is not null, a
+  /// descriptor the reply carries (FD_ATTACHED) is moved there; any other descriptor
+  /// received is closed.
+  template <class Request, class Build, class Read>
+  auto call(Build&& build, Read&& read, UniqueFd* fd_out = nullptr) {
+    using Reply = protocol::ReplyFor<Request>;
+    const std::lock_guard lock(mutex);
+    builder.Clear();
+    const flatbuffers::Offset<Request> body = build(builder);
+    const wire::Reply& reply = roundtrip(protocol::kRequestType<Request>, body.Union(),
+                                         protocol::kReplyType<Reply>, fd_out);
+    return read(reply.template body_as<Reply>());
+  }
 
   /// Locks, checks health, and returns whether a best-effort request should be tried.
   [[nodiscard]] bool healthy();
@@ -65,6 +74,10 @@ struct Impl {
   [[nodiscard]] std::shared_ptr<const kernels::PageCodec> codec_for(LayoutId id);
 
  private:
+  /// Sends the request whose body was just built into `builder` and returns its reply
+  /// (valid until the next round trip; caller holds `mutex`). See call().
+  const wire::Reply& roundtrip(wire::RequestBody type, flatbuffers::Offset<void> body,
+                               wire::ReplyBody expected, UniqueFd* fd_out);
   void mark_broken(const std::string& reason) noexcept;
   void check_usable() const;
 };

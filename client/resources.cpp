@@ -59,6 +59,7 @@ Arena::Arena(Arena&& other) noexcept
       bytes_(other.bytes_),
       backend_(std::move(other.backend_)),
       created_(other.created_),
+      memory_(other.memory_),
       fd_(std::exchange(other.fd_, -1)),
       base_(std::exchange(other.base_, nullptr)),
       codec_(std::move(other.codec_)) {
@@ -76,6 +77,7 @@ Arena& Arena::operator=(Arena&& other) noexcept {
     bytes_ = other.bytes_;
     backend_ = std::move(other.backend_);
     created_ = other.created_;
+    memory_ = other.memory_;
     fd_ = std::exchange(other.fd_, -1);
     base_ = std::exchange(other.base_, nullptr);
     codec_ = std::move(other.codec_);
@@ -101,6 +103,7 @@ void Arena::reset() noexcept {
   bytes_ = 0;
   backend_.clear();
   created_ = false;
+  memory_ = {};
   codec_.reset();
 }
 
@@ -115,7 +118,8 @@ std::span<std::byte> Arena::data() const noexcept {
 std::span<std::byte> Arena::page(SlotId slot) const {
   if (base_ == nullptr) {
     throw std::logic_error("Arena::page: arena " + std::to_string(id_) +
-                           " is not mapped in this process (backend '" + backend_ + "')");
+                           " is not mapped in this process (" + kernels::to_string(memory_.space) +
+                           " memory, " + kernels::to_string(memory_.handle_kind) + " handle)");
   }
   if (slot >= page_count_) {
     throw std::out_of_range("Arena::page: slot " + std::to_string(slot) +
@@ -150,6 +154,7 @@ Staging::Staging(Staging&& other) noexcept
     : impl_(std::move(other.impl_)),
       id_(std::exchange(other.id_, 0)),
       size_(std::exchange(other.size_, 0)),
+      memory_(other.memory_),
       fd_(std::exchange(other.fd_, -1)),
       base_(std::exchange(other.base_, nullptr)) {}
 
@@ -159,6 +164,7 @@ Staging& Staging::operator=(Staging&& other) noexcept {
     impl_ = std::move(other.impl_);
     id_ = std::exchange(other.id_, 0);
     size_ = std::exchange(other.size_, 0);
+    memory_ = other.memory_;
     fd_ = std::exchange(other.fd_, -1);
     base_ = std::exchange(other.base_, nullptr);
   }

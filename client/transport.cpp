@@ -12,6 +12,8 @@
 #include <cstring>
 #include <string>
 
+#include "statepool/support/errno_text.hpp"
+
 namespace statepool::client::detail {
 namespace {
 
@@ -21,9 +23,7 @@ using Kind = ConnectionError::Kind;
 // ones arrive here (and get closed) instead of being silently truncated.
 constexpr std::size_t kMaxFdsPerRead = 16;
 
-std::string errno_text(int err) {
-  return std::strerror(err);
-}
+using support::errno_text;
 
 [[noreturn]] void throw_closed(const char* what) {
   throw ConnectionError(
@@ -61,11 +61,13 @@ void wait_for(int fd, short events, const Deadline& deadline, const char* what) 
 void set_nonblocking_cloexec(int fd) {
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
-    throw ConnectionError(Kind::io_error, "fcntl(O_NONBLOCK) failed: " + errno_text(errno));
+    throw ConnectionError(Kind::io_error,
+                          std::string("fcntl(O_NONBLOCK) failed: ") + errno_text(errno));
   }
   const int fd_flags = ::fcntl(fd, F_GETFD);
   if (fd_flags < 0 || ::fcntl(fd, F_SETFD, fd_flags | FD_CLOEXEC) < 0) {
-    throw ConnectionError(Kind::io_error, "fcntl(FD_CLOEXEC) failed: " + errno_text(errno));
+    throw ConnectionError(Kind::io_error,
+                          std::string("fcntl(FD_CLOEXEC) failed: ") + errno_text(errno));
   }
 }
 
@@ -85,11 +87,6 @@ std::string connect_hint(int err) {
 }
 
 }  // namespace
-
-void UniqueFd::reset(int fd) noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
 
 Deadline Deadline::after(std::chrono::milliseconds timeout) noexcept {
   Deadline d;
@@ -129,7 +126,7 @@ UniqueFd connect_unix(const std::string& path, std::chrono::milliseconds timeout
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) {
     throw ConnectionError(Kind::connect_failed,
-                          "cannot create a Unix socket: " + errno_text(errno));
+                          std::string("cannot create a Unix socket: ") + errno_text(errno));
   }
   // A blocking AF_UNIX connect waits for room in the listener's backlog for at most
   // SO_SNDTIMEO; then it fails with EAGAIN. The socket turns non-blocking afterwards.

@@ -11,35 +11,11 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::client::detail {
 
-/// Owns a file descriptor. Move-only.
-class UniqueFd {
- public:
-  UniqueFd() noexcept = default;
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) reset(other.release());
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  int release() noexcept {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void reset(int fd = -1) noexcept;
-
- private:
-  int fd_ = -1;
-};
+using support::UniqueFd;
 
 using Clock = std::chrono::steady_clock;
 

@@ -7,12 +7,21 @@
 #include <memory>
 #include <vector>
 
+#include "backend.hpp"
 #include "config/config.hpp"
+#include "exec/worker_pool.hpp"
 #include "log.hpp"
+#include "memory/tracking.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
 #include "server/server.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+
+namespace {
+/// Worker threads run at this nice increment: codec work fills the cores, and the I/O
+/// threads (at the process's priority) must still answer pings and scrapes promptly.
+constexpr int kWorkerNice = 5;
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace statepool::service;
@@ -54,14 +63,20 @@ int main(int argc, char** argv) {
       std::getline(lines, line);
       if (!line.empty()) LOG_INFO("config", line);
     }
-    Pool pool(config.pool, std::make_unique<HostBackend>());
+    // Workers first, the server last: everything the server's sessions await outlives it.
+    WorkerPool workers(config.workers, kWorkerNice);
+    Backend backend = make_backend(config, workers);
+    LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
+             backend.executor->name(), " executor");
+    TrackingResource staging_memory(*backend.memory);
+    Pool pool(config.pool, backend.memory);
     for (std::size_t i = 0; i < plans.size(); ++i) {
       const PlanInfo info = pool.install_plan(plans[i]);
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
                " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
     }
     Metrics metrics(pool);
-    Server server(config, pool, &metrics);
+    Server server(config, pool, &metrics, staging_memory, workers, *backend.executor);
     server.bind();
     if (!config.metrics_address.empty()) {
       metrics.start_exporter(config.metrics_address);

@@ -1,6 +1,7 @@
 #include "config/config.hpp"
 
-#include "pool/accounting.hpp"
+#include "backend.hpp"
+
 #include "statepool/support/size.hpp"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include <grp.h>
@@ -22,6 +24,8 @@
 namespace statepool::service {
 namespace po = boost::program_options;
 namespace {
+
+using support::format_bytes;
 
 constexpr const char* kVersion = "statepoold 0.1.0";
 
@@ -223,7 +227,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
       log_level, allow_uids;
   std::vector<std::string> tenant_flags;
-  std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0;
+  std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0;
 
   // clang-format off
   po::options_description general("General");
@@ -234,7 +238,9 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
       ("config,c", po::value<std::string>(&config.config_file), "read options from this INI file")
       ("log-level", po::value<std::string>(&log_level)->default_value("info"),
        "debug, info, warn or error")
-      ("threads", po::value<std::uint64_t>(&threads)->default_value(2), "I/O threads (1-64)");
+      ("threads", po::value<std::uint64_t>(&threads)->default_value(2), "I/O threads (1-64)")
+      ("workers", po::value<std::uint64_t>(&workers)->default_value(0),
+       "worker threads for codec work and allocations (0 = one per core, at most 256)");
   po::options_description server("Server");
   server.add_options()
       ("socket", po::value<std::string>(&config.socket_path)->default_value(config.socket_path),
@@ -338,6 +344,11 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   if (threads < 1 || threads > 64)
     throw ConfigError("--threads must be between 1 and 64, got " + std::to_string(threads));
   config.threads = static_cast<unsigned>(threads);
+  if (workers > 256)
+    throw ConfigError("--workers must be between 0 (one per core) and 256, got " +
+                      std::to_string(workers));
+  config.workers = workers != 0 ? static_cast<unsigned>(workers)
+                                : std::max(1u, std::thread::hardware_concurrency());
 
   if (config.socket_path.empty()) throw ConfigError("--socket must not be empty");
   if (config.socket_path.front() == '@') {
@@ -372,6 +383,10 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     throw ConfigError("--max-frame-bytes must be between 4KiB and 64MiB, got " + max_frame);
   config.max_frame_bytes = static_cast<std::uint32_t>(frame);
   config.max_staging_bytes = parse_size(max_staging, "--max-staging-bytes");
+  if (config.max_staging_bytes == 0)
+    throw ConfigError(
+        "--max-staging-bytes must be positive: states reach the daemon through "
+        "staging buffers");
   config.io_timeout = parse_duration(io_timeout, "--io-timeout");
   if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
   config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
@@ -380,8 +395,14 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
       validate_listen_address(config.metrics_address, "--metrics-address", false);
   config.api_address = validate_listen_address(config.api_address, "--api-address", true);
 
-  if (config.backend != "host")
-    throw ConfigError("unknown --backend '" + config.backend + "' (available: host)");
+  {
+    const auto backends = available_backends();
+    if (std::find(backends.begin(), backends.end(), config.backend) == backends.end()) {
+      std::string list;
+      for (const auto& name : backends) list += (list.empty() ? "" : ", ") + name;
+      throw ConfigError("unknown --backend '" + config.backend + "' (available: " + list + ")");
+    }
+  }
   config.pool.capacity_bytes = parse_size(pool_capacity, "--pool-capacity");
   if (config.pool.capacity_bytes == 0) throw ConfigError("--pool-capacity must be positive");
   if (max_arena_pages < 1 || max_arena_pages > (1u << 24))
@@ -426,7 +447,7 @@ std::string describe(const Config& config) {
       << format_bytes(config.max_staging_bytes) << " per connection\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
       << ", api " << (config.api_address.empty() ? "disabled" : config.api_address) << ", threads "
-      << config.threads << "\n";
+      << config.threads << ", workers " << config.workers << "\n";
   for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
   if (config.pool.tenants.empty()) {
     out << "tenants: default (no quota)\n";

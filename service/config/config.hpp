@@ -38,6 +38,7 @@ struct Config {
   std::chrono::milliseconds io_timeout{10000};     ///< to finish a started frame or a reply
   std::chrono::milliseconds drain_timeout{10000};  ///< SIGTERM: longest wait for in-flight work
   unsigned threads = 2;                            ///< I/O threads
+  unsigned workers = 0;  ///< worker threads (codec work, allocations); 0 = one per core
   LogLevel log_level = LogLevel::info;
   std::vector<uid_t> allow_uids;        ///< empty = any peer uid (socket mode rules)
   std::string config_file;              ///< the file read, if any

@@ -1,26 +1,17 @@
 #include "pool/pool.hpp"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <set>
-#include <stdexcept>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 
-#include "pool/accounting.hpp"
 #include "pool/lease_token.hpp"
-#include "pool/slot_allocator.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/size.hpp"
 
 namespace statepool::service {
 namespace {
 
-// Distinct layouts are few (one per model and codec); the cap bounds what a client that
-// registers garbage layouts in a loop can make the daemon hold.
-constexpr std::size_t kMaxLayouts = 256;
+using support::format_bytes;
 
 constexpr std::string_view kDefaultTenant = "default";
 
@@ -32,193 +23,28 @@ std::size_t round_up(std::size_t value, std::size_t alignment) noexcept {
   return (value + alignment - 1) / alignment * alignment;
 }
 
-/// One key per (arena, slot) for a lease's slot set.
-std::uint64_t slot_key(ArenaId arena, SlotId slot) noexcept {
-  return (std::uint64_t{arena} << 32) | slot;
-}
-ArenaId key_arena(std::uint64_t key) noexcept {
-  return static_cast<ArenaId>(key >> 32);
-}
-SlotId key_slot(std::uint64_t key) noexcept {
-  return static_cast<SlotId>(key & 0xffffffffu);
+std::shared_ptr<MemoryResource> require(std::shared_ptr<MemoryResource> memory) {
+  STATEPOOL_EXPECTS(memory != nullptr, Status::invalid_argument, "pool: no memory resource");
+  return memory;
 }
 
 }  // namespace
 
-struct Pool::Impl {
-  struct Tenant {
-    const TenantConfig* config = nullptr;  // into Pool::config_.tenants (never resized)
-    ByteBudget reserved;                   // arena bytes against the quota
-  };
-
-  struct Arena {
-    ArenaId id = 0;
-    std::size_t tenant = 0;  // index into tenants
-    LayoutId layout = 0;
-    std::shared_ptr<const kernels::PageCodec> codec;
-    std::size_t page_stride = 0;
-    std::size_t bytes = 0;
-    std::unique_ptr<Memory> memory;
-    SlotAllocator slots;
-    std::vector<LeaseId> owner;  // per slot; 0 = free
-
-    explicit Arena(std::uint32_t pages) : slots(pages), owner(pages, 0) {}
-  };
-
-  struct Lease {
-    LeaseId id = 0;
-    std::size_t tenant = 0;
-    std::string token;
-    bool attached = true;
-    Clock::time_point deadline{};             // meaningful when !attached
-    std::unordered_set<std::uint64_t> slots;  // slot_key(arena, slot)
-  };
-
-  std::unique_ptr<MemoryBackend> backend;
-
-  mutable std::mutex mu;  // guards everything below
-  std::vector<Tenant> tenants;
-  std::map<std::string, std::size_t, std::less<>> tenant_index;
-  std::map<std::string, std::shared_ptr<const kernels::stepquant::Plan>, std::less<>> plans;
-  std::vector<std::shared_ptr<const kernels::PageCodec>> layouts;   // id = index + 1
-  std::vector<std::unique_ptr<Arena>> arenas;                       // id = index + 1
-  std::map<std::pair<std::size_t, LayoutId>, ArenaId> arena_index;  // (tenant, layout)
-  ByteBudget reserved;                                              // all arenas
-  std::unordered_map<LeaseId, Lease> leases;
-  std::unordered_map<std::string, LeaseId> tokens;
-  std::set<std::pair<Clock::time_point, LeaseId>> deadlines;  // orphaned leases
-  LeaseId next_lease = 1;
-  std::uint64_t pages_reclaimed_total = 0;
-
-  // --- lookups (caller holds mu) ------------------------------------------------------
-
-  std::size_t tenant_of(std::string_view name) const {
-    if (name.empty()) name = kDefaultTenant;
-    const auto it = tenant_index.find(name);
-    if (it != tenant_index.end()) return it->second;
-    std::string configured;
-    for (const auto& t : tenants) {
-      if (!configured.empty()) configured += ", ";
-      configured += t.config->name;
-    }
-    throw StatusError(Status::unknown_tenant,
-                      "unknown tenant " + quoted(name) + " (configured: " + configured + ")");
-  }
-
-  const std::shared_ptr<const kernels::PageCodec>& layout_of(LayoutId id) const {
-    STATEPOOL_EXPECTS(id >= 1 && id <= layouts.size(), Status::not_found,
-                      "layout " + std::to_string(id) + " not found");
-    return layouts[id - 1];
-  }
-
-  Arena& arena_of(ArenaId id) const {
-    STATEPOOL_EXPECTS(id >= 1 && id <= arenas.size(), Status::not_found,
-                      "arena " + std::to_string(id) + " not found");
-    return *arenas[id - 1];
-  }
-
-  Arena& arena_for_tenant(std::size_t tenant, ArenaId id) const {
-    Arena& arena = arena_of(id);
-    // Do not name the owner: tenants learn nothing about each other.
-    STATEPOOL_EXPECTS(arena.tenant == tenant, Status::permission_denied,
-                      "arena " + std::to_string(id) + " does not belong to tenant " +
-                          quoted(tenants[tenant].config->name));
-    return arena;
-  }
-
-  Lease& attached_lease(LeaseId id) {
-    const auto it = leases.find(id);
-    STATEPOOL_EXPECTS(it != leases.end(), Status::not_found,
-                      "lease " + std::to_string(id) + " not found");
-    STATEPOOL_EXPECTS(it->second.attached, Status::not_found,
-                      "lease " + std::to_string(id) + " is detached");
-    return it->second;
-  }
-  const Lease& attached_lease(LeaseId id) const {
-    return const_cast<Impl*>(this)->attached_lease(id);  // NOLINT: same lookup, const view
-  }
-
-  std::string arena_label(const Arena& arena) const {
-    return "arena " + std::to_string(arena.id) + " (tenant " +
-           quoted(tenants[arena.tenant].config->name) + ", layout " +
-           quoted(arena.codec->layout().name) + ")";
-  }
-
-  /// Validates that `lease` may touch `slot` of `arena`. Throws like Pool::free.
-  void expect_owned(const Lease& lease, const Arena& arena, SlotId slot) const {
-    STATEPOOL_EXPECTS(slot < arena.owner.size(), Status::invalid_argument,
-                      "slot " + std::to_string(slot) + " out of range: " + arena_label(arena) +
-                          " has " + std::to_string(arena.owner.size()) + " pages");
-    STATEPOOL_EXPECTS(arena.owner[slot] != 0, Status::invalid_argument,
-                      "slot " + std::to_string(slot) + " of arena " + std::to_string(arena.id) +
-                          " is not allocated");
-    STATEPOOL_EXPECTS(arena.owner[slot] == lease.id, Status::not_owner,
-                      "slot " + std::to_string(slot) + " of arena " + std::to_string(arena.id) +
-                          " belongs to another lease");
-  }
-
-  ArenaInfo info(const Arena& arena) const {
-    ArenaInfo out;
-    out.id = arena.id;
-    out.tenant = tenants[arena.tenant].config->name;
-    out.layout = arena.layout;
-    out.layout_name = arena.codec->layout().name;
-    out.codec = arena.codec->layout().codec.id;
-    out.backend = std::string(backend->name());
-    out.page_bytes = arena.codec->page_bytes();
-    out.page_stride = arena.page_stride;
-    out.page_count = arena.slots.capacity();
-    out.pages_used = arena.slots.used();
-    out.bytes = arena.bytes;
-    out.fp32_page_bytes = arena.codec->fp32_bytes();
-    out.fd = arena.memory->share_fd();
-    return out;
-  }
-
-  // --- leases (caller holds mu) -------------------------------------------------------
-
-  /// Frees every slot of the lease and forgets it. noexcept: only erases and frees.
-  std::uint64_t drop_lease(std::unordered_map<LeaseId, Lease>::iterator it) noexcept {
-    Lease& lease = it->second;
-    std::uint64_t freed = 0;
-    for (const std::uint64_t key : lease.slots) {
-      const ArenaId arena_id = key_arena(key);
-      const SlotId slot = key_slot(key);
-      // The tables agree unless there is a bug; check() reports it, here we free only
-      // what is really ours so a bug never frees another lease's slot.
-      if (arena_id < 1 || arena_id > arenas.size()) continue;
-      Arena& arena = *arenas[arena_id - 1];
-      if (slot >= arena.owner.size() || arena.owner[slot] != lease.id) continue;
-      arena.owner[slot] = 0;
-      if (arena.slots.free(slot) == SlotAllocator::FreeResult::ok) ++freed;
-    }
-    if (!lease.attached) deadlines.erase({lease.deadline, lease.id});
-    tokens.erase(lease.token);
-    leases.erase(it);
-    return freed;
-  }
-
-  std::uint64_t reclaim(Clock::time_point now) noexcept {
-    std::uint64_t freed = 0;
-    while (!deadlines.empty() && deadlines.begin()->first <= now) {
-      const LeaseId id = deadlines.begin()->second;
-      const auto it = leases.find(id);
-      if (it == leases.end()) {  // cannot happen; keep the loop finite regardless
-        deadlines.erase(deadlines.begin());
-        continue;
-      }
-      freed += drop_lease(it);
-    }
-    pages_reclaimed_total += freed;
-    return freed;
-  }
-};
+kernels::BufferRef PageRef::buffer() const noexcept {
+  kernels::BufferRef out = memory->buffer();
+  out.data = bytes.data();
+  out.size = bytes.size();
+  return out;
+}
 
 // --- construction --------------------------------------------------------------------
 
-Pool::Pool(PoolConfig config, std::unique_ptr<MemoryBackend> backend)
-    : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
-  STATEPOOL_EXPECTS(backend != nullptr, Status::invalid_argument, "pool: no memory backend");
+Pool::Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory)
+    : config_(std::move(config)),
+      memory_(require(std::move(memory))),
+      tracking_(*memory_),
+      capacity_(tracking_, config_.capacity_bytes, Status::pool_exhausted,
+                LimitText{"pool capacity", "reserved", " capacity"}) {
   STATEPOOL_EXPECTS(config_.capacity_bytes >= 1, Status::invalid_argument,
                     "pool: capacity_bytes must be at least 1");
   STATEPOOL_EXPECTS(config_.max_arena_pages >= 1, Status::invalid_argument,
@@ -234,30 +60,42 @@ Pool::Pool(PoolConfig config, std::unique_ptr<MemoryBackend> backend)
   if (config_.tenants.empty()) {
     config_.tenants.push_back(TenantConfig{std::string(kDefaultTenant), 0, {}, {}});
   }
-  impl_->backend = std::move(backend);
-  impl_->tenants.reserve(config_.tenants.size());
+  tenants_.reserve(config_.tenants.size());
   for (const TenantConfig& tenant : config_.tenants) {
     STATEPOOL_EXPECTS(!tenant.name.empty(), Status::invalid_argument,
                       "pool: a tenant has an empty name");
-    const auto [it, inserted] = impl_->tenant_index.emplace(tenant.name, impl_->tenants.size());
-    STATEPOOL_EXPECTS(inserted, Status::invalid_argument,
-                      "pool: tenant " + quoted(tenant.name) + " is configured twice");
-    impl_->tenants.push_back(Impl::Tenant{&tenant, ByteBudget(tenant.quota_bytes)});
+    for (const Tenant& other : tenants_) {
+      STATEPOOL_EXPECTS(other.config->name != tenant.name, Status::invalid_argument,
+                        "pool: tenant " + quoted(tenant.name) + " is configured twice");
+    }
+    tenants_.push_back(Tenant{
+        &tenant, std::make_unique<LimitingResource>(
+                     capacity_, tenant.quota_bytes, Status::quota_exceeded,
+                     LimitText{"tenant " + quoted(tenant.name) + " quota", "reserved", " quota"})});
   }
-  impl_->reserved = ByteBudget(config_.capacity_bytes);
 }
 
 Pool::~Pool() = default;
 
-std::string_view Pool::backend_name() const noexcept {
-  return impl_->backend->name();
-}
-
 // --- tenants -------------------------------------------------------------------------
 
-// Tenants never change after construction, so these two need no lock.
+// Tenants never change after construction: no lock.
+std::size_t Pool::tenant_index(std::string_view name) const {
+  if (name.empty()) name = kDefaultTenant;
+  for (std::size_t i = 0; i < tenants_.size(); ++i) {
+    if (tenants_[i].config->name == name) return i;
+  }
+  std::string configured;
+  for (const auto& t : tenants_) {
+    if (!configured.empty()) configured += ", ";
+    configured += t.config->name;
+  }
+  throw StatusError(Status::unknown_tenant,
+                    "unknown tenant " + quoted(name) + " (configured: " + configured + ")");
+}
+
 const TenantConfig& Pool::tenant(std::string_view name) const {
-  return *impl_->tenants[impl_->tenant_of(name)].config;
+  return *tenants_[tenant_index(name)].config;
 }
 
 void Pool::check_peer(std::string_view tenant_name, uid_t uid, gid_t gid) const {
@@ -270,156 +108,133 @@ void Pool::check_peer(std::string_view tenant_name, uid_t uid, gid_t gid) const 
                         " is not allowed for tenant " + quoted(t.name));
 }
 
-// --- layouts -------------------------------------------------------------------------
+// --- lookups (caller holds mutex_) ---------------------------------------------------
 
-LayoutId Pool::register_layout(const kernels::StateLayout& layout) {
-  const std::string problem = kernels::validate(layout);
-  STATEPOOL_EXPECTS(problem.empty(), Status::invalid_argument, "invalid layout: " + problem);
-  {
-    std::lock_guard lock(impl_->mu);
-    for (std::size_t i = 0; i < impl_->layouts.size(); ++i) {
-      if (impl_->layouts[i]->layout().same_shape_and_codec(layout)) {
-        return static_cast<LayoutId>(i + 1);
-      }
-    }
-  }
-  // Build the codec outside the lock: it may take a while for large layouts.
-  std::shared_ptr<const kernels::PageCodec> codec;
-  try {
-    codec = std::make_shared<const kernels::PageCodec>(layout);
-  } catch (const std::invalid_argument& e) {
-    throw StatusError(Status::invalid_argument, std::string("invalid layout: ") + e.what());
-  }
-  std::lock_guard lock(impl_->mu);
-  // Another thread may have registered the same layout meanwhile: look again.
-  for (std::size_t i = 0; i < impl_->layouts.size(); ++i) {
-    if (impl_->layouts[i]->layout().same_shape_and_codec(layout)) {
-      return static_cast<LayoutId>(i + 1);
-    }
-  }
-  STATEPOOL_EXPECTS(
-      impl_->layouts.size() < kMaxLayouts, Status::pool_exhausted,
-      "too many distinct layouts registered (limit " + std::to_string(kMaxLayouts) + ")");
-  impl_->layouts.push_back(std::move(codec));
-  return static_cast<LayoutId>(impl_->layouts.size());
+Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) const {
+  Arena& arena = arenas_.get(id);
+  // Do not name the owner: tenants learn nothing about each other.
+  STATEPOOL_EXPECTS(arena.tenant == tenant, Status::permission_denied,
+                    "arena " + std::to_string(id) + " does not belong to tenant " +
+                        quoted(tenants_[tenant].config->name));
+  return arena;
 }
 
-std::shared_ptr<const kernels::PageCodec> Pool::layout(LayoutId id) const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->layout_of(id);
+std::string Pool::arena_label(const Arena& arena) const {
+  return "arena " + std::to_string(arena.id) + " (tenant " +
+         quoted(tenants_[arena.tenant].config->name) + ", layout " +
+         quoted(arena.codec->layout().name) + ")";
 }
 
-// --- plans ---------------------------------------------------------------------------
-
-namespace {
-PlanInfo describe_plan(const std::string& digest, const kernels::stepquant::Plan& plan,
-                       bool created) {
-  return PlanInfo{digest, static_cast<std::uint32_t>(plan.units()), plan.pivots(),
-                  plan.average_width(), created};
-}
-}  // namespace
-
-PlanInfo Pool::install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan) {
-  STATEPOOL_EXPECTS(plan != nullptr, Status::invalid_argument, "install_plan without a plan");
-  const std::string problem = kernels::stepquant::validate(*plan);
-  STATEPOOL_EXPECTS(problem.empty(), Status::invalid_argument, "invalid plan: " + problem);
-  const std::string digest = kernels::stepquant::digest(*plan);
-  std::lock_guard lock(impl_->mu);
-  if (const auto it = impl_->plans.find(digest); it != impl_->plans.end()) {
-    // The digest is a fast hash, not a signature: never let a different plan take the
-    // name of one that layouts may already use.
-    STATEPOOL_EXPECTS(
-        kernels::stepquant::same_codec_fields(*it->second, *plan), Status::invalid_argument,
-        "a different plan with digest " + digest + " is already installed; refusing to replace it");
-    return describe_plan(digest, *it->second, false);
-  }
-  STATEPOOL_EXPECTS(impl_->plans.size() < kMaxPlans, Status::pool_exhausted,
-                    "too many plans installed (limit " + std::to_string(kMaxPlans) + ")");
-  impl_->plans.emplace(digest, plan);
-  return describe_plan(digest, *plan, true);
+void Pool::expect_owned(const Lease& lease, const Arena& arena, SlotId slot) const {
+  STATEPOOL_EXPECTS(slot < arena.owner.size(), Status::invalid_argument,
+                    "slot " + std::to_string(slot) + " out of range: " + arena_label(arena) +
+                        " has " + std::to_string(arena.owner.size()) + " pages");
+  STATEPOOL_EXPECTS(arena.owner[slot] != 0, Status::invalid_argument,
+                    "slot " + std::to_string(slot) + " of arena " + std::to_string(arena.id) +
+                        " is not allocated");
+  STATEPOOL_EXPECTS(arena.owner[slot] == lease.id, Status::not_owner,
+                    "slot " + std::to_string(slot) + " of arena " + std::to_string(arena.id) +
+                        " belongs to another lease");
 }
 
-std::shared_ptr<const kernels::stepquant::Plan> Pool::plan(std::string_view digest) const {
-  std::lock_guard lock(impl_->mu);
-  const auto it = impl_->plans.find(digest);
-  STATEPOOL_EXPECTS(it != impl_->plans.end(), Status::not_found,
-                    "no plan with digest '" + std::string(digest) +
-                        "' is installed (install it with InstallPlan, or start the daemon "
-                        "with --plan FILE / --plan-dir DIR)");
-  return it->second;
-}
-
-std::vector<PlanInfo> Pool::plans() const {
-  std::lock_guard lock(impl_->mu);
-  std::vector<PlanInfo> out;
-  for (const auto& [digest, plan] : impl_->plans)
-    out.push_back(describe_plan(digest, *plan, false));
+ArenaInfo Pool::info(const Arena& arena) const {
+  ArenaInfo out;
+  out.id = arena.id;
+  out.tenant = tenants_[arena.tenant].config->name;
+  out.layout = arena.layout;
+  out.layout_name = arena.codec->layout().name;
+  out.codec = arena.codec->layout().codec.id;
+  out.backend = std::string(memory_->name());
+  out.page_bytes = arena.codec->page_bytes();
+  out.page_stride = arena.page_stride;
+  out.page_count = arena.page_count();
+  out.pages_used = arena.slots.used();
+  out.bytes = arena.memory->size();
+  out.fp32_page_bytes = arena.codec->fp32_bytes();
+  out.memory = arena.memory;
+  out.fd = arena.memory->info().fd;
   return out;
 }
 
 // --- arenas --------------------------------------------------------------------------
 
 ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages) {
-  std::lock_guard lock(impl_->mu);
-  const std::size_t tenant = impl_->tenant_of(tenant_name);
-  const auto& codec = impl_->layout_of(layout_id);
-  if (const auto it = impl_->arena_index.find({tenant, layout_id});
-      it != impl_->arena_index.end()) {
-    return impl_->info(*impl_->arenas[it->second - 1]);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const auto codec = registry_.layout(layout_id);  // not_found
+  const ArenaTable::Key key{tenant, layout_id};
+  {
+    std::unique_lock lock(mutex_);
+    created_.wait(lock, [&] { return !arenas_.creating(key); });
+    if (const Arena* existing = arenas_.find(key)) return info(*existing);
+    arenas_.reserve(key);
   }
-
-  if (pages == 0) pages = config_.default_arena_pages;
-  STATEPOOL_EXPECTS(pages <= config_.max_arena_pages, Status::invalid_argument,
-                    "arena of " + std::to_string(pages) + " pages exceeds max_arena_pages (" +
-                        std::to_string(config_.max_arena_pages) + ")");
-  const std::size_t stride = round_up(codec->page_bytes(), kPageAlignment);
-  const std::uint64_t bytes = std::uint64_t{pages} * stride;  // <= 2^32 * 2^33: no overflow
-
-  Impl::Tenant& t = impl_->tenants[tenant];
-  const std::string what = " (arena of " + std::to_string(pages) + " pages of " +
-                           format_bytes(stride) + " for tenant " + quoted(t.config->name) +
-                           ", layout " + quoted(codec->layout().name) + ")";
-  STATEPOOL_EXPECTS(t.reserved.fits(bytes), Status::quota_exceeded,
-                    "tenant " + quoted(t.config->name) + " quota exceeded: " +
-                        format_bytes(t.reserved.used()) + " reserved + " + format_bytes(bytes) +
-                        " requested > " + format_bytes(t.reserved.limit()) + " quota" + what);
-  STATEPOOL_EXPECTS(impl_->reserved.fits(bytes), Status::pool_exhausted,
-                    "pool capacity exceeded: " + format_bytes(impl_->reserved.used()) +
-                        " reserved + " + format_bytes(bytes) + " requested > " +
-                        format_bytes(impl_->reserved.limit()) + " capacity" + what);
-
-  // Account first, then call the backend; the reservation undoes itself if anything
-  // below throws.
-  Reservation reservation(bytes, t.reserved, &impl_->reserved);
-  const auto id = static_cast<ArenaId>(impl_->arenas.size() + 1);
-  auto arena = std::make_unique<Impl::Arena>(pages);
-  arena->id = id;
-  arena->tenant = tenant;
-  arena->layout = layout_id;
-  arena->codec = codec;
-  arena->page_stride = stride;
-  arena->bytes = bytes;
-  arena->memory = impl_->backend->allocate(
-      bytes, "statepool-arena-" + t.config->name + "-" + std::to_string(layout_id));
-  impl_->arena_index.emplace(std::pair{tenant, layout_id}, id);
+  // From here this call creates the arena; every way out ends the reservation.
   try {
-    impl_->arenas.push_back(std::move(arena));
+    if (pages == 0) pages = config_.default_arena_pages;
+    STATEPOOL_EXPECTS(pages <= config_.max_arena_pages, Status::invalid_argument,
+                      "arena of " + std::to_string(pages) + " pages exceeds max_arena_pages (" +
+                          std::to_string(config_.max_arena_pages) + ")");
+    const std::size_t stride = round_up(codec->page_bytes(), kPageAlignment);
+    const std::uint64_t bytes =
+        memory_->allocation_size(std::uint64_t{pages} * stride);  // <= 2^32 * 2^33
+    auto arena = std::make_unique<Arena>(pages);
+    arena->tenant = tenant;
+    arena->layout = layout_id;
+    arena->codec = codec;
+    arena->page_stride = stride;
+    const Tenant& t = tenants_[tenant];
+    try {
+      // Quota, then capacity, then the backend: each refuses with its own status, and
+      // a refusal anywhere charges nothing.
+      arena->memory = t.quota->allocate(
+          bytes, "statepool-arena-" + t.config->name + "-" + std::to_string(layout_id));
+    } catch (const LimitExceeded& e) {
+      throw LimitExceeded(
+          e.status(), std::string(e.what()) + " (arena of " + std::to_string(pages) + " pages of " +
+                          format_bytes(stride) + " for tenant " + quoted(t.config->name) +
+                          ", layout " + quoted(codec->layout().name) + ")");
+    }
+    const std::lock_guard lock(mutex_);
+    ArenaInfo out = info(arenas_.add(key, std::move(arena)));
+    created_.notify_all();
+    out.created = true;
+    return out;
   } catch (...) {
-    impl_->arena_index.erase({tenant, layout_id});
+    {
+      const std::lock_guard lock(mutex_);
+      arenas_.cancel(key);
+    }
+    created_.notify_all();
     throw;
   }
-  reservation.commit();
-  ArenaInfo out = impl_->info(*impl_->arenas.back());
-  out.created = true;
-  return out;
 }
 
 ArenaInfo Pool::arena(std::string_view tenant_name, ArenaId id) const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->info(impl_->arena_for_tenant(impl_->tenant_of(tenant_name), id));
+  const std::size_t tenant = tenant_index(tenant_name);
+  const std::lock_guard lock(mutex_);
+  return info(arena_for_tenant(tenant, id));
 }
 
 // --- leases --------------------------------------------------------------------------
+
+std::uint64_t Pool::drop_lease(LeaseId id) noexcept {
+  Lease* lease = leases_.find(id);
+  if (lease == nullptr) return 0;
+  std::uint64_t freed = 0;
+  for (const std::uint64_t key : lease->slots) {
+    const ArenaId arena_id = key_arena(key);
+    const SlotId slot = key_slot(key);
+    // The tables agree unless there is a bug; check() reports it, here we free only what
+    // is really ours so a bug never frees another lease's slot.
+    if (arena_id < 1 || arena_id > arenas_.all().size()) continue;
+    Arena& arena = *arenas_.all()[arena_id - 1];
+    if (slot >= arena.owner.size() || arena.owner[slot] != id) continue;
+    arena.owner[slot] = 0;
+    if (arena.slots.free(slot) == SlotAllocator::FreeResult::ok) ++freed;
+  }
+  leases_.erase(id);
+  return freed;
+}
 
 LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view token) {
   return attach_lease(tenant_name, token, Clock::now());
@@ -429,91 +244,73 @@ LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view tok
                               Clock::time_point now) {
   // Drawn before taking the lock: getrandom may block early at boot.
   std::string fresh = make_lease_token();
-  std::lock_guard lock(impl_->mu);
-  const std::size_t tenant = impl_->tenant_of(tenant_name);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const std::lock_guard lock(mutex_);
 
   if (!token.empty()) {
-    if (const auto tok = impl_->tokens.find(std::string(token)); tok != impl_->tokens.end()) {
-      const auto it = impl_->leases.find(tok->second);
-      // Another tenant's token: treat it as unknown, and leave that lease alone.
-      if (it != impl_->leases.end() && it->second.tenant == tenant) {
-        Impl::Lease& lease = it->second;
-        STATEPOOL_EXPECTS(
-            !lease.attached, Status::lease_busy,
-            "lease " + std::to_string(lease.id) + " is attached to another live connection");
-        if (lease.deadline > now) {
-          impl_->deadlines.erase({lease.deadline, lease.id});
-          lease.attached = true;
-          lease.deadline = {};
-          return LeaseGrant{lease.id, lease.token, true,
-                            static_cast<std::uint32_t>(lease.slots.size())};
-        }
-        // Expired but not reclaimed yet: reclaim now and start afresh.
-        impl_->pages_reclaimed_total += impl_->drop_lease(it);
+    // Another tenant's token: treat it as unknown, and leave that lease alone.
+    if (Lease* lease = leases_.find_token(token); lease != nullptr && lease->tenant == tenant) {
+      STATEPOOL_EXPECTS(
+          !lease->attached, Status::lease_busy,
+          "lease " + std::to_string(lease->id) + " is attached to another live connection");
+      if (lease->deadline > now) {
+        leases_.reattach(*lease);
+        return LeaseGrant{lease->id, lease->token, true,
+                          static_cast<std::uint32_t>(lease->slots.size())};
       }
+      // Expired but not reclaimed yet: reclaim now and start afresh.
+      pages_reclaimed_total_ += drop_lease(lease->id);
     }
   }
 
-  while (impl_->tokens.contains(fresh)) fresh = make_lease_token();  // 2^-128; still
-  Impl::Lease lease;
-  lease.id = impl_->next_lease++;
-  lease.tenant = tenant;
-  lease.token = fresh;
-  const LeaseId id = lease.id;
-  impl_->tokens.emplace(fresh, id);
-  try {
-    impl_->leases.emplace(id, std::move(lease));
-  } catch (...) {
-    impl_->tokens.erase(fresh);
-    throw;
-  }
-  return LeaseGrant{id, std::move(fresh), false, 0};
+  while (leases_.token_in_use(fresh)) fresh = make_lease_token();  // 2^-128; still
+  const Lease& lease = leases_.create(tenant, fresh);
+  return LeaseGrant{lease.id, std::move(fresh), false, 0};
 }
 
 void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
-  std::lock_guard lock(impl_->mu);
-  const auto it = impl_->leases.find(lease_id);
-  if (it == impl_->leases.end() || !it->second.attached) return;
-  Impl::Lease& lease = it->second;
-  if (lease.slots.empty()) {
-    impl_->drop_lease(it);
+  const std::lock_guard lock(mutex_);
+  Lease* lease = leases_.find(lease_id);
+  if (lease == nullptr || !lease->attached) return;
+  if (lease->slots.empty()) {
+    drop_lease(lease_id);
     return;
   }
   if (config_.grace_period.count() <= 0) {  // no grace: nothing to wait for
-    impl_->pages_reclaimed_total += impl_->drop_lease(it);
+    pages_reclaimed_total_ += drop_lease(lease_id);
     return;
   }
-  lease.attached = false;
-  lease.deadline = now + config_.grace_period;
   try {
-    impl_->deadlines.emplace(lease.deadline, lease.id);
+    leases_.orphan(*lease, now + config_.grace_period);
   } catch (...) {
     // Out of memory for one set node: drop the lease now rather than leak its slots.
-    impl_->pages_reclaimed_total += impl_->drop_lease(it);
+    pages_reclaimed_total_ += drop_lease(lease_id);
   }
 }
 
 std::uint64_t Pool::reclaim_expired(Clock::time_point now) {
-  std::lock_guard lock(impl_->mu);
-  return impl_->reclaim(now);
+  const std::lock_guard lock(mutex_);
+  std::uint64_t freed = 0;
+  while (const auto id = leases_.first_expired(now)) freed += drop_lease(*id);
+  pages_reclaimed_total_ += freed;
+  return freed;
 }
 
 std::optional<Clock::time_point> Pool::next_deadline() const {
-  std::lock_guard lock(impl_->mu);
-  if (impl_->deadlines.empty()) return std::nullopt;
-  return impl_->deadlines.begin()->first;
+  const std::lock_guard lock(mutex_);
+  return leases_.next_deadline();
 }
 
 // --- slots ---------------------------------------------------------------------------
 
 std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint32_t count) {
-  std::lock_guard lock(impl_->mu);
-  Impl::Lease& lease = impl_->attached_lease(lease_id);
-  Impl::Arena& arena = impl_->arena_for_tenant(lease.tenant, arena_id);
+  const std::lock_guard lock(mutex_);
+  Lease& lease = leases_.attached(lease_id);
+  Arena& arena = arena_for_tenant(lease.tenant, arena_id);
   STATEPOOL_EXPECTS(count >= 1, Status::invalid_argument, "allocate: count must be at least 1");
   STATEPOOL_EXPECTS(count <= arena.slots.available(), Status::pool_exhausted,
-                    impl_->arena_label(arena) + ": " + std::to_string(arena.slots.available()) +
-                        " of " + std::to_string(arena.slots.capacity()) + " pages free, " +
+                    arena_label(arena) + ": " + std::to_string(arena.slots.available()) + " of " +
+                        std::to_string(arena.slots.capacity()) + " pages free, " +
                         std::to_string(count) + " requested");
 
   std::vector<SlotId> out;
@@ -540,16 +337,15 @@ std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint
 }
 
 std::uint32_t Pool::free(LeaseId lease_id, ArenaId arena_id, std::span<const SlotId> slots) {
-  std::lock_guard lock(impl_->mu);
-  Impl::Lease& lease = impl_->attached_lease(lease_id);
-  Impl::Arena& arena = impl_->arena_for_tenant(lease.tenant, arena_id);
+  const std::lock_guard lock(mutex_);
+  Lease& lease = leases_.attached(lease_id);
+  Arena& arena = arena_for_tenant(lease.tenant, arena_id);
 
   // Validate everything first: a failed free changes nothing.
   for (const SlotId slot : slots) {
     STATEPOOL_EXPECTS(slot < arena.owner.size(), Status::invalid_argument,
-                      "slot " + std::to_string(slot) +
-                          " out of range: " + impl_->arena_label(arena) + " has " +
-                          std::to_string(arena.owner.size()) + " pages");
+                      "slot " + std::to_string(slot) + " out of range: " + arena_label(arena) +
+                          " has " + std::to_string(arena.owner.size()) + " pages");
   }
   std::vector<SlotId> sorted(slots.begin(), slots.end());
   std::sort(sorted.begin(), sorted.end());
@@ -557,7 +353,7 @@ std::uint32_t Pool::free(LeaseId lease_id, ArenaId arena_id, std::span<const Slo
     throw StatusError(Status::invalid_argument,
                       "slot " + std::to_string(*dup) + " is listed twice");
   }
-  for (const SlotId slot : slots) impl_->expect_owned(lease, arena, slot);
+  for (const SlotId slot : slots) expect_owned(lease, arena, slot);
 
   // Apply: nothing below can fail.
   for (const SlotId slot : slots) {
@@ -569,41 +365,41 @@ std::uint32_t Pool::free(LeaseId lease_id, ArenaId arena_id, std::span<const Slo
 }
 
 PageRef Pool::page(LeaseId lease_id, ArenaId arena_id, SlotId slot) const {
-  std::lock_guard lock(impl_->mu);
-  const Impl::Lease& lease = impl_->attached_lease(lease_id);
-  const Impl::Arena& arena = impl_->arena_for_tenant(lease.tenant, arena_id);
-  impl_->expect_owned(lease, arena, slot);
-  const std::span<std::byte> all = arena.memory->bytes();
-  return PageRef{all.subspan(std::size_t{slot} * arena.page_stride, arena.codec->page_bytes()),
-                 arena.codec.get()};
+  const std::lock_guard lock(mutex_);
+  const Lease& lease = leases_.attached(lease_id);
+  const Arena& arena = arena_for_tenant(lease.tenant, arena_id);
+  expect_owned(lease, arena, slot);
+  const kernels::BufferRef page = arena.page(slot);
+  return PageRef{{page.data, page.size}, arena.codec, arena.memory};
 }
 
 // --- accounting ----------------------------------------------------------------------
 
 PoolStats Pool::stats() const {
-  std::lock_guard lock(impl_->mu);
+  const std::lock_guard lock(mutex_);
   PoolStats out;
-  out.capacity_bytes = impl_->reserved.limit();
-  out.reserved_bytes = impl_->reserved.used();
-  out.pages_reclaimed_total = impl_->pages_reclaimed_total;
-  out.tenants.reserve(impl_->tenants.size());
-  for (const auto& t : impl_->tenants) {
+  out.capacity_bytes = capacity_.limit();
+  out.reserved_bytes = capacity_.used();
+  out.pages_reclaimed_total = pages_reclaimed_total_;
+  out.memory = tracking_.usage();
+  out.tenants.reserve(tenants_.size());
+  for (const auto& t : tenants_) {
     TenantUsage usage;
     usage.name = t.config->name;
     usage.quota_bytes = t.config->quota_bytes;
-    usage.reserved_bytes = t.reserved.used();
+    usage.reserved_bytes = t.quota->used();
     out.tenants.push_back(std::move(usage));
   }
-  out.arenas.reserve(impl_->arenas.size());
-  for (const auto& arena : impl_->arenas) {
-    out.arenas.push_back(impl_->info(*arena));
+  out.arenas.reserve(arenas_.all().size());
+  for (const auto& arena : arenas_.all()) {
+    out.arenas.push_back(info(*arena));
     TenantUsage& usage = out.tenants[arena->tenant];
     const std::uint64_t used = arena->slots.used();
     usage.pages_used += used;
     usage.stored_bytes += used * arena->codec->page_bytes();
     usage.fp32_bytes += used * arena->codec->fp32_bytes();
   }
-  for (const auto& [id, lease] : impl_->leases) {
+  for (const auto& [id, lease] : leases_.all()) {
     if (lease.attached) {
       ++out.leases_active;
     } else {
@@ -614,31 +410,33 @@ PoolStats Pool::stats() const {
 }
 
 std::vector<std::string> Pool::check() const {
-  std::lock_guard lock(impl_->mu);
+  std::unique_lock lock(mutex_);
+  // Memory of an arena being created is charged before the arena is in the table.
+  created_.wait(lock, [&] { return !arenas_.any_creating(); });
   std::vector<std::string> problems;
   const auto report = [&](std::string line) { problems.push_back(std::move(line)); };
 
   // Arenas: allocator invariants, allocator vs owner table, owners vs leases.
-  std::vector<std::uint64_t> tenant_bytes(impl_->tenants.size(), 0);
+  std::vector<std::uint64_t> tenant_bytes(tenants_.size(), 0);
   std::uint64_t total_bytes = 0;
   std::uint64_t total_used = 0;
-  for (std::size_t i = 0; i < impl_->arenas.size(); ++i) {
-    const Impl::Arena& arena = *impl_->arenas[i];
+  const auto& arenas = arenas_.all();
+  for (std::size_t i = 0; i < arenas.size(); ++i) {
+    const Arena& arena = *arenas[i];
     const std::string name = "arena " + std::to_string(arena.id);
     if (arena.id != i + 1) report(name + ": stored at index " + std::to_string(i));
     for (const std::string& line : arena.slots.check()) report(name + ": " + line);
-    if (arena.tenant >= impl_->tenants.size()) {
+    if (arena.tenant >= tenants_.size()) {
       report(name + ": tenant index out of range");
       continue;
     }
-    tenant_bytes[arena.tenant] += arena.bytes;
-    total_bytes += arena.bytes;
-    if (arena.bytes != std::uint64_t{arena.slots.capacity()} * arena.page_stride) {
-      report(name + ": bytes != pages * stride");
+    if (arena.memory == nullptr ||
+        arena.memory->size() < std::uint64_t{arena.page_count()} * arena.page_stride) {
+      report(name + ": memory smaller than its pages");
+      continue;
     }
-    if (arena.memory == nullptr || arena.memory->bytes().size() < arena.bytes) {
-      report(name + ": memory smaller than the arena");
-    }
+    tenant_bytes[arena.tenant] += arena.memory->size();
+    total_bytes += arena.memory->size();
     std::uint32_t owned = 0;
     for (SlotId slot = 0; slot < arena.owner.size(); ++slot) {
       const LeaseId owner = arena.owner[slot];
@@ -650,17 +448,15 @@ std::vector<std::string> Pool::check() const {
       }
       if (owner == 0) continue;
       ++owned;
-      const auto it = impl_->leases.find(owner);
-      if (it == impl_->leases.end()) {
+      const Lease* lease = leases_.find(owner);
+      if (lease == nullptr) {
         report(where + ": owned by lease " + std::to_string(owner) + " that does not exist");
         continue;
       }
-      if (!it->second.slots.contains(slot_key(arena.id, slot))) {
+      if (!lease->slots.contains(slot_key(arena.id, slot))) {
         report(where + ": owner lease " + std::to_string(owner) + " does not list it");
       }
-      if (it->second.tenant != arena.tenant) {
-        report(where + ": owned by a lease of another tenant");
-      }
+      if (lease->tenant != arena.tenant) report(where + ": owned by a lease of another tenant");
     }
     if (owned != arena.slots.used()) {
       report(name + ": " + std::to_string(owned) + " owned slots but allocator has " +
@@ -672,71 +468,56 @@ std::vector<std::string> Pool::check() const {
   // Leases: every listed slot is owned by that lease (so no slot sits in two leases),
   // tokens and deadlines index exactly the leases they should.
   std::uint64_t listed = 0;
-  std::size_t orphaned = 0;
-  for (const auto& [id, lease] : impl_->leases) {
-    const std::string name = "lease " + std::to_string(id);
-    if (lease.id != id) report(name + ": stored under the wrong id");
+  for (const auto& [id, lease] : leases_.all()) {
     listed += lease.slots.size();
     for (const std::uint64_t key : lease.slots) {
       const ArenaId arena_id = key_arena(key);
       const SlotId slot = key_slot(key);
-      if (arena_id < 1 || arena_id > impl_->arenas.size()) {
-        report(name + ": lists arena " + std::to_string(arena_id) + " that does not exist");
+      if (arena_id < 1 || arena_id > arenas.size()) {
+        report("lease " + std::to_string(id) + ": lists arena " + std::to_string(arena_id) +
+               " that does not exist");
         continue;
       }
-      const Impl::Arena& arena = *impl_->arenas[arena_id - 1];
+      const Arena& arena = *arenas[arena_id - 1];
       if (slot >= arena.owner.size() || arena.owner[slot] != id) {
-        report(name + ": lists arena " + std::to_string(arena_id) + " slot " +
-               std::to_string(slot) + " that it does not own");
+        report("lease " + std::to_string(id) + ": lists arena " + std::to_string(arena_id) +
+               " slot " + std::to_string(slot) + " that it does not own");
       }
-    }
-    const auto tok = impl_->tokens.find(lease.token);
-    if (tok == impl_->tokens.end() || tok->second != id) {
-      report(name + ": token not indexed");
-    }
-    if (!lease.attached) {
-      ++orphaned;
-      if (!impl_->deadlines.contains({lease.deadline, id})) {
-        report(name + ": orphaned without a deadline entry");
-      }
-      if (lease.slots.empty()) report(name + ": orphaned with no slots (should be dropped)");
     }
   }
+  for (std::string& line : leases_.check()) report(std::move(line));
   if (listed != total_used) {
     report("leases list " + std::to_string(listed) + " slots, allocators have " +
            std::to_string(total_used) + " used");
   }
-  if (impl_->tokens.size() != impl_->leases.size()) {
-    report(std::to_string(impl_->tokens.size()) + " tokens for " +
-           std::to_string(impl_->leases.size()) + " leases");
-  }
-  if (impl_->deadlines.size() != orphaned) {
-    report(std::to_string(impl_->deadlines.size()) + " deadlines for " + std::to_string(orphaned) +
-           " orphaned leases");
-  }
 
-  // Bytes: per tenant, in total, against quotas and capacity.
-  for (std::size_t t = 0; t < impl_->tenants.size(); ++t) {
-    const Impl::Tenant& tenant = impl_->tenants[t];
+  // Bytes: each tenant's quota adaptor, the capacity adaptor and the tracking adaptor
+  // against the arenas they paid for.
+  for (std::size_t t = 0; t < tenants_.size(); ++t) {
+    const Tenant& tenant = tenants_[t];
     const std::string name = "tenant " + quoted(tenant.config->name);
-    if (tenant.reserved.used() != tenant_bytes[t]) {
-      report(name + ": accounts " + std::to_string(tenant.reserved.used()) +
+    if (tenant.quota->used() != tenant_bytes[t]) {
+      report(name + ": accounts " + std::to_string(tenant.quota->used()) +
              " reserved bytes, its arenas hold " + std::to_string(tenant_bytes[t]));
     }
-    if (!tenant.reserved.unlimited() && tenant.reserved.used() > tenant.reserved.limit()) {
+    if (!tenant.quota->unlimited() && tenant.quota->used() > tenant.quota->limit()) {
       report(name + ": reserved bytes above the quota");
     }
   }
-  if (impl_->reserved.used() != total_bytes) {
-    report("pool accounts " + std::to_string(impl_->reserved.used()) +
-           " reserved bytes, arenas hold " + std::to_string(total_bytes));
+  if (capacity_.used() != total_bytes) {
+    report("pool accounts " + std::to_string(capacity_.used()) + " reserved bytes, arenas hold " +
+           std::to_string(total_bytes));
   }
-  if (!impl_->reserved.unlimited() && impl_->reserved.used() > impl_->reserved.limit()) {
-    report("pool reserved bytes above capacity");
+  if (capacity_.used() > capacity_.limit()) report("pool reserved bytes above capacity");
+  const MemoryUsage memory = tracking_.usage();
+  if (memory.live_bytes != total_bytes || memory.live_allocations != arenas.size()) {
+    report(std::string(memory_->name()) + " memory holds " + std::to_string(memory.live_bytes) +
+           " bytes in " + std::to_string(memory.live_allocations) + " allocations for " +
+           std::to_string(arenas.size()) + " arenas of " + std::to_string(total_bytes) + " bytes");
   }
-  if (impl_->arena_index.size() != impl_->arenas.size()) {
-    report(std::to_string(impl_->arena_index.size()) + " arena index entries for " +
-           std::to_string(impl_->arenas.size()) + " arenas");
+  if (arenas_.index_size() != arenas.size()) {
+    report(std::to_string(arenas_.index_size()) + " arena index entries for " +
+           std::to_string(arenas.size()) + " arenas");
   }
   return problems;
 }

@@ -1,21 +1,27 @@
 #pragma once
-// The pool: layouts, tenants with quotas, arenas cut into pages, slots owned by leases.
+// The pool: a small facade over three tables and a chain of memory resources.
 //
-//   Pool ── layouts (id -> PageCodec, deduplicated)
-//       ├─ tenants (config: quota over reserved arena bytes, allowed uids/gids)
-//       ├─ arenas  (one per (tenant, layout); Memory from the backend; SlotAllocator;
-//       │           owner lease per slot)
-//       └─ leases  (token; attached to one connection, or orphaned until a deadline)
+//   LayoutRegistry  layouts (id -> page format) and STEPQuant plans     layout_registry.hpp
+//   LeaseTable      leases (token, grace period) and the slots they hold lease_table.hpp
+//   ArenaTable      arenas per (tenant, layout): memory, slots, owners   arena_table.hpp
+//   memory          tenant quota -> pool capacity -> tracking -> backend  ../memory/
 //
 // Every operation validates everything before changing anything, so a failed call
 // changes nothing. Errors are StatusError with a message an operator can act on.
-// Thread-safety: every public member function is safe to call concurrently (one internal
-// mutex). Page bytes returned by page() are read and written outside the lock; that is
-// safe because a slot belongs to one lease and a lease to at most one connection.
+//
+// Thread-safety: every public member function is safe to call concurrently. The registry
+// has its own lock; leases and arenas share one. Arena memory is allocated outside that
+// lock (a large arena takes a while to commit), so open_arena() may block while it or a
+// concurrent open_arena() for the same (tenant, layout) allocates: call it from a worker
+// thread, never from an I/O thread. Page bytes returned by page() are read and written
+// outside the lock; that is safe because a slot belongs to one lease and a lease to at
+// most one connection, whose requests run one at a time.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -24,20 +30,17 @@
 
 #include <sys/types.h>
 
-#include "backend/memory.hpp"
+#include "memory/limiting.hpp"
+#include "memory/resource.hpp"
+#include "memory/tracking.hpp"
+#include "pool/arena_table.hpp"
+#include "pool/ids.hpp"
+#include "pool/layout_registry.hpp"
+#include "pool/lease_table.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::service {
-
-using Clock = std::chrono::steady_clock;
-using LeaseId = std::uint64_t;  ///< 0 never names a lease
-using LayoutId = std::uint32_t;
-using ArenaId = std::uint32_t;
-using SlotId = std::uint32_t;
-
-/// Pages are placed at this alignment inside an arena (page_stride = round_up(page_bytes)).
-inline constexpr std::size_t kPageAlignment = 256;
 
 struct TenantConfig {
   std::string name;
@@ -60,14 +63,20 @@ struct ArenaInfo {
   LayoutId layout = 0;
   std::string layout_name;
   kernels::CodecId codec = kernels::CodecId::fp32;
-  std::string backend;
+  std::string backend;  ///< the memory resource's name ("host", "cuda")
   std::size_t page_bytes = 0;
   std::size_t page_stride = 0;
   std::uint32_t page_count = 0;
   std::uint32_t pages_used = 0;
-  std::size_t bytes = 0;  ///< page_count * page_stride
+  /// Bytes of the allocation: page_count * page_stride rounded up to the memory's
+  /// granularity (what the quota and the capacity are charged).
+  std::size_t bytes = 0;
   std::size_t fp32_page_bytes = 0;
-  int fd = -1;           ///< borrowed share fd, valid for the pool's lifetime
+  /// The arena's memory: where it lives and how a peer maps it (info().where).
+  std::shared_ptr<const Allocation> memory;
+  /// The share descriptor (memfd / CUDA VMM fd), borrowed from `memory`; -1 when the
+  /// handle is not a descriptor.
+  int fd = -1;
   bool created = false;  ///< open_arena only: true when this call created it
 };
 
@@ -85,22 +94,11 @@ struct PoolStats {
   std::vector<ArenaInfo> arenas;
   std::vector<TenantUsage> tenants;
   std::uint64_t capacity_bytes = 0;   ///< configured pool capacity
-  std::uint64_t reserved_bytes = 0;   ///< bytes of all arenas
+  std::uint64_t reserved_bytes = 0;   ///< bytes of all arenas (and arenas being created)
   std::uint32_t leases_active = 0;    ///< attached to a live connection
   std::uint32_t leases_orphaned = 0;  ///< waiting for their grace period to end
   std::uint64_t pages_reclaimed_total = 0;
-};
-
-/// Plans the daemon holds are few (one per model and budget); the cap bounds what a
-/// client installing garbage plans in a loop can make it keep.
-inline constexpr std::size_t kMaxPlans = 64;
-
-struct PlanInfo {
-  std::string digest;
-  std::uint32_t units = 0;
-  std::uint32_t pivots = 0;
-  double average_bits = 0;
-  bool created = false;
+  MemoryUsage memory;  ///< what the backend holds for arenas (the tracking adaptor)
 };
 
 struct LeaseGrant {
@@ -110,18 +108,23 @@ struct LeaseGrant {
   std::uint32_t slots = 0;  ///< slots the lease holds now
 };
 
-/// A page the caller may read and write. Valid until the slot is freed.
+/// A page the caller may read and write. Valid (and its memory alive) as long as the
+/// caller holds `memory`, even if the slot is freed meanwhile.
 struct PageRef {
-  std::span<std::byte> bytes;                 ///< exactly page_bytes
-  const kernels::PageCodec* codec = nullptr;  ///< the arena's layout and codec
+  std::span<std::byte> bytes;                       ///< exactly page_bytes (host or device)
+  std::shared_ptr<const kernels::PageCodec> codec;  ///< the arena's layout and codec
+  std::shared_ptr<const Allocation> memory;         ///< the arena's memory
+  /// The page as an executor buffer (with its memory space).
+  [[nodiscard]] kernels::BufferRef buffer() const noexcept;
 };
 
 class Pool {
  public:
-  /// Throws StatusError(invalid_argument) on an inconsistent config (no backend, duplicate
-  /// or empty tenant names, capacity_bytes 0, default_arena_pages 0 or above
+  /// `memory` is the backend's resource (shared: staging may use it too). Throws
+  /// StatusError(invalid_argument) on an inconsistent config (no resource, duplicate or
+  /// empty tenant names, capacity_bytes 0, default_arena_pages 0 or above
   /// max_arena_pages, negative grace period).
-  Pool(PoolConfig config, std::unique_ptr<MemoryBackend> backend);
+  Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory);
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -129,7 +132,9 @@ class Pool {
   /// The configuration in effect; an empty tenant list has been replaced by the one
   /// "default" tenant (no quota, any peer).
   [[nodiscard]] const PoolConfig& config() const noexcept { return config_; }
-  [[nodiscard]] std::string_view backend_name() const noexcept;
+  [[nodiscard]] std::string_view backend_name() const noexcept { return memory_->name(); }
+  /// The backend's resource (what the pool allocates from, under its adaptors).
+  [[nodiscard]] MemoryResource& memory() const noexcept { return *memory_; }
 
   // --- tenants -------------------------------------------------------------------
   /// Throws unknown_tenant. Empty name means "default".
@@ -137,25 +142,27 @@ class Pool {
   /// Throws permission_denied when the tenant restricts peers and uid/gid match none.
   void check_peer(std::string_view tenant, uid_t uid, gid_t gid) const;
 
-  // --- layouts -------------------------------------------------------------------
-  /// Validates and registers; identical layouts get the same id. Throws invalid_argument.
-  LayoutId register_layout(const kernels::StateLayout& layout);
-  /// Throws not_found.
-  [[nodiscard]] std::shared_ptr<const kernels::PageCodec> layout(LayoutId id) const;
-
-  // --- STEPQuant plans -------------------------------------------------------------
-  /// Keeps a calibration plan (already verified and validated by its loader) under its
-  /// digest; the same plan twice is a no-op (created = false). At most kMaxPlans plans
-  /// (pool_exhausted beyond).
-  PlanInfo install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan);
-  /// The plan with this digest. Throws not_found naming how to install one.
-  [[nodiscard]] std::shared_ptr<const kernels::stepquant::Plan> plan(std::string_view digest) const;
-  [[nodiscard]] std::vector<PlanInfo> plans() const;
+  // --- layouts and plans (LayoutRegistry) ------------------------------------------
+  LayoutId register_layout(const kernels::StateLayout& layout) {
+    return registry_.register_layout(layout);
+  }
+  [[nodiscard]] std::shared_ptr<const kernels::PageCodec> layout(LayoutId id) const {
+    return registry_.layout(id);
+  }
+  PlanInfo install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan) {
+    return registry_.install_plan(std::move(plan));
+  }
+  [[nodiscard]] std::shared_ptr<const kernels::stepquant::Plan> plan(
+      std::string_view digest) const {
+    return registry_.plan(digest);
+  }
+  [[nodiscard]] std::vector<PlanInfo> plans() const { return registry_.plans(); }
 
   // --- arenas --------------------------------------------------------------------
   /// Returns the tenant's arena for the layout, creating it with `pages` pages (0 =
   /// default) if needed. Creation checks max_arena_pages (invalid_argument), the tenant
-  /// quota (quota_exceeded) and the pool capacity (pool_exhausted).
+  /// quota (quota_exceeded) and the pool capacity (pool_exhausted), then allocates the
+  /// memory without holding the pool's lock (see the top of this file).
   ArenaInfo open_arena(std::string_view tenant, LayoutId layout, std::uint32_t pages);
   /// Throws not_found, or permission_denied when the arena belongs to another tenant.
   [[nodiscard]] ArenaInfo arena(std::string_view tenant, ArenaId id) const;
@@ -196,14 +203,37 @@ class Pool {
 
   // --- accounting ----------------------------------------------------------------
   [[nodiscard]] PoolStats stats() const;
-  /// Cross-checks every allocator, owner table, lease and counter. Returns one line per
-  /// inconsistency found; empty means consistent (no leaked or doubly handed-out page).
+  /// Cross-checks every allocator, owner table, lease, byte counter and memory adaptor.
+  /// Returns one line per inconsistency found; empty means consistent (no leaked or
+  /// doubly handed-out page). Waits for arena creations in progress to end first.
   [[nodiscard]] std::vector<std::string> check() const;
 
  private:
-  struct Impl;
+  struct Tenant {
+    const TenantConfig* config = nullptr;     // into config_.tenants (never resized)
+    std::unique_ptr<LimitingResource> quota;  // over capacity_
+  };
+
+  [[nodiscard]] std::size_t tenant_index(std::string_view name) const;
+  [[nodiscard]] Arena& arena_for_tenant(std::size_t tenant, ArenaId id) const;
+  [[nodiscard]] std::string arena_label(const Arena& arena) const;
+  void expect_owned(const Lease& lease, const Arena& arena, SlotId slot) const;
+  [[nodiscard]] ArenaInfo info(const Arena& arena) const;
+  /// Frees every slot of the lease and forgets it. Caller holds mutex_.
+  std::uint64_t drop_lease(LeaseId id) noexcept;
+
   PoolConfig config_;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<MemoryResource> memory_;
+  TrackingResource tracking_;  // over memory_
+  LimitingResource capacity_;  // over tracking_
+  std::vector<Tenant> tenants_;
+  LayoutRegistry registry_;
+
+  mutable std::mutex mutex_;                 // guards leases_, arenas_, pages_reclaimed_total_
+  mutable std::condition_variable created_;  // an arena creation ended
+  LeaseTable leases_;
+  mutable ArenaTable arenas_;
+  std::uint64_t pages_reclaimed_total_ = 0;
 };
 
 }  // namespace statepool::service

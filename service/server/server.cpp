@@ -39,13 +39,19 @@ bool socket_is_live(const std::string& path) {
 
 }  // namespace
 
-Server::Server(const Config& config, Pool& pool, Metrics* metrics)
+Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
+               WorkerPool& workers, Executor& executor)
     : config_(config),
       pool_(pool),
       metrics_(metrics),
+      staging_memory_(staging_memory),
+      workers_(workers),
+      executor_(executor),
       context_{config,
                pool,
-               staging_backend_,
+               staging_memory,
+               workers,
+               executor,
                std::chrono::steady_clock::now(),
                [this] { return clients_connected(); },
                [this](const std::string& why) { drain(why); }},
@@ -152,6 +158,10 @@ std::size_t Server::run() {
   for (unsigned i = 1; i < config_.threads; ++i) threads.emplace_back([this] { io_.run(); });
   io_.run();
   for (auto& t : threads) t.join();
+  // Work started for sessions that were cut at the drain timeout may still run; its
+  // completions go to the stopped io_context and are dropped with it.
+  executor_.wait_idle();
+  workers_.wait_idle();
   stopped.store(true);
   signal_waiter.join();
   return forced_closes_;

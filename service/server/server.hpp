@@ -25,9 +25,12 @@
 #include <boost/asio.hpp>
 
 #include "config/config.hpp"
+#include "exec/executor.hpp"
+#include "exec/worker_pool.hpp"
+#include "handlers/handlers.hpp"
+#include "memory/resource.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
-#include "server/handlers.hpp"
 
 namespace statepool::service {
 
@@ -36,7 +39,11 @@ class HttpApi;
 
 class Server {
  public:
-  Server(const Config& config, Pool& pool, Metrics* metrics);
+  /// `staging_memory` gives the connections' staging buffers (each through its own
+  /// --max-staging-bytes limit); `workers` run blocking calls, `executor` codec work.
+  /// All must outlive the server.
+  Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
+         WorkerPool& workers, Executor& executor);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -45,7 +52,9 @@ class Server {
   /// daemon, and listens on --api-address unless it is off. Throws std::runtime_error
   /// with an actionable message.
   void bind();
-  /// Serves until drained. Returns the number of sessions that had to be closed forcibly.
+  /// Serves until drained, then waits for the executor and the workers to finish what
+  /// they had (nothing they run refers to the server afterwards). Returns the number of
+  /// sessions that had to be closed forcibly.
   /// SIGTERM and SIGINT (drain_signals()) must be blocked in every thread of the process
   /// before any thread is started (pthread_sigmask in main); run() takes them with
   /// sigtimedwait on a thread of its own and drains.
@@ -71,7 +80,9 @@ class Server {
   const Config& config_;
   Pool& pool_;
   Metrics* metrics_;
-  HostBackend staging_backend_;
+  MemoryResource& staging_memory_;
+  WorkerPool& workers_;
+  Executor& executor_;
   ServerContext context_;
   boost::asio::io_context io_;
   boost::asio::local::stream_protocol::acceptor acceptor_;

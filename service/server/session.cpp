@@ -30,9 +30,18 @@ Session::Session(Server& server, asio::local::stream_protocol::socket socket, st
     state_.gid = cred.gid;
   }
   deadline_.expires_at(std::chrono::steady_clock::time_point::max());
+  state_.staging_limit = std::make_unique<LimitingResource>(
+      server_.staging_memory_, server_.config_.max_staging_bytes, Status::quota_exceeded,
+      LimitText{"staging limit of this connection", "held", " (--max-staging-bytes)"});
+}
+
+void Session::release_staging() noexcept {
+  for (auto& [id, memory] : state_.staging) release_later(server_.workers_, std::move(memory));
+  state_.staging.clear();
 }
 
 Session::~Session() {
+  release_staging();
   if (state_.hello_done) {
     try {
       server_.pool_.detach_lease(state_.lease, Clock::now());
@@ -223,14 +232,14 @@ asio::awaitable<void> Session::run() {
         break;
       }
       HandlerResult result;
-      handle_request(server_.context_, state_, *request, result);
+      co_await handle_request(server_.context_, state_, *request, result);
       // Counted before the reply goes out: a client holding its reply must find the
       // request in the next scrape.
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
       if (server_.metrics_ != nullptr)
         server_.metrics_->observe_request(request->body_type(), result.status, seconds);
-      co_await write_frame(result.builder, result.fd);
+      co_await write_frame(result.builder, result.fd());
       if (result.status != wire::Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",
                   protocol::request_name(request->body_type()), " -> ",
@@ -248,7 +257,7 @@ asio::awaitable<void> Session::run() {
     LOG_INFO("session", "connection ", state_.id, ": client '", state_.client_name, "' (pid ",
              state_.pid, ") disconnected", state_.staging.empty() ? "" : "; staging released");
   }
-  state_.staging.clear();
+  release_staging();
   server_.session_ended(state_.id);
 }
 

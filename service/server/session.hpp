@@ -1,6 +1,8 @@
 #pragma once
 // One client connection: reads frames, verifies them, runs the handler, writes the reply
-// (with an fd when the handler attached one). Everything runs on the connection's strand.
+// (with an fd when the handler attached one). Everything runs on the connection's strand;
+// a handler's heavy work runs on the executor or the worker pool while the session awaits
+// it, so an I/O thread never waits for codec work or an allocation.
 //
 // Reading a frame's header may wait forever (idle clients are normal); once a header has
 // arrived, the rest of the frame and the reply must complete within --io-timeout, or the
@@ -14,7 +16,7 @@
 
 #include <boost/asio.hpp>
 
-#include "server/handlers.hpp"
+#include "handlers/handlers.hpp"
 #include "statepool/protocol/frame.hpp"
 
 namespace statepool::service {
@@ -39,6 +41,8 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<bool> read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload);
   boost::asio::awaitable<void> write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd);
+  /// Hands the staging buffers to a worker to release (unmapping GiBs takes a while).
+  void release_staging() noexcept;
   boost::asio::awaitable<void> refuse(wire::Status status, const std::string& message);
   void arm(std::chrono::milliseconds timeout);
   void disarm();

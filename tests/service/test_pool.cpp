@@ -186,7 +186,7 @@ TEST(PoolArenas, QuotaMessageUsesHumanUnits) {
   auto c = config({tenant("alice", (1ull << 30) + (1ull << 30) / 5)});
   c.capacity_bytes = 8ull << 30;
   c.max_arena_pages = 1u << 20;
-  auto pool = std::make_unique<Pool>(std::move(c), std::make_unique<HostBackend>());
+  auto pool = std::make_unique<Pool>(std::move(c), std::make_shared<HostMemfdResource>());
   // A layout whose page stride is a power of two makes exact unit arithmetic possible.
   auto layout = small_layout(kernels::CodecId::fp32);
   layout.key_dim = 128;
@@ -223,28 +223,29 @@ TEST(PoolArenas, CapacityExhaustedChangesNothing) {
 }
 
 /// A backend that fails when told to: the pool must undo its accounting.
-class FlakyBackend final : public MemoryBackend {
+class FlakyBackend final : public MemoryResource {
  public:
   explicit FlakyBackend(std::atomic<bool>& fail) : fail_(fail) {}
   [[nodiscard]] std::string_view name() const noexcept override { return "flaky"; }
-  [[nodiscard]] std::unique_ptr<Memory> allocate(std::size_t bytes,
-                                                 std::string_view label) override {
+  [[nodiscard]] MemorySpace space() const noexcept override { return MemorySpace::host; }
+  [[nodiscard]] int device() const noexcept override { return -1; }
+  [[nodiscard]] std::size_t granularity() const noexcept override { return 1; }
+  std::vector<std::string> labels;
+
+ private:
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override {
     labels.emplace_back(label);
     if (fail_) throw StatusError(Status::pool_exhausted, "flaky: no memory today");
     return inner_.allocate(bytes, label);
   }
-  std::vector<std::string> labels;
-
- private:
   std::atomic<bool>& fail_;
-  HostBackend inner_;
+  HostMemfdResource inner_;
 };
 
 TEST(PoolArenas, BackendFailureUndoesTheAccounting) {
   std::atomic<bool> fail{true};
-  auto backend = std::make_unique<FlakyBackend>(fail);
-  FlakyBackend* flaky = backend.get();
-  Pool pool(config({tenant("alice", 1ull << 20)}), std::move(backend));
+  auto flaky = std::make_shared<FlakyBackend>(fail);
+  Pool pool(config({tenant("alice", 1ull << 20)}), flaky);
   EXPECT_EQ(pool.backend_name(), "flaky");
   const auto layout = pool.register_layout(small_layout());
   const auto before = pool.stats();
@@ -385,7 +386,8 @@ TEST_F(PoolSlots, PagesAreDisjointAlignedAndSized) {
   for (const SlotId slot : slots) {
     const PageRef page = pool_->page(lease, alice_.id, slot);
     EXPECT_EQ(page.bytes.size(), codec->page_bytes());
-    EXPECT_EQ(page.codec, codec.get());
+    EXPECT_EQ(page.codec, codec);
+    EXPECT_EQ(page.memory, alice_.memory) << "the page keeps its arena's memory alive";
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(page.bytes.data()) % kPageAlignment, 0u);
     ranges.emplace_back(page.bytes.data(), page.bytes.data() + page.bytes.size());
   }

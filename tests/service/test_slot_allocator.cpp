@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "pool/accounting.hpp"
 #include "pool/slot_allocator.hpp"
 
 namespace statepool::service {
@@ -115,37 +114,6 @@ TEST(SlotAllocator, CheckIsCleanThroughoutRandomChurn) {
     ASSERT_EQ(slots.used(), held.size());
     ASSERT_TRUE(slots.check().empty());
   }
-}
-
-TEST(FormatBytes, HumanUnits) {
-  EXPECT_EQ(format_bytes(0), "0 B");
-  EXPECT_EQ(format_bytes(512), "512 B");
-  EXPECT_EQ(format_bytes(1024), "1.0 KiB");
-  EXPECT_EQ(format_bytes(512ull << 20), "512 MiB");
-  EXPECT_EQ(format_bytes(1ull << 30), "1.0 GiB");
-  EXPECT_EQ(format_bytes((1ull << 30) + (1ull << 30) / 5), "1.2 GiB");
-}
-
-TEST(ByteBudget, ReservationUndoesUnlessCommitted) {
-  ByteBudget tenant(100);
-  ByteBudget pool(1000);
-  EXPECT_TRUE(tenant.fits(100));
-  EXPECT_FALSE(tenant.fits(101));
-  EXPECT_FALSE(tenant.fits(~0ull));  // no overflow
-  {
-    Reservation r(60, tenant, &pool);
-    EXPECT_EQ(tenant.used(), 60u);
-    EXPECT_EQ(pool.used(), 60u);
-  }
-  EXPECT_EQ(tenant.used(), 0u);
-  EXPECT_EQ(pool.used(), 0u);
-  {
-    Reservation r(60, tenant, &pool);
-    r.commit();
-  }
-  EXPECT_EQ(tenant.used(), 60u);
-  EXPECT_EQ(pool.used(), 60u);
-  EXPECT_TRUE(ByteBudget(0).fits(~0ull));  // 0 = unlimited
 }
 
 }  // namespace

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
@@ -262,14 +263,18 @@ class Arena {
   [[nodiscard]] std::uint32_t page_count() const noexcept { return page_count_; }
   /// Size of the whole region, page_count * page_stride.
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-  /// Memory backend of the daemon: "host" (memfd, mapped here) or "cuda" (not mapped here:
-  /// import fd() with cuMemImportFromShareableHandle).
+  /// Memory backend of the daemon: "host" or "cuda".
   [[nodiscard]] const std::string& backend() const noexcept { return backend_; }
+  /// Where the arena lives and how it is shared. A host memfd is mapped here; device
+  /// memory is not (import fd() with cuMemImportFromShareableHandle for cuda_vmm_fd, or
+  /// memory().ipc_handle with cudaIpcOpenMemHandle for cuda_ipc).
+  [[nodiscard]] const kernels::MemoryDescriptor& memory() const noexcept { return memory_; }
   /// False when the arena already existed for (tenant, layout) before open_arena.
   [[nodiscard]] bool created() const noexcept { return created_; }
-  /// True when the region is mapped into this process (host backend).
+  /// True when the region is mapped into this process (host memory).
   [[nodiscard]] bool mapped() const noexcept { return base_ != nullptr; }
-  /// The received descriptor (owned by this object; dup() it to keep it longer).
+  /// The received descriptor (owned by this object; dup() it to keep it longer); -1 when
+  /// the handle kind is not a descriptor.
   [[nodiscard]] int fd() const noexcept { return fd_; }
   /// The whole mapping (empty when not mapped).
   [[nodiscard]] std::span<std::byte> data() const noexcept;
@@ -300,6 +305,7 @@ class Arena {
   std::size_t bytes_ = 0;
   std::string backend_;
   bool created_ = false;
+  kernels::MemoryDescriptor memory_;
   int fd_ = -1;
   std::byte* base_ = nullptr;
   std::shared_ptr<const kernels::PageCodec> codec_;
@@ -324,8 +330,11 @@ class Staging {
   [[nodiscard]] StagingId id() const noexcept { return id_; }
   /// Size in bytes (what the daemon granted; at least what was asked for).
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// The mapped buffer (empty when it is not host memory: see memory()).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept;
   [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// Where the buffer lives and how it is shared (as Arena::memory()).
+  [[nodiscard]] const kernels::MemoryDescriptor& memory() const noexcept { return memory_; }
   /// False for a default-constructed, moved-from or closed object.
   [[nodiscard]] bool valid() const noexcept { return impl_ != nullptr; }
 
@@ -341,6 +350,7 @@ class Staging {
   std::shared_ptr<detail::Impl> impl_;
   StagingId id_ = 0;
   std::size_t size_ = 0;
+  kernels::MemoryDescriptor memory_;
   int fd_ = -1;
   std::byte* base_ = nullptr;
 };

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/memory.hpp"
+#include "memory/host_memfd.hpp"
 #include "pool/pool.hpp"
 #include "statepool/protocol/status.hpp"
 
@@ -50,7 +50,8 @@ inline service::PoolConfig config(std::vector<service::TenantConfig> tenants = {
 }
 
 inline std::unique_ptr<service::Pool> make_pool(service::PoolConfig c = config()) {
-  return std::make_unique<service::Pool>(std::move(c), std::make_unique<service::HostBackend>());
+  return std::make_unique<service::Pool>(std::move(c),
+                                         std::make_shared<service::HostMemfdResource>());
 }
 
 /// Runs `fn`, expects StatusError with `status`; returns its message ("" if none thrown).

@@ -1,0 +1,77 @@
+#pragma once
+// Boost.Asio glue: await executor operations and worker-pool tasks from the daemon's
+// coroutines. The completion is posted to the awaiting coroutine's executor (its
+// session's strand), and an outstanding operation keeps that io_context's run() from
+// returning, as any asynchronous operation does.
+//
+//   co_await async_execute(executor, std::move(op), asio::use_awaitable);   // rethrows
+//   co_await async_run(workers, [&] { arena = pool.open_arena(...); }, asio::use_awaitable);
+//
+// The work must not refer to anything the coroutine does not keep alive while it awaits
+// (the coroutine frame itself does live until the completion).
+
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+
+#include "exec/executor.hpp"
+#include "exec/worker_pool.hpp"
+
+namespace statepool::service {
+namespace detail {
+
+/// Wraps a completion handler so that it can be called once from any thread: it is
+/// posted to its associated executor, which is kept busy until then.
+template <class Handler>
+Completion post_back(Handler&& handler) {
+  using Decayed = std::decay_t<Handler>;
+  auto shared = std::make_shared<Decayed>(std::forward<Handler>(handler));
+  auto work = std::make_shared<
+      boost::asio::executor_work_guard<boost::asio::associated_executor_t<Decayed>>>(
+      boost::asio::make_work_guard(boost::asio::get_associated_executor(*shared)));
+  return [shared, work](std::exception_ptr error) {
+    auto executor = work->get_executor();
+    boost::asio::post(executor,
+                      [shared, error]() mutable { std::move (*shared)(std::move(error)); });
+    work->reset();
+  };
+}
+
+}  // namespace detail
+
+/// Submits `op` and completes with void(std::exception_ptr) (use_awaitable rethrows it).
+template <class CompletionToken>
+auto async_execute(Executor& executor, Operation op, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+      [&executor](auto handler, Operation operation) {
+        executor.submit(std::move(operation), detail::post_back(std::move(handler)));
+      },
+      token, std::move(op));
+}
+
+/// Runs `task()` on a worker and completes with void(std::exception_ptr): its exception,
+/// if it threw. Results travel through what the task captures by reference.
+template <class Task, class CompletionToken>
+auto async_run(WorkerPool& workers, Task task, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
+      [&workers](auto handler, Task work) {
+        workers.post(
+            [work = std::move(work), done = detail::post_back(std::move(handler))]() mutable {
+              std::exception_ptr error;
+              try {
+                work();
+              } catch (...) {
+                error = std::current_exception();
+              }
+              done(std::move(error));
+            });
+      },
+      token, std::move(task));
+}
+
+}  // namespace statepool::service

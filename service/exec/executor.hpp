@@ -1,0 +1,84 @@
+#pragma once
+// Executors: where compress, decompress and copy run — never on an I/O thread.
+//
+//   HostExecutor   a WorkerPool splits one state's heads across every core
+//                  (host_executor.hpp); host memory only.
+//   CUDA executor  a stream per daemon, completion signalled by an event; device memory.
+//                  It implements this same interface (the CUDA backend issue).
+//
+// An Operation names its buffers by pointer and memory space and holds the allocations
+// and the page format it uses, so nothing it touches can be freed while it runs. submit()
+// returns at once; the completion is called exactly once when the work is complete
+// (every byte written), or with the error that stopped it. Sessions await it through
+// async_execute() (exec/async.hpp) and send their reply after it: one request in flight
+// per connection stays the rule.
+//
+// Errors given to the completion:
+//   StatusError(not_finite)        a state to compress holds NaN/Inf; nothing written
+//   StatusError(invalid_argument)  buffer sizes that do not match the page format, or
+//                                  memory this executor cannot reach; nothing written
+//   StatusError(internal)          anything else (a bug, a device error)
+//
+// Thread-safety: submit() may be called from any thread; completions run on the
+// executor's threads and must not block.
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "memory/resource.hpp"
+#include "statepool/kernels/memory.hpp"
+#include "statepool/kernels/page.hpp"
+
+namespace statepool::service {
+
+enum class OperationKind : std::uint8_t {
+  compress,    ///< page <- codec.encode(staged)
+  decompress,  ///< staged <- codec.decode(page)
+  copy,        ///< page <- source (whole pages of one format)
+};
+
+[[nodiscard]] const char* to_string(OperationKind kind) noexcept;
+
+struct Operation {
+  OperationKind kind = OperationKind::compress;
+  /// compress/decompress: the page format.
+  std::shared_ptr<const kernels::PageCodec> codec;
+  /// compress/decompress: element type of the staged recurrent state (f32 or bf16).
+  kernels::DType dtype = kernels::DType::f32;
+  /// compress: read; decompress: written. Exactly codec->staged_bytes(dtype) bytes.
+  kernels::BufferRef staged;
+  /// compress and copy: written; decompress: read. Exactly one page.
+  kernels::BufferRef page;
+  /// copy: the page read. Same size as `page`.
+  kernels::BufferRef source;
+  /// The memory the buffers point into, held until the operation completes.
+  std::vector<std::shared_ptr<const Allocation>> keep_alive;
+};
+
+/// Called once with nullptr on success or the error.
+using Completion = std::function<void(std::exception_ptr)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  Executor() = default;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  /// "host", "cuda".
+  [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  /// True when operations may read and write memory in `space` (on `device`).
+  [[nodiscard]] virtual bool can_access(MemorySpace space, int device) const noexcept = 0;
+  /// Starts `op`; see the top of this file.
+  virtual void submit(Operation op, Completion done) = 0;
+  /// Blocks until every operation submitted so far has completed and its completion has
+  /// returned (shutdown: afterwards nothing refers to the daemon's objects).
+  virtual void wait_idle() = 0;
+};
+
+}  // namespace statepool::service

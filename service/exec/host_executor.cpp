@@ -1,0 +1,143 @@
+#include "exec/host_executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "statepool/kernels/codec.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+std::span<const std::byte> in(const kernels::BufferRef& buffer) noexcept {
+  return {buffer.data, buffer.size};
+}
+std::span<std::byte> out(const kernels::BufferRef& buffer) noexcept {
+  return {buffer.data, buffer.size};
+}
+
+/// Copies are split into pieces of this size: big enough to stream, small enough that a
+/// 150 MB page spreads over every worker.
+constexpr std::size_t kCopyPiece = std::size_t{4} << 20;
+
+}  // namespace
+
+const char* to_string(OperationKind kind) noexcept {
+  switch (kind) {
+    case OperationKind::compress: return "compress";
+    case OperationKind::decompress: return "decompress";
+    case OperationKind::copy: return "copy";
+  }
+  return "unknown";
+}
+
+HostExecutor::HostExecutor(WorkerPool& workers, unsigned chunks_per_worker)
+    : workers_(workers), chunks_per_worker_(std::max(1u, chunks_per_worker)) {}
+
+HostExecutor::~HostExecutor() {
+  wait_idle();
+}
+
+bool HostExecutor::can_access(MemorySpace space, int /*device*/) const noexcept {
+  return space == MemorySpace::host;
+}
+
+std::size_t HostExecutor::grain(std::size_t items) const noexcept {
+  const std::size_t chunks = std::size_t{workers_.size() + 1} * chunks_per_worker_;
+  return std::max<std::size_t>(1, (items + chunks - 1) / chunks);
+}
+
+void HostExecutor::submit(Operation op, Completion done) {
+  {
+    const std::lock_guard lock(mutex_);
+    ++in_flight_;
+  }
+  workers_.post([this, op = std::move(op), done = std::move(done)]() mutable {
+    std::exception_ptr error;
+    try {
+      run(op);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    op.keep_alive.clear();  // release the memory before the session hears of completion
+    try {
+      done(error);
+    } catch (...) {
+      // A completion that cannot be delivered (out of memory posting it) must not keep
+      // wait_idle() waiting forever; the session it belonged to is closed by its timeout.
+    }
+    const std::lock_guard lock(mutex_);
+    if (--in_flight_ == 0) idle_.notify_all();
+  });
+}
+
+void HostExecutor::wait_idle() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+void HostExecutor::run(const Operation& op) {
+  for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
+    if (buffer->data != nullptr && !can_access(buffer->space, buffer->device)) {
+      throw StatusError(Status::invalid_argument,
+                        std::string("the host executor cannot ") + to_string(op.kind) +
+                            " memory on CUDA device " + std::to_string(buffer->device));
+    }
+  }
+  try {
+    switch (op.kind) {
+      case OperationKind::compress: return run_compress(op);
+      case OperationKind::decompress: return run_decompress(op);
+      case OperationKind::copy: return run_copy(op);
+    }
+  } catch (const kernels::NonFiniteError& e) {
+    throw StatusError(Status::not_finite, e.what());
+  } catch (const std::invalid_argument& e) {
+    throw StatusError(Status::invalid_argument, e.what());
+  }
+  throw StatusError(Status::internal, "unknown operation kind");
+}
+
+void HostExecutor::run_compress(const Operation& op) {
+  const kernels::PageCodec& codec = *op.codec;
+  const std::size_t heads = codec.head_count();
+  // Sizes and dtype first (an empty range checks them and writes nothing), then every
+  // value, then the writes: a rejected state leaves the page as it was.
+  codec.encode_heads(in(op.staged), op.dtype, out(op.page), 0, 0);
+  workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+    codec.check_finite(in(op.staged), op.dtype, first, last);
+  });
+  workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+    codec.encode_heads(in(op.staged), op.dtype, out(op.page), first, last);
+  });
+  codec.encode_conv(in(op.staged), op.dtype, out(op.page));
+}
+
+void HostExecutor::run_decompress(const Operation& op) {
+  const kernels::PageCodec& codec = *op.codec;
+  const std::size_t heads = codec.head_count();
+  codec.decode_heads(in(op.page), op.dtype, out(op.staged), 0, 0);
+  workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+    codec.decode_heads(in(op.page), op.dtype, out(op.staged), first, last);
+  });
+  codec.decode_conv(in(op.page), op.dtype, out(op.staged));
+}
+
+void HostExecutor::run_copy(const Operation& op) {
+  if (op.source.size != op.page.size) {
+    throw std::invalid_argument("copy: source page of " + std::to_string(op.source.size) +
+                                " bytes, destination of " + std::to_string(op.page.size));
+  }
+  if (op.source.data == op.page.data) return;
+  const std::size_t pieces = (op.page.size + kCopyPiece - 1) / kCopyPiece;
+  workers_.parallel_for(pieces, grain(pieces), [&](std::size_t first, std::size_t last) {
+    const std::size_t begin = first * kCopyPiece;
+    const std::size_t end = std::min(op.page.size, last * kCopyPiece);
+    std::memcpy(op.page.data + begin, op.source.data + begin, end - begin);
+  });
+}
+
+}  // namespace statepool::service

@@ -1,0 +1,50 @@
+#pragma once
+// HostExecutor: runs operations on host memory with a WorkerPool. One operation becomes
+// chunks of consecutive heads (heads and layers are independent), run by every idle
+// worker at once; several operations share the workers. The bytes written are those of
+// PageCodec::encode/decode exactly, whatever the split (kernels/page.hpp).
+//
+// Compress checks every value for NaN/Inf (in parallel) before writing anything, and
+// reports the first non-finite value in page order, as PageCodec::encode does.
+//
+// Thread-safety: as Executor.
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+#include "exec/executor.hpp"
+#include "exec/worker_pool.hpp"
+
+namespace statepool::service {
+
+class HostExecutor final : public Executor {
+ public:
+  /// `workers` must outlive this executor. `chunks_per_worker` sets how finely one state
+  /// is split (more chunks balance better, fewer cost less scheduling).
+  explicit HostExecutor(WorkerPool& workers, unsigned chunks_per_worker = 4);
+  ~HostExecutor() override;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "host"; }
+  [[nodiscard]] bool can_access(MemorySpace space, int device) const noexcept override;
+  void submit(Operation op, Completion done) override;
+  void wait_idle() override;
+
+  /// Runs `op` on the calling thread plus idle workers and returns when it is complete;
+  /// throws the errors a completion would receive. (submit() runs this on a worker.)
+  void run(const Operation& op);
+
+ private:
+  void run_compress(const Operation& op);
+  void run_decompress(const Operation& op);
+  void run_copy(const Operation& op);
+  [[nodiscard]] std::size_t grain(std::size_t items) const noexcept;
+
+  WorkerPool& workers_;
+  unsigned chunks_per_worker_;
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  std::uint64_t in_flight_ = 0;
+};
+
+}  // namespace statepool::service

@@ -1,0 +1,85 @@
+// Compress, Decompress, Copy: validated here, run by the Executor (never on this thread),
+// replied to when the work is complete.
+#include <boost/asio/use_awaitable.hpp>
+
+#include "exec/async.hpp"
+#include "handlers/handlers.hpp"
+#include "log.hpp"
+#include "statepool/protocol/convert.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+kernels::DType staging_dtype(wire::DType dtype) {
+  STATEPOOL_EXPECTS(
+      dtype == wire::DType::f32 || dtype == wire::DType::bf16, Status::invalid_argument,
+      cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
+  return protocol::from_wire(dtype);
+}
+
+/// [offset, offset + bytes) of a staging buffer of this connection (overflow-safe).
+kernels::BufferRef staging_range(const ConnectionState& c, std::uint32_t id, std::uint64_t offset,
+                                 std::size_t bytes, std::shared_ptr<const Allocation>& owner) {
+  const auto it = c.staging.find(id);
+  STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
+                    cat("no staging buffer ", id, " on this connection"));
+  kernels::BufferRef all = it->second->buffer();
+  STATEPOOL_EXPECTS(offset <= all.size && bytes <= all.size - offset, Status::invalid_argument,
+                    cat("staging range [", offset, ", ", offset + bytes, ") exceeds the ", all.size,
+                        "-byte staging buffer"));
+  owner = it->second;
+  all.data += offset;
+  all.size = bytes;
+  return all;
+}
+
+/// A compress or decompress of one page from / into a staging range.
+Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, std::uint32_t slot,
+                          std::uint32_t staging, std::uint64_t offset, wire::DType wire_dtype) {
+  const kernels::DType dtype = staging_dtype(wire_dtype);
+  const PageRef page = call.server.pool.page(call.connection.lease, arena, slot);
+  Operation op;
+  op.kind = kind;
+  op.dtype = dtype;
+  op.codec = page.codec;
+  std::shared_ptr<const Allocation> staging_memory;
+  op.staged = staging_range(call.connection, staging, offset, page.codec->staged_bytes(dtype),
+                            staging_memory);
+  op.page = page.buffer();
+  op.keep_alive = {page.memory, std::move(staging_memory)};
+  return op;
+}
+
+}  // namespace
+
+Handled handle(Call& call, const wire::Compress& in) {
+  Operation op = codec_operation(call, OperationKind::compress, in.arena_id(), in.slot(),
+                                 in.staging_id(), in.offset(), in.dtype());
+  const std::uint64_t page_bytes = op.codec->page_bytes();
+  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+  call.reply<wire::Compress>(wire::CreateCompressReply(call.builder(), page_bytes));
+}
+
+Handled handle(Call& call, const wire::Decompress& in) {
+  Operation op = codec_operation(call, OperationKind::decompress, in.arena_id(), in.slot(),
+                                 in.staging_id(), in.offset(), in.dtype());
+  const std::uint64_t state_bytes = op.staged.size;
+  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+  call.reply<wire::Decompress>(wire::CreateDecompressReply(call.builder(), state_bytes));
+}
+
+Handled handle(Call& call, const wire::Copy& in) {
+  Pool& pool = call.server.pool;
+  const PageRef src = pool.page(call.connection.lease, in.arena_id(), in.src_slot());
+  const PageRef dst = pool.page(call.connection.lease, in.arena_id(), in.dst_slot());
+  Operation op;
+  op.kind = OperationKind::copy;
+  op.source = src.buffer();
+  op.page = dst.buffer();
+  op.keep_alive = {src.memory};
+  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+  call.reply<wire::Copy>(wire::CreateCopyReply(call.builder()));
+}
+
+}  // namespace statepool::service

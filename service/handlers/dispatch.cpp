@@ -1,0 +1,113 @@
+#include <array>
+#include <exception>
+
+#include "handlers/handlers.hpp"
+#include "log.hpp"
+#include "statepool/protocol/frame.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+using Entry = Handled (*)(Call&, const wire::Request&);
+
+template <class Request>
+Handled invoke(Call& call, const wire::Request& request) {
+  return handle(call, *request.body_as<Request>());
+}
+
+/// One entry per RequestBody value; 0 (NONE) has none.
+constexpr auto kHandlers = [] {
+  std::array<Entry, static_cast<std::size_t>(wire::RequestBody::MAX) + 1> table{};
+  protocol::for_each_request([&]<class Request>() {
+    table[static_cast<std::size_t>(protocol::kRequestType<Request>)] = &invoke<Request>;
+  });
+  return table;
+}();
+
+constexpr bool every_request_handled() {
+  for (std::size_t i = 1; i < kHandlers.size(); ++i) {
+    if (kHandlers[i] == nullptr) return false;
+  }
+  return true;
+}
+static_assert(every_request_handled(), "a request type has no handler");
+
+Handled dispatch(Call& call, const wire::Request& request) {
+  const wire::RequestBody type = request.body_type();
+  const auto index = static_cast<std::size_t>(type);
+  if (index == 0 || index >= kHandlers.size()) {
+    call.result.close_after = true;
+    throw StatusError(Status::protocol_error,
+                      "unknown request type " + std::to_string(static_cast<int>(type)));
+  }
+  if (request.body() == nullptr) {
+    // The verifier accepts a union type without its table; every request needs one.
+    call.result.close_after = true;
+    throw StatusError(Status::protocol_error, std::string("request of type ") +
+                                                  protocol::request_name(type) + " has no body");
+  }
+  if (type == wire::RequestBody::Hello) {
+    try {
+      co_await kHandlers[index](call, request);
+    } catch (...) {
+      call.result.close_after = true;  // a connection without a lease is of no use: say why
+      throw;
+    }
+    co_return;
+  }
+  if (!call.connection.hello_done) {
+    call.result.close_after = true;
+    throw StatusError(Status::not_hello, "the first request on a connection must be hello");
+  }
+  co_await kHandlers[index](call, request);
+}
+
+}  // namespace
+
+void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
+                 const std::string& message) {
+  builder.Clear();
+  builder.Finish(wire::CreateReply(builder, id, status, builder.CreateString(message)));
+}
+
+Handled handle_request(ServerContext& server, ConnectionState& connection,
+                       const wire::Request& request, HandlerResult& result) {
+  Call call{server, connection, request.id(), result};
+  std::exception_ptr failure;
+  try {
+    co_await dispatch(call, request);
+    result.status = Status::ok;
+    co_return;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  result.attach.reset();
+  try {
+    std::rethrow_exception(failure);
+  } catch (const StatusError& e) {
+    result.status = e.status();
+    build_error(result.builder, request.id(), e.status(), e.what());
+  } catch (const std::exception& e) {
+    result.status = Status::internal;
+    LOG_ERROR("session", "connection ", connection.id, ": internal error in ",
+              protocol::request_name(request.body_type()), ": ", e.what());
+    build_error(result.builder, request.id(), Status::internal, cat("internal error: ", e.what()));
+  } catch (...) {
+    result.status = Status::internal;
+    LOG_ERROR("session", "connection ", connection.id, ": unknown exception in ",
+              protocol::request_name(request.body_type()));
+    build_error(result.builder, request.id(), Status::internal, "internal error");
+  }
+}
+
+void release_later(WorkerPool& workers, std::shared_ptr<const Allocation> memory) noexcept {
+  if (memory == nullptr) return;
+  try {
+    workers.post([memory = std::move(memory)]() mutable { memory.reset(); });
+  } catch (...) {
+    // Could not queue it (out of memory): release it here instead.
+  }
+}
+
+}  // namespace statepool::service

@@ -1,0 +1,132 @@
+#pragma once
+// Request handlers: one per request type (an overload of handle() for each table of the
+// RequestBody union), grouped by concern:
+//
+//   session.cpp    Hello, Ping, Drain, Stats
+//   layouts.cpp    RegisterLayout, InstallPlan
+//   memory.cpp     OpenArena, OpenStaging, CloseStaging, Allocate, Free
+//   data.cpp       Compress, Decompress, Copy            (on the Executor)
+//   capacity.cpp   PlanCapacity, FitsNow
+//   dispatch.cpp   handle_request(): verified Request in, Reply (and maybe a descriptor) out
+//
+// Handlers are coroutines on the connection's strand. Anything heavy leaves the I/O
+// thread: codec work and copies go to the Executor, allocations and other blocking calls
+// to the WorkerPool (exec/async.hpp); the handler awaits them and then builds its reply.
+// No socket I/O happens here, so handlers are tested without sockets. A handler reports
+// a refusal by throwing StatusError; dispatch turns it into the error reply.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <flatbuffers/flatbuffers.h>
+#include <sys/types.h>
+#include <boost/asio/awaitable.hpp>
+
+#include "config/config.hpp"
+#include "exec/executor.hpp"
+#include "exec/worker_pool.hpp"
+#include "memory/limiting.hpp"
+#include "memory/resource.hpp"
+#include "pool/pool.hpp"
+#include "statepool/protocol/messages.hpp"
+#include "statepool_generated.h"
+
+namespace statepool::service {
+
+/// What one connection knows about its peer; owned by its session, touched only on the
+/// session's strand (and by the handler it is running).
+struct ConnectionState {
+  std::uint64_t id = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool hello_done = false;
+  std::uint16_t version = 0;
+  std::string tenant;
+  std::string client_name;
+  LeaseId lease = 0;
+  /// This connection's staging budget (--max-staging-bytes), over the server's staging
+  /// memory; set by the session.
+  std::unique_ptr<LimitingResource> staging_limit;
+  std::map<std::uint32_t, std::shared_ptr<Allocation>> staging;
+  std::uint32_t next_staging_id = 1;
+};
+
+/// Server-wide facts and services the handlers use.
+struct ServerContext {
+  const Config& config;
+  Pool& pool;
+  MemoryResource& staging_memory;  ///< staging buffers come from here (via staging_limit)
+  WorkerPool& workers;             ///< blocking calls
+  Executor& executor;              ///< compress / decompress / copy
+  std::chrono::steady_clock::time_point started;
+  std::function<std::uint32_t()> clients_connected;
+  std::function<void(const std::string& why)> request_drain;
+};
+
+struct HandlerResult {
+  flatbuffers::FlatBufferBuilder builder;
+  wire::Status status = wire::Status::ok;
+  /// Memory whose share descriptor is sent with the reply (SCM_RIGHTS), if any; held until
+  /// the reply is written.
+  std::shared_ptr<const Allocation> attach;
+  bool close_after = false;  ///< close the connection after sending the reply
+  /// The descriptor to send, or -1.
+  [[nodiscard]] int fd() const noexcept { return attach ? attach->info().fd : -1; }
+};
+
+/// One request being handled.
+struct Call {
+  ServerContext& server;
+  ConnectionState& connection;
+  std::uint64_t id = 0;  ///< the request's id, echoed in the reply
+  HandlerResult& result;
+
+  /// Finishes the reply with `body`, which must be the reply table of `Request`.
+  template <class Request>
+  void reply(flatbuffers::Offset<protocol::ReplyFor<Request>> body) {
+    result.builder.Finish(wire::CreateReply(result.builder, id, wire::Status::ok, 0,
+                                            protocol::kReplyType<protocol::ReplyFor<Request>>,
+                                            body.Union()));
+  }
+  [[nodiscard]] flatbuffers::FlatBufferBuilder& builder() noexcept { return result.builder; }
+};
+
+using Handled = boost::asio::awaitable<void>;
+
+Handled handle(Call& call, const wire::Hello& request);
+Handled handle(Call& call, const wire::Ping& request);
+Handled handle(Call& call, const wire::Drain& request);
+Handled handle(Call& call, const wire::Stats& request);
+Handled handle(Call& call, const wire::RegisterLayout& request);
+Handled handle(Call& call, const wire::InstallPlan& request);
+Handled handle(Call& call, const wire::OpenArena& request);
+Handled handle(Call& call, const wire::OpenStaging& request);
+Handled handle(Call& call, const wire::CloseStaging& request);
+Handled handle(Call& call, const wire::Allocate& request);
+Handled handle(Call& call, const wire::Free& request);
+Handled handle(Call& call, const wire::Compress& request);
+Handled handle(Call& call, const wire::Decompress& request);
+Handled handle(Call& call, const wire::Copy& request);
+Handled handle(Call& call, const wire::PlanCapacity& request);
+Handled handle(Call& call, const wire::FitsNow& request);
+
+/// Handles one verified request. Never throws: errors become error replies (internal ones
+/// logged). Requests other than Hello before Hello are refused (not_hello) and close the
+/// connection, as do a failed Hello and malformed requests.
+Handled handle_request(ServerContext& server, ConnectionState& connection,
+                       const wire::Request& request, HandlerResult& result);
+
+/// Builds an error reply (also used for frames that never became requests).
+void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, wire::Status status,
+                 const std::string& message);
+
+/// Releases memory on a worker: unmapping a multi-GiB buffer must not stall an I/O
+/// thread. Safe to call with nullptr; never throws.
+void release_later(WorkerPool& workers, std::shared_ptr<const Allocation> memory) noexcept;
+
+}  // namespace statepool::service

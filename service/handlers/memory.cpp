@@ -1,0 +1,93 @@
+// OpenArena, OpenStaging, CloseStaging (allocations, on a worker), Allocate, Free (slot
+// tables only: inline).
+#include <algorithm>
+#include <vector>
+
+#include <boost/asio/use_awaitable.hpp>
+
+#include "exec/async.hpp"
+#include "handlers/handlers.hpp"
+#include "log.hpp"
+#include "statepool/protocol/convert.hpp"
+#include "statepool/protocol/status.hpp"
+#include "statepool/support/size.hpp"
+
+namespace statepool::service {
+namespace {
+
+constexpr std::uint32_t kMaxSlotsPerRequest = 65536;
+
+}  // namespace
+
+Handled handle(Call& call, const wire::OpenArena& in) {
+  ServerContext& s = call.server;
+  const std::string& tenant = call.connection.tenant;
+  ArenaInfo a;
+  co_await async_run(
+      s.workers, [&] { a = s.pool.open_arena(tenant, in.layout_id(), in.pages()); },
+      boost::asio::use_awaitable);
+  if (a.created) {
+    LOG_INFO("pool", "arena ", a.id, " created for tenant '", a.tenant, "', layout '",
+             a.layout_name, "' (", kernels::to_string(a.codec), "): ", a.page_count, " pages of ",
+             a.page_bytes, " B, ", support::format_bytes(a.bytes), " of ", a.backend, " memory");
+  }
+  auto& b = call.builder();
+  const auto memory = protocol::to_wire(b, a.memory->info().where);
+  const auto backend = b.CreateString(a.backend);
+  call.reply<wire::OpenArena>(wire::CreateOpenArenaReply(
+      b, a.id, a.bytes, a.page_bytes, a.page_stride, a.page_count, backend, a.created, memory));
+  if (a.memory->info().where.handle_is_fd()) call.result.attach = a.memory;
+}
+
+Handled handle(Call& call, const wire::OpenStaging& in) {
+  ServerContext& s = call.server;
+  ConnectionState& c = call.connection;
+  STATEPOOL_EXPECTS(in.bytes() > 0, Status::invalid_argument, "staging bytes must be positive");
+  const std::uint32_t staging_id = c.next_staging_id++;
+  std::shared_ptr<Allocation> memory;
+  // The connection's budget refuses first (quota_exceeded, nothing allocated).
+  co_await async_run(
+      s.workers,
+      [&] {
+        memory = c.staging_limit->allocate(static_cast<std::size_t>(in.bytes()),
+                                           cat("statepool-staging-", c.id, "-", staging_id));
+      },
+      boost::asio::use_awaitable);
+  c.staging.emplace(staging_id, memory);
+  auto& b = call.builder();
+  const auto where = protocol::to_wire(b, memory->info().where);
+  call.reply<wire::OpenStaging>(wire::CreateOpenStagingReply(b, staging_id, memory->size(), where));
+  if (memory->info().where.handle_is_fd()) call.result.attach = std::move(memory);
+}
+
+Handled handle(Call& call, const wire::CloseStaging& in) {
+  ConnectionState& c = call.connection;
+  const auto it = c.staging.find(in.staging_id());
+  STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
+                    cat("no staging buffer ", in.staging_id(), " on this connection"));
+  release_later(call.server.workers, std::move(it->second));
+  c.staging.erase(it);
+  call.reply<wire::CloseStaging>(wire::CreateCloseStagingReply(call.builder()));
+  co_return;
+}
+
+Handled handle(Call& call, const wire::Allocate& in) {
+  STATEPOOL_EXPECTS(
+      in.count() >= 1 && in.count() <= kMaxSlotsPerRequest, Status::invalid_argument,
+      cat("allocate count must be between 1 and ", kMaxSlotsPerRequest, ", got ", in.count()));
+  const auto slots = call.server.pool.allocate(call.connection.lease, in.arena_id(), in.count());
+  auto& b = call.builder();
+  call.reply<wire::Allocate>(wire::CreateAllocateReply(b, b.CreateVector(slots)));
+  co_return;
+}
+
+Handled handle(Call& call, const wire::Free& in) {
+  STATEPOOL_EXPECTS(in.slots() != nullptr && in.slots()->size() > 0, Status::invalid_argument,
+                    "free without slots");
+  const std::vector<SlotId> slots(in.slots()->begin(), in.slots()->end());
+  const std::uint32_t freed = call.server.pool.free(call.connection.lease, in.arena_id(), slots);
+  call.reply<wire::Free>(wire::CreateFreeReply(call.builder(), freed));
+  co_return;
+}
+
+}  // namespace statepool::service

@@ -1,0 +1,116 @@
+// Hello, Ping, Drain, Stats.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "handlers/handlers.hpp"
+#include "log.hpp"
+#include "statepool/protocol/convert.hpp"
+#include "statepool/protocol/frame.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+constexpr const char* kServerName = "statepoold 0.1.0";
+
+std::string str(const flatbuffers::String* s) {
+  return s == nullptr ? std::string() : s->str();
+}
+
+/// Operators (root and the daemon's own uid) may see every tenant and drain the daemon.
+bool is_operator(const ConnectionState& c) noexcept {
+  return c.uid == 0 || c.uid == ::geteuid();
+}
+
+}  // namespace
+
+Handled handle(Call& call, const wire::Hello& in) {
+  ServerContext& s = call.server;
+  ConnectionState& c = call.connection;
+  STATEPOOL_EXPECTS(!c.hello_done, Status::invalid_argument,
+                    "hello was already done on this connection");
+  if (in.max_version() < protocol::kMinProtocolVersion ||
+      in.min_version() > protocol::kMaxProtocolVersion || in.min_version() > in.max_version()) {
+    throw StatusError(Status::unsupported_version,
+                      cat("client speaks protocol versions ", in.min_version(), "..",
+                          in.max_version(), ", daemon speaks ", protocol::kMinProtocolVersion, "..",
+                          protocol::kMaxProtocolVersion));
+  }
+  const std::string tenant = in.tenant() == nullptr || in.tenant()->size() == 0
+                                 ? std::string("default")
+                                 : in.tenant()->str();
+  s.pool.check_peer(tenant, c.uid, c.gid);  // unknown_tenant / permission_denied
+  const LeaseGrant grant = s.pool.attach_lease(tenant, str(in.lease_token()));
+  c.hello_done = true;
+  c.tenant = tenant;
+  c.lease = grant.id;
+  c.client_name = str(in.client_name()).substr(0, 128);
+  c.version = std::min(in.max_version(), protocol::kMaxProtocolVersion);
+  LOG_INFO("session", "connection ", c.id, ": client '", c.client_name, "' (pid ", c.pid, ", uid ",
+           c.uid, ") tenant '", tenant, "', lease ", grant.token.substr(0, 8), "… ",
+           grant.resumed ? cat("resumed with ", grant.slots, " slots") : std::string("new"));
+  auto& b = call.builder();
+  call.reply<wire::Hello>(wire::CreateHelloReply(
+      b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
+      b.CreateString(kServerName), static_cast<std::uint32_t>(s.config.pool.grace_period.count()),
+      s.config.max_frame_bytes));
+  co_return;
+}
+
+Handled handle(Call& call, const wire::Ping& /*in*/) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  call.reply<wire::Ping>(wire::CreatePingReply(
+      call.builder(), static_cast<std::uint64_t>(
+                          std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())));
+  co_return;
+}
+
+Handled handle(Call& call, const wire::Drain& /*in*/) {
+  const ConnectionState& c = call.connection;
+  STATEPOOL_EXPECTS(
+      is_operator(c), Status::permission_denied,
+      cat("drain needs uid 0 or the daemon's uid ", ::geteuid(), "; peer uid is ", c.uid));
+  call.server.request_drain(cat("drain request from connection ", c.id, " (pid ", c.pid, ")"));
+  call.reply<wire::Drain>(wire::CreateDrainReply(call.builder()));
+  co_return;
+}
+
+Handled handle(Call& call, const wire::Stats& /*in*/) {
+  ServerContext& s = call.server;
+  const ConnectionState& c = call.connection;
+  PoolStats stats = s.pool.stats();
+  // Tenants see only themselves; operators see all.
+  if (!is_operator(c)) {
+    std::erase_if(stats.arenas, [&](const ArenaInfo& a) { return a.tenant != c.tenant; });
+    std::erase_if(stats.tenants, [&](const TenantUsage& t) { return t.name != c.tenant; });
+  }
+  auto& b = call.builder();
+  std::vector<flatbuffers::Offset<wire::ArenaStats>> arenas;
+  arenas.reserve(stats.arenas.size());
+  for (const auto& a : stats.arenas) {
+    arenas.push_back(wire::CreateArenaStats(
+        b, a.id, b.CreateString(a.tenant), a.layout, b.CreateString(a.layout_name),
+        protocol::to_wire(a.codec), b.CreateString(a.backend), a.page_bytes, a.page_stride,
+        a.page_count, a.pages_used, a.bytes,
+        static_cast<std::uint64_t>(a.pages_used) * a.fp32_page_bytes));
+  }
+  std::vector<flatbuffers::Offset<wire::TenantStats>> tenants;
+  tenants.reserve(stats.tenants.size());
+  for (const auto& t : stats.tenants) {
+    tenants.push_back(wire::CreateTenantStats(b, b.CreateString(t.name), t.quota_bytes,
+                                              t.reserved_bytes, t.pages_used, t.stored_bytes,
+                                              t.fp32_bytes));
+  }
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();
+  call.reply<wire::Stats>(wire::CreateStatsReply(
+      b, b.CreateVector(arenas), b.CreateVector(tenants), s.clients_connected(),
+      stats.leases_active, stats.leases_orphaned, stats.pages_reclaimed_total, stats.capacity_bytes,
+      stats.reserved_bytes, uptime));
+  co_return;
+}
+
+}  // namespace statepool::service

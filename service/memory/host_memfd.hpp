@@ -1,0 +1,29 @@
+#pragma once
+// The host backend's memory: a sealed memfd mapped MAP_SHARED. The descriptor is what
+// clients receive over SCM_RIGHTS and map themselves. The embedded default, so everything
+// runs without a GPU.
+//
+// Pages are committed at allocation (posix_fallocate), so running out of memory is a
+// clean pool_exhausted here, not a SIGBUS on first touch later. The memfd is sealed
+// against shrinking and growing before it is shared: a client holding the descriptor
+// cannot truncate memory under the daemon. Descriptors are close-on-exec.
+//
+// Thread-safety: allocate() may be called concurrently.
+
+#include "memory/resource.hpp"
+
+namespace statepool::service {
+
+class HostMemfdResource final : public MemoryResource {
+ public:
+  [[nodiscard]] std::string_view name() const noexcept override { return "host"; }
+  [[nodiscard]] MemorySpace space() const noexcept override { return MemorySpace::host; }
+  [[nodiscard]] int device() const noexcept override { return -1; }
+  /// A memfd has any length (the kernel backs it with whole pages): 1.
+  [[nodiscard]] std::size_t granularity() const noexcept override { return 1; }
+
+ private:
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override;
+};
+
+}  // namespace statepool::service

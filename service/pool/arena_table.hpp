@@ -1,0 +1,72 @@
+#pragma once
+// ArenaTable: the arenas, one per (tenant, layout): each a memory allocation cut into
+// pages at a fixed stride, a slot allocator, and the owning lease of every slot.
+//
+// Creating an arena's memory can take long (a multi-GiB memfd is committed page by page)
+// and must not happen under the pool's lock, so creation is two steps: reserve() marks
+// the (tenant, layout) key as being created, the memory is allocated without the lock,
+// and add() or cancel() ends it. Others asking for the same key meanwhile wait for it.
+//
+// Thread-safety: none; the Pool serializes every call.
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memory/resource.hpp"
+#include "pool/ids.hpp"
+#include "pool/slot_allocator.hpp"
+#include "statepool/kernels/page.hpp"
+
+namespace statepool::service {
+
+struct Arena {
+  ArenaId id = 0;
+  std::size_t tenant = 0;  ///< index into the pool's tenants
+  LayoutId layout = 0;
+  std::shared_ptr<const kernels::PageCodec> codec;
+  std::size_t page_stride = 0;
+  std::shared_ptr<Allocation> memory;
+  SlotAllocator slots;
+  std::vector<LeaseId> owner;  ///< per slot; 0 = free
+
+  explicit Arena(std::uint32_t pages) : slots(pages), owner(pages, 0) {}
+  [[nodiscard]] std::uint32_t page_count() const noexcept { return slots.capacity(); }
+  /// The page of `slot` as a buffer (slot < page_count()).
+  [[nodiscard]] kernels::BufferRef page(SlotId slot) const noexcept;
+};
+
+class ArenaTable {
+ public:
+  using Key = std::pair<std::size_t, LayoutId>;  ///< (tenant, layout)
+
+  [[nodiscard]] Arena* find(const Key& key) noexcept;
+  /// Throws StatusError(not_found).
+  [[nodiscard]] Arena& get(ArenaId id);
+  [[nodiscard]] const Arena& get(ArenaId id) const;
+
+  /// True while another caller is creating the arena for `key`.
+  [[nodiscard]] bool creating(const Key& key) const noexcept { return pending_.contains(key); }
+  [[nodiscard]] bool any_creating() const noexcept { return !pending_.empty(); }
+  /// Marks `key` as being created (it must not be).
+  void reserve(const Key& key) { pending_.insert(key); }
+  /// Ends a failed creation.
+  void cancel(const Key& key) noexcept { pending_.erase(key); }
+  /// Ends a creation: takes the new arena (its id is assigned here) and returns it.
+  /// Strong guarantee: on std::bad_alloc nothing changes (the key stays reserved).
+  Arena& add(const Key& key, std::unique_ptr<Arena> arena);
+
+  [[nodiscard]] const std::vector<std::unique_ptr<Arena>>& all() const noexcept { return arenas_; }
+  [[nodiscard]] std::vector<std::unique_ptr<Arena>>& all() noexcept { return arenas_; }
+  [[nodiscard]] std::size_t index_size() const noexcept { return index_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<Arena>> arenas_;  // id = index + 1
+  std::map<Key, ArenaId> index_;
+  std::set<Key> pending_;
+};
+
+}  // namespace statepool::service

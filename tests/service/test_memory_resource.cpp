@@ -1,0 +1,521 @@
+// The memory-resource conformance suite: one contract, every implementation.
+//
+// Instantiated for the host memfd resource and for each adaptor over it (a limit that is
+// not reached, tracking); the CUDA resource joins the list with the CUDA backend (its
+// traits read and write device memory, and skip without a device). Host-specific and
+// adaptor-specific behaviour follows the suite.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "memory/host_memfd.hpp"
+#include "memory/limiting.hpp"
+#include "memory/tracking.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+// --- helpers ----------------------------------------------------------------------------
+
+/// Open descriptors of this process.
+std::size_t open_fds() {
+  std::size_t count = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    ::closedir(dir);
+  }
+  return count - 1;  // the directory stream's own descriptor
+}
+
+/// Makes ftruncate of a memfd beyond 1 MiB fail with EFBIG (no real memory is touched).
+class FileSizeLimit {
+ public:
+  FileSizeLimit() {
+    EXPECT_EQ(::getrlimit(RLIMIT_FSIZE, &saved_), 0);
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    EXPECT_EQ(::sigaction(SIGXFSZ, &ignore, &old_action_), 0);
+    struct rlimit limited = saved_;
+    limited.rlim_cur = 1 << 20;
+    EXPECT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    ::sigaction(SIGXFSZ, &old_action_, nullptr);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+
+ private:
+  struct rlimit saved_ {};
+  struct sigaction old_action_ {};
+};
+
+/// Sends `fd` over a socketpair to a forked child, which maps it as a client would, checks
+/// that it sees `expect` at every byte, writes `reply` everywhere and exits 0 (else 1..5).
+/// Returns the child's exit status.
+int share_with_child(int fd, std::size_t bytes, std::byte expect, std::byte reply) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return -1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(pair[0]);
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    if (::recvmsg(pair[1], &msg, MSG_CMSG_CLOEXEC) != 1) ::_exit(1);
+    const cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) ::_exit(2);
+    int received = -1;
+    std::memcpy(&received, CMSG_DATA(cmsg), sizeof received);
+    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, received, 0);
+    if (addr == MAP_FAILED) ::_exit(3);
+    auto* data = static_cast<std::byte*>(addr);
+    for (std::size_t i = 0; i < bytes; ++i) {
+      if (data[i] != expect) ::_exit(4);
+    }
+    std::memset(data, std::to_integer<int>(reply), bytes);
+    if (::munmap(addr, bytes) != 0) ::_exit(5);
+    ::_exit(0);
+  }
+  ::close(pair[1]);
+  char byte = 1;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
+  const bool sent = ::sendmsg(pair[0], &msg, MSG_NOSIGNAL) == 1;
+  ::close(pair[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (!sent) return -2;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -3;
+}
+
+// --- the implementations under test ------------------------------------------------------
+// Each traits type owns a resource (and its upstream), says how to make it refuse an
+// allocation with pool_exhausted, and reads and writes the memory it gives.
+
+struct HostTraits {
+  HostMemfdResource host;
+  MemoryResource& resource() { return host; }
+  /// A size the resource refuses while the returned guard lives.
+  static std::size_t refused_bytes() { return 4 << 20; }
+  static std::unique_ptr<FileSizeLimit> refuse() { return std::make_unique<FileSizeLimit>(); }
+  static void fill(const Allocation& a, std::byte value) {
+    std::memset(a.host_bytes().data(), std::to_integer<int>(value), a.size());
+  }
+  static bool all(const Allocation& a, std::byte value) {
+    for (const std::byte b : a.host_bytes()) {
+      if (b != value) return false;
+    }
+    return true;
+  }
+  static constexpr const char* kName = "host";
+};
+
+struct LimitedHostTraits : HostTraits {
+  LimitingResource limited{host, std::uint64_t{64} << 20, Status::pool_exhausted,
+                           LimitText{"test capacity", "reserved", " capacity"}};
+  MemoryResource& resource() { return limited; }
+  /// The limit refuses: no file-size trick needed.
+  static std::size_t refused_bytes() { return std::size_t{65} << 20; }
+  static std::unique_ptr<FileSizeLimit> refuse() { return nullptr; }
+};
+
+struct TrackedHostTraits : HostTraits {
+  TrackingResource tracked{host};
+  MemoryResource& resource() { return tracked; }
+};
+
+template <class Traits>
+class MemoryResourceConformance : public ::testing::Test {
+ protected:
+  Traits traits_;
+  MemoryResource& resource() { return traits_.resource(); }
+};
+
+using Implementations = ::testing::Types<HostTraits, LimitedHostTraits, TrackedHostTraits>;
+class ImplementationNames {
+ public:
+  template <class T>
+  static std::string GetName(int /*index*/) {
+    if constexpr (std::is_same_v<T, HostTraits>) return "host_memfd";
+    if constexpr (std::is_same_v<T, LimitedHostTraits>) return "limiting_over_host";
+    if constexpr (std::is_same_v<T, TrackedHostTraits>) return "tracking_over_host";
+    return "unknown";
+  }
+};
+TYPED_TEST_SUITE(MemoryResourceConformance, Implementations, ImplementationNames);
+
+TYPED_TEST(MemoryResourceConformance, AllocatesZeroedMemoryDescribedByTheResource) {
+  MemoryResource& r = this->resource();
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{4095}, std::size_t{1} << 20}) {
+    const auto a = r.allocate(bytes, "conformance-zeroed");
+    ASSERT_NE(a, nullptr);
+    const AllocationInfo& info = a->info();
+    EXPECT_EQ(info.bytes, r.allocation_size(bytes));
+    EXPECT_GE(info.bytes, bytes);
+    EXPECT_EQ(info.bytes % r.granularity(), 0u);
+    EXPECT_NE(info.data, nullptr);
+    EXPECT_EQ(info.where.space, r.space());
+    EXPECT_EQ(info.where.device, r.device());
+    EXPECT_EQ(info.where.granularity, r.granularity());
+    EXPECT_EQ(a->buffer().data, info.data);
+    EXPECT_EQ(a->buffer().size, info.bytes);
+    EXPECT_EQ(r.name(), TypeParam::kName);
+    EXPECT_TRUE(TypeParam::all(*a, std::byte{0})) << bytes << " bytes";
+  }
+}
+
+TYPED_TEST(MemoryResourceConformance, HandleIsACloseOnExecDescriptorWhenItIsOne) {
+  const auto a = this->resource().allocate(8192, "conformance-handle");
+  const AllocationInfo& info = a->info();
+  if (!info.where.handle_is_fd()) {
+    EXPECT_EQ(info.fd, -1);
+    return;
+  }
+  ASSERT_GE(info.fd, 0);
+  EXPECT_EQ(::fcntl(info.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+}
+
+TYPED_TEST(MemoryResourceConformance, ASecondProcessSeesTheSameBytes) {
+  const auto a = this->resource().allocate(64 << 10, "conformance-peer");
+  ASSERT_TRUE(a->info().where.handle_is_fd()) << "the host kinds share descriptors";
+  TypeParam::fill(*a, std::byte{0x5a});
+  EXPECT_EQ(share_with_child(a->info().fd, a->size(), std::byte{0x5a}, std::byte{0xc3}), 0);
+  EXPECT_TRUE(TypeParam::all(*a, std::byte{0xc3})) << "the peer's writes are not visible here";
+}
+
+TYPED_TEST(MemoryResourceConformance, ExhaustionIsACleanPoolExhaustedThatLeaksNothing) {
+  MemoryResource& r = this->resource();
+  const std::size_t fds = open_fds();
+  {
+    const auto guard = TypeParam::refuse();
+    try {
+      (void)r.allocate(TypeParam::refused_bytes(), "conformance-refused");
+      FAIL() << "expected StatusError(pool_exhausted)";
+    } catch (const StatusError& e) {
+      EXPECT_EQ(e.status(), Status::pool_exhausted) << e.what();
+      EXPECT_NE(std::string(e.what()), "") << "the message says what was refused";
+    }
+  }
+  EXPECT_EQ(open_fds(), fds);
+  // And the resource still works afterwards.
+  EXPECT_NE(r.allocate(4096, "conformance-after"), nullptr);
+}
+
+TYPED_TEST(MemoryResourceConformance, ZeroBytesIsInvalidArgument) {
+  try {
+    (void)this->resource().allocate(0, "conformance-zero");
+    FAIL() << "expected StatusError(invalid_argument)";
+  } catch (const StatusError& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("conformance-zero"), std::string::npos) << e.what();
+  }
+}
+
+TYPED_TEST(MemoryResourceConformance, ReleaseReturnsTheMemoryAndItsDescriptor) {
+  MemoryResource& r = this->resource();
+  const std::size_t fds = open_fds();
+  int fd = -1;
+  {
+    auto a = r.allocate(1 << 20, "conformance-release");
+    fd = a->info().fd;
+    EXPECT_GT(open_fds(), fds);
+    // A second holder keeps it alive (what an executor does while it works).
+    auto holder = a;
+    a.reset();
+    EXPECT_TRUE(TypeParam::all(*holder, std::byte{0}));
+  }
+  EXPECT_EQ(open_fds(), fds);
+  if (fd >= 0) {
+    errno = 0;
+    EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
+    EXPECT_EQ(errno, EBADF);
+  }
+  // Many cycles leave nothing behind.
+  for (int i = 0; i < 200; ++i) (void)r.allocate(4096, "conformance-cycle");
+  EXPECT_EQ(open_fds(), fds);
+}
+
+TYPED_TEST(MemoryResourceConformance, ConcurrentAllocationsAreDistinctAndIndependent) {
+  MemoryResource& r = this->resource();
+  constexpr int kThreads = 4;
+  constexpr int kEach = 16;
+  std::vector<std::shared_ptr<Allocation>> got(kThreads * kEach);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        auto a = r.allocate(8192, "conformance-concurrent");
+        TypeParam::fill(*a, static_cast<std::byte>(t * kEach + i));
+        got[static_cast<std::size_t>(t * kEach + i)] = std::move(a);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::set<const std::byte*> addresses;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NE(got[i], nullptr);
+    addresses.insert(got[i]->info().data);
+    EXPECT_TRUE(TypeParam::all(*got[i], static_cast<std::byte>(i))) << "allocation " << i;
+  }
+  EXPECT_EQ(addresses.size(), got.size());
+}
+
+// --- host memfd specifics -----------------------------------------------------------------
+
+// A client holding the descriptor must not be able to truncate memory under the daemon
+// (SIGBUS) or grow it: the memfd is sealed.
+TEST(HostMemfdResource, DescriptorIsSealedAgainstResizing) {
+  HostMemfdResource host;
+  const auto a = host.allocate(8192, "test-sealed");
+  const int fd = a->info().fd;
+  EXPECT_EQ(::fcntl(fd, F_GET_SEALS), F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::ftruncate(fd, 16384), -1);
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  EXPECT_EQ(st.st_size, 8192);
+  a->host_bytes()[8191] = std::byte{1};  // still mapped and writable
+}
+
+TEST(HostMemfdResource, LongOrOddLabelsAreAccepted) {
+  HostMemfdResource host;
+  std::string label(1000, 'x');
+  label[10] = '\0';
+  EXPECT_EQ(host.allocate(4096, label)->size(), 4096u);
+}
+
+// A size the system refuses is pool_exhausted (the operator can act on it), with the
+// failing call, the label and the errno text in the message.
+TEST(HostMemfdResource, RefusedSizeNamesTheCallAndTheLabel) {
+  HostMemfdResource host;
+  FileSizeLimit limit;
+  try {
+    (void)host.allocate(4 << 20, "test-too-big");
+    FAIL() << "expected StatusError";
+  } catch (const StatusError& e) {
+    EXPECT_EQ(e.status(), Status::pool_exhausted);
+    EXPECT_NE(std::string(e.what()).find("ftruncate"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test-too-big"), std::string::npos) << e.what();
+  }
+}
+
+// Running out of descriptors is a shortage too (issue: EMFILE used to be `internal`).
+TEST(HostMemfdResource, OutOfDescriptorsIsPoolExhausted) {
+  HostMemfdResource host;
+  struct rlimit saved {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  struct rlimit limited = saved;
+  limited.rlim_cur = open_fds() + 1;  // one more descriptor, then EMFILE
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limited), 0);
+  std::vector<std::shared_ptr<Allocation>> held;
+  bool refused = false;
+  for (int i = 0; i < 8 && !refused; ++i) {
+    try {
+      held.push_back(host.allocate(4096, "test-emfile"));
+    } catch (const StatusError& e) {
+      refused = true;
+      EXPECT_EQ(e.status(), Status::pool_exhausted) << e.what();
+      EXPECT_NE(std::string(e.what()).find("memfd_create"), std::string::npos) << e.what();
+    }
+  }
+  held.clear();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_TRUE(refused);
+}
+
+// --- adaptors -----------------------------------------------------------------------------
+
+/// An upstream that fails when told to.
+class FlakyResource final : public MemoryResource {
+ public:
+  [[nodiscard]] std::string_view name() const noexcept override { return "flaky"; }
+  [[nodiscard]] MemorySpace space() const noexcept override { return MemorySpace::host; }
+  [[nodiscard]] int device() const noexcept override { return -1; }
+  [[nodiscard]] std::size_t granularity() const noexcept override { return 4096; }
+  std::atomic<bool> fail{false};
+  std::atomic<int> calls{0};
+
+ private:
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override {
+    ++calls;
+    if (fail) throw StatusError(Status::internal, "flaky: no memory today");
+    return inner_.allocate(bytes, label);
+  }
+  HostMemfdResource inner_;
+};
+
+TEST(LimitingResource, ChargesUntilTheLimitAndRefusesWithItsStatusAndText) {
+  FlakyResource upstream;
+  LimitingResource quota(upstream, 3 * 4096, Status::quota_exceeded,
+                         LimitText{"tenant 'a' quota", "reserved", " quota"});
+  EXPECT_EQ(quota.name(), "flaky");
+  EXPECT_EQ(quota.granularity(), 4096u);
+  auto a = quota.allocate(100, "a");  // rounded up to the granularity: one unit
+  EXPECT_EQ(a->size(), 4096u);
+  EXPECT_EQ(quota.used(), 4096u);
+  auto b = quota.allocate(2 * 4096, "b");
+  EXPECT_EQ(quota.used(), 3 * 4096u);
+  EXPECT_EQ(quota.available(), 0u);
+  EXPECT_FALSE(quota.fits(1));
+  EXPECT_FALSE(quota.fits(~std::uint64_t{0}));  // no overflow
+  const int calls = upstream.calls;
+  try {
+    (void)quota.allocate(1, "c");
+    FAIL() << "expected LimitExceeded";
+  } catch (const LimitExceeded& e) {
+    EXPECT_EQ(e.status(), Status::quota_exceeded);
+    EXPECT_EQ(std::string(e.what()),
+              "tenant 'a' quota exceeded: 12 KiB reserved + 4.0 KiB requested > 12 KiB quota");
+  }
+  EXPECT_EQ(upstream.calls, calls) << "a refusal never reaches the upstream";
+  a.reset();
+  EXPECT_EQ(quota.used(), 2 * 4096u);
+  EXPECT_TRUE(quota.fits(4096));
+}
+
+TEST(LimitingResource, AnUpstreamFailureChargesNothing) {
+  FlakyResource upstream;
+  LimitingResource limit(upstream, 1 << 20, Status::pool_exhausted, LimitText{"cap"});
+  upstream.fail = true;
+  try {
+    (void)limit.allocate(4096, "x");
+    FAIL() << "expected the upstream's error";
+  } catch (const StatusError& e) {
+    EXPECT_EQ(e.status(), Status::internal);
+    EXPECT_EQ(std::string(e.what()), "flaky: no memory today");
+  }
+  EXPECT_EQ(limit.used(), 0u);
+}
+
+TEST(LimitingResource, ZeroMeansUnlimitedButCounted) {
+  HostMemfdResource host;
+  LimitingResource unlimited(host, 0, Status::pool_exhausted, LimitText{"cap"});
+  EXPECT_TRUE(unlimited.unlimited());
+  auto a = unlimited.allocate(1 << 20, "x");
+  EXPECT_EQ(unlimited.used(), 1u << 20);
+  EXPECT_TRUE(unlimited.fits(std::uint64_t{1} << 62));
+}
+
+TEST(LimitingResource, ChainedLimitsEachChargeAndEachReleaseOnce) {
+  HostMemfdResource host;
+  LimitingResource capacity(host, 1 << 20, Status::pool_exhausted,
+                            LimitText{"pool capacity", "reserved", " capacity"});
+  LimitingResource quota_a(capacity, 0, Status::quota_exceeded, LimitText{"tenant 'a' quota"});
+  LimitingResource quota_b(capacity, 0, Status::quota_exceeded, LimitText{"tenant 'b' quota"});
+  auto a = quota_a.allocate(512 << 10, "a");
+  auto b = quota_b.allocate(512 << 10, "b");
+  EXPECT_EQ(capacity.used(), 1u << 20);
+  try {
+    (void)quota_a.allocate(1, "a2");
+    FAIL() << "expected the capacity to refuse";
+  } catch (const LimitExceeded& e) {
+    EXPECT_EQ(e.status(), Status::pool_exhausted);
+    EXPECT_EQ(std::string(e.what()).rfind("pool capacity exceeded: ", 0), 0u) << e.what();
+  }
+  EXPECT_EQ(quota_a.used(), 512u << 10) << "the inner refusal gave the outer charge back";
+  b.reset();
+  EXPECT_EQ(capacity.used(), 512u << 10);
+  EXPECT_EQ(quota_b.used(), 0u);
+}
+
+TEST(LimitingResource, ConcurrentChargesNeverPassTheLimit) {
+  HostMemfdResource host;
+  LimitingResource limit(host, 10 * 4096, Status::pool_exhausted, LimitText{"cap"});
+  std::atomic<int> granted{0};
+  std::atomic<int> refused{0};
+  std::vector<std::shared_ptr<Allocation>> kept(64);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 16; ++i) {
+        try {
+          kept[static_cast<std::size_t>(t * 16 + i)] = limit.allocate(4096, "c");
+          ++granted;
+        } catch (const LimitExceeded&) {
+          ++refused;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(granted, 10);
+  EXPECT_EQ(refused, 54);
+  EXPECT_EQ(limit.used(), 10u * 4096);
+}
+
+TEST(LimitingResource, AllocationsMayOutliveTheAdaptor) {
+  HostMemfdResource host;
+  std::shared_ptr<Allocation> survivor;
+  {
+    LimitingResource limit(host, 1 << 20, Status::pool_exhausted, LimitText{"cap"});
+    survivor = limit.allocate(4096, "outlives");
+  }
+  survivor->host_bytes()[0] = std::byte{7};
+  survivor.reset();  // gives its bytes back to a counter that outlived the adaptor
+}
+
+TEST(TrackingResource, CountsLiveAndTotalAllocationsAndFailures) {
+  FlakyResource upstream;
+  TrackingResource tracking(upstream);
+  auto a = tracking.allocate(1, "a");
+  auto b = tracking.allocate(4096 + 1, "b");
+  MemoryUsage u = tracking.usage();
+  EXPECT_EQ(u.live_allocations, 2u);
+  EXPECT_EQ(u.live_bytes, 3u * 4096);
+  EXPECT_EQ(u.allocations_total, 2u);
+  EXPECT_EQ(u.bytes_total, 3u * 4096);
+  EXPECT_EQ(u.peak_bytes, 3u * 4096);
+  upstream.fail = true;
+  EXPECT_THROW((void)tracking.allocate(4096, "c"), StatusError);
+  a.reset();
+  u = tracking.usage();
+  EXPECT_EQ(u.failures_total, 1u);
+  EXPECT_EQ(u.live_allocations, 1u);
+  EXPECT_EQ(u.live_bytes, 2u * 4096);
+  EXPECT_EQ(u.allocations_total, 2u);
+  EXPECT_EQ(u.peak_bytes, 3u * 4096);
+  b.reset();
+  EXPECT_EQ(tracking.usage().live_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace statepool::service
