@@ -14,6 +14,7 @@
 
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::testing {
@@ -91,6 +92,40 @@ inline float fp16(float x) {
 
 inline bool is_fp16_exact(float x) {
   return kernels::float_bits(fp16(x)) == kernels::float_bits(x);
+}
+
+// --- example plans with every width, pivots and odd shapes (the codec tests' cases) ----
+
+/// GDN, 2 layers x 3 heads, 128 x 128, budget 6: head widths 6, 8, 4, pivot, 6, 6.
+inline kernels::stepquant::Plan gdn_plan6() {
+  const std::uint8_t w[] = {6, 8, 4, kernels::stepquant::kPivotWidth, 6, 6};
+  return make_plan(
+      kernels::Arch::gdn, 2, 3, 128, 128, 6, [&](std::size_t u) { return w[u]; }, random_impact(1));
+}
+
+/// GDN, 1 layer x 6 heads, 128 x 128, budget 4: head widths 2, 4, 6, 8, pivot, 2.
+inline kernels::stepquant::Plan gdn_plan4() {
+  const std::uint8_t w[] = {2, 4, 6, 8, kernels::stepquant::kPivotWidth, 2};
+  return make_plan(
+      kernels::Arch::gdn, 1, 6, 128, 128, 4, [&](std::size_t u) { return w[u]; }, random_impact(2));
+}
+
+/// KDA, 1 layer x 2 heads, 8 x value_dim, budget 4. Row widths, head 0: 2 4 6 8 P 6 4 2;
+/// head 1: P P 8 8 8 8 8 8.
+inline kernels::stepquant::Plan kda_plan4(std::uint32_t value_dim) {
+  constexpr std::uint8_t P = kernels::stepquant::kPivotWidth;
+  const std::uint8_t w[] = {2, 4, 6, 8, P, 6, 4, 2, P, P, 8, 8, 8, 8, 8, 8};
+  return make_plan(
+      kernels::Arch::kda, 1, 2, 8, value_dim, 4, [&](std::size_t u) { return w[u]; },
+      random_impact(3));
+}
+
+/// KDA, 2 layers x 2 heads, 16 x 24, budget 6: every width and some pivot rows.
+inline kernels::stepquant::Plan kda_plan6() {
+  const std::uint8_t w[] = {4, 6, 6, 8, kernels::stepquant::kPivotWidth, 6, 4, 6};
+  return make_plan(
+      kernels::Arch::kda, 2, 2, 16, 24, 6, [&](std::size_t u) { return w[(u * 5 + u / 7) % 8]; },
+      random_impact(4));
 }
 
 }  // namespace statepool::testing
