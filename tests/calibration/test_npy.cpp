@@ -160,7 +160,7 @@ TEST(Npy, WriterPublishesOnlyCompleteFiles) {
     EXPECT_FALSE(testing::exists(path));
   }
   EXPECT_FALSE(testing::exists(path));
-  EXPECT_FALSE(testing::exists(path + ".partial")) << "a failed write leaves nothing behind";
+  EXPECT_TRUE(testing::leftovers_of(path).empty()) << "a failed write leaves nothing behind";
   {
     NpyWriter writer(path, {2, 2});
     writer.append(std::vector<float>{1, 2});

@@ -66,8 +66,8 @@ TEST(Convert, LayoutRefusals) {
   const auto bad_arch = wire::CreateLayout(b, 0, static_cast<wire::Arch>(9));
   EXPECT_EQ(refusal([&] { (void)from_wire(reread(b, bad_arch)); }), "unknown arch value 9");
   b.Clear();
-  const auto bad_conv = wire::CreateLayout(b, 0, wire::Arch::gdn, 1, 1, 1, 1, 0, 0,
-                                           static_cast<wire::DType>(7));
+  const auto bad_conv =
+      wire::CreateLayout(b, 0, wire::Arch::gdn, 1, 1, 1, 1, 0, 0, static_cast<wire::DType>(7));
   EXPECT_EQ(refusal([&] { (void)from_wire(reread(b, bad_conv)); }), "unknown conv_dtype value 7");
   b.Clear();
   const auto bad_codec = wire::CreateLayout(b, 0, wire::Arch::gdn, 1, 1, 1, 1, 0, 0,
@@ -103,7 +103,8 @@ TEST(Convert, MemoryDescriptorSurvivesTheWire) {
   EXPECT_FALSE(back.handle_is_fd());
 
   // An absent descriptor is what a daemon before the descriptor field sent: a host memfd.
-  const kernels::MemoryDescriptor old = from_wire(static_cast<const wire::MemoryDescriptor*>(nullptr));
+  const kernels::MemoryDescriptor old =
+      from_wire(static_cast<const wire::MemoryDescriptor*>(nullptr));
   EXPECT_EQ(old.space, kernels::MemorySpace::host);
   EXPECT_EQ(old.handle_kind, kernels::HandleKind::memfd);
   EXPECT_TRUE(old.handle_is_fd());
@@ -111,18 +112,17 @@ TEST(Convert, MemoryDescriptorSurvivesTheWire) {
 
 TEST(Convert, MemoryDescriptorRefusals) {
   flatbuffers::FlatBufferBuilder b;
-  const auto bad_space =
-      wire::CreateMemoryDescriptor(b, static_cast<wire::MemorySpace>(5), -1);
+  const auto bad_space = wire::CreateMemoryDescriptor(b, static_cast<wire::MemorySpace>(5), -1);
   EXPECT_EQ(refusal([&] { (void)from_wire(&reread(b, bad_space)); }),
             "unknown memory space value 5");
   b.Clear();
-  const auto no_handle = wire::CreateMemoryDescriptor(b, wire::MemorySpace::device, 0,
-                                                      wire::HandleKind::cuda_ipc, 1);
+  const auto no_handle =
+      wire::CreateMemoryDescriptor(b, wire::MemorySpace::device, 0, wire::HandleKind::cuda_ipc, 1);
   EXPECT_NE(refusal([&] { (void)from_wire(&reread(b, no_handle)); }).find("64-byte handle"),
             std::string::npos);
   b.Clear();
-  const auto zero = wire::CreateMemoryDescriptor(b, wire::MemorySpace::host, -1,
-                                                 wire::HandleKind::memfd, 0);
+  const auto zero =
+      wire::CreateMemoryDescriptor(b, wire::MemorySpace::host, -1, wire::HandleKind::memfd, 0);
   EXPECT_NE(refusal([&] { (void)from_wire(&reread(b, zero)); }).find("granularity 0"),
             std::string::npos);
 }
@@ -131,10 +131,12 @@ TEST(Convert, CodecLists) {
   flatbuffers::FlatBufferBuilder b;
   const std::vector<kernels::CodecId> codecs = {kernels::CodecId::int6, kernels::CodecId::dsq4};
   b.Finish(b.CreateVector(to_wire(codecs)));
-  const auto* vector = flatbuffers::GetRoot<flatbuffers::Vector<wire::CodecId>>(b.GetBufferPointer());
+  const auto* vector =
+      flatbuffers::GetRoot<flatbuffers::Vector<wire::CodecId>>(b.GetBufferPointer());
   EXPECT_EQ(from_wire(vector, 64), codecs);
   EXPECT_EQ(refusal([&] { (void)from_wire(vector, 1); }), "at most 1 codecs per request, got 2");
-  EXPECT_TRUE(from_wire(static_cast<const flatbuffers::Vector<wire::CodecId>*>(nullptr), 1).empty());
+  EXPECT_TRUE(
+      from_wire(static_cast<const flatbuffers::Vector<wire::CodecId>*>(nullptr), 1).empty());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace statepool::testing {
 
@@ -64,6 +65,21 @@ inline std::string read_bytes(const std::string& path) {
 
 inline bool exists(const std::string& path) {
   return std::filesystem::exists(path);
+}
+
+/// Files beside `path` whose name is path's name plus a suffix ("plan.spqp.tmp.123.ab"):
+/// what an interrupted atomic write (support::AtomicFileWriter) would leave behind.
+inline std::vector<std::string> leftovers_of(const std::string& path) {
+  const std::filesystem::path target(path);
+  const std::string prefix = target.filename().string() + ".";
+  std::vector<std::string> out;
+  std::error_code ec;
+  const auto dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  return out;
 }
 
 }  // namespace statepool::testing
