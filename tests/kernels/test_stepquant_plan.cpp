@@ -3,15 +3,14 @@
 // garbage, random byte corruption), the digest (stable, sensitive to what makes pages,
 // blind to provenance), and load/save (atomic replace, errors naming the path).
 
-#include <dirent.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -21,6 +20,7 @@
 
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/plans.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
@@ -330,35 +330,19 @@ TEST(StepQuantPlan, DigestIsStableAndSensitiveToWhatMakesPages) {
 
 class PlanFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "statepool_plan_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    for (const auto& name : entries()) {
-      std::remove((dir_ + "/" + name).c_str());
-    }
-    ::rmdir(dir_.c_str());
-  }
+  // Names in the directory (an interrupted save would leave its temporary here).
   [[nodiscard]] std::vector<std::string> entries() const {
     std::vector<std::string> out;
-    if (DIR* d = ::opendir(dir_.c_str())) {
-      while (const dirent* e = ::readdir(d)) {
-        const std::string name = e->d_name;
-        if (name != "." && name != "..") {
-          out.push_back(name);
-        }
-      }
-      ::closedir(d);
+    for (const auto& entry : std::filesystem::directory_iterator(dir_.path())) {
+      out.push_back(entry.path().filename().string());
     }
     return out;
   }
-  std::string dir_;
+  testing::TempDir dir_;
 };
 
 TEST_F(PlanFiles, SaveAndLoad) {
-  const std::string path = dir_ + "/model.spqp";
+  const std::string path = dir_.file("model.spqp");
   save(gdn_sample(), path);
   EXPECT_TRUE(load(path) == gdn_sample());
   // Replacing an existing file leaves exactly the new file, no temporaries.
@@ -368,14 +352,14 @@ TEST_F(PlanFiles, SaveAndLoad) {
 }
 
 TEST_F(PlanFiles, ErrorsNameThePath) {
-  const std::string missing = dir_ + "/missing.spqp";
+  const std::string missing = dir_.file("missing.spqp");
   try {
     (void)load(missing);
     ADD_FAILURE() << "loaded a missing file";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
   }
-  const std::string junk = dir_ + "/junk.spqp";
+  const std::string junk = dir_.file("junk.spqp");
   std::ofstream(junk) << "this is not a plan file at all";
   try {
     (void)load(junk);
@@ -385,7 +369,7 @@ TEST_F(PlanFiles, ErrorsNameThePath) {
         std::string(e.what()),
         "plan file " + junk + ": not a STEPQuant plan: file identifier ' is ', expected 'SPQP'");
   }
-  const std::string nowhere = dir_ + "/no/such/dir/plan.spqp";
+  const std::string nowhere = dir_.file("no/such/dir/plan.spqp");
   try {
     save(gdn_sample(), nowhere);
     ADD_FAILURE() << "saved into a missing directory";
@@ -394,7 +378,7 @@ TEST_F(PlanFiles, ErrorsNameThePath) {
   }
   Plan bad = gdn_sample();
   bad.budget_bits = 3;
-  const std::string invalid = dir_ + "/invalid.spqp";
+  const std::string invalid = dir_.file("invalid.spqp");
   try {
     save(bad, invalid);
     ADD_FAILURE() << "saved an invalid plan";
