@@ -39,8 +39,11 @@ STATEPOOL_HD inline std::uint32_t uniform_code_positive_scale(float x, float s,
   // GCC vectorize the host loops. round_half_even_small is exact where it matters
   // (|q| < 2^22); beyond, it stays far outside [-qmax, qmax] and the clamp decides.
   float r = round_half_even_small(div_rn(x, s));
-  r = r >= -qmaxf ? r : -qmaxf;  // also maps NaN to -qmax
-  r = r <= qmaxf ? r : qmaxf;
+  // Strict compares: the same results as >= / <= (at equality both sides are the bound),
+  // and exactly the max/min instructions' semantics, so the host loops compile to
+  // vmaxps/vminps rather than compare-and-blend.
+  r = r > -qmaxf ? r : -qmaxf;  // also maps NaN to -qmax
+  r = r < qmaxf ? r : qmaxf;
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(r) + static_cast<std::int32_t>(qmax));
 }
 
