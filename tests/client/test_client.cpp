@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/protocol/convert.hpp"
 #include "statepool/testing/gtest/fake_daemon.hpp"
 
 namespace sc = statepool::client;
@@ -88,22 +89,6 @@ sk::StateLayout small_layout() {
   l.key_dim = 8;
   l.value_dim = 8;
   l.codec.id = sk::CodecId::fp32;
-  return l;
-}
-
-sk::StateLayout from_wire(const wire::Layout& w) {
-  sk::StateLayout l;
-  l.name = w.name() != nullptr ? w.name()->str() : "";
-  l.arch = static_cast<sk::Arch>(w.arch());
-  l.num_layers = w.num_layers();
-  l.num_heads = w.num_heads();
-  l.key_dim = w.key_dim();
-  l.value_dim = w.value_dim();
-  l.conv_channels = w.conv_channels();
-  l.conv_width = w.conv_width();
-  l.conv_dtype = static_cast<sk::DType>(w.conv_dtype());
-  l.codec.id = static_cast<sk::CodecId>(w.codec());
-  l.codec.group_size = w.codec_params() != nullptr ? w.codec_params()->group_size() : 0;
   return l;
 }
 
@@ -513,7 +498,8 @@ TEST(ClientArena, RegistersTheLayoutAndMapsPagesWithTheirCodec) {
     FakeDaemon daemon([](FakePeer& peer) {
       peer.handshake();
       auto r = peer.expect(wire::RequestBody::RegisterLayout);
-      const sk::PageCodec codec(from_wire(*r.request->body_as_RegisterLayout()->layout()));
+      const sk::PageCodec codec(
+          protocol::from_wire(*r.request->body_as_RegisterLayout()->layout()).layout);
       EXPECT_EQ(codec.layout().name, "small");
       {
         flatbuffers::FlatBufferBuilder b;
@@ -586,6 +572,79 @@ TEST(ClientArena, RegistersTheLayoutAndMapsPagesWithTheirCodec) {
 
 // ---------------------------------------------------------------------------------------
 // Slots
+
+// The reply's memory descriptor, not the backend's name, decides how memory is mapped:
+// device memory is left to the engine's CUDA context (its descriptor kept, nothing
+// mmap'd), a legacy IPC handle comes without a descriptor.
+TEST(ClientArena, DeviceMemoryIsDescribedNotMapped) {
+  FakeDaemon daemon([](FakePeer& peer) {
+    peer.handshake();
+    const int vmm_fd = make_memfd(4096);  // stands in for a CUDA VMM POSIX descriptor
+    auto r = peer.expect(wire::RequestBody::OpenArena);
+    {
+      flatbuffers::FlatBufferBuilder b;
+      const auto memory = wire::CreateMemoryDescriptor(b, wire::MemorySpace::device, 1,
+                                                       wire::HandleKind::cuda_vmm_fd, 2 << 20);
+      peer.reply_ok(
+          r.request->id(), wire::ReplyBody::OpenArenaReply, b,
+          wire::CreateOpenArenaReplyDirect(b, 7, 2 << 20, 1000, 1024, 2, "cuda", true, memory),
+          protocol::kFlagFdAttached, {vmm_fd});
+    }
+    ::close(vmm_fd);
+    r = peer.expect(wire::RequestBody::OpenArena);
+    {
+      flatbuffers::FlatBufferBuilder b;
+      std::vector<std::uint8_t> handle(64);
+      for (std::size_t i = 0; i < handle.size(); ++i) handle[i] = static_cast<std::uint8_t>(i);
+      const auto memory = wire::CreateMemoryDescriptorDirect(
+          b, wire::MemorySpace::device, 0, wire::HandleKind::cuda_ipc, 2 << 20, &handle);
+      peer.reply_ok(
+          r.request->id(), wire::ReplyBody::OpenArenaReply, b,
+          wire::CreateOpenArenaReplyDirect(b, 8, 2 << 20, 1000, 1024, 2, "cuda", true, memory));
+    }
+    r = peer.expect(wire::RequestBody::OpenArena);
+    {  // a descriptor kind that needs a descriptor, without one
+      flatbuffers::FlatBufferBuilder b;
+      const auto memory = wire::CreateMemoryDescriptor(b, wire::MemorySpace::device, 0,
+                                                       wire::HandleKind::cuda_vmm_fd, 2 << 20);
+      peer.reply_ok(
+          r.request->id(), wire::ReplyBody::OpenArenaReply, b,
+          wire::CreateOpenArenaReplyDirect(b, 9, 2 << 20, 1000, 1024, 2, "cuda", true, memory));
+    }
+    reply_ping(peer, peer.expect(wire::RequestBody::Ping).request->id());
+  });
+  auto conn = sc::Connection::connect(options_for(daemon));
+  {
+    const sc::Arena vmm = conn.open_arena(41, 2);
+    EXPECT_EQ(vmm.backend(), "cuda");
+    EXPECT_FALSE(vmm.mapped()) << "device memory is never mmap'd by the client";
+    EXPECT_TRUE(vmm.data().empty());
+    EXPECT_EQ(vmm.memory().space, sk::MemorySpace::device);
+    EXPECT_EQ(vmm.memory().device, 1);
+    EXPECT_EQ(vmm.memory().handle_kind, sk::HandleKind::cuda_vmm_fd);
+    EXPECT_EQ(vmm.memory().granularity, std::size_t{2} << 20);
+    EXPECT_GE(vmm.fd(), 0) << "the VMM descriptor is kept for the engine to import";
+    EXPECT_THROW((void)vmm.page(0), std::logic_error);
+  }
+  {
+    const sc::Arena ipc = conn.open_arena(42, 2);
+    EXPECT_FALSE(ipc.mapped());
+    EXPECT_EQ(ipc.fd(), -1);
+    EXPECT_EQ(ipc.memory().handle_kind, sk::HandleKind::cuda_ipc);
+    EXPECT_EQ(ipc.memory().ipc_handle[63], std::byte{63});
+  }
+  try {
+    (void)conn.open_arena(43, 2);
+    FAIL() << "expected an inconsistent-reply error";
+  } catch (const sc::ConnectionError& e) {
+    FAIL() << "not a transport failure: " << e.what();
+  } catch (const sc::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::internal);
+    EXPECT_NE(std::string(e.what()).find("no file descriptor"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(conn.healthy());
+  (void)conn.ping();
+}
 
 TEST(ClientSlots, FreedOnDestructionUnlessReleasedAndBatchFreed) {
   FakeDaemon daemon([](FakePeer& peer) {
