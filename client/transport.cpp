@@ -13,15 +13,12 @@
 #include <string>
 
 #include "statepool/support/errno_text.hpp"
+#include "statepool/support/fd_passing.hpp"
 
 namespace statepool::client::detail {
 namespace {
 
 using Kind = ConnectionError::Kind;
-
-// Room for more descriptors than a reply ever carries, so that a misbehaving peer's extra
-// ones arrive here (and get closed) instead of being silently truncated.
-constexpr std::size_t kMaxFdsPerRead = 16;
 
 using support::errno_text;
 
@@ -197,16 +194,9 @@ void recv_exact(int fd, std::span<std::byte> out, std::vector<UniqueFd>& fds,
                 const Deadline& deadline, const char* what) {
   std::size_t got = 0;
   while (got < out.size()) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
-    iovec iov{};
-    iov.iov_base = out.data() + got;
-    iov.iov_len = out.size() - got;
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    // Descriptors are owned (appended to `fds`) as they arrive, so none leaks whatever
+    // happens next.
+    const ssize_t n = support::recv_with_fds(fd, out.subspan(got), fds, MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         wait_for(fd, POLLIN, deadline, what);
@@ -214,19 +204,6 @@ void recv_exact(int fd, std::span<std::byte> out, std::vector<UniqueFd>& fds,
       }
       if (errno == EINTR) continue;
       throw_io(errno, what);
-    }
-    // Take ownership of every descriptor first, so that none leaks whatever happens next.
-    if (msg.msg_controllen > 0) {
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        const unsigned char* data = CMSG_DATA(c);
-        for (std::size_t i = 0; i < count; ++i) {
-          int received = -1;
-          std::memcpy(&received, data + i * sizeof(int), sizeof(int));
-          fds.emplace_back(received);
-        }
-      }
     }
     if (n == 0) throw_closed(what);
     got += static_cast<std::size_t>(n);

@@ -10,6 +10,7 @@
 #include "log.hpp"
 #include "server/server.hpp"
 #include "statepool/protocol/frame.hpp"
+#include "statepool/support/fd_passing.hpp"
 
 namespace statepool::service {
 namespace asio = boost::asio;
@@ -138,20 +139,11 @@ asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder&
   std::size_t sent = 0;
   if (fd >= 0) {
     // The fd rides on the frame's first bytes: one sendmsg with SCM_RIGHTS.
+    const std::span<const std::byte> bytes = std::as_bytes(std::span(frame));
     for (;;) {
-      iovec iov{const_cast<char*>(frame.data()), frame.size()};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
-      const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t n =
+          support::send_with_fds(socket_.native_handle(), bytes, std::span<const int>(&fd, 1),
+                                 MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n >= 0) {
         sent = static_cast<std::size_t>(n);
         break;

@@ -28,6 +28,7 @@
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/fd_passing.hpp"
 
 namespace statepool::service {
 namespace {
@@ -79,20 +80,11 @@ int share_with_child(int fd, std::size_t bytes, std::byte expect, std::byte repl
   const pid_t child = ::fork();
   if (child == 0) {
     ::close(pair[0]);
-    char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    if (::recvmsg(pair[1], &msg, MSG_CMSG_CLOEXEC) != 1) ::_exit(1);
-    const cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    if (cmsg == nullptr || cmsg->cmsg_type != SCM_RIGHTS) ::_exit(2);
-    int received = -1;
-    std::memcpy(&received, CMSG_DATA(cmsg), sizeof received);
-    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, received, 0);
+    std::byte byte{};
+    std::vector<support::UniqueFd> received;
+    if (support::recv_with_fds(pair[1], {&byte, 1}, received, 0) != 1) ::_exit(1);
+    if (received.size() != 1) ::_exit(2);
+    void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, received[0].get(), 0);
     if (addr == MAP_FAILED) ::_exit(3);
     auto* data = static_cast<std::byte*>(addr);
     for (std::size_t i = 0; i < bytes; ++i) {
@@ -103,20 +95,9 @@ int share_with_child(int fd, std::size_t bytes, std::byte expect, std::byte repl
     ::_exit(0);
   }
   ::close(pair[1]);
-  char byte = 1;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-  cmsg->cmsg_level = SOL_SOCKET;
-  cmsg->cmsg_type = SCM_RIGHTS;
-  cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
-  const bool sent = ::sendmsg(pair[0], &msg, MSG_NOSIGNAL) == 1;
+  const std::byte byte{1};
+  const bool sent =
+      support::send_with_fds(pair[0], {&byte, 1}, std::span<const int>(&fd, 1), MSG_NOSIGNAL) == 1;
   ::close(pair[0]);
   int status = 0;
   ::waitpid(child, &status, 0);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "statepool/protocol/frame.hpp"
+#include "statepool/support/fd_passing.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::testing {
@@ -96,22 +97,8 @@ class FakePeer {
   }
 
   void send_raw(const void* data, std::size_t size, const std::vector<int>& fds = {}) {
-    iovec iov{const_cast<void*>(data), size};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    std::vector<char> control;
-    if (!fds.empty()) {
-      control.resize(CMSG_SPACE(sizeof(int) * fds.size()));
-      msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    const ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    const ssize_t n =
+        support::send_with_fds(fd_, {static_cast<const std::byte*>(data), size}, fds, MSG_NOSIGNAL);
     if (n < 0) throw PeerGone("fake daemon: send failed");
     if (static_cast<std::size_t>(n) < size) {
       send_all(static_cast<const char*>(data) + n, size - static_cast<std::size_t>(n));
