@@ -27,8 +27,11 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_state.hpp"
 #include "statepool/tools/cli.hpp"
+#include "timing.hpp"
 
 namespace {
+
+using statepool::bench::median_seconds;
 
 using statepool::kernels::CodecId;
 using statepool::kernels::DType;
@@ -62,21 +65,6 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       ("steps", bounded(o.steps, 1, 1000000));
   // clang-format on
   return cli.parse(argc, argv);
-}
-
-template <typename F>
-double median_seconds(std::uint32_t iters, F&& run) {
-  run();  // warm-up: page faults, caches
-  std::vector<double> t;
-  t.reserve(iters);
-  for (std::uint32_t i = 0; i < iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    const auto stop = std::chrono::steady_clock::now();
-    t.push_back(std::chrono::duration<double>(stop - start).count());
-  }
-  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  return t[t.size() / 2];
 }
 
 // The bench's stand-in for a calibrated 6-bit plan (see the header comment).
