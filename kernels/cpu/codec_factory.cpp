@@ -3,8 +3,10 @@
 #include <string>
 
 #include "codecs_internal.hpp"
+#include "simd.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
+#include "statepool/kernels/numeric.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -45,6 +47,23 @@ NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::siz
       layer_(layer),
       head_(head),
       index_(index) {}
+
+namespace detail {
+
+STATEPOOL_SIMD_CLONES bool all_finite(std::span<const float> values) noexcept {
+  std::uint32_t any = 0;
+  for (const float v : values) any |= static_cast<std::uint32_t>(is_non_finite_bits(float_bits(v)));
+  return any == 0;
+}
+
+}  // namespace detail
+
+bool Codec::encode_head_checked(std::uint32_t layer, std::uint32_t head, std::span<const float> src,
+                                std::span<std::byte> dst) const {
+  if (!detail::all_finite(src)) return false;
+  encode_head(layer, head, src, dst);
+  return true;
+}
 
 std::unique_ptr<Codec> make_codec(const StateLayout& layout) {
   const std::string problem = validate(layout);

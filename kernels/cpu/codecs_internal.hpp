@@ -2,6 +2,7 @@
 // Factories of the concrete CPU codecs (internal to statepool_kernels).
 
 #include <memory>
+#include <span>
 
 #include "statepool/kernels/codec.hpp"
 
@@ -15,6 +16,9 @@ std::unique_ptr<Codec> make_uniform_codec(const StateLayout& layout);
 std::unique_ptr<Codec> make_stepquant_codec(const StateLayout& layout);
 /// dsq4 / dsq6. `layout` is valid.
 std::unique_ptr<Codec> make_dsq_codec(const StateLayout& layout);
+
+/// True when no value of `values` is NaN or +-Inf (an OR over the bits; vectorized).
+[[nodiscard]] bool all_finite(std::span<const float> values) noexcept;
 
 /// Throws std::invalid_argument unless the buffers of one head have the expected sizes.
 void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,

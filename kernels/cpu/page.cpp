@@ -181,8 +181,10 @@ void PageCodec::check_finite(std::span<const std::byte> staged, DType dtype, std
   }
 }
 
-void PageCodec::encode_heads(std::span<const std::byte> staged, DType dtype,
-                             std::span<std::byte> page, std::size_t first, std::size_t last) const {
+template <class EncodeHead>
+std::size_t PageCodec::encode_heads_with(std::span<const std::byte> staged, DType dtype,
+                                         std::span<std::byte> page, std::size_t first,
+                                         std::size_t last, EncodeHead&& encode_head) const {
   check_buffers(staged, dtype, page);
   check_range(first, last);
   const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
@@ -206,10 +208,33 @@ void PageCodec::encode_heads(std::span<const std::byte> staged, DType dtype,
       bf16_to_f32(src, n, scratch.data());
       values = scratch;
     }
-    codec_->encode_head(
-        layer, head, values,
-        page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]));
+    if (!encode_head(
+            layer, head, values,
+            page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]))) {
+      return index;
+    }
   }
+  return last;
+}
+
+void PageCodec::encode_heads(std::span<const std::byte> staged, DType dtype,
+                             std::span<std::byte> page, std::size_t first, std::size_t last) const {
+  (void)encode_heads_with(staged, dtype, page, first, last,
+                          [this](std::uint32_t layer, std::uint32_t head,
+                                 std::span<const float> values, std::span<std::byte> out) {
+                            codec_->encode_head(layer, head, values, out);
+                            return true;
+                          });
+}
+
+std::size_t PageCodec::encode_heads_checked(std::span<const std::byte> staged, DType dtype,
+                                            std::span<std::byte> page, std::size_t first,
+                                            std::size_t last) const {
+  return encode_heads_with(staged, dtype, page, first, last,
+                           [this](std::uint32_t layer, std::uint32_t head,
+                                  std::span<const float> values, std::span<std::byte> out) {
+                             return codec_->encode_head_checked(layer, head, values, out);
+                           });
 }
 
 void PageCodec::encode_conv(std::span<const std::byte> staged, DType dtype,

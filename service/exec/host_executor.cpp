@@ -104,16 +104,81 @@ void HostExecutor::run(const Operation& op) {
 void HostExecutor::run_compress(const Operation& op) {
   const kernels::PageCodec& codec = *op.codec;
   const std::size_t heads = codec.head_count();
-  // Sizes and dtype first (an empty range checks them and writes nothing), then every
-  // value, then the writes: a rejected state leaves the page as it was.
+  // Sizes and dtype first (an empty range checks them and writes nothing).
   codec.encode_heads(in(op.staged), op.dtype, out(op.page), 0, 0);
-  workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-    codec.check_finite(in(op.staged), op.dtype, first, last);
-  });
-  workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-    codec.encode_heads(in(op.staged), op.dtype, out(op.page), first, last);
-  });
+  // A rejected state must leave the page as it was, so every value is checked before the
+  // first page byte is written. Two ways to do that:
+  //  - a page much smaller than the state (the compressed codecs): encode every head into
+  //    a scratch page, checking it in the same pass (PageCodec::encode_heads_checked),
+  //    then copy the scratch into the page: the state is read from memory once, the
+  //    (small) page bytes move twice;
+  //  - otherwise (fp32, bf16): check every head, then encode every head: the state is read
+  //    twice, the (large) page bytes move once.
+  if (2 * codec.page_bytes() < op.staged.size) {
+    Scratch scratch = take_scratch(codec.page_bytes());
+    const std::span<std::byte> staging_page(scratch.get(), codec.page_bytes());
+    workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+      const std::size_t bad =
+          codec.encode_heads_checked(in(op.staged), op.dtype, staging_page, first, last);
+      if (bad == last) return;
+      // Name the first bad value exactly as PageCodec::encode would (the lowest failing
+      // chunk's error is the one reported: the first in page order).
+      codec.check_finite(in(op.staged), op.dtype, bad, bad + 1);
+      throw std::logic_error("head " + std::to_string(bad) +
+                             " failed the encoder's finiteness check but not check_finite");
+    });
+    copy_parallel(op.page.data, staging_page.data(), codec.conv_offset());
+    give_back_scratch(std::move(scratch), codec.page_bytes());
+  } else {
+    workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+      codec.check_finite(in(op.staged), op.dtype, first, last);
+    });
+    workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+      codec.encode_heads(in(op.staged), op.dtype, out(op.page), first, last);
+    });
+  }
   codec.encode_conv(in(op.staged), op.dtype, out(op.page));
+}
+
+HostExecutor::Scratch HostExecutor::take_scratch(std::size_t bytes) {
+  {
+    const std::lock_guard lock(mutex_);
+    for (auto it = scratch_.begin(); it != scratch_.end(); ++it) {
+      if (it->second >= bytes) {
+        Scratch out = std::move(it->first);
+        scratch_.erase(it);
+        return out;
+      }
+    }
+  }
+  return Scratch(new std::byte[bytes]);  // NOLINT: a raw buffer, no value-initialization
+}
+
+void HostExecutor::give_back_scratch(Scratch scratch, std::size_t bytes) noexcept {
+  try {
+    const std::lock_guard lock(mutex_);
+    // Keep at most one buffer per worker (concurrent compresses), the largest ones.
+    if (scratch_.size() <= workers_.size()) {
+      scratch_.emplace_back(std::move(scratch), bytes);
+    } else {
+      auto smallest =
+          std::min_element(scratch_.begin(), scratch_.end(),
+                           [](const auto& a, const auto& b) { return a.second < b.second; });
+      if (smallest->second < bytes) *smallest = {std::move(scratch), bytes};
+    }
+  } catch (...) {
+    // The buffer is freed instead of kept.
+  }
+}
+
+void HostExecutor::copy_parallel(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  if (dst == src || bytes == 0) return;
+  const std::size_t pieces = (bytes + kCopyPiece - 1) / kCopyPiece;
+  workers_.parallel_for(pieces, grain(pieces), [&](std::size_t first, std::size_t last) {
+    const std::size_t begin = first * kCopyPiece;
+    const std::size_t end = std::min(bytes, last * kCopyPiece);
+    std::memcpy(dst + begin, src + begin, end - begin);
+  });
 }
 
 void HostExecutor::run_decompress(const Operation& op) {
@@ -131,13 +196,7 @@ void HostExecutor::run_copy(const Operation& op) {
     throw std::invalid_argument("copy: source page of " + std::to_string(op.source.size) +
                                 " bytes, destination of " + std::to_string(op.page.size));
   }
-  if (op.source.data == op.page.data) return;
-  const std::size_t pieces = (op.page.size + kCopyPiece - 1) / kCopyPiece;
-  workers_.parallel_for(pieces, grain(pieces), [&](std::size_t first, std::size_t last) {
-    const std::size_t begin = first * kCopyPiece;
-    const std::size_t end = std::min(op.page.size, last * kCopyPiece);
-    std::memcpy(op.page.data + begin, op.source.data + begin, end - begin);
-  });
+  copy_parallel(op.page.data, op.source.data, op.page.size);
 }
 
 }  // namespace statepool::service

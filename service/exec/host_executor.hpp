@@ -11,7 +11,10 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "exec/executor.hpp"
 #include "exec/worker_pool.hpp"
@@ -39,12 +42,21 @@ class HostExecutor final : public Executor {
   void run_decompress(const Operation& op);
   void run_copy(const Operation& op);
   [[nodiscard]] std::size_t grain(std::size_t items) const noexcept;
+  /// memcpy split over the workers.
+  void copy_parallel(std::byte* dst, const std::byte* src, std::size_t bytes);
+
+  /// Scratch pages of compress, kept for the next one (allocating and faulting in a
+  /// 40 MB buffer per request would cost as much as the copy it serves).
+  using Scratch = std::unique_ptr<std::byte[]>;
+  [[nodiscard]] Scratch take_scratch(std::size_t bytes);
+  void give_back_scratch(Scratch scratch, std::size_t bytes) noexcept;
 
   WorkerPool& workers_;
   unsigned chunks_per_worker_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards in_flight_ and scratch_
   std::condition_variable idle_;
   std::uint64_t in_flight_ = 0;
+  std::vector<std::pair<Scratch, std::size_t>> scratch_;
 };
 
 }  // namespace statepool::service

@@ -730,6 +730,21 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
     }
     EXPECT_THROW(page().encode(staged, c.dtype, bytes), std::invalid_argument);
     EXPECT_EQ(bytes, before) << "page changed after a rejected encode";
+    // The one-pass checked encode (what executors use with a scratch page) stops at the
+    // same head.
+    std::vector<std::byte> scratch(page().page_bytes());
+    EXPECT_EQ(page().encode_heads_checked(staged, c.dtype, scratch, 0, heads_),
+              std::size_t{layer} * layout_.num_heads + head);
+    EXPECT_EQ(page().encode_heads_checked(staged, c.dtype, scratch, 0,
+                                          std::size_t{layer} * layout_.num_heads + head),
+              std::size_t{layer} * layout_.num_heads + head)
+        << "a range before the bad head is finite";
+  }
+  {  // A finite state: the checked encode writes the bytes of encode().
+    std::vector<std::byte> checked(page().page_bytes());
+    EXPECT_EQ(page().encode_heads_checked(staged_f32, DType::f32, checked, 0, heads_), heads_);
+    page().encode_conv(staged_f32, DType::f32, checked);
+    EXPECT_EQ(checked, encode(staged_f32));
   }
 
   // The conv state is opaque bytes: a NaN pattern there is stored as it is.
@@ -754,6 +769,13 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
       const std::size_t size = codec.head_bytes(l, h);
       std::vector<std::byte> buffer(size + 2 * kGuard, std::byte{0xC3});
       codec.encode_head(l, h, x, std::span<std::byte>(buffer).subspan(kGuard, size));
+      for (std::size_t i = 0; i < kGuard; ++i) {
+        ASSERT_EQ(buffer[i], std::byte{0xC3});
+        ASSERT_EQ(buffer[kGuard + size + i], std::byte{0xC3});
+      }
+      // encode_head_checked says so, and still writes only its own bytes.
+      EXPECT_FALSE(
+          codec.encode_head_checked(l, h, x, std::span<std::byte>(buffer).subspan(kGuard, size)));
       for (std::size_t i = 0; i < kGuard; ++i) {
         ASSERT_EQ(buffer[i], std::byte{0xC3});
         ASSERT_EQ(buffer[kGuard + size + i], std::byte{0xC3});

@@ -59,6 +59,14 @@ class Codec {
   /// Decodes a head written by encode_head into `dst` (key_dim * value_dim floats).
   virtual void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
                            std::span<float> dst) const = 0;
+  /// Encodes like encode_head without requiring a finite `src`: returns false when `src`
+  /// holds a NaN or +-Inf, and `dst` then holds unspecified bytes (of this head only).
+  /// One pass over values that are already in cache: codecs that look at every value's
+  /// magnitude anyway (the uniform int codecs' absmax) check for free; the default scans
+  /// `src`, then encodes.
+  [[nodiscard]] virtual bool encode_head_checked(std::uint32_t layer, std::uint32_t head,
+                                                 std::span<const float> src,
+                                                 std::span<std::byte> dst) const;
 };
 
 /// Makes the codec named by layout.codec. Throws std::invalid_argument on an invalid

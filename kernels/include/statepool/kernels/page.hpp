@@ -66,6 +66,14 @@ class PageCodec {
   /// (call check_finite on them first: a codec's output for NaN/Inf is unspecified).
   void encode_heads(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page,
                     std::size_t first, std::size_t last) const;
+  /// Encodes heads [first, last) and checks them in the same pass
+  /// (Codec::encode_head_checked): returns the index of the first head that holds a NaN or
+  /// +-Inf (the bytes of that head, and of the heads after it in the range, are then
+  /// unspecified), or `last` when every value is finite. For executors that encode into a
+  /// scratch page and keep the real one unchanged until every head has passed.
+  [[nodiscard]] std::size_t encode_heads_checked(std::span<const std::byte> staged, DType dtype,
+                                                 std::span<std::byte> page, std::size_t first,
+                                                 std::size_t last) const;
   /// Copies the conv state of `staged` into `page`.
   void encode_conv(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
   /// Decodes heads [first, last) of `page` into `staged`.
@@ -75,6 +83,12 @@ class PageCodec {
   void decode_conv(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
  private:
+  /// encode_heads and encode_heads_checked: encode_head(layer, head, values, out) -> bool
+  /// (false: stop, this head is not finite).
+  template <class EncodeHead>
+  std::size_t encode_heads_with(std::span<const std::byte> staged, DType dtype,
+                                std::span<std::byte> page, std::size_t first, std::size_t last,
+                                EncodeHead&& encode_head) const;
   void check_buffers(std::span<const std::byte> staged, DType dtype,
                      std::span<const std::byte> page) const;
   void check_range(std::size_t first, std::size_t last) const;
