@@ -60,9 +60,8 @@ struct ConnectionState {
 struct ServerContext {
   const Config& config;
   Pool& pool;
-  MemoryResource& staging_memory;  ///< staging buffers come from here (via staging_limit)
-  WorkerPool& workers;             ///< blocking calls
-  Executor& executor;              ///< compress / decompress / copy
+  WorkerPool& workers;  ///< blocking calls
+  Executor& executor;   ///< compress / decompress / copy
   std::chrono::steady_clock::time_point started;
   std::function<std::uint32_t()> clients_connected;
   std::function<void(const std::string& why)> request_drain;

@@ -110,8 +110,12 @@ void Pool::check_peer(std::string_view tenant_name, uid_t uid, gid_t gid) const 
 
 // --- lookups (caller holds mutex_) ---------------------------------------------------
 
-Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) const {
-  Arena& arena = arenas_.get(id);
+Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) {
+  return const_cast<Arena&>(std::as_const(*this).arena_for_tenant(tenant, id));  // NOLINT
+}
+
+const Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) const {
+  const Arena& arena = arenas_.get(id);
   // Do not name the owner: tenants learn nothing about each other.
   STATEPOOL_EXPECTS(arena.tenant == tenant, Status::permission_denied,
                     "arena " + std::to_string(id) + " does not belong to tenant " +

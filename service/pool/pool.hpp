@@ -215,7 +215,8 @@ class Pool {
   };
 
   [[nodiscard]] std::size_t tenant_index(std::string_view name) const;
-  [[nodiscard]] Arena& arena_for_tenant(std::size_t tenant, ArenaId id) const;
+  [[nodiscard]] Arena& arena_for_tenant(std::size_t tenant, ArenaId id);
+  [[nodiscard]] const Arena& arena_for_tenant(std::size_t tenant, ArenaId id) const;
   [[nodiscard]] std::string arena_label(const Arena& arena) const;
   void expect_owned(const Lease& lease, const Arena& arena, SlotId slot) const;
   [[nodiscard]] ArenaInfo info(const Arena& arena) const;
@@ -232,7 +233,7 @@ class Pool {
   mutable std::mutex mutex_;                 // guards leases_, arenas_, pages_reclaimed_total_
   mutable std::condition_variable created_;  // an arena creation ended
   LeaseTable leases_;
-  mutable ArenaTable arenas_;
+  ArenaTable arenas_;
   std::uint64_t pages_reclaimed_total_ = 0;
 };
 

@@ -49,7 +49,6 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
       executor_(executor),
       context_{config,
                pool,
-               staging_memory,
                workers,
                executor,
                std::chrono::steady_clock::now(),
