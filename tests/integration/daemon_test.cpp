@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "statepool/client.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
@@ -376,7 +377,15 @@ TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
   cycle();  // creates the arena (its memfd stays with the daemon)
   auto observer = client::Connection::connect(options_for(daemon));
   ASSERT_TRUE(eventually([&] { return observer.stats().leases_active == 1; }, 10s));
-  const std::size_t baseline = count_fds();
+  // The daemon releases a closed connection's staging memory on a worker, a moment after
+  // the connection is gone: take the baseline once the count has settled.
+  std::size_t baseline = count_fds();
+  for (int still = 0; still < 5;) {
+    std::this_thread::sleep_for(50ms);
+    const std::size_t now = count_fds();
+    still = now == baseline ? still + 1 : 0;
+    baseline = now;
+  }
   for (int i = 0; i < 20; ++i) cycle();
   EXPECT_TRUE(eventually([&] { return count_fds() == baseline; }, 10s))
       << count_fds() << " descriptors open, " << baseline << " before";
