@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -22,6 +23,9 @@ std::span<std::byte> out(const kernels::BufferRef& buffer) noexcept {
 /// Copies are split into pieces of this size: big enough to stream, small enough that a
 /// 150 MB page spreads over every worker.
 constexpr std::size_t kCopyPiece = std::size_t{4} << 20;
+
+/// Scratch pages kept between compresses (two concurrent compresses reuse theirs).
+constexpr std::size_t kKeptScratch = 2;
 
 }  // namespace
 
@@ -114,8 +118,9 @@ void HostExecutor::run_compress(const Operation& op) {
   //    (small) page bytes move twice;
   //  - otherwise (fp32, bf16): check every head, then encode every head: the state is read
   //    twice, the (large) page bytes move once.
-  if (2 * codec.page_bytes() < op.staged.size) {
-    Scratch scratch = take_scratch(codec.page_bytes());
+  Scratch scratch;
+  if (2 * codec.page_bytes() < op.staged.size) scratch = take_scratch(codec.page_bytes());
+  if (scratch != nullptr) {
     const std::span<std::byte> staging_page(scratch.get(), codec.page_bytes());
     workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
       const std::size_t bad =
@@ -151,14 +156,17 @@ HostExecutor::Scratch HostExecutor::take_scratch(std::size_t bytes) {
       }
     }
   }
-  return Scratch(new std::byte[bytes]);  // NOLINT: a raw buffer, no value-initialization
+  // A raw buffer, no value-initialization. Without the memory for it, compress takes the
+  // two-pass way instead (nullptr).
+  return Scratch(new (std::nothrow) std::byte[bytes]);  // NOLINT
 }
 
 void HostExecutor::give_back_scratch(Scratch scratch, std::size_t bytes) noexcept {
   try {
     const std::lock_guard lock(mutex_);
-    // Keep at most one buffer per worker (concurrent compresses), the largest ones.
-    if (scratch_.size() <= workers_.size()) {
+    // Keep a few for the next compresses, the largest ones: scratch memory is outside
+    // every quota, so it stays bounded (kKeptScratch pages).
+    if (scratch_.size() < kKeptScratch) {
       scratch_.emplace_back(std::move(scratch), bytes);
     } else {
       auto smallest =

@@ -45,8 +45,9 @@ class HostExecutor final : public Executor {
   /// memcpy split over the workers.
   void copy_parallel(std::byte* dst, const std::byte* src, std::size_t bytes);
 
-  /// Scratch pages of compress, kept for the next one (allocating and faulting in a
-  /// 40 MB buffer per request would cost as much as the copy it serves).
+  /// Scratch pages of compress, a few kept for the next ones (allocating and faulting in
+  /// a 40 MB buffer per request would cost as much as the copy it serves). take_scratch
+  /// returns nullptr when the memory is not there.
   using Scratch = std::unique_ptr<std::byte[]>;
   [[nodiscard]] Scratch take_scratch(std::size_t bytes);
   void give_back_scratch(Scratch scratch, std::size_t bytes) noexcept;
