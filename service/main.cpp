@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
                " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
     }
-    Metrics metrics(pool);
+    Metrics metrics(pool, &staging_memory);
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor);
     server.bind();
     if (!config.metrics_address.empty()) {

@@ -52,7 +52,8 @@ MetricFamily family(std::string name, std::string help, MetricType type) {
 // Reads the pool at scrape time.
 class PoolCollector final : public prometheus::Collectable {
  public:
-  explicit PoolCollector(const Pool& pool) : pool_(pool) {}
+  PoolCollector(const Pool& pool, const TrackingResource* staging)
+      : pool_(pool), staging_(staging) {}
 
   std::vector<MetricFamily> Collect() const override {
     const PoolStats stats = pool_.stats();
@@ -70,6 +71,33 @@ class PoolCollector final : public prometheus::Collectable {
                                      static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
     out.push_back(std::move(capacity));
     out.push_back(std::move(reserved));
+
+    // What the backend's memory resource holds, through the tracking adaptors: the arenas
+    // (under the pool's limits) and the connections' staging buffers.
+    auto memory_bytes =
+        family("statepool_memory_bytes",
+               "Bytes the memory backend holds, by use (arenas, staging).", MetricType::Gauge);
+    auto memory_allocations = family(
+        "statepool_memory_allocations",
+        "Live allocations of the memory backend, by use (arenas, staging).", MetricType::Gauge);
+    auto memory_failures =
+        family("statepool_memory_allocation_failures_total",
+               "Allocations the memory backend refused (out of memory or descriptors), by use.",
+               MetricType::Counter);
+    const auto add_memory = [&](const char* use, const MemoryUsage& usage) {
+      const std::vector<ClientMetric::Label> labels = {{"backend", backend}, {"use", use}};
+      memory_bytes.metric.push_back(
+          sample(labels, static_cast<double>(usage.live_bytes), MetricType::Gauge));
+      memory_allocations.metric.push_back(
+          sample(labels, static_cast<double>(usage.live_allocations), MetricType::Gauge));
+      memory_failures.metric.push_back(
+          sample(labels, static_cast<double>(usage.failures_total), MetricType::Counter));
+    };
+    add_memory("arenas", stats.memory);
+    if (staging_ != nullptr) add_memory("staging", staging_->usage());
+    out.push_back(std::move(memory_bytes));
+    out.push_back(std::move(memory_allocations));
+    out.push_back(std::move(memory_failures));
 
     auto arena_bytes =
         family("statepool_arena_bytes",
@@ -183,10 +211,10 @@ class PoolCollector final : public prometheus::Collectable {
                               "FP16 pivot units of an installed STEPQuant plan, by plan digest.",
                               MetricType::Gauge);
     for (const auto& plan : pool_.plans()) {
-      plan_bits.metric.push_back(sample({{"plan", plan.digest}}, plan.average_bits,
-                                        MetricType::Gauge));
-      plan_pivots.metric.push_back(sample({{"plan", plan.digest}},
-                                          static_cast<double>(plan.pivots), MetricType::Gauge));
+      plan_bits.metric.push_back(
+          sample({{"plan", plan.digest}}, plan.average_bits, MetricType::Gauge));
+      plan_pivots.metric.push_back(
+          sample({{"plan", plan.digest}}, static_cast<double>(plan.pivots), MetricType::Gauge));
     }
     out.push_back(std::move(plan_bits));
     out.push_back(std::move(plan_pivots));
@@ -195,14 +223,15 @@ class PoolCollector final : public prometheus::Collectable {
 
  private:
   const Pool& pool_;
+  const TrackingResource* staging_;
 };
 
 }  // namespace
 
 struct Metrics::Impl {
-  explicit Impl(const Pool& pool)
+  Impl(const Pool& pool, const TrackingResource* staging)
       : registry(std::make_shared<prometheus::Registry>()),
-        collector(std::make_shared<PoolCollector>(pool)),
+        collector(std::make_shared<PoolCollector>(pool, staging)),
         requests(prometheus::BuildCounter()
                      .Name("statepool_requests_total")
                      .Help("Requests handled, by request type.")
@@ -263,7 +292,8 @@ struct Metrics::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
-Metrics::Metrics(const Pool& pool) : impl_(std::make_unique<Impl>(pool)) {}
+Metrics::Metrics(const Pool& pool, const TrackingResource* staging)
+    : impl_(std::make_unique<Impl>(pool, staging)) {}
 Metrics::~Metrics() = default;
 
 void Metrics::start_exporter(const std::string& address) {

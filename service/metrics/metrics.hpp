@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/tracking.hpp"
 #include "pool/pool.hpp"
 #include "statepool_generated.h"
 
@@ -29,7 +30,9 @@ namespace statepool::service {
 
 class Metrics {
  public:
-  explicit Metrics(const Pool& pool);
+  /// `staging`, when given, is the tracking adaptor the connections' staging buffers are
+  /// allocated through (statepool_memory_bytes{use="staging"}); both must outlive this.
+  explicit Metrics(const Pool& pool, const TrackingResource* staging = nullptr);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

@@ -76,8 +76,8 @@ class Metrics : public ::testing::Test {
     layout_ = conn_->register_layout(l);
     arena_ = std::make_unique<client::Arena>(conn_->open_arena(layout_, 10));
     slots_ = conn_->allocate(*arena_, 3);
-    auto staging = conn_->open_staging(layout_.state_bytes_f32);
-    conn_->compress(slots_[0], staging, 0);
+    staging_ = std::make_unique<client::Staging>(conn_->open_staging(layout_.state_bytes_f32));
+    conn_->compress(slots_[0], *staging_, 0);
     try {
       (void)conn_->allocate(*arena_, 100);
     } catch (const client::Error&) {
@@ -90,6 +90,7 @@ class Metrics : public ::testing::Test {
   client::LayoutInfo layout_;
   std::unique_ptr<client::Arena> arena_;
   std::vector<client::Slot> slots_;
+  std::unique_ptr<client::Staging> staging_;
   std::string text_;
 };
 
@@ -114,6 +115,16 @@ TEST_F(Metrics, ReportCapacityAccountingRequestsAndErrors) {
             3.0 * static_cast<double>(arena_->page_stride()));
   EXPECT_EQ(sample_value(text_, "statepool_arena_page_bytes", arena),
             static_cast<double>(layout_.page_bytes));
+  // The tracking adaptors: every byte the backend holds, arenas and staging apart.
+  const Labels arenas_use = {{"backend", "host"}, {"use", "arenas"}};
+  const Labels staging_use = {{"backend", "host"}, {"use", "staging"}};
+  EXPECT_EQ(sample_value(text_, "statepool_memory_bytes", arenas_use),
+            static_cast<double>(arena_->bytes()));
+  EXPECT_EQ(sample_value(text_, "statepool_memory_allocations", arenas_use), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_memory_bytes", staging_use),
+            static_cast<double>(staging_->size()));
+  EXPECT_EQ(sample_value(text_, "statepool_memory_allocations", staging_use), 1);
+  EXPECT_EQ(sample_value(text_, "statepool_memory_allocation_failures_total", staging_use), 0);
   EXPECT_EQ(sample_value(text_, "statepool_stored_bytes", alice_int6),
             3.0 * static_cast<double>(layout_.page_bytes));
   EXPECT_EQ(sample_value(text_, "statepool_fp32_equivalent_bytes", alice_int6),
