@@ -23,11 +23,11 @@
 
 #include <memory>
 
+#include "common.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_state.hpp"
 #include "statepool/tools/cli.hpp"
-#include "timing.hpp"
 
 namespace {
 
@@ -96,16 +96,7 @@ std::shared_ptr<const stepquant::Plan> bench_plan(const Options& o) {
 }
 
 StateLayout make_layout(const Options& o, CodecId codec) {
-  StateLayout layout;
-  layout.name = "bench";
-  layout.num_layers = o.layers;
-  layout.num_heads = o.heads;
-  layout.key_dim = 128;
-  layout.value_dim = 128;
-  layout.conv_channels = 4096;
-  layout.conv_width = 3;
-  layout.conv_dtype = DType::bf16;
-  layout.codec = {codec, 0};
+  StateLayout layout = statepool::bench::gdn_layout(o.layers, o.heads, 4096, codec);
   if (codec == CodecId::stepquant6 || codec == CodecId::stepquant4) {
     layout.plan = bench_plan(o);
   }

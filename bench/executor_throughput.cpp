@@ -24,13 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "common.hpp"
 #include "exec/host_executor.hpp"
 #include "exec/worker_pool.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/tools/cli.hpp"
-#include "timing.hpp"
 
 namespace {
 
@@ -93,17 +93,7 @@ std::vector<std::byte> staged_state(const PageCodec& codec) {
 }
 
 StateLayout make_layout(const Options& o, CodecId codec) {
-  StateLayout layout;
-  layout.name = "bench";
-  layout.num_layers = o.layers;
-  layout.num_heads = o.heads;
-  layout.key_dim = 128;
-  layout.value_dim = 128;
-  layout.conv_channels = 10240;
-  layout.conv_width = 3;
-  layout.conv_dtype = DType::bf16;
-  layout.codec = {codec, 0};
-  return layout;
+  return statepool::bench::gdn_layout(o.layers, o.heads, 10240, codec);  // Qwen3.5-27B conv
 }
 
 /// Runs one operation through the executor, as a session would, and waits for it.

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "common.hpp"
 #include "statepool/client.hpp"
 #include "statepool/tools/cli.hpp"
 
@@ -111,16 +112,11 @@ std::vector<double> ping_us(sc::Connection& conn, double seconds) {
 }
 
 statepool::kernels::StateLayout load_layout(const Args& args) {
-  statepool::kernels::StateLayout layout;
+  CodecId codec{};
+  (void)statepool::kernels::parse_codec(args.codec, codec);  // checked by parse()
+  statepool::kernels::StateLayout layout =
+      statepool::bench::gdn_layout(args.layers, args.heads, 10240, codec);
   layout.name = "bench-load";
-  layout.num_layers = args.layers;
-  layout.num_heads = args.heads;
-  layout.key_dim = 128;
-  layout.value_dim = 128;
-  layout.conv_channels = 10240;
-  layout.conv_width = 3;
-  layout.conv_dtype = DType::bf16;
-  (void)statepool::kernels::parse_codec(args.codec, layout.codec.id);
   return layout;
 }
 
