@@ -9,6 +9,10 @@ if(STATEPOOL_CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
+    # The kernels' targets: sm_80 and sm_90 everywhere (CI builds both); scripts/gpu-check
+    # passes "native" to build for the card present only.
+    set(STATEPOOL_CUDA_ARCHITECTURES "80;90" CACHE STRING
+        "CUDA architectures of the kernels (e.g. 80;90, native)")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "52")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()

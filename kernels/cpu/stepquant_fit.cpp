@@ -1,10 +1,10 @@
 // The STEPQuant / DSQ / temporal-only fits of one head (stepquant/fit.hpp, which states
 // the arithmetic exactly). The loops run over one row at a time with per-row constants
-// so that they vectorize across columns; every reduction has a fixed order.
+// so that they vectorize across columns; every reduction has a fixed order. The scalar
+// steps are stepquant/fit_math.hpp's, which the CUDA kernels use too.
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -13,19 +13,11 @@
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/quantize.hpp"
 #include "statepool/kernels/stepquant/fit.hpp"
+#include "statepool/kernels/stepquant/fit_math.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
-
-// fp16 value of y >= 0 (or +Inf), saturating at 65504.
-inline float fp16_sat(float y) noexcept {
-  return half_bits_to_float(float_to_half_bits(y < kHalfMax ? y : kHalfMax));
-}
-
-inline float fp16_sat(double y) noexcept {
-  return fp16_sat(static_cast<float>(y < 65504.0 ? y : 65504.0));
-}
 
 void check_shape(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim) {
   if (key_dim == 0 || value_dim == 0) {
@@ -74,37 +66,13 @@ void check_impact(std::span<const float> impact, std::uint32_t key_dim) {
   }
 }
 
-// sum_j |x_j| in binary64: four interleaved partial sums (j mod 4), then (s0+s1)+(s2+s3).
+// Step 1 for one row (the sum and its rounding are fit_math.hpp's).
 STATEPOOL_SIMD_CLONES double abs_sum(const float* x, std::uint32_t n) {
-  double s0 = 0.0;
-  double s1 = 0.0;
-  double s2 = 0.0;
-  double s3 = 0.0;
-  std::uint32_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    s0 += std::fabs(static_cast<double>(x[j]));
-    s1 += std::fabs(static_cast<double>(x[j + 1]));
-    s2 += std::fabs(static_cast<double>(x[j + 2]));
-    s3 += std::fabs(static_cast<double>(x[j + 3]));
-  }
-  // A tail of n mod 4 (< 4) values goes to lanes 0, 1, 2 in order.
-  if (j < n) {
-    s0 += std::fabs(static_cast<double>(x[j]));
-  }
-  if (j + 1 < n) {
-    s1 += std::fabs(static_cast<double>(x[j + 1]));
-  }
-  if (j + 2 < n) {
-    s2 += std::fabs(static_cast<double>(x[j + 2]));
-  }
-  return (s0 + s1) + (s2 + s3);
+  return row_abs_sum(x, n);
 }
 
-// Step 1: r = fp16(float(sqrt(mean |x| / w))), 1 when that rounds to 0.
 float row_scale(const float* x, std::uint32_t n, double w) {
-  const double mean = abs_sum(x, n) / static_cast<double>(n);
-  const float r = fp16_sat(std::sqrt(mean / w));
-  return r > 0.0f ? r : 1.0f;
+  return row_scale_from_sum(abs_sum(x, n), n, w);
 }
 
 // Step 2 for one row: cm[j] = max(cm[j], |x_j| / dq), as bits (non-negative floats order
@@ -112,20 +80,18 @@ float row_scale(const float* x, std::uint32_t n, double w) {
 STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float dq,
                                           std::int32_t* cm) {
   for (std::uint32_t j = 0; j < n; ++j) {
-    const auto t = static_cast<std::int32_t>(float_bits(div_rn(std::fabs(x[j]), dq)));
+    const auto t = static_cast<std::int32_t>(column_ratio_bits(x[j], dq));
     cm[j] = std::max(cm[j], t);
   }
 }
 
 // Step 3 for one row: z_j = clamp(round_half_even(x_j / ((r g) c_j)), -qmax, qmax).
-// `c_div` is c with every 0 replaced by +Inf: x / Inf = 0 gives z = 0 where c_j = 0
-// without a branch (x is finite).
+// `c_div` holds column_divisor(c_j).
 STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float rg, const float* c_div,
                                       std::uint32_t qmax, std::int32_t* z) {
   const auto offset = static_cast<std::int32_t>(qmax);
   for (std::uint32_t j = 0; j < n; ++j) {
-    z[j] =
-        static_cast<std::int32_t>(uniform_code_positive_scale(x[j], rg * c_div[j], qmax)) - offset;
+    z[j] = static_cast<std::int32_t>(dual_code(x[j], rg, c_div[j], qmax)) - offset;
   }
 }
 
@@ -133,10 +99,7 @@ STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float rg,
 STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
                                      float rg, double ww, double* num, double* den) {
   for (std::uint32_t j = 0; j < n; ++j) {
-    const auto v = static_cast<double>(rg * static_cast<float>(z[j]));  // exact
-    const double wv = ww * v;
-    num[j] += wv * static_cast<double>(x[j]);
-    den[j] += wv * v;
+    refit_accumulate(x[j], z[j], rg, ww, num[j], den[j]);
   }
 }
 
@@ -172,17 +135,15 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     return impact.empty() ? 1.0 : static_cast<double>(impact[i]);
   };
   // q_i (largest grid code) and g_i (grid factor) per row.
-  const auto row_qmax = [&](std::size_t i) {
-    return options.grid8 ? grid_qmax(widths[i]) : code_qmax(widths[i]);
-  };
-  const auto row_grid = [&](std::size_t i) { return options.grid8 ? grid_factor(widths[i]) : 1u; };
+  const auto row_qmax = [&](std::size_t i) { return row_code_limit(options.grid8, widths[i]); };
+  const auto grid = [&](std::size_t i) { return row_grid(options.grid8, widths[i]); };
 
   // Step 1, and the pivot rows.
   for (std::size_t i = 0; i < K; ++i) {
     const float* x = head.data() + i * V;
     if (widths[i] == kPivotWidth) {
       for (std::size_t j = 0; j < V; ++j) {
-        out.pivot_values.push_back(half_bits_to_float(float_to_half_bits(x[j])));
+        out.pivot_values.push_back(fp16_value(x[j]));
       }
       continue;
     }
@@ -198,20 +159,19 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     }
   }
   for (std::size_t j = 0; j < V; ++j) {
-    out.col_scale[j] = fp16_sat(bits_float(static_cast<std::uint32_t>(cm[j])));
+    out.col_scale[j] = column_scale_from_max(static_cast<std::uint32_t>(cm[j]));
   }
 
   // Step 3 (and 4, 3 again).
   std::vector<float> c_div(V);
   const auto encode = [&] {
     for (std::size_t j = 0; j < V; ++j) {
-      c_div[j] =
-          out.col_scale[j] > 0.0f ? out.col_scale[j] : std::numeric_limits<float>::infinity();
+      c_div[j] = column_divisor(out.col_scale[j]);
     }
     for (std::size_t i = 0; i < K; ++i) {
       if (widths[i] != kPivotWidth) {
         encode_row(head.data() + i * V, value_dim,
-                   out.row_scale[i] * static_cast<float>(row_grid(i)), c_div.data(),
+                   out.row_scale[i] * static_cast<float>(grid(i)), c_div.data(),
                    code_qmax(widths[i]), out.codes.data() + i * V);
       }
     }
@@ -226,38 +186,13 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     if (widths[i] != kPivotWidth) {
       const double w = weight(i);
       refit_row(head.data() + i * V, out.codes.data() + i * V, value_dim,
-                out.row_scale[i] * static_cast<float>(row_grid(i)), w * w, num.data(), den.data());
+                out.row_scale[i] * static_cast<float>(grid(i)), w * w, num.data(), den.data());
     }
   }
   for (std::size_t j = 0; j < V; ++j) {
-    if (den[j] > 0.0) {
-      const float c = fp16_sat(num[j] / den[j]);
-      if (c > 0.0f) {
-        out.col_scale[j] = c;
-      }
-    }
+    out.col_scale[j] = refit_column_scale(num[j], den[j], out.col_scale[j]);
   }
   encode();
-}
-
-// Nearest level in {-3,-1,1,3} of x / s (s > 0), ties toward +inf.
-inline std::int32_t two_bit_level_of(float x, float s) noexcept {
-  float f = std::floor(div_rn(x, s) * 0.5f);
-  f = f >= -2.0f ? f : -2.0f;  // also maps NaN to -2 (never: s > 0, x finite)
-  f = f <= 1.0f ? f : 1.0f;
-  return 2 * static_cast<std::int32_t>(f) + 1;
-}
-
-// Levels of one group for scale s (L = 1 when s == 0); returns the squared error.
-double two_bit_assign(const float* x, std::size_t n, float s, std::int32_t* levels) {
-  double sse = 0.0;
-  for (std::size_t j = 0; j < n; ++j) {
-    levels[j] = s > 0.0f ? two_bit_level_of(x[j], s) : 1;
-    const double d =
-        static_cast<double>(x[j]) - static_cast<double>(s * static_cast<float>(levels[j]));
-    sse += d * d;
-  }
-  return sse;
 }
 
 void fit_two_bit(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
@@ -273,40 +208,17 @@ void fit_two_bit(std::span<const float> head, std::uint32_t key_dim, std::uint32
   out.codes.assign(K * V, 0);
   out.pivot_values.clear();
 
-  std::int32_t trial[kTwoBitGroup];
   for (std::size_t i = 0; i < K; ++i) {
     for (std::size_t g = 0; g < G; ++g) {
       const std::size_t begin = g * kTwoBitGroup;
-      const std::size_t n = std::min<std::size_t>(kTwoBitGroup, V - begin);
+      const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(kTwoBitGroup, V - begin));
       const float* x = head.data() + i * V + begin;
-      std::int32_t* best_levels = out.codes.data() + i * V + begin;
-
-      std::uint32_t absmax = 0;
-      for (std::size_t j = 0; j < n; ++j) {
-        absmax = std::max(absmax, abs_bits(x[j]));
+      const float s = two_bit_group_scale(x, n);
+      out.row_scale[i * G + g] = s;
+      std::int32_t* levels = out.codes.data() + i * V + begin;
+      for (std::uint32_t j = 0; j < n; ++j) {
+        levels[j] = two_bit_level_for(x[j], s);
       }
-      float s = half_bits_to_float(uniform_scale_bits(absmax, 3));
-      float best = s;
-      double best_sse = two_bit_assign(x, n, s, best_levels);
-      const std::int32_t* levels = best_levels;
-      for (int round = 0; round < 2; ++round) {
-        // Least-squares scale for the current levels (sum L^2 >= n > 0, sum x L >= 0).
-        double xl = 0.0;
-        double ll = 0.0;
-        for (std::size_t j = 0; j < n; ++j) {
-          xl += static_cast<double>(x[j]) * levels[j];
-          ll += static_cast<double>(levels[j]) * levels[j];
-        }
-        s = fp16_sat(xl / ll);
-        const double sse = two_bit_assign(x, n, s, trial);
-        if (sse < best_sse) {
-          best_sse = sse;
-          best = s;
-          std::copy(trial, trial + n, best_levels);
-        }
-        levels = trial;
-      }
-      out.row_scale[i * G + g] = best;
     }
   }
 }
@@ -356,7 +268,7 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
     const float* x = head.data() + i * V;
     if (row_widths[i] == kPivotWidth) {
       for (std::size_t j = 0; j < V; ++j) {
-        out.pivot_values.push_back(half_bits_to_float(float_to_half_bits(x[j])));
+        out.pivot_values.push_back(fp16_value(x[j]));
       }
       continue;
     }
@@ -365,7 +277,7 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
     for (std::size_t j = 0; j < V; ++j) {
       absmax = std::max(absmax, abs_bits(x[j]));
     }
-    const float s = half_bits_to_float(uniform_scale_bits(absmax, qmax));
+    const float s = absmax_row_scale(absmax, qmax);
     out.row_scale[i] = s;
     std::int32_t* z = out.codes.data() + i * V;
     for (std::size_t j = 0; j < V; ++j) {

@@ -1,71 +1,107 @@
 #pragma once
-// CUDA encode/decode of one page for the float (fp32, bf16, fp16) and uniform int (int4,
-// int6, int8) codecs. The bytes written are identical to PageCodec::encode on the CPU:
-// both use numeric.hpp, packing.hpp and quantize.hpp, and every float operation that
-// feeds a stored bit is IEEE-exact (division with __fdiv_rn, round-half-even, exact
-// fp16 * code products).
+// CUDA encode / decode of whole pages, batched over slots, for every codec: fp32, bf16,
+// fp16, int4/6/8, dsq4/6 and stepquant4/6 (full, spatial_only, temporal_only; GDN and
+// KDA; 2-bit GDN heads, mixed KDA row widths, pivots, the binary64 refit).
 //
-// Layers (CUB/FlashInfer style): these host launchers check the descriptor and pointers,
-// size the grid and launch; thin __global__ entries run a per-group (encode) or per-quad
-// (decode) device function. Launchers never throw and never synchronise: they enqueue on
-// `stream` and return the launch status (cudaErrorInvalidValue for a bad descriptor or a
-// misaligned pointer, with nothing enqueued). Kernel faults surface at the next
-// synchronisation, as usual.
+// Byte identity: the pages written are identical, byte for byte, to PageCodec::encode on
+// the CPU, and the staged states written identical to PageCodec::decode (f32 or bf16),
+// padding and unused code bits included. Both sides run the same per-value functions
+// (numeric.hpp, quantize.hpp, packing.hpp, stepquant/fit_math.hpp) and every reduction in
+// the CPU's order: the STEPQuant row sum as four interleaved binary64 partial sums, the
+// refit sums over rows in row order in binary64, maxima as integer maxima of |x| bits;
+// divisions and square roots are the correctly rounded ones, no multiply-add is fused
+// (the library builds with --fmad=false and the binary64 steps use the _rn intrinsics).
+// The block bodies are block_codec.hpp's, which the CPU tests also run on host threads
+// (tests/kernels/test_device_codec_emulation.cpp); tests/gpu checks the device.
 //
-// Pointers are device pointers (or managed / mapped memory). Alignment: page 4 bytes;
-// staged 4 bytes for f32 and 2 bytes for bf16. Buffers must not overlap.
-// Non-finite input: the encode kernels write unspecified (but in-bounds) bytes for a
-// non-finite value; run find_non_finite first when the input is not trusted (the CPU
-// PageCodec::encode does that check itself).
+// Work split (block_codec.hpp has the details): a grid of (page_blocks(view), slots)
+// blocks of 256 threads; block (x, slot) encodes or decodes head x of that slot (x <
+// head_count) or copies a 32 KiB piece of its conv state. Within a head: a thread per
+// row for row scales, a thread per column for column scales and the refit (sequential
+// over rows), a thread per quad of four codes for packing and decoding, with
+// __syncthreads() between the phases; the page itself holds the scales between phases.
+//
+// Launchers never throw and never synchronise: they check what the host can check
+// (view_problem(view), null pointers, alignment of the single-page pointers), enqueue on
+// `stream` and return the launch status; on a bad argument they return
+// cudaErrorInvalidValue with nothing enqueued. count == 0 enqueues nothing and returns
+// cudaSuccess. Kernel faults surface at the next synchronisation, as usual.
+//
+// Pointers are device pointers (or managed / mapped memory). The batched forms take
+// DEVICE arrays of `count` device pointers, one per slot. Alignment (also of every
+// pointer in those arrays, which the host cannot check): pages 4 bytes, staged states
+// 4 bytes for f32 and 2 for bf16; first_index / skip 8 bytes. Buffers must not overlap.
+// A page is PageCodec::page_bytes() bytes, a staged state PageCodec::staged_bytes(dtype);
+// every byte of the destination is written (except under skip, below).
+//
+// Non-finite input: encode writes unspecified (in-bounds) bytes for NaN/Inf; scan with
+// find_non_finite_pages first and pass its result as `skip` to encode_pages: a slot with
+// a non-finite value is then left exactly as it was, with no host round trip.
 //
 // Thread-safety: launchers are stateless; concurrent launches on any streams are fine.
+// DevicePageFormat is immutable after construction (its view may be used concurrently).
 
 #include <cuda_runtime_api.h>
 
-#include <cstddef>
 #include <cstdint>
 
+#include "statepool/kernels/cuda/page_format.hpp"
 #include "statepool/kernels/layout.hpp"
+
+namespace statepool::kernels {
+class PageCodec;
+}
 
 namespace statepool::kernels::cuda {
 
-/// Everything the page kernels need, passed by value (make it with make_page_desc).
-struct PageDesc {
-  CodecId codec = CodecId::fp32;
-  DType staged_dtype = DType::f32;  ///< f32 or bf16: element type of the staged recurrent part
-  std::uint32_t group_size = 0;     ///< effective group size (uniform codecs), else 0
-  std::uint32_t key_dim = 0;
-  std::uint32_t value_dim = 0;
-  std::uint32_t num_heads = 0;   ///< layers * heads: every head of the recurrent part
-  std::uint64_t head_bytes = 0;  ///< bytes of one encoded head (same for every head)
-  std::uint64_t conv_bytes = 0;  ///< raw conv-state bytes (after the heads, both sides)
+/// The device tables of a layout's pages (PageFormatTables uploaded), owned.
+class DevicePageFormat {
+ public:
+  /// Builds the tables of `codec`'s pages with a staged recurrent part in `staged_dtype`
+  /// and uploads them (cudaMalloc + cudaMemcpy on the current device; synchronous).
+  /// Throws std::invalid_argument for a staged dtype other than f32 / bf16, and
+  /// std::runtime_error naming the CUDA error when allocation or copy fails.
+  DevicePageFormat(const PageCodec& codec, DType staged_dtype);
+  ~DevicePageFormat();
+  DevicePageFormat(DevicePageFormat&& other) noexcept;
+  DevicePageFormat& operator=(DevicePageFormat&& other) noexcept;
+  DevicePageFormat(const DevicePageFormat&) = delete;
+  DevicePageFormat& operator=(const DevicePageFormat&) = delete;
+
+  /// Pass by value to the launchers; valid while this object lives.
+  [[nodiscard]] const PageFormatView& view() const noexcept { return view_; }
+
+ private:
+  PageFormatView view_;
+  void* tables_ = nullptr;  // one allocation holding every table
 };
 
-/// Descriptor of `layout`'s pages with a staged recurrent part in `staged_dtype`. Host
-/// only (no CUDA call). Throws std::invalid_argument on an invalid layout, a staged dtype
-/// other than f32/bf16, or a codec without a CUDA kernel.
-[[nodiscard]] PageDesc make_page_desc(const StateLayout& layout, DType staged_dtype);
+/// pages[i] <- encoded staged[i], for i < count. `skip`: null, or a device array [count]
+/// (e.g. find_non_finite_pages's first_index): slot i is not written at all when
+/// skip[i] != UINT64_MAX.
+cudaError_t encode_pages(const PageFormatView& view, const void* const* staged, void* const* pages,
+                         std::uint32_t count, const unsigned long long* skip,
+                         cudaStream_t stream) noexcept;
 
-/// page[0, num_heads * head_bytes) <- encoded recurrent part of `staged`.
-cudaError_t encode_recurrent(PageDesc desc, const void* staged, void* page,
-                             cudaStream_t stream) noexcept;
-/// staged recurrent part <- decoded page[0, num_heads * head_bytes).
-cudaError_t decode_recurrent(PageDesc desc, const void* page, void* staged,
-                             cudaStream_t stream) noexcept;
+/// staged[i] <- decoded pages[i], for i < count.
+cudaError_t decode_pages(const PageFormatView& view, const void* const* pages, void* const* staged,
+                         std::uint32_t count, cudaStream_t stream) noexcept;
 
-/// Whole page (PageCodec::page_bytes()) from a whole staged state
-/// (PageCodec::staged_bytes(dtype)): encode_recurrent plus an asynchronous copy of the
-/// conv state.
-cudaError_t encode_page(PageDesc desc, const void* staged, void* page,
+/// first_index[i] (device array [count]) <- the smallest flat index
+/// ((layer * heads + head) * K * V + row * V + col) of a NaN/Inf in the recurrent part of
+/// staged[i], or UINT64_MAX when it is finite. The conv state is not looked at.
+cudaError_t find_non_finite_pages(const PageFormatView& view, const void* const* staged,
+                                  std::uint32_t count, unsigned long long* first_index,
+                                  cudaStream_t stream) noexcept;
+
+/// One page, without pointer arrays. `skip`: null or a device pointer to one value (the
+/// page is left untouched unless it is UINT64_MAX).
+cudaError_t encode_page(const PageFormatView& view, const void* staged, void* page,
+                        const unsigned long long* skip, cudaStream_t stream) noexcept;
+cudaError_t decode_page(const PageFormatView& view, const void* page, void* staged,
                         cudaStream_t stream) noexcept;
-/// Whole staged state from a whole page.
-cudaError_t decode_page(PageDesc desc, const void* page, void* staged,
-                        cudaStream_t stream) noexcept;
-
-/// Writes to *first_index (device memory, 8 bytes) the smallest flat index
-/// ((layer * heads + head) * K * V + row * V + col) of a NaN/Inf in the staged recurrent
-/// part, or UINT64_MAX when every value is finite.
-cudaError_t find_non_finite(PageDesc desc, const void* staged, unsigned long long* first_index,
-                            cudaStream_t stream) noexcept;
+/// *first_index (device memory) <- as find_non_finite_pages for one state.
+cudaError_t find_non_finite(const PageFormatView& view, const void* staged,
+                            unsigned long long* first_index, cudaStream_t stream) noexcept;
 
 }  // namespace statepool::kernels::cuda

@@ -1,7 +1,9 @@
 #pragma once
 // The STEPQuant dual-axis fit (spatial axis) of one head, exposed for calibration (cost
 // of a unit at a width) and tests. The codecs in kernels/cpu/stepquant_codec.cpp store
-// exactly what these functions compute.
+// exactly what these functions compute. Every scalar step below is a function of
+// fit_math.hpp, which the CUDA kernels (cuda/block_codec.hpp) share, so that they store
+// the same bytes.
 //
 // Head: row-major key_dim x value_dim FP32 values. Row widths in {2,4,6,8,kPivotWidth}.
 // Impact: w_i > 0 per row (all ones = no spatial axis).

@@ -1,0 +1,135 @@
+// PageFormatTables: the per-head tables of the page kernels, built on the host from a
+// PageCodec (no CUDA call, so this file is part of the CPU library: the host emulation
+// tests use it without a GPU or nvcc).
+
+#include "statepool/kernels/cuda/page_format.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+
+namespace statepool::kernels::cuda {
+
+PageFormatTables::PageFormatTables(const PageCodec& codec, DType staged_dtype) {
+  if (staged_dtype != DType::f32 && staged_dtype != DType::bf16) {
+    throw std::invalid_argument(std::string("staged states are f32 or bf16, got ") +
+                                to_string(staged_dtype));
+  }
+  const StateLayout& layout = codec.layout();
+  PageFormatView& v = scalars_;
+  v.codec = layout.codec.id;
+  v.arch = layout.arch;
+  v.variant = layout.codec.variant;
+  v.staged_dtype = staged_dtype;
+  v.group_size = is_uniform_codec(v.codec) ? effective_group_size(layout.codec.group_size) : 0;
+  v.key_dim = layout.key_dim;
+  v.value_dim = layout.value_dim;
+  v.head_count = static_cast<std::uint32_t>(codec.head_count());
+  v.page_bytes = codec.page_bytes();
+  v.conv_offset = codec.conv_offset();
+  v.conv_bytes = codec.conv_bytes();
+  v.staged_bytes = codec.staged_bytes(staged_dtype);
+
+  head_offsets_.reserve(std::size_t{v.head_count} + 1);
+  for (std::uint32_t l = 0; l < layout.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout.num_heads; ++h) {
+      head_offsets_.push_back(codec.head_offset(l, h));
+    }
+  }
+  head_offsets_.push_back(codec.conv_offset());
+
+  if (!is_stepquant_codec(v.codec)) {
+    return;
+  }
+  const stepquant::Plan& plan = *layout.plan;
+  const std::size_t K = layout.key_dim;
+  const bool kda = layout.arch == Arch::kda;
+  const bool temporal = layout.codec.variant == StepQuantVariant::temporal_only;
+  widths_.reserve(v.head_count * K);
+  for (std::uint32_t l = 0; l < layout.num_layers; ++l) {
+    for (std::uint32_t h = 0; h < layout.num_heads; ++h) {
+      for (std::uint32_t i = 0; i < K; ++i) {
+        widths_.push_back(stepquant::stored_width(plan, layout.codec.variant, l, h, kda ? i : 0));
+      }
+      if (!temporal) {
+        const auto impact = plan.head_impact(l, h);
+        impact_.insert(impact_.end(), impact.begin(), impact.end());
+      }
+    }
+  }
+  if (kda) {
+    // Rows follow the scales: fp16 r[K] (and c[V] unless temporal_only), then every row
+    // in order (stepquant/format.hpp).
+    row_offsets_.reserve(widths_.size());
+    for (std::size_t head = 0; head < v.head_count; ++head) {
+      std::size_t offset = 2 * K + (temporal ? 0 : 2 * std::size_t{layout.value_dim});
+      for (std::size_t i = 0; i < K; ++i) {
+        row_offsets_.push_back(static_cast<std::uint32_t>(offset));
+        offset += stepquant::row_bytes(layout.value_dim, widths_[head * K + i]);
+      }
+    }
+  }
+}
+
+PageFormatView PageFormatTables::view() const noexcept {
+  PageFormatView v = scalars_;
+  v.head_offsets = head_offsets_.data();
+  v.widths = widths_.empty() ? nullptr : widths_.data();
+  v.impact = impact_.empty() ? nullptr : impact_.data();
+  v.row_offsets = row_offsets_.empty() ? nullptr : row_offsets_.data();
+  return v;
+}
+
+const char* view_problem(const PageFormatView& v) noexcept {
+  if (v.staged_dtype != DType::f32 && v.staged_dtype != DType::bf16) {
+    return "staged dtype is not f32 or bf16";
+  }
+  if (v.key_dim == 0 || v.value_dim == 0 || v.head_count == 0) {
+    return "key_dim, value_dim and head_count must be positive";
+  }
+  if (v.key_dim > kMaxHeadDim || v.value_dim > kMaxHeadDim) {
+    return "key_dim or value_dim above kMaxHeadDim";
+  }
+  if (v.head_offsets == nullptr) {
+    return "no head offset table";
+  }
+  if (v.conv_offset + v.conv_bytes != v.page_bytes) {
+    return "page_bytes is not conv_offset + conv_bytes";
+  }
+  const std::uint64_t values = std::uint64_t{v.key_dim} * v.value_dim * v.head_count;
+  if (v.staged_bytes != values * dtype_bytes(v.staged_dtype) + v.conv_bytes) {
+    return "staged_bytes does not match the shape and staged dtype";
+  }
+  if (is_uniform_codec(v.codec)) {
+    return is_valid_group_size(v.group_size) ? nullptr : "invalid group size";
+  }
+  if (is_float_codec(v.codec) || is_dsq_codec(v.codec)) {
+    return nullptr;
+  }
+  if (!is_stepquant_codec(v.codec)) {
+    return "unknown codec";
+  }
+  if (v.arch != Arch::gdn && v.arch != Arch::kda) {
+    return "unknown arch";
+  }
+  if (v.variant != StepQuantVariant::full && v.variant != StepQuantVariant::spatial_only &&
+      v.variant != StepQuantVariant::temporal_only) {
+    return "unknown stepquant variant";
+  }
+  if (v.widths == nullptr) {
+    return "stepquant needs the width table";
+  }
+  if (v.variant != StepQuantVariant::temporal_only && v.impact == nullptr) {
+    return "stepquant full / spatial_only needs the impact table";
+  }
+  if (v.arch == Arch::kda && v.row_offsets == nullptr) {
+    return "stepquant KDA needs the row offset table";
+  }
+  return nullptr;
+}
+
+}  // namespace statepool::kernels::cuda

@@ -1,0 +1,747 @@
+#pragma once
+// The work of one block of the page kernels, written once for a "team" of threads so that
+// the GPU and the host run the same code: kernels/cuda/codec_kernels.cu instantiates it
+// with a CUDA thread block, host_team.hpp with one host thread or several host threads
+// and a barrier (the CPU tests compare those runs with PageCodec, byte for byte). This
+// header needs no CUDA: under g++ STATEPOOL_HD is empty.
+//
+// A Team is any type with
+//   unsigned rank() const, unsigned size() const    this thread's rank in [0, size())
+//   void sync() const                               barrier of the team's ranks (every rank
+//                                                   calls it equally often: the calls below
+//                                                   are never inside rank-dependent code)
+//   void atomic_min(unsigned long long* p, unsigned long long v) const
+//                                                   *p = min(*p, v) atomically, across teams
+// Every loop below hands item k to rank k mod size(), so any team size computes the same
+// bytes; nothing is shared between ranks but the page itself (a rank writes scales into
+// the page, sync(), then every rank reads them back: the page is the block's scratch, so
+// no head is too large for shared memory).
+//
+// Grid: one block per (slot, x) with x in [0, page_blocks(view)): x < head_count encodes
+// or decodes head x; the others copy one kConvChunkBytes piece of the conv state. Within
+// a head (K rows, V columns, n = K V values, page order = row-major):
+//   float codecs      rank per value
+//   int4/6/8          rank per group (absmax, fp16 scale), sync, rank per quad (codes)
+//   dual axis (GDN at 4/6/8 bits, KDA, dsq4/6)
+//                     rank per row (r_i: the four-lane binary64 row sum), sync,
+//                     rank per column (c_j: max over rows, then the refit sums over rows
+//                     in row order, binary64), sync, rank per quad (codes)
+//   2-bit GDN         rank per (row, 32-value group) (three scale candidates), sync,
+//                     rank per quad
+//   temporal_only     rank per row (absmax scale), sync, rank per quad
+//   pivot GDN head    rank per value (fp16)
+//   decode            rank per quad (per value for the float codecs and pivot heads)
+// A quad is four consecutive codes of one packed run, which starts on a byte boundary
+// (packing.hpp): GDN and dsq heads pack all K V codes as one run, KDA heads every row as
+// its own run at its byte offset (PageFormatView::row_offsets), a pivot row as V fp16
+// values. Every byte of a head (scales, codes, the zero bits of a partial quad, the
+// zero padding) is written by exactly one rank.
+//
+// Thread-safety: pure functions of their inputs; blocks of different heads or slots
+// write disjoint bytes.
+
+#include <cstdint>
+
+#include "statepool/kernels/cuda/page_format.hpp"
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/packing.hpp"
+#include "statepool/kernels/quantize.hpp"
+#include "statepool/kernels/stepquant/fit_math.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+
+namespace statepool::kernels::cuda {
+
+/// first_index of a finite state, and the skip value of a slot to encode: UINT64_MAX.
+inline constexpr unsigned long long kAllFinite = ~0ull;
+/// Conv-state bytes copied by one block.
+inline constexpr std::uint64_t kConvChunkBytes = 32 * 1024;
+
+/// Blocks per slot of the conv-state copy.
+STATEPOOL_HD inline std::uint32_t conv_blocks(const PageFormatView& f) noexcept {
+  return static_cast<std::uint32_t>((f.conv_bytes + kConvChunkBytes - 1) / kConvChunkBytes);
+}
+
+/// Blocks per slot of an encode or decode: one per head, then the conv copy.
+STATEPOOL_HD inline std::uint32_t page_blocks(const PageFormatView& f) noexcept {
+  return f.head_count + conv_blocks(f);
+}
+
+// ---------------------------------------------------------------------------------------
+// Staged values (row-major [head][K][V] from the start of the staged state)
+
+struct StagedF32 {
+  STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
+    return static_cast<const float*>(base)[i];
+  }
+  STATEPOOL_HD static void store(void* base, std::uint64_t i, float v) noexcept {
+    static_cast<float*>(base)[i] = v;
+  }
+  STATEPOOL_HD static bool non_finite(const void* base, std::uint64_t i) noexcept {
+    return is_non_finite_bits(float_bits(load(base, i)));
+  }
+};
+
+struct StagedBf16 {
+  STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
+    return bf16_bits_to_float(static_cast<const std::uint16_t*>(base)[i]);
+  }
+  STATEPOOL_HD static void store(void* base, std::uint64_t i, float v) noexcept {
+    static_cast<std::uint16_t*>(base)[i] = float_to_bf16_bits(v);
+  }
+  STATEPOOL_HD static bool non_finite(const void* base, std::uint64_t i) noexcept {
+    return is_non_finite_bf16(static_cast<const std::uint16_t*>(base)[i]);
+  }
+};
+
+namespace detail {
+
+// ---------------------------------------------------------------------------------------
+// Page bytes. fp16 slots of KDA rows can start at odd offsets (a 6-bit row of 5 values
+// is 6 bytes, a 4-bit row of 5 values 3), so halves go through bytes.
+
+STATEPOOL_HD inline void store_half(std::uint8_t* p, std::uint16_t v) noexcept {
+  p[0] = static_cast<std::uint8_t>(v);
+  p[1] = static_cast<std::uint8_t>(v >> 8);
+}
+
+STATEPOOL_HD inline std::uint16_t load_half(const std::uint8_t* p) noexcept {
+  return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+}
+
+STATEPOOL_HD inline float load_half_float(const std::uint8_t* p) noexcept {
+  return half_bits_to_float(load_half(p));
+}
+
+template <class Team>
+STATEPOOL_HD void zero_bytes(const Team& t, std::uint8_t* p, std::uint64_t begin,
+                             std::uint64_t end) noexcept {
+  for (std::uint64_t i = begin + t.rank(); i < end; i += t.size()) {
+    p[i] = 0;
+  }
+}
+
+template <class Team>
+STATEPOOL_HD void copy_bytes(const Team& t, const std::uint8_t* src, std::uint8_t* dst,
+                             std::uint64_t n) noexcept {
+  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+    dst[i] = src[i];
+  }
+}
+
+// One quad (rest = 1..4 codes u[0..rest)) at a runtime width: exactly
+// packed_bytes(rest, bits) bytes are written (a full quad: bits / 2).
+template <std::uint32_t Bits>
+STATEPOOL_HD inline void pack_rest(const std::uint8_t* u, std::uint32_t rest,
+                                   std::uint8_t* dst) noexcept {
+  if (rest == 4) {
+    pack_quad<Bits>(u[0], u[1], u[2], u[3], dst);
+  } else {
+    pack_partial_quad<Bits>(u, rest, dst);
+  }
+}
+
+STATEPOOL_HD inline void pack_quad_at(std::uint32_t bits, const std::uint8_t* u, std::uint32_t rest,
+                                      std::uint8_t* dst) noexcept {
+  switch (bits) {
+    case 2: pack_rest<2>(u, rest, dst); break;
+    case 4: pack_rest<4>(u, rest, dst); break;
+    case 6: pack_rest<6>(u, rest, dst); break;
+    default: pack_rest<8>(u, rest, dst); break;
+  }
+}
+
+template <std::uint32_t Bits>
+STATEPOOL_HD inline void unpack_rest(const std::uint8_t* src, std::uint32_t rest,
+                                     std::uint32_t* u) noexcept {
+  if (rest == 4) {
+    unpack_quad<Bits>(src, u);
+  } else {
+    unpack_partial_quad<Bits>(src, rest, u);
+  }
+}
+
+STATEPOOL_HD inline void unpack_quad_at(std::uint32_t bits, const std::uint8_t* src,
+                                        std::uint32_t rest, std::uint32_t* u) noexcept {
+  switch (bits) {
+    case 2: unpack_rest<2>(src, rest, u); break;
+    case 4: unpack_rest<4>(src, rest, u); break;
+    case 6: unpack_rest<6>(src, rest, u); break;
+    default: unpack_rest<8>(src, rest, u); break;
+  }
+}
+
+// Values of one head of the staged state.
+template <class Staged>
+struct HeadValues {
+  const void* base;
+  std::uint64_t first;  // index of the head's value (0, 0)
+  std::uint32_t value_dim;
+
+  STATEPOOL_HD float at(std::uint32_t i, std::uint32_t j) const noexcept {
+    return Staged::load(base, first + std::uint64_t{i} * value_dim + j);
+  }
+  STATEPOOL_HD float flat(std::uint64_t index) const noexcept {
+    return Staged::load(base, first + index);
+  }
+};
+
+// x[j] of `count` values starting at a flat index: the Row of fit_math.hpp's sums.
+template <class Staged>
+struct StagedRun {
+  const void* base;
+  std::uint64_t first;
+
+  STATEPOOL_HD float operator[](std::uint32_t j) const noexcept {
+    return Staged::load(base, first + j);
+  }
+};
+
+template <class Staged>
+struct HeadOut {
+  void* base;
+  std::uint64_t first;
+
+  STATEPOOL_HD void store(std::uint64_t index, float v) const noexcept {
+    Staged::store(base, first + index, v);
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// Float codecs
+
+template <class Staged, class Team>
+STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f,
+                                    const HeadValues<Staged>& x, std::uint8_t* out,
+                                    std::uint64_t head_bytes) noexcept {
+  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+    const float v = x.flat(i);
+    if (f.codec == CodecId::fp32) {
+      store_le32(out + 4 * i, float_bits(v));
+    } else {
+      store_half(out + 2 * i,
+                 f.codec == CodecId::bf16 ? float_to_bf16_bits(v) : float_to_half_bits(v));
+    }
+  }
+  zero_bytes(t, out, n * float_codec_value_bytes(f.codec), head_bytes);
+}
+
+template <class Staged, class Team>
+STATEPOOL_HD void decode_float_head(const Team& t, const PageFormatView& f, const std::uint8_t* in,
+                                    const HeadOut<Staged>& y) noexcept {
+  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+    float v;
+    if (f.codec == CodecId::fp32) {
+      v = bits_float(load_le32(in + 4 * i));
+    } else {
+      const std::uint16_t bits = load_half(in + 2 * i);
+      v = f.codec == CodecId::bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+    }
+    y.store(i, v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Uniform int codecs (format.hpp): scales [groups], then one run of n codes
+
+template <class Staged, class Team>
+STATEPOOL_HD void encode_uniform_head(const Team& t, const PageFormatView& f,
+                                      const HeadValues<Staged>& x, std::uint8_t* out,
+                                      std::uint64_t head_bytes) noexcept {
+  const std::uint32_t bits = codec_code_bits(f.codec);
+  const std::uint32_t qmax = code_qmax(bits);
+  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  const std::uint64_t group = f.group_size;
+  const std::uint64_t groups = uniform_group_count(n, f.group_size);
+  for (std::uint64_t g = t.rank(); g < groups; g += t.size()) {
+    const std::uint64_t begin = g * group;
+    const std::uint64_t end = begin + group < n ? begin + group : n;
+    std::uint32_t absmax = 0;
+    for (std::uint64_t i = begin; i < end; ++i) {
+      const std::uint32_t a = abs_bits(x.flat(i));
+      absmax = a > absmax ? a : absmax;
+    }
+    store_half(out + 2 * g, uniform_scale_bits(absmax, qmax));
+  }
+  std::uint8_t* codes = out + 2 * groups;
+  zero_bytes(t, out, 2 * groups + packed_bytes(n, bits), head_bytes);
+  t.sync();
+  const std::uint64_t quads = (n + 3) / 4;
+  for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+    const std::uint64_t first = 4 * q;
+    const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
+    const float s = load_half_float(out + 2 * (first / group));  // a quad is in one group
+    std::uint8_t u[4] = {0, 0, 0, 0};
+    for (std::uint32_t k = 0; k < rest; ++k) {
+      u[k] = static_cast<std::uint8_t>(uniform_code(x.flat(first + k), s, qmax));
+    }
+    pack_quad_at(bits, u, rest, codes + q * quad_bytes(bits));
+  }
+}
+
+template <class Staged, class Team>
+STATEPOOL_HD void decode_uniform_head(const Team& t, const PageFormatView& f,
+                                      const std::uint8_t* in, const HeadOut<Staged>& y) noexcept {
+  const std::uint32_t bits = codec_code_bits(f.codec);
+  const std::uint32_t qmax = code_qmax(bits);
+  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  const std::uint64_t groups = uniform_group_count(n, f.group_size);
+  const std::uint8_t* codes = in + 2 * groups;
+  const std::uint64_t quads = (n + 3) / 4;
+  for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+    const std::uint64_t first = 4 * q;
+    const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
+    const float s = load_half_float(in + 2 * (first / f.group_size));
+    std::uint32_t u[4];
+    unpack_quad_at(bits, codes + q * quad_bytes(bits), rest, u);
+    for (std::uint32_t k = 0; k < rest; ++k) {
+      y.store(first + k, uniform_value(u[k], s, qmax));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// STEPQuant and DSQ heads (stepquant/format.hpp, stepquant/fit.hpp)
+
+enum class SqKind : std::uint8_t {
+  pivot_head,  // GDN head of pivots: fp16 x[K V]
+  dual,        // fp16 r[K], fp16 c[V], codes (GDN 4/6/8, KDA, dsq)
+  two_bit,     // fp16 s[K][ceil(V/32)], codes of levels (2-bit GDN)
+  absmax,      // fp16 s[K], codes (temporal_only)
+};
+
+// What one head of a stepquant / dsq page is: its kind, the widths and impact of its rows,
+// and where its codes are.
+struct SqHead {
+  SqKind kind = SqKind::dual;
+  bool grid8 = false;                    // KDA: rows on the shared 8-bit column grid (q_i, g_i)
+  bool refit = false;                    // stepquant full / spatial_only: the least-squares refit
+  std::uint32_t bits = 0;                // width of every row when `widths` is null (dsq)
+  const std::uint8_t* widths = nullptr;  // [K]
+  const float* impact = nullptr;         // [K], null: all ones
+  // KDA: byte offset of every row's run within the head; null: one run of K V codes at
+  // `codes_offset` (GDN, dsq).
+  const std::uint32_t* row_offsets = nullptr;
+  std::uint64_t codes_offset = 0;
+  std::uint64_t data_end = 0;  // end of the head's data; zero padding from here
+
+  STATEPOOL_HD std::uint32_t width(std::uint32_t i) const noexcept {
+    return widths != nullptr ? widths[i] : bits;
+  }
+  STATEPOOL_HD double weight(std::uint32_t i) const noexcept {
+    return impact != nullptr ? static_cast<double>(impact[i]) : 1.0;
+  }
+};
+
+STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) noexcept {
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  const std::uint64_t n = std::uint64_t{K} * V;
+  SqHead h;
+  if (is_dsq_codec(f.codec)) {
+    // The GDN head layout at one width, for either arch; no impact, no refit.
+    h.bits = f.codec == CodecId::dsq4 ? 4u : 6u;
+    h.codes_offset = 2u * (std::uint64_t{K} + V);
+    h.data_end = h.codes_offset + packed_bytes(n, h.bits);
+    return h;
+  }
+  const std::uint64_t row0 = std::uint64_t{head} * K;
+  h.widths = f.widths + row0;
+  h.bits = h.widths[0];
+  const bool temporal = f.variant == StepQuantVariant::temporal_only;
+  if (!temporal) {
+    h.impact = f.impact + row0;
+  }
+  if (f.arch == Arch::kda) {
+    h.kind = temporal ? SqKind::absmax : SqKind::dual;
+    h.grid8 = !temporal;
+    h.refit = !temporal;
+    h.row_offsets = f.row_offsets + row0;
+    h.data_end = h.row_offsets[K - 1] + stepquant::row_bytes(V, h.widths[K - 1]);
+    return h;
+  }
+  h.widths = nullptr;  // a GDN head has one width
+  if (h.bits == stepquant::kPivotWidth) {
+    h.kind = SqKind::pivot_head;
+    h.data_end = 2 * n;
+  } else if (temporal) {
+    h.kind = SqKind::absmax;
+    h.codes_offset = 2u * std::uint64_t{K};
+  } else if (h.bits == 2) {
+    h.kind = SqKind::two_bit;
+    h.codes_offset = 2u * std::uint64_t{K} * stepquant::two_bit_groups(V);
+  } else {
+    h.kind = SqKind::dual;
+    h.refit = true;
+    h.codes_offset = 2u * (std::uint64_t{K} + V);
+  }
+  if (h.kind != SqKind::pivot_head) {
+    h.data_end = h.codes_offset + packed_bytes(n, h.bits);
+  }
+  return h;
+}
+
+// Writes every code of the head: code(i, j, bits) is the offset-binary code u of value
+// (i, j) in a row of width `bits`; pivot rows of KDA heads get fp16 values.
+template <class Staged, class Team, class Code>
+STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHead& h,
+                              const HeadValues<Staged>& x, std::uint8_t* out,
+                              const Code& code) noexcept {
+  const std::uint32_t V = f.value_dim;
+  if (h.row_offsets == nullptr) {
+    const std::uint64_t n = std::uint64_t{f.key_dim} * V;
+    const std::uint64_t quads = (n + 3) / 4;
+    std::uint8_t* codes = out + h.codes_offset;
+    for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+      const std::uint64_t first = 4 * q;
+      const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
+      std::uint8_t u[4] = {0, 0, 0, 0};
+      for (std::uint32_t k = 0; k < rest; ++k) {
+        const auto i = static_cast<std::uint32_t>((first + k) / V);
+        const auto j = static_cast<std::uint32_t>((first + k) % V);
+        u[k] = static_cast<std::uint8_t>(code(i, j, h.bits));
+      }
+      pack_quad_at(h.bits, u, rest, codes + q * quad_bytes(h.bits));
+    }
+    return;
+  }
+  const std::uint32_t row_quads = (V + 3) / 4;
+  const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
+  for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
+    const auto i = static_cast<std::uint32_t>(item / row_quads);
+    const auto q = static_cast<std::uint32_t>(item % row_quads);
+    const std::uint32_t first = 4 * q;
+    const std::uint32_t rest = V - first < 4 ? V - first : 4;
+    const std::uint32_t bits = h.width(i);
+    std::uint8_t* row = out + h.row_offsets[i];
+    if (bits == stepquant::kPivotWidth) {
+      for (std::uint32_t k = 0; k < rest; ++k) {
+        store_half(row + 2 * (first + k), float_to_half_bits(x.at(i, first + k)));
+      }
+      continue;
+    }
+    std::uint8_t u[4] = {0, 0, 0, 0};
+    for (std::uint32_t k = 0; k < rest; ++k) {
+      u[k] = static_cast<std::uint8_t>(code(i, first + k, bits));
+    }
+    pack_quad_at(bits, u, rest, row + q * quad_bytes(bits));
+  }
+}
+
+// Reads every code of the head back: value(i, j, bits, u) is the decoded value of code u;
+// pivot rows of KDA heads are fp16 values.
+template <class Staged, class Team, class Value>
+STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHead& h,
+                             const std::uint8_t* in, const HeadOut<Staged>& y,
+                             const Value& value) noexcept {
+  const std::uint32_t V = f.value_dim;
+  if (h.row_offsets == nullptr) {
+    const std::uint64_t n = std::uint64_t{f.key_dim} * V;
+    const std::uint64_t quads = (n + 3) / 4;
+    const std::uint8_t* codes = in + h.codes_offset;
+    for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+      const std::uint64_t first = 4 * q;
+      const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
+      std::uint32_t u[4];
+      unpack_quad_at(h.bits, codes + q * quad_bytes(h.bits), rest, u);
+      for (std::uint32_t k = 0; k < rest; ++k) {
+        const auto i = static_cast<std::uint32_t>((first + k) / V);
+        const auto j = static_cast<std::uint32_t>((first + k) % V);
+        y.store(first + k, value(i, j, h.bits, u[k]));
+      }
+    }
+    return;
+  }
+  const std::uint32_t row_quads = (V + 3) / 4;
+  const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
+  for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
+    const auto i = static_cast<std::uint32_t>(item / row_quads);
+    const auto q = static_cast<std::uint32_t>(item % row_quads);
+    const std::uint32_t first = 4 * q;
+    const std::uint32_t rest = V - first < 4 ? V - first : 4;
+    const std::uint32_t bits = h.width(i);
+    const std::uint8_t* row = in + h.row_offsets[i];
+    const std::uint64_t at = std::uint64_t{i} * V + first;
+    if (bits == stepquant::kPivotWidth) {
+      for (std::uint32_t k = 0; k < rest; ++k) {
+        y.store(at + k, load_half_float(row + 2 * (first + k)));
+      }
+      continue;
+    }
+    std::uint32_t u[4];
+    unpack_quad_at(bits, row + q * quad_bytes(bits), rest, u);
+    for (std::uint32_t k = 0; k < rest; ++k) {
+      y.store(at + k, value(i, first + k, bits, u[k]));
+    }
+  }
+}
+
+// Step 1 (dual) or the absmax scale (temporal_only) of every row, into the page.
+template <class Staged, class Team>
+STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const SqHead& h,
+                                   const HeadValues<Staged>& x, std::uint8_t* out) noexcept {
+  const std::uint32_t V = f.value_dim;
+  for (std::uint32_t i = t.rank(); i < f.key_dim; i += t.size()) {
+    const std::uint32_t bits = h.width(i);
+    float s = 0.0f;  // pivot rows store 0
+    if (bits != stepquant::kPivotWidth) {
+      const StagedRun<Staged> row{x.base, x.first + std::uint64_t{i} * V};
+      if (h.kind == SqKind::absmax) {
+        std::uint32_t absmax = 0;
+        for (std::uint32_t j = 0; j < V; ++j) {
+          const std::uint32_t a = abs_bits(row[j]);
+          absmax = a > absmax ? a : absmax;
+        }
+        s = stepquant::absmax_row_scale(absmax, code_qmax(bits));
+      } else {
+        s = stepquant::row_scale_from_sum(stepquant::row_abs_sum(row, V), V, h.weight(i));
+      }
+    }
+    store_half(out + 2 * i, float_to_half_bits(s));
+  }
+}
+
+// Steps 2-4 of one column j: the max-based scale, then (refit) the codes of step 3 and
+// the impact-weighted least-squares scale, sums over rows in row order.
+template <class Staged>
+STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
+                                const HeadValues<Staged>& x, const std::uint8_t* r,
+                                std::uint32_t j) noexcept {
+  std::uint32_t max_bits = 0;
+  for (std::uint32_t i = 0; i < f.key_dim; ++i) {
+    const std::uint32_t bits = h.width(i);
+    if (bits != stepquant::kPivotWidth) {
+      const float dq =
+          load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_code_limit(h.grid8, bits));
+      const std::uint32_t a = stepquant::column_ratio_bits(x.at(i, j), dq);
+      max_bits = a > max_bits ? a : max_bits;
+    }
+  }
+  const float c = stepquant::column_scale_from_max(max_bits);
+  if (!h.refit) {
+    return c;
+  }
+  const float divisor = stepquant::column_divisor(c);
+  double num = 0.0;
+  double den = 0.0;
+  for (std::uint32_t i = 0; i < f.key_dim; ++i) {
+    const std::uint32_t bits = h.width(i);
+    if (bits != stepquant::kPivotWidth) {
+      const float v = x.at(i, j);
+      const float rg =
+          load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
+      const std::uint32_t qmax = code_qmax(bits);
+      const auto z = static_cast<std::int32_t>(stepquant::dual_code(v, rg, divisor, qmax)) -
+                     static_cast<std::int32_t>(qmax);
+      const double w = h.weight(i);
+      stepquant::refit_accumulate(v, z, rg, stepquant::mul_f64(w, w), num, den);
+    }
+  }
+  return stepquant::refit_column_scale(num, den, c);
+}
+
+template <class Staged, class Team>
+STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
+                                 const HeadValues<Staged>& x, std::uint8_t* out,
+                                 std::uint64_t head_bytes) noexcept {
+  const SqHead h = sq_head(f, head);
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  zero_bytes(t, out, h.data_end, head_bytes);
+  if (h.kind == SqKind::pivot_head) {
+    const std::uint64_t n = std::uint64_t{K} * V;
+    for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+      store_half(out + 2 * i, float_to_half_bits(x.flat(i)));
+    }
+    return;
+  }
+  if (h.kind == SqKind::two_bit) {
+    const auto groups = static_cast<std::uint32_t>(stepquant::two_bit_groups(V));
+    const std::uint64_t items = std::uint64_t{K} * groups;
+    for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
+      const auto i = static_cast<std::uint32_t>(item / groups);
+      const auto begin = static_cast<std::uint32_t>(item % groups) * stepquant::kTwoBitGroup;
+      const std::uint32_t count =
+          V - begin < stepquant::kTwoBitGroup ? V - begin : stepquant::kTwoBitGroup;
+      const StagedRun<Staged> run{x.base, x.first + std::uint64_t{i} * V + begin};
+      store_half(out + 2 * item, float_to_half_bits(stepquant::two_bit_group_scale(run, count)));
+    }
+    t.sync();
+    write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t) {
+      const float s =
+          load_half_float(out + 2 * (std::uint64_t{i} * groups + j / stepquant::kTwoBitGroup));
+      return stepquant::two_bit_index(stepquant::two_bit_level_for(x.at(i, j), s));
+    });
+    return;
+  }
+  write_row_scales(t, f, h, x, out);
+  t.sync();
+  if (h.kind == SqKind::absmax) {
+    write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
+      return uniform_code(x.at(i, j), load_half_float(out + 2 * i), code_qmax(bits));
+    });
+    return;
+  }
+  std::uint8_t* c = out + 2 * std::uint64_t{K};
+  for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
+    store_half(c + 2 * j, float_to_half_bits(column_scale(f, h, x, out, j)));
+  }
+  t.sync();
+  write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
+    const float rg =
+        load_half_float(out + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
+    return stepquant::dual_code(
+        x.at(i, j), rg, stepquant::column_divisor(load_half_float(c + 2 * j)), code_qmax(bits));
+  });
+}
+
+template <class Staged, class Team>
+STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
+                                 const std::uint8_t* in, const HeadOut<Staged>& y) noexcept {
+  const SqHead h = sq_head(f, head);
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  switch (h.kind) {
+    case SqKind::pivot_head: {
+      const std::uint64_t n = std::uint64_t{K} * V;
+      for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+        y.store(i, load_half_float(in + 2 * i));
+      }
+      break;
+    }
+    case SqKind::two_bit: {
+      const auto groups = static_cast<std::uint32_t>(stepquant::two_bit_groups(V));
+      read_codes(
+          t, f, h, in, y, [&](std::uint32_t i, std::uint32_t j, std::uint32_t, std::uint32_t u) {
+            const float s =
+                load_half_float(in + 2 * (std::uint64_t{i} * groups + j / stepquant::kTwoBitGroup));
+            return s * static_cast<float>(stepquant::two_bit_level(u));
+          });
+      break;
+    }
+    case SqKind::absmax:
+      read_codes(t, f, h, in, y,
+                 [&](std::uint32_t i, std::uint32_t, std::uint32_t bits, std::uint32_t u) {
+                   return uniform_value(u, load_half_float(in + 2 * i), code_qmax(bits));
+                 });
+      break;
+    case SqKind::dual: {
+      const std::uint8_t* c = in + 2 * std::uint64_t{K};
+      read_codes(t, f, h, in, y,
+                 [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits, std::uint32_t u) {
+                   const std::int32_t z =
+                       static_cast<std::int32_t>(u) - static_cast<std::int32_t>(code_qmax(bits));
+                   const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, bits));
+                   return stepquant::dual_axis_value(load_half_float(in + 2 * i),
+                                                     load_half_float(c + 2 * j), z * g);
+                 });
+      break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// One head, any codec
+
+STATEPOOL_HD inline std::uint64_t head_first_value(const PageFormatView& f,
+                                                   std::uint32_t head) noexcept {
+  return std::uint64_t{head} * f.key_dim * f.value_dim;
+}
+
+STATEPOOL_HD inline std::uint64_t recurrent_staged_bytes(const PageFormatView& f) noexcept {
+  return f.staged_bytes - f.conv_bytes;
+}
+
+}  // namespace detail
+
+/// Encodes head `head` of `staged` into `page` (the head's bytes only).
+template <class Staged, class Team>
+STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void* staged,
+                              std::uint8_t* page, std::uint32_t head) noexcept {
+  const detail::HeadValues<Staged> x{staged, detail::head_first_value(f, head), f.value_dim};
+  std::uint8_t* out = page + f.head_offsets[head];
+  const std::uint64_t bytes = f.head_offsets[head + 1] - f.head_offsets[head];
+  if (is_float_codec(f.codec)) {
+    detail::encode_float_head(t, f, x, out, bytes);
+  } else if (is_uniform_codec(f.codec)) {
+    detail::encode_uniform_head(t, f, x, out, bytes);
+  } else {
+    detail::encode_sq_head(t, f, head, x, out, bytes);
+  }
+}
+
+/// Decodes head `head` of `page` into `staged`.
+template <class Staged, class Team>
+STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std::uint8_t* page,
+                              void* staged, std::uint32_t head) noexcept {
+  const detail::HeadOut<Staged> y{staged, detail::head_first_value(f, head)};
+  const std::uint8_t* in = page + f.head_offsets[head];
+  if (is_float_codec(f.codec)) {
+    detail::decode_float_head(t, f, in, y);
+  } else if (is_uniform_codec(f.codec)) {
+    detail::decode_uniform_head(t, f, in, y);
+  } else {
+    detail::decode_sq_head(t, f, head, in, y);
+  }
+}
+
+/// Block `block` of a slot's encode: head `block`, or a piece of the conv state. `skip`
+/// is this slot's skip entry or null; a slot whose entry is not kAllFinite is left
+/// untouched (every rank returns before writing).
+template <class Staged, class Team>
+STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const void* staged,
+                               void* page, const unsigned long long* skip,
+                               std::uint32_t block) noexcept {
+  if (skip != nullptr && *skip != kAllFinite) {
+    return;
+  }
+  auto* out = static_cast<std::uint8_t*>(page);
+  if (block < f.head_count) {
+    encode_head<Staged>(t, f, staged, out, block);
+    return;
+  }
+  const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;
+  const std::uint64_t size =
+      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes;
+  detail::copy_bytes(
+      t, static_cast<const std::uint8_t*>(staged) + detail::recurrent_staged_bytes(f) + begin,
+      out + f.conv_offset + begin, size);
+}
+
+/// Block `block` of a slot's decode.
+template <class Staged, class Team>
+STATEPOOL_HD void decode_block(const Team& t, const PageFormatView& f, const void* page,
+                               void* staged, std::uint32_t block) noexcept {
+  const auto* in = static_cast<const std::uint8_t*>(page);
+  if (block < f.head_count) {
+    decode_head<Staged>(t, f, in, staged, block);
+    return;
+  }
+  const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;
+  const std::uint64_t size =
+      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes;
+  detail::copy_bytes(t, in + f.conv_offset + begin,
+                     static_cast<std::uint8_t*>(staged) + detail::recurrent_staged_bytes(f) + begin,
+                     size);
+}
+
+/// Head `head` of a slot's non-finite scan: lowers *first_index to the smallest flat
+/// index (head * K V + row * V + col) of a NaN/Inf in that head, if any. *first_index
+/// starts at kAllFinite.
+template <class Staged, class Team>
+STATEPOOL_HD void find_non_finite_block(const Team& t, const PageFormatView& f, const void* staged,
+                                        unsigned long long* first_index,
+                                        std::uint32_t head) noexcept {
+  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  const std::uint64_t first = detail::head_first_value(f, head);
+  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+    if (Staged::non_finite(staged, first + i)) {
+      t.atomic_min(first_index, first + i);  // later indices of this rank are larger
+      return;
+    }
+  }
+}
+
+}  // namespace statepool::kernels::cuda

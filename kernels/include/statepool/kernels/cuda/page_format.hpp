@@ -1,0 +1,87 @@
+#pragma once
+// What the page kernels know about a layout's pages: a plain view (PageFormatView),
+// passed by value to every kernel, and the host tables behind it (PageFormatTables).
+// Neither needs CUDA: the same view, pointing at host memory, drives the host emulation
+// of the kernels (block_codec.hpp, host_team.hpp) that the CPU tests run;
+// DevicePageFormat (codec_kernels.hpp) uploads the same tables to the device.
+//
+// Thread-safety: PageFormatTables is immutable after construction; a view is a value.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "statepool/kernels/layout.hpp"
+
+namespace statepool::kernels {
+class PageCodec;
+}
+
+namespace statepool::kernels::cuda {
+
+/// Everything the kernels need about one layout's pages with a staged recurrent part in
+/// `staged_dtype`. POD; the pointers are device pointers (DevicePageFormat::view()) or
+/// host pointers (PageFormatTables::view(), for the host emulation), null where the codec
+/// needs no such table. Heads are numbered in page order, head = layer * num_heads + h.
+struct PageFormatView {
+  CodecId codec = CodecId::fp32;
+  Arch arch = Arch::gdn;
+  StepQuantVariant variant = StepQuantVariant::full;  ///< stepquant4/6 only
+  DType staged_dtype = DType::f32;                    ///< f32 or bf16
+  std::uint32_t group_size = 0;                       ///< effective group (int4/6/8), else 0
+  std::uint32_t key_dim = 0;
+  std::uint32_t value_dim = 0;
+  std::uint32_t head_count = 0;    ///< layers * heads
+  std::uint64_t page_bytes = 0;    ///< PageCodec::page_bytes()
+  std::uint64_t conv_offset = 0;   ///< PageCodec::conv_offset(): the end of the heads
+  std::uint64_t conv_bytes = 0;    ///< raw conv-state bytes (after the heads; after the
+                                   ///< recurrent part of a staged state)
+  std::uint64_t staged_bytes = 0;  ///< PageCodec::staged_bytes(staged_dtype)
+  /// [head_count + 1]: byte offset of every head in the page, then conv_offset. Always.
+  const std::uint64_t* head_offsets = nullptr;
+  /// [head_count][key_dim]: stored width of every row (stepquant::stored_width; GDN rows
+  /// all carry the head's width). stepquant4/6 only.
+  const std::uint8_t* widths = nullptr;
+  /// [head_count][key_dim]: impact factors. stepquant4/6 full and spatial_only only.
+  const float* impact = nullptr;
+  /// [head_count][key_dim]: byte offset of row i's codes (or fp16 values) within its
+  /// head. stepquant4/6 KDA only.
+  const std::uint32_t* row_offsets = nullptr;
+};
+
+/// The host tables of a PageFormatView (no CUDA call). Throws std::invalid_argument for a
+/// staged dtype other than f32 / bf16.
+class PageFormatTables {
+ public:
+  PageFormatTables(const PageCodec& codec, DType staged_dtype);
+
+  /// A view whose table pointers point into this object (valid while it lives and is
+  /// not moved).
+  [[nodiscard]] PageFormatView view() const noexcept;
+  /// The view's scalar fields, with every table pointer null (DevicePageFormat fills
+  /// them with device copies).
+  [[nodiscard]] const PageFormatView& scalars() const noexcept { return scalars_; }
+
+  [[nodiscard]] const std::vector<std::uint64_t>& head_offsets() const noexcept {
+    return head_offsets_;
+  }
+  [[nodiscard]] const std::vector<std::uint8_t>& widths() const noexcept { return widths_; }
+  [[nodiscard]] const std::vector<float>& impact() const noexcept { return impact_; }
+  [[nodiscard]] const std::vector<std::uint32_t>& row_offsets() const noexcept {
+    return row_offsets_;
+  }
+
+ private:
+  PageFormatView scalars_;
+  std::vector<std::uint64_t> head_offsets_;
+  std::vector<std::uint8_t> widths_;  // empty when the codec needs none (so are the others)
+  std::vector<float> impact_;
+  std::vector<std::uint32_t> row_offsets_;
+};
+
+/// Checks the scalar fields and the presence of the tables the codec needs (what a host
+/// can check without reading device memory): nullptr when usable, else what is wrong.
+/// The launchers refuse (cudaErrorInvalidValue) a view for which this is not null.
+[[nodiscard]] const char* view_problem(const PageFormatView& view) noexcept;
+
+}  // namespace statepool::kernels::cuda

@@ -1,0 +1,492 @@
+// The CUDA page kernels' code, run on the host (kernels/cuda/block_codec.hpp with the
+// host teams of host_team.hpp), against the CPU PageCodec: byte-identical pages and
+// staged states for every codec, variant, arch, staged dtype and awkward shape, with
+// teams of 1, 3 and 7 concurrently running ranks; batches with skipped slots; the
+// non-finite scan. The GPU runs exactly these block bodies (with a CUDA thread block as
+// the team), so this is the evidence that the device bytes equal the CPU bytes where no
+// GPU is at hand; tests/gpu/test_codec_kernels_gpu.cpp checks the device itself.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <ostream>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "statepool/kernels/cuda/block_codec.hpp"
+#include "statepool/kernels/cuda/host_team.hpp"
+#include "statepool/kernels/cuda/page_format.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+using cuda::kAllFinite;
+using cuda::PageFormatTables;
+using cuda::PageFormatView;
+using stepquant::kPivotWidth;
+using testing::first_difference;
+using testing::make_plan;
+using testing::plan_layout;
+
+constexpr unsigned kTeamSizes[] = {1, 3, 7};
+constexpr std::uint8_t P = kPivotWidth;
+
+struct Case {
+  std::string name;
+  StateLayout layout;
+};
+
+const char* variant_name(StepQuantVariant v) {
+  switch (v) {
+    case StepQuantVariant::full: return "full";
+    case StepQuantVariant::spatial_only: return "spatial";
+    case StepQuantVariant::temporal_only: return "temporal";
+  }
+  return "unknown";
+}
+
+std::string shape_name(std::uint32_t k, std::uint32_t v) {
+  return std::to_string(k) + "x" + std::to_string(v);
+}
+
+StateLayout plain_layout(CodecId id, Arch arch, std::uint32_t k, std::uint32_t v,
+                         std::uint32_t group, std::uint32_t conv_channels) {
+  StateLayout layout;
+  layout.name = "emulation";
+  layout.arch = arch;
+  layout.num_layers = 2;
+  layout.num_heads = 3;
+  layout.key_dim = k;
+  layout.value_dim = v;
+  layout.conv_channels = conv_channels;
+  layout.conv_width = conv_channels == 0 ? 0 : 3;
+  layout.conv_dtype = DType::bf16;
+  layout.codec = {id, group};
+  return layout;
+}
+
+// A plan whose units cycle through `widths` (GDN: per head, KDA: per row), with random
+// impact factors.
+stepquant::Plan cycling_plan(Arch arch, std::uint32_t layers, std::uint32_t heads, std::uint32_t k,
+                             std::uint32_t v, std::uint32_t budget,
+                             std::vector<std::uint8_t> widths, std::uint64_t seed) {
+  return make_plan(
+      arch, layers, heads, k, v, budget,
+      [widths](std::size_t u) { return widths[(u * 7 + u / 3) % widths.size()]; },
+      testing::random_impact(seed));
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  // Float and uniform codecs: several shapes and group sizes (a group larger than the
+  // head, groups that straddle rows, 4-value groups).
+  struct Plain {
+    std::uint32_t k, v, group;
+  };
+  const Plain plain[] = {{7, 5, 12}, {10, 10, 32}, {16, 24, 4}, {128, 128, 0},
+                         {3, 3, 4},  {9, 7, 0},    {1, 3, 8}};
+  for (const CodecId id :
+       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
+    for (const Plain& p : plain) {
+      out.push_back(
+          {std::string(to_string(id)) + "_" + shape_name(p.k, p.v) + "_g" + std::to_string(p.group),
+           plain_layout(id, Arch::gdn, p.k, p.v, p.group, p.k == 16 ? 12 : 0)});
+    }
+  }
+  // DSQ: the GDN head layout for either arch.
+  const Plain dsq[] = {{7, 5, 0}, {10, 10, 0}, {16, 24, 0}, {128, 128, 0}, {1, 3, 0}, {5, 40, 0}};
+  for (const CodecId id : {CodecId::dsq4, CodecId::dsq6}) {
+    for (const Arch arch : {Arch::gdn, Arch::kda}) {
+      for (const Plain& p : dsq) {
+        out.push_back(
+            {std::string(to_string(id)) + "_" + to_string(arch) + "_" + shape_name(p.k, p.v),
+             plain_layout(id, arch, p.k, p.v, 0, p.k == 10 ? 7 : 0)});
+      }
+    }
+  }
+  // STEPQuant plans: the fixtures' plans (every width, pivots, 128 x 128) and odd shapes.
+  struct Planned {
+    std::string name;
+    stepquant::Plan plan;
+  };
+  std::vector<Planned> plans = {
+      {"gdn_plan6", testing::gdn_plan6()},       {"gdn_plan4", testing::gdn_plan4()},
+      {"kda_plan6", testing::kda_plan6()},       {"kda_plan4_v5", testing::kda_plan4(5)},
+      {"kda_plan4_v7", testing::kda_plan4(7)},   {"kda_plan4_v20", testing::kda_plan4(20)},
+      {"kda_plan4_v33", testing::kda_plan4(33)},
+  };
+  const std::vector<std::uint8_t> all4 = {2, 4, 6, 8, P};
+  const std::vector<std::uint8_t> all6 = {4, 6, 8, P};
+  struct Odd {
+    std::uint32_t k, v;
+  };
+  for (const Odd s : {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}, Odd{5, 40}, Odd{3, 33}, Odd{1, 1}}) {
+    plans.push_back({"gdn4_" + shape_name(s.k, s.v),
+                     cycling_plan(Arch::gdn, 2, 3, s.k, s.v, 4, all4, s.k * 31 + s.v)});
+    plans.push_back({"kda4_" + shape_name(s.k, s.v),
+                     cycling_plan(Arch::kda, 1, 3, s.k, s.v, 4, all4, s.k * 17 + s.v)});
+  }
+  for (const Odd s : {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}}) {
+    plans.push_back({"gdn6_" + shape_name(s.k, s.v),
+                     cycling_plan(Arch::gdn, 1, 4, s.k, s.v, 6, all6, s.k * 13 + s.v)});
+    plans.push_back({"kda6_" + shape_name(s.k, s.v),
+                     cycling_plan(Arch::kda, 1, 2, s.k, s.v, 6, all6, s.k * 11 + s.v)});
+  }
+  plans.push_back({"kda4_128x128", cycling_plan(Arch::kda, 1, 2, 128, 128, 4, all4, 99)});
+  // A KDA head whose rows are all pivots (r and c stored as zeros), next to a mixed one.
+  plans.push_back(
+      {"kda6_pivot_head", make_plan(
+                              Arch::kda, 1, 2, 6, 9, 6, [](std::size_t u) { return u < 6 ? P : 6; },
+                              testing::random_impact(5))});
+  for (const Planned& p : plans) {
+    const CodecId id = p.plan.budget_bits == 4 ? CodecId::stepquant4 : CodecId::stepquant6;
+    for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
+                                           StepQuantVariant::temporal_only}) {
+      const std::uint32_t conv = p.plan.key_dim == 7 ? 5 : 0;
+      out.push_back({p.name + "_" + variant_name(variant),
+                     plan_layout(p.plan, id, variant, conv, conv == 0 ? 0 : 4)});
+    }
+  }
+  return out;
+}
+
+void set_staged(std::vector<std::byte>& staged, DType dtype, std::size_t index, float v) {
+  if (dtype == DType::f32) {
+    std::memcpy(staged.data() + 4 * index, &v, 4);
+  } else {
+    const std::uint16_t bits = float_to_bf16_bits(v);
+    std::memcpy(staged.data() + 2 * index, &bits, 2);
+  }
+}
+
+// A synthetic state with edge inputs in head 0: a zero row, a zero column, a tiny row
+// (FP32 denormals), a huge value, values at the fp16 limit, and a row of one value
+// repeated; head 1 (when there is one) is all zeros.
+std::vector<std::byte> staged_state(const StateLayout& layout, DType dtype, std::uint64_t seed) {
+  auto staged = testing::synthetic_staged_state(layout, 24, seed, dtype);
+  const std::uint32_t K = layout.key_dim;
+  const std::uint32_t V = layout.value_dim;
+  const auto at = [V](std::uint32_t i, std::uint32_t j) { return std::size_t{i} * V + j; };
+  if (K >= 4) {
+    for (std::uint32_t j = 0; j < V; ++j) {
+      set_staged(staged, dtype, at(0, j), 0.0f);
+      set_staged(staged, dtype, at(1, j),
+                 (j % 2 == 0 ? 1e-40f : -3e-39f) * static_cast<float>(j + 1));
+      set_staged(staged, dtype, at(3, j), 0.375f);
+    }
+    set_staged(staged, dtype, at(2, 0), 1e30f);
+    set_staged(staged, dtype, at(2, V - 1), -65520.0f);
+  }
+  if (V >= 3) {
+    for (std::uint32_t i = 0; i < K; ++i) {
+      set_staged(staged, dtype, at(i, 1), 0.0f);
+    }
+  }
+  if (std::size_t{layout.num_layers} * layout.num_heads > 1) {
+    for (std::size_t i = 0; i < std::size_t{K} * V; ++i) {
+      set_staged(staged, dtype, std::size_t{K} * V + i, 0.0f);
+    }
+  }
+  return staged;
+}
+
+// Readable parameters in failure messages (the name, not the bytes of the layout).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+using Param = std::tuple<Case, DType>;
+
+class DeviceCodecEmulation : public ::testing::TestWithParam<Param> {};
+
+TEST_P(DeviceCodecEmulation, EncodeWritesTheCpuPageBytes) {
+  const auto& [c, dtype] = GetParam();
+  const PageCodec cpu(c.layout);
+  const PageFormatTables tables(cpu, dtype);
+  const PageFormatView view = tables.view();
+  ASSERT_EQ(cuda::view_problem(view), nullptr);
+  const auto staged = staged_state(c.layout, dtype, 7);
+  std::vector<std::byte> expected(cpu.page_bytes());
+  cpu.encode(staged, dtype, expected);
+  for (const unsigned ranks : kTeamSizes) {
+    std::vector<std::byte> page(cpu.page_bytes(), std::byte{0xA7});  // every byte is written
+    const void* in = staged.data();
+    void* out = page.data();
+    cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, ranks);
+    EXPECT_EQ(first_difference(page, expected), -1) << ranks << " ranks";
+  }
+}
+
+TEST_P(DeviceCodecEmulation, DecodeWritesTheCpuStagedBytes) {
+  const auto& [c, dtype] = GetParam();
+  const PageCodec cpu(c.layout);
+  const PageFormatTables tables(cpu, dtype);
+  const auto source = staged_state(c.layout, DType::f32, 8);
+  std::vector<std::byte> page(cpu.page_bytes());
+  cpu.encode(source, DType::f32, page);
+  std::vector<std::byte> expected(cpu.staged_bytes(dtype));
+  cpu.decode(page, dtype, expected);
+  for (const unsigned ranks : kTeamSizes) {
+    std::vector<std::byte> staged(cpu.staged_bytes(dtype), std::byte{0x5C});
+    const void* in = page.data();
+    void* out = staged.data();
+    cuda::emulate_decode_pages(tables.view(), &in, &out, 1, ranks);
+    EXPECT_EQ(first_difference(staged, expected), -1) << ranks << " ranks";
+  }
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::get<0>(info.param).name + "_" + to_string(std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecs, DeviceCodecEmulation,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         param_name);
+
+// --- batches -------------------------------------------------------------------------------
+
+// Several slots of one layout: slot s holds its own state; encode with slot 1 skipped
+// leaves that page as it was; the scan finds the first non-finite value of each slot;
+// scan then encode with the scan's result as the skip array (what the daemon does on
+// the device) writes only the finite slots.
+void check_batch(const StateLayout& layout, DType dtype) {
+  const PageCodec cpu(layout);
+  const PageFormatTables tables(cpu, dtype);
+  const PageFormatView view = tables.view();
+  constexpr std::uint32_t kSlots = 4;
+  std::vector<std::vector<std::byte>> staged;
+  std::vector<std::vector<std::byte>> expected;
+  for (std::uint32_t s = 0; s < kSlots; ++s) {
+    staged.push_back(staged_state(layout, dtype, 100 + s));
+    expected.emplace_back(cpu.page_bytes());
+    cpu.encode(staged.back(), dtype, expected.back());
+  }
+  const std::vector<std::byte> untouched(cpu.page_bytes(), std::byte{0x3D});
+  const auto run_encode = [&](const unsigned long long* skip, unsigned ranks) {
+    std::vector<std::vector<std::byte>> pages(kSlots, untouched);
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (std::uint32_t s = 0; s < kSlots; ++s) {
+      in.push_back(staged[s].data());
+      out.push_back(pages[s].data());
+    }
+    cuda::emulate_encode_pages(view, in.data(), out.data(), kSlots, skip, ranks);
+    return pages;
+  };
+  const unsigned long long skip[kSlots] = {kAllFinite, 5, kAllFinite, kAllFinite};
+  for (const unsigned ranks : {1u, 3u}) {
+    const auto pages = run_encode(skip, ranks);
+    for (std::uint32_t s = 0; s < kSlots; ++s) {
+      EXPECT_EQ(first_difference(pages[s], s == 1 ? untouched : expected[s]), -1)
+          << "slot " << s << ", " << ranks << " ranks";
+    }
+  }
+
+  // Decode of the batch.
+  {
+    std::vector<std::vector<std::byte>> out_staged(
+        kSlots, std::vector<std::byte>(cpu.staged_bytes(dtype), std::byte{1}));
+    std::vector<const void*> in;
+    std::vector<void*> out;
+    for (std::uint32_t s = 0; s < kSlots; ++s) {
+      in.push_back(expected[s].data());
+      out.push_back(out_staged[s].data());
+    }
+    cuda::emulate_decode_pages(view, in.data(), out.data(), kSlots, 3);
+    for (std::uint32_t s = 0; s < kSlots; ++s) {
+      std::vector<std::byte> want(cpu.staged_bytes(dtype));
+      cpu.decode(expected[s], dtype, want);
+      EXPECT_EQ(first_difference(out_staged[s], want), -1) << "slot " << s;
+    }
+  }
+
+  // Non-finite values: slot 1 an Inf then (later) a NaN, slot 3 a NaN in its last head.
+  const std::size_t n = std::size_t{layout.key_dim} * layout.value_dim;
+  const std::size_t values = n * cpu.head_count();
+  const std::size_t first1 = values / 3;
+  set_staged(staged[1], dtype, values - 1, std::numeric_limits<float>::quiet_NaN());
+  set_staged(staged[1], dtype, first1, -std::numeric_limits<float>::infinity());
+  set_staged(staged[3], dtype, values - n / 2 - 1, std::numeric_limits<float>::quiet_NaN());
+  std::vector<const void*> in;
+  for (std::uint32_t s = 0; s < kSlots; ++s) {
+    in.push_back(staged[s].data());
+  }
+  for (const unsigned ranks : {1u, 7u}) {
+    unsigned long long first[kSlots] = {1, 2, 3, 4};
+    cuda::emulate_find_non_finite_pages(view, in.data(), kSlots, first, ranks);
+    EXPECT_EQ(first[0], kAllFinite);
+    EXPECT_EQ(first[1], first1);
+    EXPECT_EQ(first[2], kAllFinite);
+    EXPECT_EQ(first[3], values - n / 2 - 1);
+    const auto pages = run_encode(first, ranks);
+    for (std::uint32_t s = 0; s < kSlots; ++s) {
+      const bool rejected = s == 1 || s == 3;
+      EXPECT_EQ(first_difference(pages[s], rejected ? untouched : expected[s]), -1)
+          << "slot " << s << ", " << ranks << " ranks";
+    }
+  }
+}
+
+TEST(DeviceCodecEmulationBatch, SlotsSkipsAndNonFiniteScan) {
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(to_string(dtype));
+    check_batch(plain_layout(CodecId::int6, Arch::gdn, 16, 24, 32, 12), dtype);
+    check_batch(plain_layout(CodecId::bf16, Arch::gdn, 7, 5, 0, 3), dtype);
+    check_batch(plain_layout(CodecId::dsq4, Arch::kda, 10, 10, 0, 0), dtype);
+    check_batch(
+        plan_layout(testing::kda_plan4(7), CodecId::stepquant4, StepQuantVariant::full, 6, 3),
+        dtype);
+    check_batch(plan_layout(testing::gdn_plan4(), CodecId::stepquant4,
+                            StepQuantVariant::temporal_only, 0, 0),
+                dtype);
+  }
+}
+
+// A conv state larger than one block's chunk is split over several blocks.
+TEST(DeviceCodecEmulationBatch, LargeConvStateSpansSeveralBlocks) {
+  const StateLayout layout = plain_layout(CodecId::int4, Arch::gdn, 8, 8, 0, 6000);
+  const PageCodec cpu(layout);
+  ASSERT_GT(cpu.conv_bytes(), 2 * cuda::kConvChunkBytes);
+  const PageFormatTables tables(cpu, DType::bf16);
+  EXPECT_EQ(
+      cuda::page_blocks(tables.view()),
+      cpu.head_count() + (cpu.conv_bytes() + cuda::kConvChunkBytes - 1) / cuda::kConvChunkBytes);
+  const auto staged = staged_state(layout, DType::bf16, 3);
+  std::vector<std::byte> expected(cpu.page_bytes());
+  cpu.encode(staged, DType::bf16, expected);
+  std::vector<std::byte> page(cpu.page_bytes(), std::byte{0xEE});
+  const void* in = staged.data();
+  void* out = page.data();
+  cuda::emulate_encode_pages(tables.view(), &in, &out, 1, nullptr, 3);
+  EXPECT_EQ(first_difference(page, expected), -1);
+  std::vector<std::byte> back(staged.size(), std::byte{0});
+  std::vector<std::byte> want(staged.size());
+  cpu.decode(expected, DType::bf16, want);
+  const void* pin = page.data();
+  void* sout = back.data();
+  cuda::emulate_decode_pages(tables.view(), &pin, &sout, 1, 3);
+  EXPECT_EQ(first_difference(back, want), -1);
+}
+
+// --- the tables and the view checks --------------------------------------------------------
+
+TEST(DeviceCodecEmulationTables, TablesFollowThePageCodec) {
+  const StateLayout layout = plan_layout(testing::kda_plan4(20), CodecId::stepquant4);
+  const PageCodec cpu(layout);
+  const PageFormatTables tables(cpu, DType::f32);
+  const PageFormatView v = tables.view();
+  ASSERT_EQ(v.head_count, 2u);
+  EXPECT_EQ(v.head_offsets[0], 0u);
+  EXPECT_EQ(v.head_offsets[1], cpu.head_offset(0, 1));
+  EXPECT_EQ(v.head_offsets[2], cpu.conv_offset());
+  EXPECT_EQ(v.page_bytes, cpu.page_bytes());
+  EXPECT_EQ(v.staged_bytes, cpu.staged_bytes(DType::f32));
+  // Head 0 rows 2 4 6 8 P 6 4 2 at V = 20 (docs/codecs.md's example): 16 + 40 bytes of
+  // scales, then 5 10 15 20 40 15 10 5 bytes of rows.
+  const std::uint32_t expected_rows[] = {56, 61, 71, 86, 106, 146, 161, 171};
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(v.row_offsets[i], expected_rows[i]) << "row " << i;
+  }
+  EXPECT_NE(v.impact, nullptr);
+  EXPECT_EQ(v.widths[4], P);
+
+  const PageCodec temporal(
+      plan_layout(testing::kda_plan4(20), CodecId::stepquant4, StepQuantVariant::temporal_only));
+  const PageFormatTables t2(temporal, DType::bf16);
+  EXPECT_EQ(t2.view().impact, nullptr);
+  EXPECT_EQ(t2.view().row_offsets[0], 16u);  // s[K] only
+
+  const PageCodec int6(plain_layout(CodecId::int6, Arch::gdn, 7, 5, 12, 0));
+  const PageFormatTables t3(int6, DType::f32);
+  EXPECT_EQ(t3.view().widths, nullptr);
+  EXPECT_EQ(t3.view().group_size, 12u);
+  EXPECT_THROW(PageFormatTables(int6, DType::f16), std::invalid_argument);
+}
+
+TEST(DeviceCodecEmulationTables, ViewProblemsAreNamed) {
+  const PageCodec cpu(plan_layout(testing::gdn_plan6(), CodecId::stepquant6));
+  const PageFormatTables tables(cpu, DType::f32);
+  const PageFormatView good = tables.view();
+  EXPECT_EQ(cuda::view_problem(good), nullptr);
+  PageFormatView bad = good;
+  bad.widths = nullptr;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = good;
+  bad.impact = nullptr;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad.variant = StepQuantVariant::temporal_only;  // temporal_only needs no impact
+  EXPECT_EQ(cuda::view_problem(bad), nullptr);
+  bad = good;
+  bad.staged_dtype = DType::f16;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = good;
+  bad.head_offsets = nullptr;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = good;
+  bad.page_bytes += 4;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = good;
+  bad.arch = Arch::kda;  // KDA needs row offsets
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+
+  const PageCodec int4(plain_layout(CodecId::int4, Arch::gdn, 16, 24, 0, 0));
+  const PageFormatTables t2(int4, DType::bf16);
+  bad = t2.view();
+  EXPECT_EQ(cuda::view_problem(bad), nullptr);
+  bad.group_size = 6;
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = t2.view();
+  bad.codec = static_cast<CodecId>(200);
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+}
+
+// Random values over a wide dynamic range, one head per codec family, many seeds: the
+// kind of input where a single differently rounded operation would show.
+TEST(DeviceCodecEmulationRandom, WideRangeValuesAcrossSeeds) {
+  std::vector<StateLayout> layouts = {
+      plain_layout(CodecId::int8, Arch::gdn, 9, 13, 8, 0),
+      plain_layout(CodecId::dsq6, Arch::gdn, 9, 13, 0, 0),
+      plan_layout(cycling_plan(Arch::gdn, 1, 5, 9, 13, 4, {2, 4, 6, 8, P}, 1), CodecId::stepquant4),
+      plan_layout(cycling_plan(Arch::kda, 1, 2, 9, 13, 4, {2, 4, 6, 8, P}, 2), CodecId::stepquant4),
+      plan_layout(cycling_plan(Arch::kda, 1, 2, 9, 13, 6, {4, 6, 8}, 3), CodecId::stepquant6,
+                  StepQuantVariant::spatial_only),
+  };
+  for (const StateLayout& layout : layouts) {
+    const PageCodec cpu(layout);
+    const PageFormatTables tables(cpu, DType::f32);
+    for (std::uint64_t seed = 0; seed < 40; ++seed) {
+      std::mt19937_64 rng(seed);
+      std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
+      std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+      std::vector<std::byte> staged(cpu.staged_bytes(DType::f32));
+      for (std::size_t i = 0; i < staged.size() / 4; ++i) {
+        set_staged(staged, DType::f32, i, mantissa(rng) * std::exp2(exponent(rng)));
+      }
+      std::vector<std::byte> expected(cpu.page_bytes());
+      cpu.encode(staged, DType::f32, expected);
+      std::vector<std::byte> page(cpu.page_bytes(), std::byte{0x11});
+      const void* in = staged.data();
+      void* out = page.data();
+      cuda::emulate_encode_pages(tables.view(), &in, &out, 1, nullptr, seed % 2 == 0 ? 1 : 3);
+      ASSERT_EQ(first_difference(page, expected), -1)
+          << to_string(layout.codec.id) << " seed " << seed;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace statepool::kernels
