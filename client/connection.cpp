@@ -45,7 +45,9 @@ Impl::Impl(UniqueFd fd, const Options& options)
       timeout(options.timeout),
       max_reply_bytes(std::min(
           options.max_reply_bytes == 0 ? protocol::kDefaultMaxPayload : options.max_reply_bytes,
-          protocol::kAbsoluteMaxPayload)) {}
+          protocol::kAbsoluteMaxPayload)),
+      map_device_memory(options.map_device_memory),
+      legacy_ipc(options.legacy_ipc) {}
 
 void Impl::mark_broken(const std::string& reason) noexcept {
   if (broken) return;
@@ -254,6 +256,13 @@ kernels::MemoryDescriptor memory_descriptor(const wire::MemoryDescriptor* in, co
 bool host_mappable(const kernels::MemoryDescriptor& memory) noexcept {
   return memory.space == kernels::MemorySpace::host &&
          memory.handle_kind == kernels::HandleKind::memfd;
+}
+
+/// Memory this process imports with the CUDA driver (the cuda backend).
+bool device_memory(const kernels::MemoryDescriptor& memory) noexcept {
+  return memory.space == kernels::MemorySpace::device &&
+         (memory.handle_kind == kernels::HandleKind::cuda_vmm_fd ||
+          memory.handle_kind == kernels::HandleKind::cuda_ipc);
 }
 
 }  // namespace
@@ -494,7 +503,9 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
   Impl& i = impl();
   Arena arena;
   UniqueFd fd;
-  i.call<wire::OpenArena>([&](auto& b) { return wire::CreateOpenArena(b, layout_id, pages); },
+  i.call<wire::OpenArena>([&](auto& b) {
+                            return wire::CreateOpenArena(b, layout_id, pages, i.legacy_ipc);
+                          },
                           [&](const wire::OpenArenaReply* r) {
                             arena.id_ = r->arena_id();
                             arena.layout_id_ = layout_id;
@@ -529,7 +540,9 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
     }
     arena.codec_ = std::move(codec);
   }
-  if (host_mappable(arena.memory_)) arena.map();
+  if (host_mappable(arena.memory_) || (device_memory(arena.memory_) && i.map_device_memory)) {
+    arena.map();
+  }
   return arena;
 }
 
@@ -540,7 +553,7 @@ Staging Connection::open_staging(std::uint64_t bytes) {
   Impl& i = impl();
   Staging staging;
   UniqueFd fd;
-  i.call<wire::OpenStaging>([&](auto& b) { return wire::CreateOpenStaging(b, bytes); },
+  i.call<wire::OpenStaging>([&](auto& b) { return wire::CreateOpenStaging(b, bytes, i.legacy_ipc); },
                             [&](const wire::OpenStagingReply* r) {
                               staging.id_ = r->staging_id();
                               staging.size_ = r->bytes();
@@ -559,7 +572,10 @@ Staging Connection::open_staging(std::uint64_t bytes) {
     inconsistent("staging buffer of " + std::to_string(staging.size_) + " bytes for a request of " +
                  std::to_string(bytes));
   }
-  if (host_mappable(staging.memory_)) staging.map();
+  if (host_mappable(staging.memory_) ||
+      (device_memory(staging.memory_) && i.map_device_memory)) {
+    staging.map();
+  }
   return staging;
 }
 

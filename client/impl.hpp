@@ -28,6 +28,8 @@ struct Impl {
   std::uint64_t next_id = 1;
   std::chrono::milliseconds timeout;
   std::uint32_t max_reply_bytes;
+  bool map_device_memory;
+  bool legacy_ipc;
   flatbuffers::FlatBufferBuilder builder{1024};
   std::vector<std::byte> payload;
   std::vector<UniqueFd> received_fds;

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "device_memory.hpp"
 #include "impl.hpp"
 #include "statepool/client.hpp"
 
@@ -62,6 +63,8 @@ Arena::Arena(Arena&& other) noexcept
       memory_(other.memory_),
       fd_(std::exchange(other.fd_, -1)),
       base_(std::exchange(other.base_, nullptr)),
+      device_mapping_(std::move(other.device_mapping_)),
+      device_base_(std::exchange(other.device_base_, nullptr)),
       codec_(std::move(other.codec_)) {
   other.reset();
 }
@@ -80,6 +83,8 @@ Arena& Arena::operator=(Arena&& other) noexcept {
     memory_ = other.memory_;
     fd_ = std::exchange(other.fd_, -1);
     base_ = std::exchange(other.base_, nullptr);
+    device_mapping_ = std::move(other.device_mapping_);
+    device_base_ = std::exchange(other.device_base_, nullptr);
     codec_ = std::move(other.codec_);
     other.reset();
   }
@@ -93,6 +98,8 @@ Arena::~Arena() {
 void Arena::reset() noexcept {
   unmap(base_, bytes_);
   base_ = nullptr;
+  device_mapping_.reset();  // unmaps device memory
+  device_base_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   id_ = 0;
@@ -108,6 +115,13 @@ void Arena::reset() noexcept {
 }
 
 void Arena::map() {
+  if (memory_.space == kernels::MemorySpace::device) {
+    detail::DeviceMapping mapping =
+        detail::map_device_memory(memory_, fd_, bytes_, "arena " + std::to_string(id_));
+    device_mapping_ = std::move(mapping.owner);
+    device_base_ = mapping.data;
+    return;
+  }
   base_ = map_shared(fd_, bytes_, "arena");
 }
 
@@ -127,6 +141,21 @@ std::span<std::byte> Arena::page(SlotId slot) const {
                             std::to_string(page_count_) + " pages");
   }
   return {base_ + static_cast<std::size_t>(slot) * page_stride_, page_bytes_};
+}
+
+std::byte* Arena::device_page(SlotId slot) const {
+  if (device_base_ == nullptr) {
+    throw std::logic_error("Arena::device_page: arena " + std::to_string(id_) +
+                           " has no device memory mapped in this process (" +
+                           kernels::to_string(memory_.space) + " memory, " +
+                           kernels::to_string(memory_.handle_kind) + " handle)");
+  }
+  if (slot >= page_count_) {
+    throw std::out_of_range("Arena::device_page: slot " + std::to_string(slot) +
+                            " is out of range for arena " + std::to_string(id_) + " of " +
+                            std::to_string(page_count_) + " pages");
+  }
+  return device_base_ + static_cast<std::size_t>(slot) * page_stride_;
 }
 
 std::span<std::byte> Arena::page(const Slot& slot) const {
@@ -156,7 +185,9 @@ Staging::Staging(Staging&& other) noexcept
       size_(std::exchange(other.size_, 0)),
       memory_(other.memory_),
       fd_(std::exchange(other.fd_, -1)),
-      base_(std::exchange(other.base_, nullptr)) {}
+      base_(std::exchange(other.base_, nullptr)),
+      device_mapping_(std::move(other.device_mapping_)),
+      device_base_(std::exchange(other.device_base_, nullptr)) {}
 
 Staging& Staging::operator=(Staging&& other) noexcept {
   if (this != &other) {
@@ -167,6 +198,8 @@ Staging& Staging::operator=(Staging&& other) noexcept {
     memory_ = other.memory_;
     fd_ = std::exchange(other.fd_, -1);
     base_ = std::exchange(other.base_, nullptr);
+    device_mapping_ = std::move(other.device_mapping_);
+    device_base_ = std::exchange(other.device_base_, nullptr);
   }
   return *this;
 }
@@ -183,12 +216,21 @@ Staging::~Staging() {
 }
 
 void Staging::map() {
+  if (memory_.space == kernels::MemorySpace::device) {
+    detail::DeviceMapping mapping = detail::map_device_memory(
+        memory_, fd_, size_, "staging buffer " + std::to_string(id_));
+    device_mapping_ = std::move(mapping.owner);
+    device_base_ = mapping.data;
+    return;
+  }
   base_ = map_shared(fd_, size_, "staging buffer");
 }
 
 void Staging::release_local() noexcept {
   unmap(base_, size_);
   base_ = nullptr;
+  device_mapping_.reset();
+  device_base_ = nullptr;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   size_ = 0;

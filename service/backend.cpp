@@ -1,21 +1,54 @@
 #include "backend.hpp"
 
+#include <cmath>
 #include <stdexcept>
 
 #include "exec/host_executor.hpp"
 #include "memory/host_memfd.hpp"
+#include "statepool/support/size.hpp"
+#if defined(STATEPOOL_HAVE_CUDA)
+#include "exec/cuda_executor.hpp"
+#include "memory/cuda_resource.hpp"
+#endif
 
 namespace statepool::service {
 
 std::vector<std::string> available_backends() {
+#if defined(STATEPOOL_HAVE_CUDA)
+  return {"host", "cuda"};
+#else
   return {"host"};
+#endif
 }
 
 Backend make_backend(const Config& config, WorkerPool& workers) {
   if (config.backend == "host") {
     return Backend{std::make_shared<HostMemfdResource>(), std::make_unique<HostExecutor>(workers)};
   }
+#if defined(STATEPOOL_HAVE_CUDA)
+  if (config.backend == "cuda") {
+    // The resource checks the driver and the device first: its error says what is missing.
+    auto memory = std::make_shared<CudaResource>(config.device);
+    return Backend{std::move(memory), std::make_unique<CudaExecutor>(config.device)};
+  }
+#endif
   throw std::runtime_error("unknown backend '" + config.backend + "'");
+}
+
+std::uint64_t pool_capacity(const Config& config, const MemoryResource& memory) {
+  if (config.capacity_fraction <= 0.0) return config.pool.capacity_bytes;
+  const std::optional<std::uint64_t> free = memory.available_bytes();
+  if (!free) {
+    throw std::runtime_error("--pool-capacity as a fraction needs a backend that knows its free "
+                             "memory; the " + std::string(memory.name()) + " backend does not");
+  }
+  const auto bytes = static_cast<std::uint64_t>(std::floor(config.capacity_fraction *
+                                                           static_cast<double>(*free)));
+  if (bytes == 0) {
+    throw std::runtime_error("--pool-capacity " + std::to_string(config.capacity_fraction) +
+                             " of " + support::format_bytes(*free) + " free is 0 bytes");
+  }
+  return bytes;
 }
 
 }  // namespace statepool::service

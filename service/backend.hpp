@@ -4,8 +4,9 @@
 // copy on that memory.
 //
 //   host   HostMemfdResource + HostExecutor (a WorkerPool over every core)
-//   cuda   the CUDA backend issue adds: a VMM resource (cuMemCreate, POSIX fd handles)
-//          and a stream + event executor, here and nowhere else
+//   cuda   CudaResource (cuMemCreate with POSIX-fd handles, or legacy IPC handles;
+//          memory/cuda_resource.hpp) + CudaExecutor (a stream and events,
+//          exec/cuda_executor.hpp); only in builds with CUDA
 //
 // Thread-safety: make_backend is called once at start.
 
@@ -31,5 +32,10 @@ struct Backend {
 /// Builds the backend config.backend names. `workers` must outlive the result. Throws
 /// std::runtime_error with an actionable message when the backend cannot start.
 [[nodiscard]] Backend make_backend(const Config& config, WorkerPool& workers);
+
+/// The pool capacity in bytes: config.pool.capacity_bytes, or config.capacity_fraction of
+/// what `memory` says is free now. Throws std::runtime_error when a fraction cannot be
+/// resolved.
+[[nodiscard]] std::uint64_t pool_capacity(const Config& config, const MemoryResource& memory);
 
 }  // namespace statepool::service

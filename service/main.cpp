@@ -16,6 +16,7 @@
 #include "pool/pool.hpp"
 #include "server/server.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/size.hpp"
 
 namespace {
 /// Worker threads run at this nice increment: codec work fills the cores, and the I/O
@@ -69,7 +70,13 @@ int main(int argc, char** argv) {
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
              backend.executor->name(), " executor");
     TrackingResource staging_memory(*backend.memory);
-    Pool pool(config.pool, backend.memory);
+    PoolConfig pool_config = config.pool;
+    pool_config.capacity_bytes = pool_capacity(config, *backend.memory);
+    if (config.capacity_fraction > 0) {
+      LOG_INFO("pool", "capacity ", statepool::support::format_bytes(pool_config.capacity_bytes), " (",
+               config.capacity_fraction * 100, "% of the device's free memory)");
+    }
+    Pool pool(pool_config, backend.memory);
     for (std::size_t i = 0; i < plans.size(); ++i) {
       const PlanInfo info = pool.install_plan(plans[i]);
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -40,6 +41,22 @@ std::string trim(const std::string& text) {
   if (first == std::string::npos) return {};
   const auto last = text.find_last_not_of(" \t");
   return text.substr(first, last - first + 1);
+}
+
+// "0.8" (a decimal point and no unit) or "80%": a fraction; anything else is not one
+// (a plain "1" is one byte, as parse_size reads it).
+std::optional<double> parse_fraction(const std::string& text) {
+  const std::string t = trim(text);
+  const bool percent = !t.empty() && t.back() == '%';
+  const std::string number = percent ? trim(t.substr(0, t.size() - 1)) : t;
+  if (number.empty() || (!percent && number.find('.') == std::string::npos)) return std::nullopt;
+  if (!std::all_of(number.begin(), number.end(), [](char c) {
+        return std::isdigit(static_cast<unsigned char>(c)) != 0 || c == '.';
+      }))
+    return std::nullopt;
+  if (std::count(number.begin(), number.end(), '.') > 1) return std::nullopt;
+  const double value = std::stod(number);
+  return percent ? value / 100.0 : value;
 }
 
 // Splits "12.5GiB" into number and unit.
@@ -271,9 +288,13 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   po::options_description pool("Pool");
   pool.add_options()
       ("backend", po::value<std::string>(&config.backend)->default_value("host"),
-       "memory backend: host (memfd shared memory)")
+       "memory backend: host (memfd shared memory) or cuda (device memory shared through "
+       "CUDA IPC handles; builds with CUDA only)")
+      ("device", po::value<int>(&config.device)->default_value(0),
+       "cuda backend: CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers them)")
       ("pool-capacity", po::value<std::string>(&pool_capacity)->default_value("1GiB"),
-       "bytes of all arenas together")
+       "bytes of all arenas together (e.g. 64GiB); with --backend cuda also a fraction "
+       "of the device's free memory at start (0.8 or 80%)")
       ("arena-pages", po::value<std::uint64_t>(&arena_pages)->default_value(64),
        "pages of an arena when the client does not say")
       ("max-arena-pages", po::value<std::uint64_t>(&max_arena_pages)->default_value(1u << 20),
@@ -398,13 +419,30 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   {
     const auto backends = available_backends();
     if (std::find(backends.begin(), backends.end(), config.backend) == backends.end()) {
+      if (config.backend == "cuda")
+        throw ConfigError(
+            "--backend cuda: this statepoold was built without CUDA (nvcc was not found at "
+            "build time); rebuild with the CUDA toolkit installed, or use --backend host");
       std::string list;
       for (const auto& name : backends) list += (list.empty() ? "" : ", ") + name;
       throw ConfigError("unknown --backend '" + config.backend + "' (available: " + list + ")");
     }
   }
-  config.pool.capacity_bytes = parse_size(pool_capacity, "--pool-capacity");
-  if (config.pool.capacity_bytes == 0) throw ConfigError("--pool-capacity must be positive");
+  if (config.device < 0)
+    throw ConfigError("--device must be a CUDA device ordinal (0, 1, ...), got " +
+                      std::to_string(config.device));
+  if (const std::optional<double> fraction = parse_fraction(pool_capacity)) {
+    if (!(*fraction > 0.0 && *fraction <= 1.0))
+      throw ConfigError("--pool-capacity fraction must be in (0, 1], got '" + pool_capacity + "'");
+    if (config.backend != "cuda")
+      throw ConfigError("--pool-capacity '" + pool_capacity +
+                        "' is a fraction of device memory: it needs --backend cuda (give "
+                        "bytes, e.g. 8GiB, for the " + config.backend + " backend)");
+    config.capacity_fraction = *fraction;
+  } else {
+    config.pool.capacity_bytes = parse_size(pool_capacity, "--pool-capacity");
+    if (config.pool.capacity_bytes == 0) throw ConfigError("--pool-capacity must be positive");
+  }
   if (max_arena_pages < 1 || max_arena_pages > (1u << 24))
     throw ConfigError("--max-arena-pages must be between 1 and 16777216");
   if (arena_pages < 1 || arena_pages > max_arena_pages)
@@ -436,8 +474,14 @@ std::string describe(const Config& config) {
   std::ostringstream out;
   out << "socket " << config.socket_path << " (mode " << std::oct << config.socket_mode << std::dec
       << (config.socket_group.empty() ? "" : ", group " + config.socket_group) << ")\n"
-      << "backend " << config.backend << ", pool capacity "
-      << format_bytes(config.pool.capacity_bytes) << ", arena pages "
+      << "backend " << config.backend
+      << (config.backend == "cuda" ? " (device " + std::to_string(config.device) + ")" : "")
+      << ", pool capacity "
+      << (config.capacity_fraction > 0
+              ? std::to_string(static_cast<int>(std::lround(config.capacity_fraction * 100))) +
+                    "% of the device's free memory"
+              : format_bytes(config.pool.capacity_bytes))
+      << ", arena pages "
       << config.pool.default_arena_pages << " (max " << config.pool.max_arena_pages << ")\n"
       << "grace period " << config.pool.grace_period.count() << " ms, io timeout "
       << config.io_timeout.count() << " ms, drain timeout " << config.drain_timeout.count()

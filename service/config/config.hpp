@@ -29,6 +29,10 @@ struct Config {
   unsigned socket_mode = 0660;  ///< permission bits of the socket file
   std::string socket_group;     ///< group owning the socket file ("" = unchanged)
   std::string backend = "host";
+  int device = 0;  ///< cuda backend: the CUDA device ordinal (--device)
+  /// cuda backend: --pool-capacity given as a fraction of the device's free memory at
+  /// start (0 < f <= 1); 0 = capacity_bytes as given. Resolved by the backend.
+  double capacity_fraction = 0.0;
   std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
   std::string api_address = "127.0.0.1:9465";      ///< HTTP JSON API, IP:port; "" = none
   PoolConfig pool;

@@ -1,6 +1,7 @@
 // OpenArena, OpenStaging, CloseStaging (allocations, on a worker), Allocate, Free (slot
 // tables only: inline).
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include <boost/asio/use_awaitable.hpp>
@@ -17,6 +18,12 @@ namespace {
 
 constexpr std::uint32_t kMaxSlotsPerRequest = 65536;
 
+/// How the request wants its memory shared: unset is the backend's default.
+std::optional<HandleKind> requested_handle(bool legacy_ipc) {
+  if (!legacy_ipc) return std::nullopt;
+  return HandleKind::cuda_ipc;
+}
+
 }  // namespace
 
 Handled handle(Call& call, const wire::OpenArena& in) {
@@ -24,7 +31,11 @@ Handled handle(Call& call, const wire::OpenArena& in) {
   const std::string& tenant = call.connection.tenant;
   ArenaInfo a;
   co_await async_run(
-      s.workers, [&] { a = s.pool.open_arena(tenant, in.layout_id(), in.pages()); },
+      s.workers,
+      [&] {
+        a = s.pool.open_arena(tenant, in.layout_id(), in.pages(),
+                              requested_handle(in.legacy_ipc()));
+      },
       boost::asio::use_awaitable);
   if (a.created) {
     LOG_INFO("pool", "arena ", a.id, " created for tenant '", a.tenant, "', layout '",
@@ -50,7 +61,8 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
       s.workers,
       [&] {
         memory = c.staging_limit->allocate(static_cast<std::size_t>(in.bytes()),
-                                           cat("statepool-staging-", c.id, "-", staging_id));
+                                           cat("statepool-staging-", c.id, "-", staging_id),
+                                           requested_handle(in.legacy_ipc()));
       },
       boost::asio::use_awaitable);
   c.staging.emplace(staging_id, memory);

@@ -61,8 +61,13 @@ class HostMemfdAllocation final : public Allocation {
 
 }  // namespace
 
+std::span<const HandleKind> HostMemfdResource::handle_kinds() const noexcept {
+  static constexpr HandleKind kKinds[] = {HandleKind::memfd};
+  return kKinds;
+}
+
 std::shared_ptr<Allocation> HostMemfdResource::do_allocate(std::size_t bytes,
-                                                           std::string_view label) {
+                                                           std::string_view label, HandleKind) {
   STATEPOOL_EXPECTS(bytes <= static_cast<std::size_t>(std::numeric_limits<off_t>::max()),
                     Status::pool_exhausted,
                     "host memory: " + std::to_string(bytes) + " bytes is too large");

@@ -21,9 +21,11 @@ class HostMemfdResource final : public MemoryResource {
   [[nodiscard]] int device() const noexcept override { return -1; }
   /// A memfd has any length (the kernel backs it with whole pages): 1.
   [[nodiscard]] std::size_t granularity() const noexcept override { return 1; }
+  [[nodiscard]] std::span<const HandleKind> handle_kinds() const noexcept override;
 
  private:
-  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override;
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override;
 };
 
 }  // namespace statepool::service

@@ -50,8 +50,8 @@ bool LimitingResource::try_charge(std::uint64_t bytes) noexcept {
   }
 }
 
-std::shared_ptr<Allocation> LimitingResource::do_allocate(std::size_t bytes,
-                                                          std::string_view label) {
+std::shared_ptr<Allocation> LimitingResource::do_allocate(std::size_t bytes, std::string_view label,
+                                                       HandleKind handle) {
   if (!try_charge(bytes)) {
     throw LimitExceeded(status_, text_.subject + " exceeded: " + support::format_bytes(used()) +
                                      " " + text_.held + " + " + support::format_bytes(bytes) +
@@ -60,7 +60,7 @@ std::shared_ptr<Allocation> LimitingResource::do_allocate(std::size_t bytes,
   }
   std::shared_ptr<Allocation> upstream;
   try {
-    upstream = this->upstream().allocate(bytes, label);
+    upstream = this->upstream().allocate(bytes, label, handle);
     return std::make_shared<ChargedAllocation<State>>(std::move(upstream), state_, bytes);
   } catch (...) {
     // Released upstream memory (if make_shared failed) must not be charged either.

@@ -60,7 +60,8 @@ class LimitingResource final : public ResourceAdaptor {
   struct State {
     std::atomic<std::uint64_t> used{0};
   };
-  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override;
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override;
   /// Adds `bytes` to used if the result stays within the limit.
   [[nodiscard]] bool try_charge(std::uint64_t bytes) noexcept;
 

@@ -1,11 +1,24 @@
 #include "memory/resource.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "statepool/protocol/status.hpp"
 
 namespace statepool::service {
+namespace {
+
+std::string handle_kind_list(const MemoryResource& resource) {
+  std::string out;
+  for (const HandleKind kind : resource.handle_kinds()) {
+    if (!out.empty()) out += ", ";
+    out += kernels::to_string(kind);
+  }
+  return out;
+}
+
+}  // namespace
 
 std::span<std::byte> Allocation::host_bytes() const {
   if (info_.where.space != MemorySpace::host) {
@@ -21,14 +34,24 @@ std::size_t MemoryResource::allocation_size(std::size_t bytes) const noexcept {
   return rest == 0 ? bytes : bytes + (unit - rest);
 }
 
-std::shared_ptr<Allocation> MemoryResource::allocate(std::size_t bytes, std::string_view label) {
+bool MemoryResource::shares_as(HandleKind kind) const noexcept {
+  const auto kinds = handle_kinds();
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+std::shared_ptr<Allocation> MemoryResource::allocate(std::size_t bytes, std::string_view label,
+                                                     std::optional<HandleKind> handle) {
   STATEPOOL_EXPECTS(
       bytes > 0, Status::invalid_argument,
       std::string(name()) + " memory: cannot allocate 0 bytes for '" + std::string(label) + "'");
   STATEPOOL_EXPECTS(
       allocation_size(bytes) >= bytes, Status::pool_exhausted,
       std::string(name()) + " memory: " + std::to_string(bytes) + " bytes is too large");
-  return do_allocate(allocation_size(bytes), label);
+  const HandleKind kind = handle.value_or(handle_kinds().front());
+  STATEPOOL_EXPECTS(shares_as(kind), Status::invalid_argument,
+                    std::string("the ") + std::string(name()) + " backend cannot share memory as " +
+                        kernels::to_string(kind) + " (it offers " + handle_kind_list(*this) + ")");
+  return do_allocate(allocation_size(bytes), label, kind);
 }
 
 }  // namespace statepool::service

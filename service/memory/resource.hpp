@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -85,15 +86,29 @@ class MemoryResource {
   [[nodiscard]] virtual std::size_t granularity() const noexcept = 0;
   /// What an allocation of `bytes` really takes: `bytes` rounded up to granularity().
   [[nodiscard]] std::size_t allocation_size(std::size_t bytes) const noexcept;
+  /// How this resource can share memory with a peer; the first kind is its default
+  /// (host: memfd; cuda: cuda_vmm_fd, then cuda_ipc).
+  [[nodiscard]] virtual std::span<const HandleKind> handle_kinds() const noexcept = 0;
+  [[nodiscard]] bool shares_as(HandleKind kind) const noexcept;
+  /// What the backend could still allocate now (a device's free memory, which other
+  /// processes share), or nothing when it cannot say (host memory: the kernel
+  /// overcommits). Capacity planning answers against it.
+  [[nodiscard]] virtual std::optional<std::uint64_t> available_bytes() const {
+    return std::nullopt;
+  }
 
-  /// Allocates allocation_size(bytes) zeroed, shareable bytes (`bytes` > 0). `label`
-  /// names the memory for debugging (the memfd's name) and in error messages. Throws
-  /// StatusError as described at the top of this file; a failed call leaves nothing
-  /// allocated and no limit charged.
-  [[nodiscard]] std::shared_ptr<Allocation> allocate(std::size_t bytes, std::string_view label);
+  /// Allocates allocation_size(bytes) zeroed, shareable bytes (`bytes` > 0), shared as
+  /// `handle` (default: handle_kinds().front()). `label` names the memory for debugging
+  /// (the memfd's name) and in error messages. Throws StatusError as described at the top
+  /// of this file (invalid_argument for a handle kind this resource cannot give); a
+  /// failed call leaves nothing allocated and no limit charged.
+  [[nodiscard]] std::shared_ptr<Allocation> allocate(std::size_t bytes, std::string_view label,
+                                                     std::optional<HandleKind> handle = {});
 
  private:
-  virtual std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) = 0;
+  /// `bytes` is rounded and positive, `handle` one of handle_kinds().
+  virtual std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                                  HandleKind handle) = 0;
 };
 
 /// An allocation made through an adaptor: the upstream's allocation plus whatever the
@@ -117,6 +132,12 @@ class ResourceAdaptor : public MemoryResource {
   [[nodiscard]] int device() const noexcept override { return upstream_.device(); }
   [[nodiscard]] std::size_t granularity() const noexcept override {
     return upstream_.granularity();
+  }
+  [[nodiscard]] std::span<const HandleKind> handle_kinds() const noexcept override {
+    return upstream_.handle_kinds();
+  }
+  [[nodiscard]] std::optional<std::uint64_t> available_bytes() const override {
+    return upstream_.available_bytes();
   }
   [[nodiscard]] MemoryResource& upstream() const noexcept { return upstream_; }
 

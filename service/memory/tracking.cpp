@@ -35,11 +35,11 @@ MemoryUsage TrackingResource::usage() const noexcept {
   return out;
 }
 
-std::shared_ptr<Allocation> TrackingResource::do_allocate(std::size_t bytes,
-                                                          std::string_view label) {
+std::shared_ptr<Allocation> TrackingResource::do_allocate(std::size_t bytes, std::string_view label,
+                                                       HandleKind handle) {
   std::shared_ptr<Allocation> upstream;
   try {
-    upstream = this->upstream().allocate(bytes, label);
+    upstream = this->upstream().allocate(bytes, label, handle);
   } catch (...) {
     counters_->failures_total.fetch_add(1);
     throw;

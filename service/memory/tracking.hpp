@@ -39,7 +39,8 @@ class TrackingResource final : public ResourceAdaptor {
     std::atomic<std::uint64_t> failures_total{0};
     std::atomic<std::uint64_t> peak_bytes{0};
   };
-  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override;
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override;
 
   std::shared_ptr<Counters> counters_;
 };

@@ -3,6 +3,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -58,19 +59,38 @@ class PoolCollector final : public prometheus::Collectable {
   std::vector<MetricFamily> Collect() const override {
     const PoolStats stats = pool_.stats();
     const std::string backend(pool_.backend_name());
+    // Device memory also says which device (one daemon per GPU, but dashboards join many).
+    std::vector<ClientMetric::Label> where = {{"backend", backend}};
+    if (pool_.memory().space() == MemorySpace::device) {
+      where.push_back({"device", std::to_string(pool_.memory().device())});
+    }
     std::vector<MetricFamily> out;
 
     auto capacity =
         family("statepool_pool_capacity_bytes",
                "Configured capacity of the pool (all arenas together).", MetricType::Gauge);
-    capacity.metric.push_back(sample({{"backend", backend}},
-                                     static_cast<double>(stats.capacity_bytes), MetricType::Gauge));
+    capacity.metric.push_back(
+        sample(where, static_cast<double>(stats.capacity_bytes), MetricType::Gauge));
     auto reserved = family("statepool_pool_reserved_bytes", "Bytes of the pool reserved by arenas.",
                            MetricType::Gauge);
-    reserved.metric.push_back(sample({{"backend", backend}},
-                                     static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
+    reserved.metric.push_back(
+        sample(where, static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
     out.push_back(std::move(capacity));
     out.push_back(std::move(reserved));
+    // What the backend could still allocate (the device's free memory, which the engine's
+    // weights and KV cache share); absent for host memory.
+    try {
+      if (const std::optional<std::uint64_t> free = pool_.memory().available_bytes()) {
+        auto available =
+            family("statepool_backend_available_bytes",
+                   "Memory the backend could still allocate now (a device's free memory).",
+                   MetricType::Gauge);
+        available.metric.push_back(sample(where, static_cast<double>(*free), MetricType::Gauge));
+        out.push_back(std::move(available));
+      }
+    } catch (const std::exception&) {
+      // A failing device query leaves the gauge out of this scrape; the rest stands.
+    }
 
     // What the backend's memory resource holds, through the tracking adaptors: the arenas
     // (under the pool's limits) and the connections' staging buffers.
@@ -85,7 +105,8 @@ class PoolCollector final : public prometheus::Collectable {
                "Allocations the memory backend refused (out of memory or descriptors), by use.",
                MetricType::Counter);
     const auto add_memory = [&](const char* use, const MemoryUsage& usage) {
-      const std::vector<ClientMetric::Label> labels = {{"backend", backend}, {"use", use}};
+      std::vector<ClientMetric::Label> labels = where;
+      labels.push_back({"use", use});
       memory_bytes.metric.push_back(
           sample(labels, static_cast<double>(usage.live_bytes), MetricType::Gauge));
       memory_allocations.metric.push_back(
@@ -113,6 +134,7 @@ class PoolCollector final : public prometheus::Collectable {
                                                  {"layout", a.layout_name},
                                                  {"codec", kernels::to_string(a.codec)},
                                                  {"backend", a.backend}};
+      if (where.size() > 1) labels.push_back(where.back());  // device
       auto with_state = [&](const char* state) {
         auto l = labels;
         l.push_back({"state", state});

@@ -162,14 +162,23 @@ ArenaInfo Pool::info(const Arena& arena) const {
 
 // --- arenas --------------------------------------------------------------------------
 
-ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages) {
+ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages,
+                           std::optional<HandleKind> handle) {
   const std::size_t tenant = tenant_index(tenant_name);
   const auto codec = registry_.layout(layout_id);  // not_found
   const ArenaTable::Key key{tenant, layout_id};
   {
     std::unique_lock lock(mutex_);
     created_.wait(lock, [&] { return !arenas_.creating(key); });
-    if (const Arena* existing = arenas_.find(key)) return info(*existing);
+    if (const Arena* existing = arenas_.find(key)) {
+      const HandleKind kind = existing->memory->info().where.handle_kind;
+      STATEPOOL_EXPECTS(!handle || *handle == kind, Status::invalid_argument,
+                        "arena " + std::to_string(existing->id) + " is already shared as " +
+                            kernels::to_string(kind) + ", not " +
+                            kernels::to_string(handle.value_or(kind)) +
+                            " (the first client to open an arena chooses how it is shared)");
+      return info(*existing);
+    }
     arenas_.reserve(key);
   }
   // From here this call creates the arena; every way out ends the reservation.
@@ -191,7 +200,7 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std
       // Quota, then capacity, then the backend: each refuses with its own status, and
       // a refusal anywhere charges nothing.
       arena->memory = t.quota->allocate(
-          bytes, "statepool-arena-" + t.config->name + "-" + std::to_string(layout_id));
+          bytes, "statepool-arena-" + t.config->name + "-" + std::to_string(layout_id), handle);
     } catch (const LimitExceeded& e) {
       throw LimitExceeded(
           e.status(), std::string(e.what()) + " (arena of " + std::to_string(pages) + " pages of " +

@@ -163,7 +163,10 @@ class Pool {
   /// default) if needed. Creation checks max_arena_pages (invalid_argument), the tenant
   /// quota (quota_exceeded) and the pool capacity (pool_exhausted), then allocates the
   /// memory without holding the pool's lock (see the top of this file).
-  ArenaInfo open_arena(std::string_view tenant, LayoutId layout, std::uint32_t pages);
+  /// `handle`: how the arena is shared when this call creates it (unset: the backend's
+  /// default); an existing arena shared another way is invalid_argument.
+  ArenaInfo open_arena(std::string_view tenant, LayoutId layout, std::uint32_t pages,
+                       std::optional<HandleKind> handle = {});
   /// Throws not_found, or permission_denied when the arena belongs to another tenant.
   [[nodiscard]] ArenaInfo arena(std::string_view tenant, ArenaId id) const;
 

@@ -1,5 +1,7 @@
 #include "server/capacity.hpp"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "log.hpp"
@@ -28,6 +30,11 @@ planner::LivePool live_pool(const Pool& pool, const kernels::StateLayout& shape,
   live.tenant = std::string(tenant);
   live.capacity = stats.capacity_bytes;
   live.free = stats.capacity_bytes - std::min(stats.reserved_bytes, stats.capacity_bytes);
+  // A device shared with other processes (the engine's weights and KV cache) may have less
+  // free memory than the pool's unused capacity: answer against what is really there.
+  if (const std::optional<std::uint64_t> device_free = pool.memory().available_bytes()) {
+    live.free = std::min(live.free, *device_free);
+  }
   live.max_arena_pages = pool.config().max_arena_pages;
   if (tenant.empty()) return live;
   for (const TenantUsage& t : stats.tenants) {

@@ -576,7 +576,7 @@ TEST(ClientArena, RegistersTheLayoutAndMapsPagesWithTheirCodec) {
 // The reply's memory descriptor, not the backend's name, decides how memory is mapped:
 // device memory is left to the engine's CUDA context (its descriptor kept, nothing
 // mmap'd), a legacy IPC handle comes without a descriptor.
-TEST(ClientArena, DeviceMemoryIsDescribedNotMapped) {
+TEST(ClientArena, DeviceMemoryIsDescribedNotMappedWhenTheClientSaysSo) {
   FakeDaemon daemon([](FakePeer& peer) {
     peer.handshake();
     const int vmm_fd = make_memfd(4096);  // stands in for a CUDA VMM POSIX descriptor
@@ -613,11 +613,15 @@ TEST(ClientArena, DeviceMemoryIsDescribedNotMapped) {
     }
     reply_ping(peer, peer.expect(wire::RequestBody::Ping).request->id());
   });
-  auto conn = sc::Connection::connect(options_for(daemon));
+  sc::Options options = options_for(daemon);
+  options.map_device_memory = false;
+  auto conn = sc::Connection::connect(options);
   {
     const sc::Arena vmm = conn.open_arena(41, 2);
     EXPECT_EQ(vmm.backend(), "cuda");
     EXPECT_FALSE(vmm.mapped()) << "device memory is never mmap'd by the client";
+    EXPECT_EQ(vmm.device_data(), nullptr);
+    EXPECT_THROW((void)vmm.device_page(0), std::logic_error);
     EXPECT_TRUE(vmm.data().empty());
     EXPECT_EQ(vmm.memory().space, sk::MemorySpace::device);
     EXPECT_EQ(vmm.memory().device, 1);
@@ -641,6 +645,43 @@ TEST(ClientArena, DeviceMemoryIsDescribedNotMapped) {
   } catch (const sc::Error& e) {
     EXPECT_EQ(e.status(), wire::Status::internal);
     EXPECT_NE(std::string(e.what()).find("no file descriptor"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(conn.healthy());
+  (void)conn.ping();
+}
+
+TEST(ClientArena, DeviceMemoryThatCannotBeMappedIsAClearErrorAndLegacyIpcIsAsked) {
+  FakeDaemon daemon([](FakePeer& peer) {
+    peer.handshake();
+    // A memfd is no CUDA VMM descriptor: importing it fails (no driver, or the driver
+    // refuses it), and the client must say so, naming the way out.
+    const int fake_fd = make_memfd(4096);
+    auto r = peer.expect(wire::RequestBody::OpenArena);
+    EXPECT_TRUE(r.request->body_as_OpenArena()->legacy_ipc());
+    {
+      flatbuffers::FlatBufferBuilder b;
+      const auto memory = wire::CreateMemoryDescriptor(b, wire::MemorySpace::device, 0,
+                                                       wire::HandleKind::cuda_vmm_fd, 2 << 20);
+      peer.reply_ok(
+          r.request->id(), wire::ReplyBody::OpenArenaReply, b,
+          wire::CreateOpenArenaReplyDirect(b, 7, 2 << 20, 1000, 1024, 2, "cuda", true, memory),
+          protocol::kFlagFdAttached, {fake_fd});
+    }
+    ::close(fake_fd);
+    reply_ping(peer, peer.expect(wire::RequestBody::Ping).request->id());
+  });
+  sc::Options options = options_for(daemon);
+  options.legacy_ipc = true;
+  auto conn = sc::Connection::connect(options);
+  try {
+    (void)conn.open_arena(41, 2);
+    FAIL() << "expected a mapping error";
+  } catch (const sc::ConnectionError& e) {
+    FAIL() << "not a transport failure: " << e.what();
+  } catch (const sc::Error& e) {
+    EXPECT_EQ(e.status(), wire::Status::internal);
+    EXPECT_NE(std::string(e.what()).find("map_device_memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("arena 7"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(conn.healthy());
   (void)conn.ping();

@@ -1,12 +1,9 @@
-// The memory-resource conformance suite: one contract, every implementation.
-//
-// Instantiated for the host memfd resource and for each adaptor over it (a limit that is
-// not reached, tracking); the CUDA resource joins the list with the CUDA backend (its
-// traits read and write device memory, and skip without a device). Host-specific and
-// adaptor-specific behaviour follows the suite.
+// The memory-resource conformance suite (memory_resource_conformance.hpp) for the host
+// memfd resource and for each adaptor over it (a limit that is not reached, tracking);
+// tests/gpu/test_cuda_memory_gpu.cpp instantiates it for the CUDA resource. Host-specific
+// and adaptor-specific behaviour follows the suite.
 #include <gtest/gtest.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -20,7 +17,6 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +24,7 @@
 #include "memory/host_memfd.hpp"
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
+#include "memory_resource_conformance.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/support/fd_passing.hpp"
 
@@ -35,18 +32,6 @@ namespace statepool::service {
 namespace {
 
 // --- helpers ----------------------------------------------------------------------------
-
-/// Open descriptors of this process.
-std::size_t open_fds() {
-  std::size_t count = 0;
-  if (DIR* dir = ::opendir("/proc/self/fd")) {
-    while (const dirent* entry = ::readdir(dir)) {
-      if (entry->d_name[0] != '.') ++count;
-    }
-    ::closedir(dir);
-  }
-  return count - 1;  // the directory stream's own descriptor
-}
 
 /// Makes ftruncate of a memfd beyond 1 MiB fail with EFBIG (no real memory is touched).
 class FileSizeLimit {
@@ -75,7 +60,7 @@ class FileSizeLimit {
 /// Sends `fd` over a socketpair to a forked child, which maps it as a client would, checks
 /// that it sees `expect` at every byte, writes `reply` everywhere and exits 0 (else 1..5).
 /// Returns the child's exit status.
-int share_with_child(int fd, std::size_t bytes, std::byte expect, std::byte reply) {
+int share_fd_with_child(int fd, std::size_t bytes, std::byte expect, std::byte reply) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return -1;
   const pid_t child = ::fork();
@@ -108,10 +93,12 @@ int share_with_child(int fd, std::size_t bytes, std::byte expect, std::byte repl
 
 // --- the implementations under test ------------------------------------------------------
 // Each traits type owns a resource (and its upstream), says how to make it refuse an
-// allocation with pool_exhausted, and reads and writes the memory it gives.
+// allocation with pool_exhausted, reads and writes the memory it gives and shares it with
+// a child process (memory_resource_conformance.hpp describes the traits).
 
 struct HostTraits {
   HostMemfdResource host;
+  static std::string unavailable() { return {}; }
   MemoryResource& resource() { return host; }
   /// A size the resource refuses while the returned guard lives.
   static std::size_t refused_bytes() { return 4 << 20; }
@@ -124,6 +111,11 @@ struct HostTraits {
       if (b != value) return false;
     }
     return true;
+  }
+  static int share_with_child(const Allocation& a, std::byte expect, std::byte reply) {
+    EXPECT_TRUE(a.info().where.handle_is_fd()) << "the host kinds share descriptors";
+    if (!a.info().where.handle_is_fd()) return -4;
+    return share_fd_with_child(a.info().fd, a.size(), expect, reply);
   }
   static constexpr const char* kName = "host";
 };
@@ -142,13 +134,6 @@ struct TrackedHostTraits : HostTraits {
   MemoryResource& resource() { return tracked; }
 };
 
-template <class Traits>
-class MemoryResourceConformance : public ::testing::Test {
- protected:
-  Traits traits_;
-  MemoryResource& resource() { return traits_.resource(); }
-};
-
 using Implementations = ::testing::Types<HostTraits, LimitedHostTraits, TrackedHostTraits>;
 class ImplementationNames {
  public:
@@ -160,123 +145,8 @@ class ImplementationNames {
     return "unknown";
   }
 };
-TYPED_TEST_SUITE(MemoryResourceConformance, Implementations, ImplementationNames);
-
-TYPED_TEST(MemoryResourceConformance, AllocatesZeroedMemoryDescribedByTheResource) {
-  MemoryResource& r = this->resource();
-  for (const std::size_t bytes : {std::size_t{1}, std::size_t{4095}, std::size_t{1} << 20}) {
-    const auto a = r.allocate(bytes, "conformance-zeroed");
-    ASSERT_NE(a, nullptr);
-    const AllocationInfo& info = a->info();
-    EXPECT_EQ(info.bytes, r.allocation_size(bytes));
-    EXPECT_GE(info.bytes, bytes);
-    EXPECT_EQ(info.bytes % r.granularity(), 0u);
-    EXPECT_NE(info.data, nullptr);
-    EXPECT_EQ(info.where.space, r.space());
-    EXPECT_EQ(info.where.device, r.device());
-    EXPECT_EQ(info.where.granularity, r.granularity());
-    EXPECT_EQ(a->buffer().data, info.data);
-    EXPECT_EQ(a->buffer().size, info.bytes);
-    EXPECT_EQ(r.name(), TypeParam::kName);
-    EXPECT_TRUE(TypeParam::all(*a, std::byte{0})) << bytes << " bytes";
-  }
-}
-
-TYPED_TEST(MemoryResourceConformance, HandleIsACloseOnExecDescriptorWhenItIsOne) {
-  const auto a = this->resource().allocate(8192, "conformance-handle");
-  const AllocationInfo& info = a->info();
-  if (!info.where.handle_is_fd()) {
-    EXPECT_EQ(info.fd, -1);
-    return;
-  }
-  ASSERT_GE(info.fd, 0);
-  EXPECT_EQ(::fcntl(info.fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
-}
-
-TYPED_TEST(MemoryResourceConformance, ASecondProcessSeesTheSameBytes) {
-  const auto a = this->resource().allocate(64 << 10, "conformance-peer");
-  ASSERT_TRUE(a->info().where.handle_is_fd()) << "the host kinds share descriptors";
-  TypeParam::fill(*a, std::byte{0x5a});
-  EXPECT_EQ(share_with_child(a->info().fd, a->size(), std::byte{0x5a}, std::byte{0xc3}), 0);
-  EXPECT_TRUE(TypeParam::all(*a, std::byte{0xc3})) << "the peer's writes are not visible here";
-}
-
-TYPED_TEST(MemoryResourceConformance, ExhaustionIsACleanPoolExhaustedThatLeaksNothing) {
-  MemoryResource& r = this->resource();
-  const std::size_t fds = open_fds();
-  {
-    const auto guard = TypeParam::refuse();
-    try {
-      (void)r.allocate(TypeParam::refused_bytes(), "conformance-refused");
-      FAIL() << "expected StatusError(pool_exhausted)";
-    } catch (const StatusError& e) {
-      EXPECT_EQ(e.status(), Status::pool_exhausted) << e.what();
-      EXPECT_NE(std::string(e.what()), "") << "the message says what was refused";
-    }
-  }
-  EXPECT_EQ(open_fds(), fds);
-  // And the resource still works afterwards.
-  EXPECT_NE(r.allocate(4096, "conformance-after"), nullptr);
-}
-
-TYPED_TEST(MemoryResourceConformance, ZeroBytesIsInvalidArgument) {
-  try {
-    (void)this->resource().allocate(0, "conformance-zero");
-    FAIL() << "expected StatusError(invalid_argument)";
-  } catch (const StatusError& e) {
-    EXPECT_EQ(e.status(), Status::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("conformance-zero"), std::string::npos) << e.what();
-  }
-}
-
-TYPED_TEST(MemoryResourceConformance, ReleaseReturnsTheMemoryAndItsDescriptor) {
-  MemoryResource& r = this->resource();
-  const std::size_t fds = open_fds();
-  int fd = -1;
-  {
-    auto a = r.allocate(1 << 20, "conformance-release");
-    fd = a->info().fd;
-    EXPECT_GT(open_fds(), fds);
-    // A second holder keeps it alive (what an executor does while it works).
-    auto holder = a;
-    a.reset();
-    EXPECT_TRUE(TypeParam::all(*holder, std::byte{0}));
-  }
-  EXPECT_EQ(open_fds(), fds);
-  if (fd >= 0) {
-    errno = 0;
-    EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
-    EXPECT_EQ(errno, EBADF);
-  }
-  // Many cycles leave nothing behind.
-  for (int i = 0; i < 200; ++i) (void)r.allocate(4096, "conformance-cycle");
-  EXPECT_EQ(open_fds(), fds);
-}
-
-TYPED_TEST(MemoryResourceConformance, ConcurrentAllocationsAreDistinctAndIndependent) {
-  MemoryResource& r = this->resource();
-  constexpr int kThreads = 4;
-  constexpr int kEach = 16;
-  std::vector<std::shared_ptr<Allocation>> got(kThreads * kEach);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) {
-        auto a = r.allocate(8192, "conformance-concurrent");
-        TypeParam::fill(*a, static_cast<std::byte>(t * kEach + i));
-        got[static_cast<std::size_t>(t * kEach + i)] = std::move(a);
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  std::set<const std::byte*> addresses;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    ASSERT_NE(got[i], nullptr);
-    addresses.insert(got[i]->info().data);
-    EXPECT_TRUE(TypeParam::all(*got[i], static_cast<std::byte>(i))) << "allocation " << i;
-  }
-  EXPECT_EQ(addresses.size(), got.size());
-}
+INSTANTIATE_TYPED_TEST_SUITE_P(Host, MemoryResourceConformance, Implementations,
+                               ImplementationNames);
 
 // --- host memfd specifics -----------------------------------------------------------------
 
@@ -366,11 +236,16 @@ class FlakyResource final : public MemoryResource {
   std::atomic<bool> fail{false};
   std::atomic<int> calls{0};
 
+  [[nodiscard]] std::span<const HandleKind> handle_kinds() const noexcept override {
+    return inner_.handle_kinds();
+  }
+
  private:
-  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override {
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override {
     ++calls;
     if (fail) throw StatusError(Status::internal, "flaky: no memory today");
-    return inner_.allocate(bytes, label);
+    return inner_.allocate(bytes, label, handle);
   }
   HostMemfdResource inner_;
 };

@@ -232,11 +232,16 @@ class FlakyBackend final : public MemoryResource {
   [[nodiscard]] std::size_t granularity() const noexcept override { return 1; }
   std::vector<std::string> labels;
 
+  [[nodiscard]] std::span<const HandleKind> handle_kinds() const noexcept override {
+    return inner_.handle_kinds();
+  }
+
  private:
-  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label) override {
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override {
     labels.emplace_back(label);
     if (fail_) throw StatusError(Status::pool_exhausted, "flaky: no memory today");
-    return inner_.allocate(bytes, label);
+    return inner_.allocate(bytes, label, handle);
   }
   std::atomic<bool>& fail_;
   HostMemfdResource inner_;

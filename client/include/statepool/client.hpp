@@ -87,6 +87,14 @@ struct Options {
   /// Largest reply payload accepted from the daemon, in bytes (capped at
   /// protocol::kAbsoluteMaxPayload). Stats replies of large pools are the biggest.
   std::uint32_t max_reply_bytes = 16u << 20;
+  /// cuda backend: map arenas and staging buffers into this process's CUDA address space
+  /// when they are opened (Arena::device_data()). Off, they are used by id only (Compress,
+  /// Decompress, Copy), and this process needs no GPU.
+  bool map_device_memory = true;
+  /// cuda backend: ask for legacy cudaIpcMemHandle_t handles (cudaIpcOpenMemHandle)
+  /// instead of VMM file descriptors for the arenas this connection creates and its
+  /// staging buffers (docs/client.md, "Device memory").
+  bool legacy_ipc = false;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -265,14 +273,20 @@ class Arena {
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
   /// Memory backend of the daemon: "host" or "cuda".
   [[nodiscard]] const std::string& backend() const noexcept { return backend_; }
-  /// Where the arena lives and how it is shared. A host memfd is mapped here; device
-  /// memory is not (import fd() with cuMemImportFromShareableHandle for cuda_vmm_fd, or
-  /// memory().ipc_handle with cudaIpcOpenMemHandle for cuda_ipc).
+  /// Where the arena lives and how it is shared. A host memfd is mmap()ed here (data());
+  /// device memory is imported into this process's CUDA address space (device_data())
+  /// unless Options::map_device_memory is false.
   [[nodiscard]] const kernels::MemoryDescriptor& memory() const noexcept { return memory_; }
   /// False when the arena already existed for (tenant, layout) before open_arena.
   [[nodiscard]] bool created() const noexcept { return created_; }
   /// True when the region is mapped into this process (host memory).
   [[nodiscard]] bool mapped() const noexcept { return base_ != nullptr; }
+  /// Device memory mapped into this process: the CUDA device address of the region (valid
+  /// on device memory().device), or nullptr (host memory, or not mapped).
+  [[nodiscard]] std::byte* device_data() const noexcept { return device_base_; }
+  /// Device address of page `slot` (page_bytes() long). Throws std::out_of_range when
+  /// slot >= page_count(), std::logic_error when no device memory is mapped.
+  [[nodiscard]] std::byte* device_page(SlotId slot) const;
   /// The received descriptor (owned by this object; dup() it to keep it longer); -1 when
   /// the handle kind is not a descriptor.
   [[nodiscard]] int fd() const noexcept { return fd_; }
@@ -308,6 +322,8 @@ class Arena {
   kernels::MemoryDescriptor memory_;
   int fd_ = -1;
   std::byte* base_ = nullptr;
+  std::shared_ptr<const void> device_mapping_;  // owns device_base_'s mapping
+  std::byte* device_base_ = nullptr;
   std::shared_ptr<const kernels::PageCodec> codec_;
 };
 
@@ -333,6 +349,9 @@ class Staging {
   /// The mapped buffer (empty when it is not host memory: see memory()).
   [[nodiscard]] std::span<std::byte> bytes() const noexcept;
   [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// Device memory mapped into this process (as Arena::device_data()), or nullptr. An
+  /// engine writes its state here with its own kernels before Compress.
+  [[nodiscard]] std::byte* device_data() const noexcept { return device_base_; }
   /// Where the buffer lives and how it is shared (as Arena::memory()).
   [[nodiscard]] const kernels::MemoryDescriptor& memory() const noexcept { return memory_; }
   /// False for a default-constructed, moved-from or closed object.
@@ -353,6 +372,8 @@ class Staging {
   kernels::MemoryDescriptor memory_;
   int fd_ = -1;
   std::byte* base_ = nullptr;
+  std::shared_ptr<const void> device_mapping_;
+  std::byte* device_base_ = nullptr;
 };
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+#pragma once
+// CudaExecutor: runs operations on one CUDA device's memory, on a stream of the daemon's.
+//
+//   submit()     queues the operation and returns (an I/O thread never touches CUDA);
+//   launcher     a thread that checks sizes, finds the page format's device tables
+//                (uploaded once per layout and staged dtype), and enqueues the work:
+//                  compress    find_non_finite -> encode_page skipping a non-finite
+//                              state (the page stays as it was) -> the check's result
+//                              copied to pinned host memory -> event
+//                  decompress  decode_page -> event
+//                  copy        cudaMemcpyAsync device to device -> event
+//   completer    a thread that waits for the events in submission order (the stream is
+//                in order), reads the check's result, lets the operation's memory go and
+//                calls the completion.
+// The bytes written are those of PageCodec::encode/decode (kernels/cuda/codec_kernels.hpp
+// guarantees byte identity with the CPU codecs). A non-finite state is reported as
+// not_finite with the same message as the host executor's (the first value in page
+// order).
+//
+// At most kMaxInFlight operations are enqueued at once; the launcher waits for the oldest
+// to finish beyond that (back-pressure stays off the I/O threads).
+//
+// A device fault (an illegal address, an ECC error) is sticky for the whole CUDA context:
+// that operation and every later one complete with internal errors naming the CUDA
+// error; the daemon logs them and must be restarted.
+//
+// Thread-safety: as Executor.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "exec/executor.hpp"
+
+namespace statepool::service {
+
+class CudaExecutor final : public Executor {
+ public:
+  static constexpr std::uint32_t kMaxInFlight = 64;
+
+  /// Creates the stream and the event ring on `device`. Throws std::runtime_error naming
+  /// the CUDA error when the device cannot be used.
+  explicit CudaExecutor(int device);
+  ~CudaExecutor() override;
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// Device memory of this executor's device only.
+  [[nodiscard]] bool can_access(MemorySpace space, int device) const noexcept override;
+  void submit(Operation op, Completion done) override;
+  void wait_idle() override;
+
+ private:
+  struct Job {
+    Operation op;
+    Completion done;
+  };
+  struct Device;    // the stream, the event ring and the result buffers (CUDA types)
+  struct Formats;   // device tables per (page format, staged dtype)
+
+  void launch_loop();
+  void complete_loop();
+  /// Enqueues `job` on the stream into ring slot `slot`; throws StatusError.
+  void enqueue(const Job& job, std::uint32_t slot);
+  /// Error of a finished compress whose check found a NaN/Inf (or nullptr).
+  [[nodiscard]] std::exception_ptr check_result(const Job& job, std::uint32_t slot);
+  /// Releases the operation's memory, calls its completion, counts it done.
+  void finish(Job& job, std::exception_ptr error) noexcept;
+
+  int device_;
+  std::unique_ptr<Device> cuda_;
+  std::unique_ptr<Formats> formats_;  // launcher thread only
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<Job> queued_;
+  std::deque<std::pair<Job, std::uint32_t>> launched_;  // on the stream, oldest first
+  std::uint32_t next_slot_ = 0;
+  std::uint64_t in_flight_ = 0;  // submitted and not yet completed
+  bool stopping_ = false;
+
+  std::thread launcher_;
+  std::thread completer_;
+};
+
+}  // namespace statepool::service

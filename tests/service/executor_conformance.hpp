@@ -1,0 +1,344 @@
+#pragma once
+// The executor conformance suite: one contract, every executor.
+//
+// An executor's compress/decompress must write exactly the bytes of PageCodec::encode /
+// decode (every codec, STEPQuant with a plan included), refuse NaN/Inf before writing
+// anything, refuse wrong sizes and memory it cannot reach, copy whole pages, and call its
+// completion exactly once, off the submitting thread. Instantiated for the host executor
+// (tests/service/test_executor.cpp) and for the CUDA executor
+// (tests/gpu/test_cuda_executor_gpu.cpp, skipped without a device).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/executor.hpp"
+#include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/protocol/status.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+
+namespace statepool::service::conformance {
+
+using kernels::CodecId;
+using kernels::DType;
+
+/// Runs `op` and waits for its completion; returns the error it completed with.
+inline std::exception_ptr run_op(Executor& executor, Operation op,
+                                 std::thread::id* completed_on = nullptr) {
+  std::promise<std::exception_ptr> done;
+  auto future = done.get_future();
+  executor.submit(std::move(op), [&done, completed_on](std::exception_ptr error) {
+    if (completed_on != nullptr) *completed_on = std::this_thread::get_id();
+    done.set_value(std::move(error));
+  });
+  EXPECT_EQ(future.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  return future.get();
+}
+
+/// The status an operation completed with (ok when it succeeded).
+inline Status status_of(const std::exception_ptr& error, std::string* message = nullptr) {
+  if (!error) return Status::ok;
+  try {
+    std::rethrow_exception(error);
+  } catch (const StatusError& e) {
+    if (message != nullptr) *message = e.what();
+    return e.status();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "completed with a non-StatusError: " << e.what();
+  }
+  return Status::internal;
+}
+
+/// The layouts every executor is checked on: every codec, GDN and KDA, odd shapes, with
+/// and without a conv state.
+inline std::vector<kernels::StateLayout> layouts() {
+  std::vector<kernels::StateLayout> out;
+  const auto add = [&](CodecId codec, kernels::Arch arch, std::uint32_t layers, std::uint32_t heads,
+                       std::uint32_t k, std::uint32_t v, std::uint32_t conv) {
+    kernels::StateLayout l;
+    if (codec == CodecId::stepquant4 || codec == CodecId::stepquant6) {
+      const std::uint32_t budget = codec == CodecId::stepquant4 ? 4 : 6;
+      l = testing::plan_layout(testing::uniform_plan(arch, layers, heads, k, v, budget), codec);
+    } else {
+      l.arch = arch;
+      l.num_layers = layers;
+      l.num_heads = heads;
+      l.key_dim = k;
+      l.value_dim = v;
+      l.codec.id = codec;
+    }
+    l.name = std::string(kernels::to_string(codec)) + "-" + kernels::to_string(arch);
+    l.conv_channels = conv;
+    l.conv_width = conv == 0 ? 0 : 3;
+    out.push_back(std::move(l));
+  };
+  for (const CodecId codec :
+       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8,
+        CodecId::stepquant4, CodecId::stepquant6, CodecId::dsq4, CodecId::dsq6}) {
+    add(codec, kernels::Arch::gdn, 3, 5, 16, 24, 40);
+    add(codec, kernels::Arch::kda, 2, 3, 7, 5, 0);
+  }
+  return out;
+}
+
+/// The suite. A Rig owns an executor (executor(); missing() says why it cannot run here,
+/// empty when it can) and says how test data reaches memory the executor can use: bind(vector) gives a buffer holding the vector's bytes (the vector itself for
+/// a host executor, a device copy for a device executor), sync() copies every bound buffer
+/// back into its vector, memory() is a resource the executor can reach and
+/// upload(allocation, bytes) writes into one of its allocations.
+template <class Rig>
+class ExecutorConformance : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string missing = rig_.missing(); !missing.empty()) GTEST_SKIP() << missing;
+  }
+  Rig rig_;
+  Executor& executor() { return rig_.executor(); }
+  kernels::BufferRef buffer(std::vector<std::byte>& bytes) { return rig_.bind(bytes); }
+  /// Runs `op`, waits for it and copies the bound buffers back.
+  std::exception_ptr run(Operation op, std::thread::id* completed_on = nullptr) {
+    std::exception_ptr error = run_op(executor(), std::move(op), completed_on);
+    rig_.sync();
+    return error;
+  }
+};
+TYPED_TEST_SUITE_P(ExecutorConformance);
+
+TYPED_TEST_P(ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes) {
+  for (const auto& layout : layouts()) {
+    const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(layout.name + " staged " + kernels::to_string(dtype));
+      std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 8, 11, dtype);
+      std::vector<std::byte> expected(codec->page_bytes());
+      codec->encode(staged, dtype, expected);
+
+      std::vector<std::byte> page(codec->page_bytes(), std::byte{0xee});
+      Operation op;
+      op.kind = OperationKind::compress;
+      op.codec = codec;
+      op.dtype = dtype;
+      op.staged = this->buffer(staged);
+      op.page = this->buffer(page);
+      ASSERT_EQ(status_of(this->run(op)), Status::ok);
+      ASSERT_EQ(page, expected);
+
+      std::vector<std::byte> decoded_expected(staged.size());
+      codec->decode(page, dtype, decoded_expected);
+      std::vector<std::byte> decoded(staged.size(), std::byte{0xee});
+      op.kind = OperationKind::decompress;
+      op.staged = this->buffer(decoded);
+      ASSERT_EQ(status_of(this->run(op)), Status::ok);
+      ASSERT_EQ(decoded, decoded_expected);
+    }
+  }
+}
+
+TYPED_TEST_P(ExecutorConformance, NonFiniteIsRefusedWithTheFirstValueInPageOrder) {
+  for (const auto& layout : layouts()) {
+    SCOPED_TRACE(layout.name);
+    const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+    std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 4, 3, DType::f32);
+    const std::size_t per_head = std::size_t{layout.key_dim} * layout.value_dim;
+    const std::size_t heads = codec->head_count();
+    // A NaN in the last head and an Inf in a middle one: the Inf comes first.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(staged.data() + 4 * ((heads - 1) * per_head + 1), &nan, 4);
+    std::memcpy(staged.data() + 4 * ((heads / 2) * per_head + per_head - 1), &inf, 4);
+    std::string expected;
+    try {
+      std::vector<std::byte> scratch(codec->page_bytes());
+      codec->encode(staged, DType::f32, scratch);
+    } catch (const kernels::NonFiniteError& e) {
+      expected = e.what();
+    }
+    ASSERT_FALSE(expected.empty());
+
+    std::vector<std::byte> page(codec->page_bytes(), std::byte{0x5a});
+    const std::vector<std::byte> before = page;
+    Operation op;
+    op.kind = OperationKind::compress;
+    op.codec = codec;
+    op.staged = this->buffer(staged);
+    op.page = this->buffer(page);
+    std::string message;
+    EXPECT_EQ(status_of(this->run(op), &message), Status::not_finite);
+    EXPECT_EQ(message, expected);
+    EXPECT_EQ(page, before) << "a refused state must leave the page as it was";
+  }
+}
+
+TYPED_TEST_P(ExecutorConformance, WrongSizesAreInvalidArgumentAndWriteNothing) {
+  const auto layout = layouts().front();
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> page(codec->page_bytes(), std::byte{0x11});
+  std::vector<std::byte> short_page(codec->page_bytes() - 4, std::byte{0x11});
+  const auto short_before = short_page;
+  Operation op;
+  op.kind = OperationKind::compress;
+  op.codec = codec;
+  op.staged = this->buffer(staged);
+  op.page = this->buffer(short_page);
+  EXPECT_EQ(status_of(this->run(op)), Status::invalid_argument);
+  EXPECT_EQ(short_page, short_before);
+
+  std::vector<std::byte> short_staged(staged.begin(), staged.end() - 2);
+  op.staged = this->buffer(short_staged);
+  op.page = this->buffer(page);
+  const auto page_before = page;
+  EXPECT_EQ(status_of(this->run(op)), Status::invalid_argument);
+  op.kind = OperationKind::decompress;
+  EXPECT_EQ(status_of(this->run(op)), Status::invalid_argument);
+  EXPECT_EQ(page, page_before);
+
+  op.kind = OperationKind::compress;
+  op.staged = this->buffer(staged);
+  op.dtype = DType::f16;  // f16 staging is not a thing
+  std::string message;
+  EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument);
+  EXPECT_NE(message.find("f32 or bf16"), std::string::npos) << message;
+  EXPECT_EQ(page, page_before);
+
+  Operation copy;
+  copy.kind = OperationKind::copy;
+  copy.source = this->buffer(page);
+  copy.page = this->buffer(short_page);
+  EXPECT_EQ(status_of(this->run(copy)), Status::invalid_argument);
+  EXPECT_EQ(short_page, short_before);
+}
+
+TYPED_TEST_P(ExecutorConformance, MemoryItCannotReachIsRefused) {
+  const auto layout = layouts().front();
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> page(codec->page_bytes());
+  Operation op;
+  op.kind = OperationKind::compress;
+  op.codec = codec;
+  op.staged = this->buffer(staged);
+  op.page = this->buffer(page);
+  // Pretend the page is somewhere this executor cannot reach (an executor must look before
+  // it touches): device 0 for a host executor, device 63 for a device executor.
+  op.page.space = MemorySpace::device;
+  op.page.device = this->executor().can_access(MemorySpace::device, 0) ? 63 : 0;
+  const std::string where = "device " + std::to_string(op.page.device);
+  std::string message;
+  EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument);
+  EXPECT_NE(message.find(where), std::string::npos) << message;
+  EXPECT_TRUE(this->executor().can_access(MemorySpace::host, -1) ||
+              this->executor().can_access(MemorySpace::device, 0));
+}
+
+TYPED_TEST_P(ExecutorConformance, CopyCopiesAWholePage) {
+  // Large enough to be split into pieces by a parallel executor.
+  std::vector<std::byte> source((std::size_t{9} << 20) + 12);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>(i * 131);
+  std::vector<std::byte> page(source.size(), std::byte{0});
+  Operation op;
+  op.kind = OperationKind::copy;
+  op.source = this->buffer(source);
+  op.page = this->buffer(page);
+  ASSERT_EQ(status_of(this->run(op)), Status::ok);
+  EXPECT_EQ(page, source);
+  op.page = this->buffer(source);  // onto itself: nothing changes
+  ASSERT_EQ(status_of(this->run(op)), Status::ok);
+  EXPECT_EQ(page, source);
+}
+
+TYPED_TEST_P(ExecutorConformance, CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory) {
+  MemoryResource& memory = this->rig_.memory();
+  const auto layout = layouts().front();
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  auto staging = memory.allocate(codec->staged_bytes(DType::f32), "executor-staging");
+  auto page = memory.allocate(codec->page_bytes(), "executor-page");
+  const auto state = testing::synthetic_staged_state(layout, 2, 5, DType::f32);
+  this->rig_.upload(*staging, state);
+
+  Operation op;
+  op.kind = OperationKind::compress;
+  op.codec = codec;
+  op.staged = staging->buffer();
+  op.page = page->buffer();
+  op.keep_alive = {staging, page};
+  std::weak_ptr<Allocation> watch = page;
+  staging.reset();
+  page.reset();  // only the operation holds the memory now
+
+  std::atomic<int> calls{0};
+  std::atomic<bool> released_first{false};
+  std::promise<void> done;
+  const auto submitter = std::this_thread::get_id();
+  std::thread::id completer;
+  this->executor().submit(std::move(op), [&](std::exception_ptr error) {
+    completer = std::this_thread::get_id();
+    released_first = watch.expired();
+    EXPECT_EQ(error, nullptr);
+    if (++calls == 1) done.set_value();
+  });
+  ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  this->executor().wait_idle();
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(completer, submitter);
+  EXPECT_TRUE(released_first) << "the memory must be let go before the completion runs";
+}
+
+TYPED_TEST_P(ExecutorConformance, ManyConcurrentOperationsAllCompleteAndWaitIdleWaits) {
+  const auto layout = layouts()[11];  // int8, KDA, odd shape
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  const auto staged = testing::synthetic_staged_state(layout, 3, 9, DType::f32);
+  std::vector<std::byte> expected(codec->page_bytes());
+  codec->encode(staged, DType::f32, expected);
+  constexpr int kOps = 48;
+  std::vector<std::byte> staged_copy = staged;
+  const kernels::BufferRef staged_buffer = this->buffer(staged_copy);
+  std::vector<std::vector<std::byte>> pages(kOps, std::vector<std::byte>(codec->page_bytes()));
+  std::vector<kernels::BufferRef> page_buffers;
+  for (auto& page : pages) page_buffers.push_back(this->buffer(page));
+  std::atomic<int> completed{0};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < 3; ++t) {
+    submitters.emplace_back([&, t] {
+      for (int i = t; i < kOps; i += 3) {
+        Operation op;
+        op.kind = OperationKind::compress;
+        op.codec = codec;
+        op.staged = staged_buffer;
+        op.page = page_buffers[static_cast<std::size_t>(i)];
+        this->executor().submit(std::move(op), [&](std::exception_ptr error) {
+          if (error) ++failed;
+          ++completed;
+        });
+      }
+    });
+  }
+  for (auto& s : submitters) s.join();
+  this->executor().wait_idle();
+  this->rig_.sync();
+  EXPECT_EQ(completed, kOps);
+  EXPECT_EQ(failed, 0);
+  for (const auto& page : pages) EXPECT_EQ(page, expected);
+}
+
+REGISTER_TYPED_TEST_SUITE_P(ExecutorConformance,
+                            CompressAndDecompressWriteThePageCodecsBytes,
+                            NonFiniteIsRefusedWithTheFirstValueInPageOrder,
+                            WrongSizesAreInvalidArgumentAndWriteNothing,
+                            MemoryItCannotReachIsRefused,
+                            CopyCopiesAWholePage,
+                            CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory,
+                            ManyConcurrentOperationsAllCompleteAndWaitIdleWaits);
+
+}  // namespace statepool::service::conformance
