@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <fstream>
 #include <map>
@@ -701,6 +702,51 @@ void Connection::copy(const Slot& src, const Slot& dst) {
 void Connection::copy(ArenaId arena, SlotId src, SlotId dst) {
   impl().call<wire::Copy>([&](auto& b) { return wire::CreateCopy(b, arena, src, dst); },
                           [](const wire::CopyReply*) {});
+}
+
+namespace {
+
+std::optional<IpcEventBytes> event_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
+  if (bytes == nullptr) return std::nullopt;
+  if (bytes->size() != IpcEventBytes{}.size()) {
+    inconsistent("an IPC event of " + std::to_string(bytes->size()) + " bytes (expected " +
+                 std::to_string(IpcEventBytes{}.size()) + ")");
+  }
+  IpcEventBytes out;
+  std::memcpy(out.data(), bytes->data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+Pending Connection::compress_async(ArenaId arena, SlotId slot, StagingId staging,
+                                   std::uint64_t offset, kernels::DType dtype) {
+  return impl().call<wire::Compress>(
+      [&](auto& b) {
+        return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
+                                    /*event=*/true);
+      },
+      [](const wire::CompressReply* r) { return Pending{r->page_bytes(), event_of(r->event())}; });
+}
+
+Pending Connection::decompress_async(ArenaId arena, SlotId slot, StagingId staging,
+                                     std::uint64_t offset, kernels::DType dtype) {
+  return impl().call<wire::Decompress>(
+      [&](auto& b) {
+        return wire::CreateDecompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
+                                      /*event=*/true);
+      },
+      [](const wire::DecompressReply* r) {
+        return Pending{r->state_bytes(), event_of(r->event())};
+      });
+}
+
+Pending Connection::copy_async(ArenaId arena, SlotId src, SlotId dst) {
+  return impl().call<wire::Copy>(
+      [&](auto& b) { return wire::CreateCopy(b, arena, src, dst, /*event=*/true); },
+      [](const wire::CopyReply* r) {
+        return Pending{0, r == nullptr ? std::nullopt : event_of(r->event())};
+      });
 }
 
 std::string Connection::plan_capacity(const PlanRequest& request) {

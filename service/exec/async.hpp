@@ -10,8 +10,11 @@
 // The work must not refer to anything the coroutine does not keep alive while it awaits
 // (the coroutine frame itself does live until the completion).
 
+#include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <boost/asio/associated_executor.hpp>
@@ -25,19 +28,20 @@
 namespace statepool::service {
 namespace detail {
 
-/// Wraps a completion handler so that it can be called once from any thread: it is
-/// posted to its associated executor, which is kept busy until then.
-template <class Handler>
-Completion post_back(Handler&& handler) {
+/// Wraps a completion handler taking Args... so that it can be called once from any
+/// thread: it is posted to its associated executor, which is kept busy until then.
+template <class... Args, class Handler>
+std::function<void(Args...)> post_back(Handler&& handler) {
   using Decayed = std::decay_t<Handler>;
   auto shared = std::make_shared<Decayed>(std::forward<Handler>(handler));
   auto work = std::make_shared<
       boost::asio::executor_work_guard<boost::asio::associated_executor_t<Decayed>>>(
       boost::asio::make_work_guard(boost::asio::get_associated_executor(*shared)));
-  return [shared, work](std::exception_ptr error) {
+  return [shared, work](Args... args) {
     auto executor = work->get_executor();
-    boost::asio::post(executor,
-                      [shared, error]() mutable { std::move (*shared)(std::move(error)); });
+    boost::asio::post(executor, [shared, ... values = std::move(args)]() mutable {
+      std::move (*shared)(std::move(values)...);
+    });
     work->reset();
   };
 }
@@ -49,9 +53,42 @@ template <class CompletionToken>
 auto async_execute(Executor& executor, Operation op, CompletionToken&& token) {
   return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
       [&executor](auto handler, Operation operation) {
-        executor.submit(std::move(operation), detail::post_back(std::move(handler)));
+        executor.submit(std::move(operation),
+                        detail::post_back<std::exception_ptr>(std::move(handler)));
       },
       token, std::move(op));
+}
+
+/// Submits `op` and completes once with void(std::exception_ptr,
+/// std::optional<IpcEventBytes>): with the event as soon as the executor has the work on a
+/// device stream (executors that export events), else when the work is done (no event,
+/// its error if any). An error that comes after the early completion is given to `late`
+/// (on an executor thread; it must not block), as nobody awaits it any more.
+template <class CompletionToken>
+auto async_execute_early(Executor& executor, Operation op,
+                         std::function<void(std::exception_ptr)> late, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken,
+                                     void(std::exception_ptr, std::optional<IpcEventBytes>)>(
+      [&executor](auto handler, Operation operation,
+                  std::function<void(std::exception_ptr)> on_late) {
+        // Whichever comes first, the early event or the completion, answers; the flag
+        // makes it one of them.
+        auto fired = std::make_shared<std::atomic<bool>>(false);
+        auto deliver = detail::post_back<std::exception_ptr, std::optional<IpcEventBytes>>(
+            std::move(handler));
+        operation.enqueued = [fired, deliver](const IpcEventBytes& event) {
+          if (!fired->exchange(true)) deliver(nullptr, event);
+        };
+        executor.submit(std::move(operation), [fired, deliver, on_late = std::move(on_late)](
+                                                  std::exception_ptr error) {
+          if (!fired->exchange(true)) {
+            deliver(std::move(error), std::nullopt);
+          } else if (error && on_late) {
+            on_late(std::move(error));
+          }
+        });
+      },
+      token, std::move(op), std::move(late));
 }
 
 /// Runs `task()` on a worker and completes with void(std::exception_ptr): its exception,
@@ -61,7 +98,8 @@ auto async_run(WorkerPool& workers, Task task, CompletionToken&& token) {
   return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
       [&workers](auto handler, Task work) {
         workers.post(
-            [work = std::move(work), done = detail::post_back(std::move(handler))]() mutable {
+            [work = std::move(work),
+             done = detail::post_back<std::exception_ptr>(std::move(handler))]() mutable {
               std::exception_ptr error;
               try {
                 work();

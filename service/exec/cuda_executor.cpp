@@ -42,7 +42,8 @@ void check_op(cudaError_t status, const char* what, OperationKind kind) {
 
 struct CudaExecutor::Device {
   cudaStream_t stream = nullptr;
-  std::array<cudaEvent_t, kMaxInFlight> events{};
+  std::array<cudaEvent_t, kMaxInFlight> events{};  // interprocess, one per ring slot
+  std::array<IpcEventBytes, kMaxInFlight> event_handles{};
   unsigned long long* first_bad = nullptr;       // device [kMaxInFlight]
   unsigned long long* first_bad_host = nullptr;  // pinned host [kMaxInFlight]
 
@@ -81,8 +82,16 @@ CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_uni
   auto cuda = std::make_unique<Device>();
   setup(cudaStreamCreateWithFlags(&cuda->stream, cudaStreamNonBlocking), "creating a stream",
         device);
-  for (cudaEvent_t& event : cuda->events) {
-    setup(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating events", device);
+  for (std::uint32_t i = 0; i < kMaxInFlight; ++i) {
+    // Interprocess (so that an early reply can hand the event to its client), which
+    // requires disabling timing.
+    setup(cudaEventCreateWithFlags(&cuda->events[i],
+                                   cudaEventDisableTiming | cudaEventInterprocess),
+          "creating events", device);
+    cudaIpcEventHandle_t handle{};
+    setup(cudaIpcGetEventHandle(&handle, cuda->events[i]), "exporting events", device);
+    static_assert(sizeof(handle) == sizeof(IpcEventBytes));
+    std::memcpy(cuda->event_handles[i].data(), &handle, sizeof(handle));
   }
   void* results = nullptr;
   setup(cudaMalloc(&results, sizeof(unsigned long long) * kMaxInFlight),
@@ -152,6 +161,15 @@ void CudaExecutor::launch_loop() {
       finish(job, error);
       lock.lock();
       continue;
+    }
+    // The work is on the stream: an early listener may reply now (before the job is
+    // handed to the completer, so the completion cannot come first).
+    if (job.op.enqueued) {
+      try {
+        job.op.enqueued(cuda_->event_handles[slot]);
+      } catch (...) {
+        // As with completions: the listener's failure must not stop the executor.
+      }
     }
     lock.lock();
     launched_.emplace_back(std::move(job), slot);

@@ -12,6 +12,10 @@
 //   completer    a thread that waits for the events in submission order (the stream is
 //                in order), reads the check's result, lets the operation's memory go and
 //                calls the completion.
+// Operation::enqueued, when set, is called by the launcher right after the event is
+// recorded, with the event's interprocess handle (early replies, protocol `event`). The
+// ring's events are reused: a client that waits late on one may wait for later work of
+// the same stream too, never for less.
 // The bytes written are those of PageCodec::encode/decode (kernels/cuda/codec_kernels.hpp
 // guarantees byte identity with the CPU codecs). A non-finite state is reported as
 // not_finite with the same message as the host executor's (the first value in page

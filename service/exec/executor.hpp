@@ -22,6 +22,7 @@
 // Thread-safety: submit() may be called from any thread; completions run on the
 // executor's threads and must not block.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -44,6 +45,12 @@ enum class OperationKind : std::uint8_t {
 
 [[nodiscard]] const char* to_string(OperationKind kind) noexcept;
 
+/// The 64 bytes of a cudaIpcEventHandle_t.
+using IpcEventBytes = std::array<std::byte, 64>;
+/// Called at most once, before the completion, when the operation's work is on a device
+/// stream, with an interprocess event that completes with that work. Must not block.
+using Enqueued = std::function<void(const IpcEventBytes& event)>;
+
 struct Operation {
   OperationKind kind = OperationKind::compress;
   /// compress/decompress: the page format.
@@ -58,6 +65,9 @@ struct Operation {
   kernels::BufferRef source;
   /// The memory the buffers point into, held until the operation completes.
   std::vector<std::shared_ptr<const Allocation>> keep_alive;
+  /// Set to be told early (an IPC event), by executors that can export events (the CUDA
+  /// executor); others ignore it and only complete.
+  Enqueued enqueued;
 };
 
 /// Called once with nullptr on success or the error.

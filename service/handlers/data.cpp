@@ -1,5 +1,10 @@
 // Compress, Decompress, Copy: validated here, run by the Executor (never on this thread),
 // replied to when the work is complete.
+#include <exception>
+#include <optional>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include "exec/async.hpp"
@@ -51,22 +56,58 @@ Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, s
   return op;
 }
 
+/// Runs `op`; with `early` (the request's `event` flag), completes as soon as the executor
+/// has it on a device stream and returns the IPC event's bytes (the executor's own
+/// completion then only releases memory, and a late error is logged). Without `early`, or
+/// on an executor that exports no events, completes when the work is done.
+boost::asio::awaitable<std::optional<IpcEventBytes>> execute(Call& call, Operation op,
+                                                             bool early) {
+  if (!early) {
+    co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+    co_return std::nullopt;
+  }
+  const OperationKind kind = op.kind;
+  const std::uint64_t connection = call.connection.id;
+  auto late = [kind, connection](std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      LOG_WARN("data", "connection ", connection, ": ", to_string(kind),
+               " answered early (IPC event) failed on the device: ", e.what());
+    }
+  };
+  auto [error, event] =
+      co_await async_execute_early(call.server.executor, std::move(op), std::move(late),
+                                   boost::asio::as_tuple(boost::asio::use_awaitable));
+  if (error) std::rethrow_exception(error);
+  co_return event;
+}
+
+flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> event_bytes(
+    Call& call, const std::optional<IpcEventBytes>& event) {
+  if (!event) return 0;
+  return call.builder().CreateVector(reinterpret_cast<const std::uint8_t*>(event->data()),
+                                     event->size());
+}
+
 }  // namespace
 
 Handled handle(Call& call, const wire::Compress& in) {
   Operation op = codec_operation(call, OperationKind::compress, in.arena_id(), in.slot(),
                                  in.staging_id(), in.offset(), in.dtype());
   const std::uint64_t page_bytes = op.codec->page_bytes();
-  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-  call.reply<wire::Compress>(wire::CreateCompressReply(call.builder(), page_bytes));
+  const auto event = co_await execute(call, std::move(op), in.event());
+  const auto bytes = event_bytes(call, event);
+  call.reply<wire::Compress>(wire::CreateCompressReply(call.builder(), page_bytes, bytes));
 }
 
 Handled handle(Call& call, const wire::Decompress& in) {
   Operation op = codec_operation(call, OperationKind::decompress, in.arena_id(), in.slot(),
                                  in.staging_id(), in.offset(), in.dtype());
   const std::uint64_t state_bytes = op.staged.size;
-  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-  call.reply<wire::Decompress>(wire::CreateDecompressReply(call.builder(), state_bytes));
+  const auto event = co_await execute(call, std::move(op), in.event());
+  const auto bytes = event_bytes(call, event);
+  call.reply<wire::Decompress>(wire::CreateDecompressReply(call.builder(), state_bytes, bytes));
 }
 
 Handled handle(Call& call, const wire::Copy& in) {
@@ -78,8 +119,9 @@ Handled handle(Call& call, const wire::Copy& in) {
   op.source = src.buffer();
   op.page = dst.buffer();
   op.keep_alive = {src.memory};
-  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-  call.reply<wire::Copy>(wire::CreateCopyReply(call.builder()));
+  const auto event = co_await execute(call, std::move(op), in.event());
+  const auto bytes = event_bytes(call, event);
+  call.reply<wire::Copy>(wire::CreateCopyReply(call.builder(), bytes));
 }
 
 }  // namespace statepool::service

@@ -126,6 +126,40 @@ TEST(Daemon, ParksAndResumesStatesThroughTheWholeLifecycle) {
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
 }
 
+TEST(Daemon, AsynchronousRequestsOnTheHostBackendAreAnsweredWhenDoneWithoutAnEvent) {
+  DaemonProcess daemon({});
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto layout = conn.register_layout(small_layout(kernels::CodecId::int6));
+  auto arena = conn.open_arena(layout, 4);
+  const std::size_t state = layout.state_bytes_f32;
+  auto staging = conn.open_staging(2 * state);
+  auto slots = conn.allocate(arena, 2);
+  auto original = staging.bytes().subspan(0, state);
+  fill_state(original, 3);
+
+  // The host executor exports no events: the reply comes when the page is written.
+  const client::Pending parked =
+      conn.compress_async(arena.id(), slots[0].id(), staging.id(), 0);
+  EXPECT_FALSE(parked.event.has_value());
+  EXPECT_EQ(parked.bytes, layout.page_bytes);
+  std::vector<std::byte> local(layout.page_bytes);
+  arena.codec().encode(original, kernels::DType::f32, local);
+  EXPECT_EQ(std::memcmp(arena.page(slots[0]).data(), local.data(), local.size()), 0);
+
+  const client::Pending copied = conn.copy_async(arena.id(), slots[0].id(), slots[1].id());
+  EXPECT_FALSE(copied.event.has_value());
+  EXPECT_EQ(std::memcmp(arena.page(slots[1]).data(), local.data(), local.size()), 0);
+
+  const client::Pending resumed =
+      conn.decompress_async(arena.id(), slots[1].id(), staging.id(), state);
+  EXPECT_FALSE(resumed.event.has_value());
+  EXPECT_EQ(resumed.bytes, state);
+  std::vector<std::byte> expected(state);
+  arena.codec().decode(local, kernels::DType::f32, expected);
+  EXPECT_EQ(std::memcmp(staging.bytes().data() + state, expected.data(), state), 0);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
+}
+
 TEST(Daemon, RefusesNonFiniteStatesAndLeavesThePageUnchanged) {
   DaemonProcess daemon({});
   auto conn = client::Connection::connect(options_for(daemon));

@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <array>
 #include <optional>
 #include <span>
 #include <string>
@@ -238,6 +239,16 @@ struct Fits {
   std::optional<std::uint64_t> quota_free_bytes;  ///< unset: the tenant has no quota
   std::uint32_t max_arena_pages = 0;
   std::vector<CodecFit> codecs;
+};
+
+/// The 64 bytes of a cudaIpcEventHandle_t.
+using IpcEventBytes = std::array<std::byte, 64>;
+
+/// An operation the daemon may still be running on its device (Connection::*_async).
+struct Pending {
+  std::uint64_t bytes = 0;  ///< as compress() / decompress() return (0 for copy)
+  /// The IPC event that completes with the work; empty when the work was done already.
+  std::optional<IpcEventBytes> event;
 };
 
 class Connection;
@@ -511,6 +522,21 @@ class Connection {
   /// (Error(invalid_argument) otherwise, without a round trip).
   void copy(const Slot& src, const Slot& dst);
   void copy(ArenaId arena, SlotId src, SlotId dst);
+
+  /// The same three without waiting for the device (the cuda backend): the daemon replies
+  /// as soon as the work is on its stream, and `event` is an IPC event that completes with
+  /// it. Make a stream wait for it with statepool/client_cuda.hpp's wait_on_stream()
+  /// before the next request on this connection (the bytes stay valid until then). A
+  /// host-backend daemon replies when the work is done and `event` is empty. Errors the
+  /// device finds after the reply (a NaN/Inf state: the page stays unchanged) are logged
+  /// by the daemon, not reported: use compress() where that matters.
+  [[nodiscard]] Pending compress_async(ArenaId arena, SlotId slot, StagingId staging,
+                                       std::uint64_t offset,
+                                       kernels::DType dtype = kernels::DType::f32);
+  [[nodiscard]] Pending decompress_async(ArenaId arena, SlotId slot, StagingId staging,
+                                         std::uint64_t offset,
+                                         kernels::DType dtype = kernels::DType::f32);
+  [[nodiscard]] Pending copy_async(ArenaId arena, SlotId src, SlotId dst);
 
   // --- operations ----------------------------------------------------------------------
   [[nodiscard]] Stats stats();

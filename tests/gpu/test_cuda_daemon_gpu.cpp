@@ -1,0 +1,178 @@
+// statepoold --backend cuda end to end, as an engine uses it: device arenas and staging
+// mapped in the client, states written into device staging, compress / decompress / copy
+// by the daemon's kernels (page bytes equal to the CPU codec's), local decode on the device
+// with the same kernels, early replies with IPC events, legacy IPC handles, NaN refusal.
+// Skipped without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "statepool/client.hpp"
+#include "statepool/client_cuda.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/random.hpp"
+
+namespace {
+
+namespace client = statepool::client;
+namespace kernels = statepool::kernels;
+using statepool::testing::DaemonProcess;
+using namespace std::chrono_literals;
+
+#define SKIP_WITHOUT_GPU()                                         \
+  do {                                                             \
+    int count_ = 0;                                                \
+    if (cudaGetDeviceCount(&count_) != cudaSuccess || count_ == 0) \
+      GTEST_SKIP() << "no CUDA device";                            \
+  } while (false)
+
+kernels::StateLayout layout_for(kernels::CodecId codec) {
+  kernels::StateLayout l;
+  l.name = "gpu-daemon";
+  l.num_layers = 3;
+  l.num_heads = 4;
+  l.key_dim = 64;
+  l.value_dim = 64;
+  l.conv_channels = 96;
+  l.conv_width = 3;
+  l.conv_dtype = kernels::DType::bf16;
+  l.codec.id = codec;
+  return l;
+}
+
+client::Options options_for(const DaemonProcess& d) {
+  client::Options o;
+  o.socket_path = d.socket_path();
+  o.timeout = 30s;
+  return o;
+}
+
+std::vector<std::byte> state_bytes(const client::LayoutInfo& layout, std::uint64_t seed) {
+  std::vector<std::byte> out(layout.state_bytes_f32);
+  const std::size_t conv = kernels::PageCodec(layout.layout).conv_bytes();
+  const std::size_t n = (out.size() - conv) / 4;
+  const std::vector<float> values = statepool::testing::gaussian_values(n, seed, 0.05f);
+  std::memcpy(out.data(), values.data(), n * 4);
+  return out;
+}
+
+std::vector<std::byte> download(const std::byte* device, std::size_t bytes) {
+  std::vector<std::byte> out(bytes);
+  EXPECT_EQ(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return out;
+}
+
+void upload(std::byte* device, const std::vector<std::byte>& bytes) {
+  ASSERT_EQ(cudaMemcpy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
+  SKIP_WITHOUT_GPU();
+  DaemonProcess daemon({"--backend", "cuda", "--device", "0", "--pool-capacity", "512MiB"});
+  auto conn = client::Connection::connect(options_for(daemon));
+  for (const kernels::CodecId codec :
+       {kernels::CodecId::int8, kernels::CodecId::dsq6, kernels::CodecId::bf16}) {
+    SCOPED_TRACE(kernels::to_string(codec));
+    const auto layout = conn.register_layout(layout_for(codec));
+    auto arena = conn.open_arena(layout, 4);
+    ASSERT_EQ(arena.memory().space, kernels::MemorySpace::device);
+    EXPECT_EQ(arena.memory().handle_kind, kernels::HandleKind::cuda_vmm_fd);
+    ASSERT_NE(arena.device_data(), nullptr);
+    const std::size_t state = layout.state_bytes_f32;
+    auto staging = conn.open_staging(2 * state);
+    ASSERT_NE(staging.device_data(), nullptr);
+    auto slots = conn.allocate(arena, 2);
+
+    const auto original = state_bytes(layout, 5);
+    upload(staging.device_data(), original);
+    conn.compress(slots[0], staging, 0);
+    std::vector<std::byte> local(layout.page_bytes);
+    arena.codec().encode(original, kernels::DType::f32, local);
+    EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
+
+    conn.decompress(slots[0], staging, state);
+    std::vector<std::byte> decoded(state);
+    arena.codec().decode(local, kernels::DType::f32, decoded);
+    EXPECT_EQ(download(staging.device_data() + state, state), decoded);
+
+    // Local decode on the device, no round trip: the same bytes.
+    const client::DeviceDecoder decoder(arena, kernels::DType::f32);
+    void* mine = nullptr;
+    ASSERT_EQ(cudaMalloc(&mine, state), cudaSuccess);
+    decoder.decode(slots[0].id(), mine, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(download(static_cast<std::byte*>(mine), state), decoded);
+    (void)cudaFree(mine);
+
+    // Early replies: the stream waits on the daemon's event, then sees the work.
+    const client::Pending copied = conn.copy_async(arena.id(), slots[0].id(), slots[1].id());
+    ASSERT_TRUE(copied.event.has_value());
+    client::synchronize(copied);
+    EXPECT_EQ(download(arena.device_page(slots[1].id()), layout.page_bytes), local);
+    const client::Pending parked =
+        conn.compress_async(arena.id(), slots[1].id(), staging.id(), 0);
+    ASSERT_TRUE(parked.event.has_value());
+    EXPECT_EQ(parked.bytes, layout.page_bytes);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    client::wait_on_stream(parked, stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    (void)cudaStreamDestroy(stream);
+    EXPECT_EQ(download(arena.device_page(slots[1].id()), layout.page_bytes), local);
+
+    // A NaN is refused and the page stays as it was.
+    auto poisoned = original;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(poisoned.data() + 4 * 77, &nan, 4);
+    upload(staging.device_data(), poisoned);
+    try {
+      conn.compress(slots[0], staging, 0);
+      ADD_FAILURE() << "expected not_finite";
+    } catch (const client::Error& e) {
+      EXPECT_EQ(e.status(), statepool::wire::Status::not_finite) << e.what();
+    }
+    EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
+  }
+  EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
+}
+
+TEST(CudaDaemon, LegacyIpcHandlesAndAFractionOfTheDevicesMemory) {
+  SKIP_WITHOUT_GPU();
+  DaemonProcess daemon({"--backend", "cuda", "--pool-capacity", "5%"});
+  EXPECT_NE(daemon.log().find("of the device's free memory"), std::string::npos) << daemon.log();
+  client::Options options = options_for(daemon);
+  options.legacy_ipc = true;
+  auto conn = client::Connection::connect(options);
+  const auto layout = conn.register_layout(layout_for(kernels::CodecId::int6));
+  auto arena = conn.open_arena(layout, 2);
+  EXPECT_EQ(arena.memory().handle_kind, kernels::HandleKind::cuda_ipc);
+  EXPECT_EQ(arena.fd(), -1);
+  ASSERT_NE(arena.device_data(), nullptr);
+  auto staging = conn.open_staging(layout.state_bytes_f32);
+  EXPECT_EQ(staging.memory().handle_kind, kernels::HandleKind::cuda_ipc);
+  auto slots = conn.allocate(arena, 1);
+  const auto original = state_bytes(layout, 9);
+  upload(staging.device_data(), original);
+  conn.compress(slots[0], staging, 0);
+  std::vector<std::byte> local(layout.page_bytes);
+  arena.codec().encode(original, kernels::DType::f32, local);
+  EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
+
+  // How the arena is shared was fixed when it was created: a client asking for the
+  // backend's default gets the IPC handle too.
+  client::Options plain = options_for(daemon);
+  plain.map_device_memory = false;  // this process has the handle open already
+  auto other = client::Connection::connect(plain);
+  const auto same = other.open_arena(layout.id, 2);
+  EXPECT_FALSE(same.created());
+  EXPECT_EQ(same.memory().handle_kind, kernels::HandleKind::cuda_ipc);
+  EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
+}
+
+}  // namespace
