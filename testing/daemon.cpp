@@ -122,8 +122,19 @@ HttpResponse http_request(int port, const std::string& method, const std::string
   return response;
 }
 
+namespace {
+
+/// statepoold: STATEPOOL_DAEMON in the environment (tests built in one place and run in
+/// another, scripts/gpu-check --from), else the one built with the tests.
+std::string daemon_path() {
+  const char* moved = std::getenv("STATEPOOL_DAEMON");
+  return moved != nullptr && *moved != '\0' ? moved : STATEPOOL_DAEMON_PATH;
+}
+
+}  // namespace
+
 Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
-  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH};
+  std::vector<std::string> argv = {daemon_path()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
@@ -149,7 +160,7 @@ Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
 
 Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
   socket_ = dir_.file("statepool.sock");
-  std::vector<std::string> argv = {STATEPOOL_DAEMON_PATH, "--socket", socket_};
+  std::vector<std::string> argv = {daemon_path(), "--socket", socket_};
   if (options.metrics) {
     metrics_port_ = free_tcp_port();
     argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});

@@ -15,6 +15,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -113,7 +114,11 @@ class Peer {
     if (!theirs) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
 
     const bool vmm = info.where.handle_kind == HandleKind::cuda_vmm_fd;
-    std::vector<std::string> args = {STATEPOOL_CUDA_PEER,
+    // STATEPOOL_CUDA_PEER in the environment: tests run away from their build tree
+    // (scripts/gpu-check --from).
+    const char* moved = std::getenv("STATEPOOL_CUDA_PEER");
+    std::vector<std::string> args = {moved != nullptr && *moved != '\0' ? moved
+                                                                        : STATEPOOL_CUDA_PEER,
                                      vmm ? "vmm" : "ipc",
                                      std::to_string(info.where.device),
                                      std::to_string(info.bytes),

@@ -256,6 +256,37 @@ TEST_F(BadConfig, EachBadValueNamesTheOptionAndCreatesNothing) {
   expect_rejected({"--config", dir_ + "/missing.conf"}, "cannot read config file");
 }
 
+TEST_F(BadConfig, TheCudaBackendsOptionsAreCheckedBeforeAnythingStarts) {
+  // A fraction of device memory is for the cuda backend only, and must be in (0, 1].
+  expect_rejected({"--pool-capacity", "0.5"}, "needs --backend cuda");
+  expect_rejected({"--pool-capacity", "80%"}, "needs --backend cuda");
+#if defined(STATEPOOL_HAVE_CUDA)
+  expect_rejected({"--backend", "cuda", "--pool-capacity", "150%"}, "fraction must be in (0, 1]");
+  expect_rejected({"--backend", "cuda", "--pool-capacity", "0.0"}, "fraction must be in (0, 1]");
+  expect_rejected({"--backend", "cuda", "--device", "-1"}, "--device");
+#else
+  expect_rejected({"--backend", "cuda"}, "built without CUDA");
+#endif
+}
+
+TEST(CudaBackend, WithoutAUsableGpuStatepooldExitsOneNamingTheDeviceAndTheWayOut) {
+#if !defined(STATEPOOL_HAVE_CUDA)
+  GTEST_SKIP() << "built without CUDA (the configuration refuses --backend cuda: BadConfig)";
+#else
+  char templ[] = "/tmp/statepool-cuda-XXXXXX";
+  ASSERT_NE(::mkdtemp(templ), nullptr);
+  const std::string dir = templ;
+  const Exit e = run_daemon({"--socket", dir + "/sock", "--metrics-address", "off",
+                             "--api-address", "off", "--backend", "cuda", "--device", "7"},
+                            dir);
+  std::filesystem::remove_all(dir);
+  if (e.code == 0) GTEST_SKIP() << "device 7 exists here";
+  EXPECT_EQ(e.code, 1) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("CUDA device 7"), std::string::npos) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("--backend host"), std::string::npos) << e.stderr_text;
+#endif
+}
+
 TEST_F(BadConfig, ConfigFileErrorsNameTheKey) {
   const std::string file = dir_ + "/statepool.conf";
   std::ofstream(file) << "pool-capacity = 1GiB\n[tenant.alice]\nquota = 2GiB\ncolour = blue\n";
