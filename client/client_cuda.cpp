@@ -1,5 +1,7 @@
 #include "statepool/client_cuda.hpp"
 
+#include "statepool/kernels/cuda/driver.hpp"
+
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -61,10 +63,16 @@ const Arena& checked(const Arena& arena) {
   return arena;
 }
 
+/// The page format's tables on the arena's device, whatever device is current.
+kernels::cuda::DevicePageFormat format_on_device(const Arena& arena, kernels::DType dtype) {
+  const kernels::cuda::DeviceGuard on(arena.memory().device);
+  return kernels::cuda::DevicePageFormat(arena.codec(), dtype);
+}
+
 }  // namespace
 
 DeviceDecoder::DeviceDecoder(const Arena& arena, kernels::DType staged_dtype) try
-    : arena_(&checked(arena)), format_(arena.codec(), staged_dtype) {
+    : arena_(&checked(arena)), format_(format_on_device(arena, staged_dtype)) {
 } catch (const std::runtime_error& e) {
   throw Error(wire::Status::internal, std::string("DeviceDecoder: ") + e.what());
 }

@@ -22,15 +22,29 @@ DeviceMapping map_device_memory(const kernels::MemoryDescriptor& where, int fd, 
                                 const std::string& what) {
 #if defined(STATEPOOL_HAVE_CUDA)
   try {
+    // The daemon's GPU as this process numbers it (CUDA_VISIBLE_DEVICES may differ); an
+    // older daemon sends no UUID, and its ordinal is all there is.
+    int device = where.device;
+    if (where.device_uuid != kernels::DeviceUuid{}) {
+      device = kernels::cuda::device_with_uuid(where.device_uuid);
+      if (device < 0) {
+        throw Error(wire::Status::internal,
+                    "cannot map " + what + ": the daemon's GPU (its device " +
+                        std::to_string(where.device) +
+                        ") is not visible in this process; check CUDA_VISIBLE_DEVICES, or set "
+                        "Options::map_device_memory = false to use it by id only");
+      }
+    }
     if (where.handle_kind == kernels::HandleKind::cuda_vmm_fd) {
-      auto mapping = std::make_shared<const kernels::cuda::ImportedVmm>(fd, bytes, where.device);
-      return {mapping, mapping->data()};
+      auto mapping = std::make_shared<const kernels::cuda::ImportedVmm>(fd, bytes, device);
+      return {mapping, mapping->data(), device};
     }
     if (where.handle_kind == kernels::HandleKind::cuda_ipc) {
-      auto mapping =
-          std::make_shared<const kernels::cuda::ImportedIpc>(where.ipc_handle, where.device);
-      return {mapping, mapping->data()};
+      auto mapping = std::make_shared<const kernels::cuda::ImportedIpc>(where.ipc_handle, device);
+      return {mapping, mapping->data(), device};
     }
+  } catch (const Error&) {
+    throw;
   } catch (const std::exception& e) {
     throw Error(wire::Status::internal,
                 "cannot map " + what + " (device memory of CUDA device " +

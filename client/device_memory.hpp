@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "statepool/kernels/memory.hpp"
 
@@ -17,6 +18,7 @@ namespace statepool::client::detail {
 struct DeviceMapping {
   std::shared_ptr<const void> owner;
   std::byte* data = nullptr;
+  int device = -1;  ///< the GPU's ordinal in this process
 };
 
 /// True when this client library can map device memory (it was built with CUDA).

@@ -120,6 +120,7 @@ void Arena::map() {
         detail::map_device_memory(memory_, fd_, bytes_, "arena " + std::to_string(id_));
     device_mapping_ = std::move(mapping.owner);
     device_base_ = mapping.data;
+    memory_.device = mapping.device;  // this process's ordinal from now on
     return;
   }
   base_ = map_shared(fd_, bytes_, "arena");
@@ -221,6 +222,7 @@ void Staging::map() {
         memory_, fd_, size_, "staging buffer " + std::to_string(id_));
     device_mapping_ = std::move(mapping.owner);
     device_base_ = mapping.data;
+    memory_.device = mapping.device;  // this process's ordinal from now on
     return;
   }
   base_ = map_shared(fd_, size_, "staging buffer");

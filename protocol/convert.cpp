@@ -157,6 +157,13 @@ kernels::MemoryDescriptor from_wire(const wire::MemoryDescriptor* in) {
                           std::to_string(kernels::kCudaIpcHandleBytes) + "-byte handle");
     std::memcpy(out.ipc_handle.data(), bytes->data(), out.ipc_handle.size());
   }
+  if (const auto* uuid = in->device_uuid(); uuid != nullptr) {
+    STATEPOOL_EXPECTS(uuid->size() == kernels::kDeviceUuidBytes, Status::invalid_argument,
+                      "memory descriptor with a device_uuid of " + std::to_string(uuid->size()) +
+                          " bytes (a GPU's UUID has " +
+                          std::to_string(kernels::kDeviceUuidBytes) + ")");
+    std::memcpy(out.device_uuid.data(), uuid->data(), out.device_uuid.size());
+  }
   return out;
 }
 
@@ -167,8 +174,14 @@ flatbuffers::Offset<wire::MemoryDescriptor> to_wire(flatbuffers::FlatBufferBuild
     ipc = builder.CreateVector(reinterpret_cast<const std::uint8_t*>(descriptor.ipc_handle.data()),
                                descriptor.ipc_handle.size());
   }
+  flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> uuid;
+  if (descriptor.device_uuid != kernels::DeviceUuid{}) {
+    uuid = builder.CreateVector(reinterpret_cast<const std::uint8_t*>(descriptor.device_uuid.data()),
+                                descriptor.device_uuid.size());
+  }
   return wire::CreateMemoryDescriptor(builder, to_wire(descriptor.space), descriptor.device,
-                                      to_wire(descriptor.handle_kind), descriptor.granularity, ipc);
+                                      to_wire(descriptor.handle_kind), descriptor.granularity, ipc,
+                                      uuid);
 }
 
 std::vector<kernels::CodecId> from_wire(const flatbuffers::Vector<wire::CodecId>* in,

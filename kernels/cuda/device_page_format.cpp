@@ -48,8 +48,12 @@ DevicePageFormat::DevicePageFormat(const PageCodec& codec, DType staged_dtype) {
     tables_ = nullptr;
     fail("cudaMalloc", blob.size(), status);
   }
-  if (cudaError_t status = cudaMemcpy(tables_, blob.data(), blob.size(), cudaMemcpyHostToDevice);
-      status != cudaSuccess) {
+  // From pageable memory, cudaMemcpy may return before the DMA has landed, and the
+  // launches that use the tables may run on any (non-blocking) stream: wait for it.
+  cudaError_t status = cudaMemcpyAsync(tables_, blob.data(), blob.size(), cudaMemcpyHostToDevice,
+                                       cudaStreamPerThread);
+  if (status == cudaSuccess) status = cudaStreamSynchronize(cudaStreamPerThread);
+  if (status != cudaSuccess) {
     (void)cudaFree(tables_);
     tables_ = nullptr;
     fail("cudaMemcpy", blob.size(), status);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -248,7 +249,22 @@ DeviceInfo query_device(int device) {
   const MemoryInfo memory = memory_info(device);
   info.free_bytes = memory.free_bytes;
   info.total_bytes = memory.total_bytes;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties", device);
+  static_assert(sizeof(prop.uuid.bytes) == sizeof(info.uuid));
+  std::memcpy(info.uuid.data(), prop.uuid.bytes, info.uuid.size());
   return info;
+}
+
+int device_with_uuid(const DeviceUuid& uuid) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount", -1);
+  for (int device = 0; device < count; ++device) {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties", device);
+    if (std::memcmp(prop.uuid.bytes, uuid.data(), uuid.size()) == 0) return device;
+  }
+  return -1;
 }
 
 MemoryInfo memory_info(int device) {

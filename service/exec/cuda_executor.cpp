@@ -85,8 +85,10 @@ CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_uni
   for (std::uint32_t i = 0; i < kMaxInFlight; ++i) {
     // Interprocess (so that an early reply can hand the event to its client), which
     // requires disabling timing.
-    setup(cudaEventCreateWithFlags(&cuda->events[i],
-                                   cudaEventDisableTiming | cudaEventInterprocess),
+    // Blocking sync: the completer sleeps in cudaEventSynchronize instead of spinning.
+    setup(cudaEventCreateWithFlags(&cuda->events[i], cudaEventDisableTiming |
+                                                         cudaEventInterprocess |
+                                                         cudaEventBlockingSync),
           "creating events", device);
     cudaIpcEventHandle_t handle{};
     setup(cudaIpcGetEventHandle(&handle, cuda->events[i]), "exporting events", device);
@@ -146,18 +148,21 @@ void CudaExecutor::launch_loop() {
     if (stopping_ && queued_.empty()) return;
     Job job = std::move(queued_.front());
     queued_.pop_front();
+    // The slot of the oldest job that can no longer be in flight (launched_ holds fewer
+    // than kMaxInFlight); taken for good only when the job is on the stream.
     const std::uint32_t slot = next_slot_;
-    next_slot_ = (next_slot_ + 1) % kMaxInFlight;
     lock.unlock();
     std::exception_ptr error;
+    bool launched_any = false;
     try {
-      enqueue(job, slot);
+      enqueue(job, slot, launched_any);
     } catch (...) {
       error = std::current_exception();
     }
     if (error) {
-      // Nothing of it is on the stream (a launcher enqueues nothing when it refuses;
-      // a failure after a launch is a device error that every later event reports too).
+      // A refusal enqueues nothing. A failure after a first launch leaves kernels that may
+      // still read the job's memory: wait for the stream before letting it go.
+      if (launched_any) (void)cudaStreamSynchronize(cuda_->stream);
       finish(job, error);
       lock.lock();
       continue;
@@ -172,12 +177,13 @@ void CudaExecutor::launch_loop() {
       }
     }
     lock.lock();
+    next_slot_ = (next_slot_ + 1) % kMaxInFlight;
     launched_.emplace_back(std::move(job), slot);
     wake_.notify_all();
   }
 }
 
-void CudaExecutor::enqueue(const Job& job, std::uint32_t slot) {
+void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_any) {
   const Operation& op = job.op;
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
     if (buffer->data != nullptr && !can_access(buffer->space, buffer->device)) {
@@ -201,6 +207,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot) {
       check_op(cudaMemcpyAsync(op.page.data, op.source.data, op.page.size,
                                cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync", op.kind);
+      launched_any = true;
     }
     check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
     return;
@@ -210,6 +217,15 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot) {
   if (op.dtype != kernels::DType::f32 && op.dtype != kernels::DType::bf16) {
     throw StatusError(Status::invalid_argument,
                       std::string("staged states are f32 or bf16, got ") +
+                          kernels::to_string(op.dtype));
+  }
+  // The kernels read staged values as whole elements; the host executor copies instead.
+  const std::uintptr_t element = op.dtype == kernels::DType::f32 ? 4 : 2;
+  if (reinterpret_cast<std::uintptr_t>(op.staged.data) % element != 0) {
+    throw StatusError(Status::invalid_argument,
+                      std::string(to_string(op.kind)) +
+                          ": on the cuda backend a staged state must start at an offset that "
+                          "is a multiple of " + std::to_string(element) + " bytes for " +
                           kernels::to_string(op.dtype));
   }
   if (op.staged.size != codec.staged_bytes(op.dtype) || op.page.size != codec.page_bytes()) {
@@ -232,6 +248,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot) {
     unsigned long long* first_bad = cuda_->first_bad + slot;
     check_op(kernels::cuda::find_non_finite(*view, op.staged.data, first_bad, stream),
              "the non-finite check", op.kind);
+    launched_any = true;
     check_op(kernels::cuda::encode_page(*view, op.staged.data, op.page.data, first_bad, stream),
              "the encode kernel", op.kind);
     check_op(cudaMemcpyAsync(cuda_->first_bad_host + slot, first_bad, sizeof(*first_bad),
@@ -240,6 +257,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot) {
   } else {
     check_op(kernels::cuda::decode_page(*view, op.page.data, op.staged.data, stream),
              "the decode kernel", op.kind);
+    launched_any = true;
   }
   check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
 }

@@ -70,7 +70,8 @@ class CudaExecutor final : public Executor {
   void launch_loop();
   void complete_loop();
   /// Enqueues `job` on the stream into ring slot `slot`; throws StatusError.
-  void enqueue(const Job& job, std::uint32_t slot);
+  /// `launched_any` is set once something of it is on the stream.
+  void enqueue(const Job& job, std::uint32_t slot, bool& launched_any);
   /// Error of a finished compress whose check found a NaN/Inf (or nullptr).
   [[nodiscard]] std::exception_ptr check_result(const Job& job, std::uint32_t slot);
   /// Releases the operation's memory, calls its completion, counts it done.

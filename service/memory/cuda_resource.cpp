@@ -89,6 +89,7 @@ std::shared_ptr<Allocation> CudaResource::do_allocate(std::size_t bytes, std::st
   info.bytes = bytes;
   info.where.space = MemorySpace::device;
   info.where.device = device_;
+  info.where.device_uuid = info_.uuid;
   info.where.handle_kind = handle;
   info.where.granularity = granularity_;
   try {

@@ -70,6 +70,8 @@ std::vector<std::byte> download(const std::byte* device, std::size_t bytes) {
 
 void upload(std::byte* device, const std::vector<std::byte>& bytes) {
   ASSERT_EQ(cudaMemcpy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  // The daemon reads it from another process: the copy must have landed.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
@@ -172,6 +174,9 @@ TEST(CudaDaemon, LegacyIpcHandlesAndAFractionOfTheDevicesMemory) {
   const auto same = other.open_arena(layout.id, 2);
   EXPECT_FALSE(same.created());
   EXPECT_EQ(same.memory().handle_kind, kernels::HandleKind::cuda_ipc);
+  // Close the IPC mappings before the exporter goes (the other order is undefined).
+  staging = client::Staging();
+  arena = client::Arena();
   EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
 }
 

@@ -57,7 +57,10 @@ class CudaRig {
       }
       bound_.emplace_back(&bytes, device);
     }
-    if (cudaMemcpy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+    // A pageable cudaMemcpy may return before the DMA lands; the executor's stream does
+    // not wait for the legacy stream: synchronise.
+    if (cudaMemcpy(device, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
       throw std::runtime_error("cannot stage a test buffer on the device");
     }
     return {static_cast<std::byte*>(device), bytes.size(), MemorySpace::device, 0};
@@ -71,7 +74,8 @@ class CudaRig {
   }
   static void upload(const Allocation& allocation, const std::vector<std::byte>& bytes) {
     if (cudaMemcpy(allocation.info().data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) !=
-        cudaSuccess) {
+            cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
       throw std::runtime_error("cannot upload into a device allocation");
     }
   }

@@ -93,6 +93,9 @@ TEST(Convert, MemoryDescriptorSurvivesTheWire) {
   for (std::size_t i = 0; i < ipc.ipc_handle.size(); ++i) {
     ipc.ipc_handle[i] = static_cast<std::byte>(i + 1);
   }
+  for (std::size_t i = 0; i < ipc.device_uuid.size(); ++i) {
+    ipc.device_uuid[i] = static_cast<std::byte>(0xA0 + i);
+  }
   flatbuffers::FlatBufferBuilder b;
   const kernels::MemoryDescriptor back = from_wire(&reread(b, to_wire(b, ipc)));
   EXPECT_EQ(back.space, ipc.space);
@@ -100,6 +103,7 @@ TEST(Convert, MemoryDescriptorSurvivesTheWire) {
   EXPECT_EQ(back.handle_kind, ipc.handle_kind);
   EXPECT_EQ(back.granularity, ipc.granularity);
   EXPECT_EQ(back.ipc_handle, ipc.ipc_handle);
+  EXPECT_EQ(back.device_uuid, ipc.device_uuid);
   EXPECT_FALSE(back.handle_is_fd());
 
   // An absent descriptor is what a daemon before the descriptor field sent: a host memfd.
@@ -124,6 +128,12 @@ TEST(Convert, MemoryDescriptorRefusals) {
   const auto zero =
       wire::CreateMemoryDescriptor(b, wire::MemorySpace::host, -1, wire::HandleKind::memfd, 0);
   EXPECT_NE(refusal([&] { (void)from_wire(&reread(b, zero)); }).find("granularity 0"),
+            std::string::npos);
+  b.Clear();
+  const std::vector<std::uint8_t> short_uuid(15);
+  const auto bad_uuid = wire::CreateMemoryDescriptorDirect(
+      b, wire::MemorySpace::device, 0, wire::HandleKind::cuda_vmm_fd, 1, nullptr, &short_uuid);
+  EXPECT_NE(refusal([&] { (void)from_wire(&reread(b, bad_uuid)); }).find("device_uuid of 15"),
             std::string::npos);
 }
 

@@ -269,8 +269,11 @@ TYPED_TEST_P(ExecutorConformance, CompletesOnceOffTheSubmittingThreadAfterReleas
   Operation op;
   op.kind = OperationKind::compress;
   op.codec = codec;
+  // The exact sizes: a resource rounds allocations up to its granularity (2 MiB on CUDA).
   op.staged = staging->buffer();
+  op.staged.size = codec->staged_bytes(DType::f32);
   op.page = page->buffer();
+  op.page.size = codec->page_bytes();
   op.keep_alive = {staging, page};
   std::weak_ptr<Allocation> watch = page;
   staging.reset();

@@ -293,7 +293,8 @@ class Arena {
   /// True when the region is mapped into this process (host memory).
   [[nodiscard]] bool mapped() const noexcept { return base_ != nullptr; }
   /// Device memory mapped into this process: the CUDA device address of the region (valid
-  /// on device memory().device), or nullptr (host memory, or not mapped).
+  /// on device memory().device, which is then this process's ordinal of the daemon's GPU,
+  /// found by its UUID), or nullptr (host memory, or not mapped).
   [[nodiscard]] std::byte* device_data() const noexcept { return device_base_; }
   /// Device address of page `slot` (page_bytes() long). Throws std::out_of_range when
   /// slot >= page_count(), std::logic_error when no device memory is mapped.

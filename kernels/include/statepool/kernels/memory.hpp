@@ -23,13 +23,21 @@ enum class HandleKind : std::uint8_t {
 
 /// Bytes of a legacy cudaIpcMemHandle_t (CUDA_IPC_HANDLE_SIZE).
 inline constexpr std::size_t kCudaIpcHandleBytes = 64;
+/// Bytes of a GPU's UUID (cudaDeviceProp::uuid).
+inline constexpr std::size_t kDeviceUuidBytes = 16;
+using DeviceUuid = std::array<std::byte, kDeviceUuidBytes>;
 
 /// How an arena or a staging buffer is mapped: what the daemon says in its reply
 /// (wire::MemoryDescriptor) and what its memory resources describe. The descriptor of the
 /// memfd and cuda_vmm_fd kinds travels beside it (SCM_RIGHTS), not in it.
 struct MemoryDescriptor {
   MemorySpace space = MemorySpace::host;
-  int device = -1;  ///< CUDA device ordinal; -1 for host memory
+  /// CUDA device ordinal; -1 for host memory. The daemon's ordinal in its reply; a client
+  /// that maps the memory replaces it with the same GPU's ordinal in its own process
+  /// (CUDA_VISIBLE_DEVICES may number the GPUs differently), found by `device_uuid`.
+  int device = -1;
+  /// Device memory: the GPU's UUID (all zero: unknown, e.g. from an older daemon).
+  DeviceUuid device_uuid{};
   HandleKind handle_kind = HandleKind::memfd;
   std::size_t granularity = 1;  ///< the mapping size is a multiple of it
   std::array<std::byte, kCudaIpcHandleBytes> ipc_handle{};  ///< cuda_ipc only

@@ -30,6 +30,8 @@
 #include <string>
 #include <string_view>
 
+#include "statepool/kernels/memory.hpp"
+
 namespace statepool::kernels::cuda {
 
 /// A failed CUDA runtime or driver call. The message reads
@@ -126,10 +128,16 @@ struct DeviceInfo {
   std::size_t total_bytes = 0;  ///< cudaMemGetInfo on the device
   bool vmm = false;             ///< CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
   bool posix_fd = false;        ///< CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  DeviceUuid uuid{};            ///< cudaDeviceProp::uuid: the same GPU in every process
 };
 
 /// Describes `device`. Throws CudaError (no driver, no such device, a failed query).
 [[nodiscard]] DeviceInfo query_device(int device);
+
+/// This process's ordinal of the GPU whose UUID is `uuid`, or -1 when it is not visible
+/// here (CUDA_VISIBLE_DEVICES, containers). Throws CudaError when devices cannot be
+/// listed.
+[[nodiscard]] int device_with_uuid(const DeviceUuid& uuid);
 
 /// Free and total bytes of `device` (cudaMemGetInfo with the device current). Throws
 /// CudaError.
