@@ -242,9 +242,10 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   Config& config = result.config;
   std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
-      log_level, allow_uids;
+      log_level, allow_uids, hello_timeout;
   std::vector<std::string> tenant_flags;
-  std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0;
+  std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0,
+                max_unattached = 0;
 
   // clang-format off
   po::options_description general("General");
@@ -270,6 +271,11 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
       ("max-connections", po::value<std::uint64_t>(&max_connections)->default_value(256),
        "concurrent client connections")
+      ("max-unattached-connections",
+       po::value<std::uint64_t>(&max_unattached)->default_value(8),
+       "connections of one peer uid that have not completed Hello yet")
+      ("hello-timeout", po::value<std::string>(&hello_timeout)->default_value("5s"),
+       "time a new connection has to complete Hello")
       ("max-frame-bytes", po::value<std::string>(&max_frame)->default_value("4MiB"),
        "largest request payload accepted, header excluded (4KiB-64MiB)")
       ("max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
@@ -399,6 +405,13 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   if (max_connections < 1 || max_connections > 65536)
     throw ConfigError("--max-connections must be between 1 and 65536");
   config.max_connections = static_cast<std::uint32_t>(max_connections);
+  if (max_unattached < 1 || max_unattached > max_connections)
+    throw ConfigError("--max-unattached-connections must be between 1 and --max-connections (" +
+                      std::to_string(max_connections) + "), got " +
+                      std::to_string(max_unattached));
+  config.max_unattached_connections = static_cast<std::uint32_t>(max_unattached);
+  config.hello_timeout = parse_duration(hello_timeout, "--hello-timeout");
+  if (config.hello_timeout.count() < 10) throw ConfigError("--hello-timeout must be at least 10ms");
   const std::uint64_t frame = parse_size(max_frame, "--max-frame-bytes");
   if (frame < 4096 || frame > (64u << 20))
     throw ConfigError("--max-frame-bytes must be between 4KiB and 64MiB, got " + max_frame);
@@ -486,7 +499,9 @@ std::string describe(const Config& config) {
       << "grace period " << config.pool.grace_period.count() << " ms, io timeout "
       << config.io_timeout.count() << " ms, drain timeout " << config.drain_timeout.count()
       << " ms\n"
-      << "limits: " << config.max_connections << " connections, frames up to "
+      << "limits: " << config.max_connections << " connections ("
+      << config.max_unattached_connections << " per uid before Hello, which must come within "
+      << config.hello_timeout.count() << " ms), frames up to "
       << format_bytes(config.max_frame_bytes) << ", staging up to "
       << format_bytes(config.max_staging_bytes) << " per connection\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)

@@ -39,6 +39,12 @@ struct Config {
   std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
   std::uint32_t max_connections = 256;
+  /// Connections of one peer uid that have not completed Hello yet (not attached to a
+  /// tenant): at most this many at once, so one user's silent connections cannot lock
+  /// other users out.
+  std::uint32_t max_unattached_connections = 8;
+  /// A connection must complete Hello within this time, or it is closed.
+  std::chrono::milliseconds hello_timeout{5000};
   std::chrono::milliseconds io_timeout{10000};     ///< to finish a started frame or a reply
   std::chrono::milliseconds drain_timeout{10000};  ///< SIGTERM: longest wait for in-flight work
   unsigned threads = 2;                            ///< I/O threads

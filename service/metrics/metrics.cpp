@@ -1,11 +1,14 @@
 #include "metrics/metrics.hpp"
 
 #include <array>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
@@ -248,6 +251,10 @@ class PoolCollector final : public prometheus::Collectable {
   const TrackingResource* staging_;
 };
 
+/// Reasons a connection is refused (statepool_connections_refused_total), pre-created.
+constexpr const char* kRefusalReasons[] = {"uid", "connection_limit", "unattached_limit",
+                                           "hello_timeout"};
+
 }  // namespace
 
 struct Metrics::Impl {
@@ -266,6 +273,11 @@ struct Metrics::Impl {
                    .Name("statepool_errors_total")
                    .Help("Error replies and refused frames, by status code.")
                    .Register(*registry)),
+        refused(prometheus::BuildCounter()
+                    .Name("statepool_connections_refused_total")
+                    .Help("Connections closed before they became clients, by reason (uid, "
+                          "connection_limit, unattached_limit, hello_timeout).")
+                    .Register(*registry)),
         connections(prometheus::BuildCounter()
                         .Name("statepool_connections_total")
                         .Help("Client connections accepted.")
@@ -287,6 +299,9 @@ struct Metrics::Impl {
         .Register(*registry)
         .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
         .Set(1);
+    for (const char* reason : kRefusalReasons) {
+      refused_counters.push_back(&refused.Add({{"reason", reason}}));
+    }
     // Pre-create every request type so rates exist (at zero) before the first request.
     for (std::size_t type = 0; type < kRequestTypeCount; ++type) {
       const std::string name = protocol::request_name(static_cast<wire::RequestBody>(type));
@@ -305,6 +320,8 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& requests;
   prometheus::Family<prometheus::Histogram>& latency;
   prometheus::Family<prometheus::Counter>& errors;
+  prometheus::Family<prometheus::Counter>& refused;
+  std::vector<prometheus::Counter*> refused_counters;  // kRefusalReasons order
   prometheus::Counter& connections;
   prometheus::Gauge& clients;
   prometheus::Gauge& draining;
@@ -343,6 +360,12 @@ void Metrics::observe_request(wire::RequestBody type, wire::Status status, doubl
 
 void Metrics::observe_refused(wire::Status status) {
   impl_->error_counter(status).Increment();
+}
+
+void Metrics::connection_refused(const char* reason) {
+  for (std::size_t i = 0; i < std::size(kRefusalReasons); ++i) {
+    if (std::string_view(kRefusalReasons[i]) == reason) impl_->refused_counters[i]->Increment();
+  }
 }
 
 void Metrics::client_connected() {

@@ -48,6 +48,9 @@ class Metrics {
   /// A connection or frame refused before it became a request (bad header or FlatBuffer:
   /// protocol_error; peer not allowed: permission_denied; too_many_connections).
   void observe_refused(wire::Status status);
+  /// A connection closed before or instead of becoming a client, by reason:
+  /// "uid" (--allow-uids), "connection_limit", "unattached_limit", "hello_timeout".
+  void connection_refused(const char* reason);
   void client_connected();
   void client_disconnected();
   void set_draining(bool draining);

@@ -94,6 +94,8 @@ class Server {
   std::mutex sessions_mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<std::uint32_t> sessions_live_{0};
+  // Live connections that have not completed Hello, per peer uid (under sessions_mutex_).
+  std::map<uid_t, std::uint32_t> unattached_by_uid_;
   std::uint64_t next_session_id_ = 1;
   std::atomic<bool> draining_{false};
   bool bound_ = false;

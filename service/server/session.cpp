@@ -21,7 +21,10 @@ constexpr auto kAsTuple = asio::as_tuple(use_awaitable);
 }
 
 Session::Session(Server& server, asio::local::stream_protocol::socket socket, std::uint64_t id)
-    : server_(server), socket_(std::move(socket)), deadline_(socket_.get_executor()) {
+    : server_(server),
+      socket_(std::move(socket)),
+      deadline_(socket_.get_executor()),
+      hello_timer_(socket_.get_executor()) {
   state_.id = id;
   ucred cred{};
   socklen_t len = sizeof cred;
@@ -42,6 +45,7 @@ void Session::release_staging() noexcept {
 }
 
 Session::~Session() {
+  leave_unattached();
   release_staging();
   if (state_.hello_done) {
     try {
@@ -66,6 +70,7 @@ void Session::close() {
   socket_.shutdown(asio::socket_base::shutdown_both, ignored);
   socket_.close(ignored);
   deadline_.cancel();
+  hello_timer_.cancel();
 }
 
 void Session::close_when_idle() {
@@ -89,6 +94,48 @@ asio::awaitable<void> Session::watchdog() {
       close();
     }
   }
+}
+
+bool Session::enter_unattached() {
+  const std::lock_guard lock(server_.sessions_mutex_);
+  std::uint32_t& count = server_.unattached_by_uid_[state_.uid];
+  if (count >= server_.config_.max_unattached_connections) return false;
+  ++count;
+  unattached_ = true;
+  return true;
+}
+
+void Session::leave_unattached() noexcept {
+  if (!unattached_) return;
+  unattached_ = false;
+  const std::lock_guard lock(server_.sessions_mutex_);
+  const auto it = server_.unattached_by_uid_.find(state_.uid);
+  if (it != server_.unattached_by_uid_.end() && --it->second == 0) {
+    server_.unattached_by_uid_.erase(it);
+  }
+}
+
+asio::awaitable<void> Session::hello_deadline() {
+  hello_timer_.expires_after(server_.config_.hello_timeout);
+  const auto [ec] = co_await hello_timer_.async_wait(kAsTuple);
+  if (ec || closing_ || state_.hello_done) co_return;  // cancelled: Hello came, or closed
+  if (server_.metrics_ != nullptr) server_.metrics_->connection_refused("hello_timeout");
+  LOG_WARN("session", "connection ", state_.id, " (pid ", state_.pid, ", uid ", state_.uid,
+           "): no Hello within ", server_.config_.hello_timeout.count(),
+           " ms (--hello-timeout); closing");
+  // Mid-request (a Hello being handled), the reply is not cut off: the session closes
+  // after it unless that Hello succeeded.
+  hello_expired_ = true;
+  if (!busy_) close();
+}
+
+asio::awaitable<void> Session::turn_away(wire::Status status, const std::string& message,
+                                         const char* reason) {
+  busy_ = true;
+  if (server_.metrics_ != nullptr) server_.metrics_->connection_refused(reason);
+  co_await refuse(status, message);
+  close();
+  server_.session_ended(state_.id);
 }
 
 asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
@@ -185,22 +232,31 @@ asio::awaitable<void> Session::run() {
   const auto& allow = server_.config_.allow_uids;
   if (!allow.empty() && state_.uid != 0 &&
       std::find(allow.begin(), allow.end(), state_.uid) == allow.end()) {
-    busy_ = true;
-    co_await refuse(wire::Status::permission_denied,
-                    cat("uid ", state_.uid, " is not in the daemon's --allow-uids"));
-    close();
-    server_.session_ended(state_.id);
+    co_await turn_away(wire::Status::permission_denied,
+                       cat("uid ", state_.uid, " is not in the daemon's --allow-uids"), "uid");
     co_return;
   }
   if (server_.clients_connected() > server_.config_.max_connections) {
-    busy_ = true;
-    co_await refuse(wire::Status::too_many_connections,
-                    cat("connection limit of ", server_.config_.max_connections,
-                        " reached (--max-connections); retry later"));
-    close();
-    server_.session_ended(state_.id);
+    co_await turn_away(wire::Status::too_many_connections,
+                       cat("connection limit of ", server_.config_.max_connections,
+                           " reached (--max-connections); retry later"),
+                       "connection_limit");
     co_return;
   }
+  // Until Hello attaches it to a tenant, a connection holds one of its uid's small budget
+  // of such connections, and only for --hello-timeout: one user's silent connections can
+  // neither take every slot nor keep other users (root included) out.
+  if (!enter_unattached()) {
+    co_await turn_away(wire::Status::too_many_connections,
+                       cat("uid ", state_.uid, " already has ",
+                           server_.config_.max_unattached_connections,
+                           " connections waiting to say Hello (--max-unattached-connections);"
+                           " retry later"),
+                       "unattached_limit");
+    co_return;
+  }
+  asio::co_spawn(
+      socket_.get_executor(), [self]() { return self->hello_deadline(); }, asio::detached);
 
   std::vector<std::byte> payload;
   try {
@@ -231,6 +287,10 @@ asio::awaitable<void> Session::run() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
       if (server_.metrics_ != nullptr)
         server_.metrics_->observe_request(request->body_type(), result.status, seconds);
+      if (state_.hello_done && unattached_) {
+        leave_unattached();
+        hello_timer_.cancel();
+      }
       co_await write_frame(result.builder, result.fd());
       if (result.status != wire::Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",
@@ -238,6 +298,8 @@ asio::awaitable<void> Session::run() {
                   protocol::status_name(result.status));
       }
       if (result.close_after) break;
+      // The Hello deadline passed while that request was handled, and it attached nothing.
+      if (hello_expired_ && !state_.hello_done) break;
     }
   } catch (const std::exception& e) {
     if (!closing_)
@@ -245,6 +307,7 @@ asio::awaitable<void> Session::run() {
   }
   busy_ = false;
   close();
+  leave_unattached();
   if (state_.hello_done) {
     LOG_INFO("session", "connection ", state_.id, ": client '", state_.client_name, "' (pid ",
              state_.pid, ") disconnected", state_.staging.empty() ? "" : "; staging released");

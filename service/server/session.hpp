@@ -38,6 +38,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   boost::asio::awaitable<void> watchdog();
+  /// Closes the connection if Hello has not completed within --hello-timeout.
+  boost::asio::awaitable<void> hello_deadline();
+  /// Claims one of the peer uid's connections before Hello; false when they are all taken.
+  [[nodiscard]] bool enter_unattached();
+  /// Ends this connection's claim on that budget (once).
+  void leave_unattached() noexcept;
+  /// refuse() then close(), counting the refusal under `reason`.
+  boost::asio::awaitable<void> turn_away(wire::Status status, const std::string& message,
+                                         const char* reason);
   boost::asio::awaitable<bool> read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload);
   boost::asio::awaitable<void> write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd);
@@ -51,10 +60,14 @@ class Session : public std::enable_shared_from_this<Session> {
   Server& server_;
   boost::asio::local::stream_protocol::socket socket_;
   boost::asio::steady_timer deadline_;
+  // --hello-timeout; cancelled by Hello and by close() (its waiter holds the session).
+  boost::asio::steady_timer hello_timer_;
   ConnectionState state_;
   bool busy_ = false;
   bool closing_ = false;
   bool timed_out_ = false;
+  bool unattached_ = false;     // counted in Server::unattached_by_uid_
+  bool hello_expired_ = false;  // --hello-timeout passed before Hello completed
 };
 
 }  // namespace statepool::service

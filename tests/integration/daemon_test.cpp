@@ -5,6 +5,7 @@
 #include <linux/sockios.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -157,6 +158,71 @@ TEST(Daemon, AsynchronousRequestsOnTheHostBackendAreAnsweredWhenDoneWithoutAnEve
   std::vector<std::byte> expected(state);
   arena.codec().decode(local, kernels::DType::f32, expected);
   EXPECT_EQ(std::memcmp(staging.bytes().data() + state, expected.data(), state), 0);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
+}
+
+/// In a child running as uid 65534: connects to `socket` and says Hello; exit 0 when the
+/// daemon answered it (1 when it refused or could not be reached).
+int hello_as_another_user(const std::string& socket) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    try {
+      client::Options o;
+      o.socket_path = socket;
+      o.timeout = 5s;
+      auto conn = client::Connection::connect(o);
+      (void)conn.ping();
+      ::_exit(0);
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(Daemon, SilentConnectionsCannotLockOthersOutAndAreClosedAfterTheHelloTimeout) {
+  DaemonProcess daemon({"--max-connections", "6", "--max-unattached-connections", "2",
+                        "--hello-timeout", "800ms", "--socket-mode", "0666"},
+                       /*with_metrics=*/true);
+  const auto metrics = [&] {
+    return statepool::testing::http_get(daemon.metrics_port(), "/metrics");
+  };
+  auto attached = client::Connection::connect(options_for(daemon));  // before the flood
+  // Two connections that never say Hello hold this uid's whole budget of them...
+  statepool::testing::RawPeer silent1(daemon.socket_path());
+  statepool::testing::RawPeer silent2(daemon.socket_path());
+  ASSERT_TRUE(eventually(
+      [&] { return metrics().find("statepool_clients_connected 3") != std::string::npos; }, 5s));
+  // ...so a third from the same uid is turned away at once, saying why...
+  statepool::testing::RawPeer third(daemon.socket_path());
+  const auto reply = third.read_reply(5s);
+  ASSERT_TRUE(reply.has_value());
+  const auto* r = statepool::testing::as_reply(*reply);
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->status(), statepool::wire::Status::too_many_connections);
+  EXPECT_NE(std::string(r->message()->c_str()).find("--max-unattached-connections"),
+            std::string::npos);
+  // ...while other users still get in, and attached clients carry on.
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chmod(daemon.dir().c_str(), 0755), 0);  // let the other user reach the socket
+    EXPECT_EQ(hello_as_another_user(daemon.socket_path()), 0);
+  }
+  (void)attached.ping();
+  // The silent ones are closed once --hello-timeout passes, and this uid gets in again.
+  EXPECT_TRUE(silent1.closed_by_peer(5s));
+  EXPECT_TRUE(silent2.closed_by_peer(5s));
+  auto later = client::Connection::connect(options_for(daemon));
+  (void)later.ping();
+  const std::string text = metrics();
+  EXPECT_NE(text.find("statepool_connections_refused_total{reason=\"unattached_limit\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("statepool_connections_refused_total{reason=\"hello_timeout\"} 2"),
+            std::string::npos)
+      << text;
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
 }
 
