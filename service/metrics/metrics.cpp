@@ -283,6 +283,12 @@ struct Metrics::Impl {
                         .Help("Client connections accepted.")
                         .Register(*registry)
                         .Add({})),
+        request_buffers(prometheus::BuildGauge()
+                            .Name("statepool_request_buffer_bytes")
+                            .Help("Memory the connections' request buffers hold now (frames "
+                                  "being received and the one being handled).")
+                            .Register(*registry)
+                            .Add({})),
         clients(prometheus::BuildGauge()
                     .Name("statepool_clients_connected")
                     .Help("Client connections open now.")
@@ -323,6 +329,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& refused;
   std::vector<prometheus::Counter*> refused_counters;  // kRefusalReasons order
   prometheus::Counter& connections;
+  prometheus::Gauge& request_buffers;
   prometheus::Gauge& clients;
   prometheus::Gauge& draining;
   std::array<prometheus::Counter*, kRequestTypeCount> request_counters{};
@@ -366,6 +373,10 @@ void Metrics::connection_refused(const char* reason) {
   for (std::size_t i = 0; i < std::size(kRefusalReasons); ++i) {
     if (std::string_view(kRefusalReasons[i]) == reason) impl_->refused_counters[i]->Increment();
   }
+}
+
+void Metrics::request_buffers_changed(std::int64_t delta) {
+  impl_->request_buffers.Increment(static_cast<double>(delta));
 }
 
 void Metrics::client_connected() {

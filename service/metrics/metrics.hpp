@@ -51,6 +51,8 @@ class Metrics {
   /// A connection closed before or instead of becoming a client, by reason:
   /// "uid" (--allow-uids), "connection_limit", "unattached_limit", "hello_timeout".
   void connection_refused(const char* reason);
+  /// Bytes the connections' request buffers hold now changed by `delta`.
+  void request_buffers_changed(std::int64_t delta);
   void client_connected();
   void client_disconnected();
   void set_draining(bool draining);

@@ -18,6 +18,28 @@ using asio::use_awaitable;
 
 namespace {
 constexpr auto kAsTuple = asio::as_tuple(use_awaitable);
+/// A frame's payload is received in pieces of this size and the buffer grows with what
+/// has arrived: a frame announced and never sent costs nothing.
+constexpr std::size_t kReceivePiece = std::size_t{256} << 10;
+/// Request buffers up to this size are kept between requests; larger ones are let go.
+constexpr std::size_t kKeptPayload = std::size_t{64} << 10;
+}  // namespace
+
+void Session::resize_payload(std::vector<std::byte>& payload, std::size_t bytes) {
+  const std::size_t before = payload.capacity();
+  payload.resize(bytes);
+  if (server_.metrics_ != nullptr && payload.capacity() != before) {
+    server_.metrics_->request_buffers_changed(static_cast<std::int64_t>(payload.capacity()) -
+                                              static_cast<std::int64_t>(before));
+  }
+}
+
+void Session::shrink_payload(std::vector<std::byte>& payload) {
+  if (payload.capacity() <= kKeptPayload) return;
+  const std::size_t before = payload.capacity();
+  std::vector<std::byte>().swap(payload);
+  if (server_.metrics_ != nullptr)
+    server_.metrics_->request_buffers_changed(-static_cast<std::int64_t>(before));
 }
 
 Session::Session(Server& server, asio::local::stream_protocol::socket socket, std::uint64_t id)
@@ -167,13 +189,19 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     co_await refuse(wire::Status::protocol_error, message);
     co_return false;
   }
-  payload.resize(header.length);
-  auto [ec2, n2] = co_await asio::async_read(socket_, asio::buffer(payload), kAsTuple);
-  if (ec2) {
-    if (!timed_out_ && !closing_)
-      LOG_WARN("session", "connection ", state_.id,
-               ": connection lost inside a frame: ", ec2.message());
-    co_return false;
+  resize_payload(payload, 0);
+  for (std::size_t got = 0; got < header.length;) {
+    const std::size_t piece = std::min<std::size_t>(kReceivePiece, header.length - got);
+    resize_payload(payload, got + piece);
+    auto [ec2, n2] =
+        co_await asio::async_read(socket_, asio::buffer(payload.data() + got, piece), kAsTuple);
+    if (ec2) {
+      if (!timed_out_ && !closing_)
+        LOG_WARN("session", "connection ", state_.id,
+                 ": connection lost inside a frame: ", ec2.message());
+      co_return false;
+    }
+    got += piece;
   }
   co_return true;
 }
@@ -297,6 +325,7 @@ asio::awaitable<void> Session::run() {
                   protocol::request_name(request->body_type()), " -> ",
                   protocol::status_name(result.status));
       }
+      shrink_payload(payload);
       if (result.close_after) break;
       // The Hello deadline passed while that request was handled, and it attached nothing.
       if (hello_expired_ && !state_.hello_done) break;
@@ -308,6 +337,11 @@ asio::awaitable<void> Session::run() {
   busy_ = false;
   close();
   leave_unattached();
+  resize_payload(payload, 0);
+  shrink_payload(payload);
+  if (server_.metrics_ != nullptr && payload.capacity() != 0) {
+    server_.metrics_->request_buffers_changed(-static_cast<std::int64_t>(payload.capacity()));
+  }
   if (state_.hello_done) {
     LOG_INFO("session", "connection ", state_.id, ": client '", state_.client_name, "' (pid ",
              state_.pid, ") disconnected", state_.staging.empty() ? "" : "; staging released");

@@ -53,6 +53,10 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Hands the staging buffers to a worker to release (unmapping GiBs takes a while).
   void release_staging() noexcept;
   boost::asio::awaitable<void> refuse(wire::Status status, const std::string& message);
+  /// Resizes the request buffer, keeping statepool_request_buffer_bytes up to date.
+  void resize_payload(std::vector<std::byte>& payload, std::size_t bytes);
+  /// Lets a large request buffer go after its request (idle connections hold none).
+  void shrink_payload(std::vector<std::byte>& payload);
   void arm(std::chrono::milliseconds timeout);
   void disarm();
   void close();

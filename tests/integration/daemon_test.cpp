@@ -22,6 +22,8 @@
 namespace sp = statepool;
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
+namespace protocol = statepool::protocol;
+namespace wire = statepool::wire;
 using statepool::testing::DaemonProcess;
 using statepool::testing::eventually;
 using namespace std::chrono_literals;
@@ -223,6 +225,67 @@ TEST(Daemon, SilentConnectionsCannotLockOthersOutAndAreClosedAfterTheHelloTimeou
   EXPECT_NE(text.find("statepool_connections_refused_total{reason=\"hello_timeout\"} 2"),
             std::string::npos)
       << text;
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
+}
+
+/// The value of an unlabelled sample in a /metrics text, or -1.
+double metric_value(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
+}
+
+TEST(Daemon, RequestBuffersGrowWithWhatArrivedAndAreLetGoAfterTheRequest) {
+  DaemonProcess daemon({"--max-unattached-connections", "32", "--hello-timeout", "60s",
+                        "--io-timeout", "30s"},
+                       /*with_metrics=*/true);
+  const auto buffers = [&] {
+    return metric_value(statepool::testing::http_get(daemon.metrics_port(), "/metrics"),
+                        "statepool_request_buffer_bytes");
+  };
+  const auto frame_of = [](flatbuffers::FlatBufferBuilder& b) {
+    return protocol::make_frame(protocol::FrameType::request, protocol::kFlagNone,
+                                {b.GetBufferPointer(), b.GetSize()});
+  };
+  // 24 frames of 4 MiB announced, 1000 bytes of each sent: the daemon holds what arrived
+  // (one receive piece each), not 24 x 4 MiB.
+  {
+    std::vector<std::unique_ptr<statepool::testing::RawPeer>> peers;
+    for (int i = 0; i < 24; ++i) {
+      peers.push_back(std::make_unique<statepool::testing::RawPeer>(daemon.socket_path()));
+      protocol::FrameHeader h;
+      h.type = protocol::FrameType::request;
+      h.length = 4u << 20;
+      const auto head = protocol::encode_header(h);
+      const std::vector<char> part(1000, 'x');
+      ASSERT_TRUE(peers.back()->send_bytes(head.data(), head.size()));
+      ASSERT_TRUE(peers.back()->send_bytes(part.data(), part.size()));
+    }
+    ASSERT_TRUE(eventually([&] { return buffers() >= 24.0 * (256 << 10); }, 10s)) << buffers();
+    EXPECT_LE(buffers(), 24.0 * (512 << 10));
+  }
+  EXPECT_TRUE(eventually([&] { return buffers() == 0; }, 10s)) << buffers();
+
+  // A 3 MiB request, handled (refused as a bad plan; the connection stays): afterwards the
+  // idle connection holds no large buffer.
+  statepool::testing::RawPeer peer(daemon.socket_path());
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRequest(
+      b, 1, wire::RequestBody::Hello,
+      wire::CreateHello(b, protocol::kMinProtocolVersion, protocol::kMaxProtocolVersion).Union()));
+  const std::string hello = frame_of(b);
+  ASSERT_TRUE(peer.send_bytes(hello.data(), hello.size()));
+  ASSERT_TRUE(peer.read_reply(10s).has_value());
+  b.Clear();
+  const std::vector<std::uint8_t> junk(3u << 20, 0x5a);
+  b.Finish(wire::CreateRequest(b, 2, wire::RequestBody::InstallPlan,
+                               wire::CreateInstallPlan(b, b.CreateVector(junk)).Union()));
+  const std::string big = frame_of(b);
+  ASSERT_TRUE(peer.send_bytes(big.data(), big.size()));
+  const auto reply = peer.read_reply(10s);
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(statepool::testing::as_reply(*reply)->status(), wire::Status::invalid_argument);
+  EXPECT_TRUE(eventually([&] { return buffers() <= 64 << 10; }, 10s)) << buffers();
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
 }
 
