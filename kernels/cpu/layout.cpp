@@ -105,6 +105,15 @@ const char* to_string(CodecId codec) noexcept {
   return "unknown";
 }
 
+const char* to_string(StepQuantVariant variant) noexcept {
+  switch (variant) {
+    case StepQuantVariant::full: return "full";
+    case StepQuantVariant::spatial_only: return "spatial_only";
+    case StepQuantVariant::temporal_only: return "temporal_only";
+  }
+  return "unknown";
+}
+
 const char* to_string(MemorySpace space) noexcept {
   switch (space) {
     case MemorySpace::host: return "host";

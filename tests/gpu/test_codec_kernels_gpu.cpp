@@ -113,15 +113,6 @@ StateLayout plain_layout(CodecId id, Arch arch, std::uint32_t k, std::uint32_t v
   return layout;
 }
 
-const char* variant_name(StepQuantVariant v) {
-  switch (v) {
-    case StepQuantVariant::full: return "full";
-    case StepQuantVariant::spatial_only: return "spatial";
-    case StepQuantVariant::temporal_only: return "temporal";
-  }
-  return "unknown";
-}
-
 std::vector<Case> cases() {
   struct Shape {
     std::uint32_t k, v, group;
@@ -166,7 +157,7 @@ std::vector<Case> cases() {
     const CodecId id = plan.budget_bits == 4 ? CodecId::stepquant4 : CodecId::stepquant6;
     for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
                                            StepQuantVariant::temporal_only}) {
-      out.push_back({name + "_" + variant_name(variant), plan_layout(plan, id, variant, 12, 3)});
+      out.push_back({name + "_" + to_string(variant), plan_layout(plan, id, variant, 12, 3)});
     }
   }
   return out;

@@ -49,15 +49,6 @@ struct Case {
   StateLayout layout;
 };
 
-const char* variant_name(StepQuantVariant v) {
-  switch (v) {
-    case StepQuantVariant::full: return "full";
-    case StepQuantVariant::spatial_only: return "spatial";
-    case StepQuantVariant::temporal_only: return "temporal";
-  }
-  return "unknown";
-}
-
 std::string shape_name(std::uint32_t k, std::uint32_t v) {
   return std::to_string(k) + "x" + std::to_string(v);
 }
@@ -156,7 +147,7 @@ std::vector<Case> cases() {
     for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
                                            StepQuantVariant::temporal_only}) {
       const std::uint32_t conv = p.plan.key_dim == 7 ? 5 : 0;
-      out.push_back({p.name + "_" + variant_name(variant),
+      out.push_back({p.name + "_" + to_string(variant),
                      plan_layout(p.plan, id, variant, conv, conv == 0 ? 0 : 4)});
     }
   }

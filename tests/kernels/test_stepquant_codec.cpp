@@ -45,15 +45,6 @@ using testing::plan_layout;
 constexpr StepQuantVariant kVariants[] = {StepQuantVariant::full, StepQuantVariant::spatial_only,
                                           StepQuantVariant::temporal_only};
 
-const char* name(StepQuantVariant v) {
-  switch (v) {
-    case StepQuantVariant::full: return "full";
-    case StepQuantVariant::spatial_only: return "spatial_only";
-    case StepQuantVariant::temporal_only: return "temporal_only";
-  }
-  return "?";
-}
-
 // ---------------------------------------------------------------------------------------
 // Page sizes, by hand.
 
@@ -75,7 +66,7 @@ TEST(StepQuantCodec, GdnPageBytesByHand) {
     std::size_t offset = 0;
     for (std::uint32_t l = 0; l < 2; ++l) {
       for (std::uint32_t h = 0; h < 3; ++h) {
-        EXPECT_EQ(page.codec().head_bytes(l, h), heads[l * 3 + h]) << name(variant);
+        EXPECT_EQ(page.codec().head_bytes(l, h), heads[l * 3 + h]) << to_string(variant);
         EXPECT_EQ(stepquant::head_bytes(plan, variant, l, h), heads[l * 3 + h]);
         EXPECT_EQ(page.head_offset(l, h), offset);
         offset += heads[l * 3 + h];
@@ -266,7 +257,7 @@ std::vector<Case> cases() {
 TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
   for (const auto& c : cases()) {
     for (const StepQuantVariant variant : kVariants) {
-      SCOPED_TRACE(std::string(c.what) + " " + name(variant));
+      SCOPED_TRACE(std::string(c.what) + " " + to_string(variant));
       const StateLayout layout = plan_layout(c.plan, c.codec, variant, 6, 2);
       const PageCodec page(layout);
       const auto staged = testing::synthetic_staged_state(layout, 200, 9, DType::f32);

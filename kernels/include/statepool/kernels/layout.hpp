@@ -79,6 +79,8 @@ struct StateLayout {
 [[nodiscard]] const char* to_string(DType dtype) noexcept;
 [[nodiscard]] const char* to_string(Arch arch) noexcept;
 [[nodiscard]] const char* to_string(CodecId codec) noexcept;
+/// "full", "spatial_only", "temporal_only".
+[[nodiscard]] const char* to_string(StepQuantVariant variant) noexcept;
 /// Parses a codec name as printed by to_string ("int6", "stepquant6", "dsq4", ...);
 /// returns false if unknown.
 [[nodiscard]] bool parse_codec(std::string_view text, CodecId& out) noexcept;
