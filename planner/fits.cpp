@@ -24,14 +24,15 @@ const char* to_string(FitLimit limit) noexcept {
 
 FitsReport fits_now(const kernels::StateLayout& shape, const LivePool& live, std::uint32_t slots,
                     const std::vector<kernels::CodecId>& codecs) {
-  if (slots == 0) throw std::invalid_argument("slots must be at least 1");
+  detail::check_slots(slots);
   FitsReport report;
   report.shape = shape;
   report.shape.codec = {};
   report.shape.plan = nullptr;
   report.slots = slots;
   report.live = live;
-  for (const kernels::CodecId codec : codecs.empty() ? planner_codecs() : codecs) {
+  for (const kernels::CodecId codec :
+       detail::distinct(codecs.empty() ? planner_codecs() : codecs)) {
     FitRow row;
     row.codec = codec;
     bool has_arena = false;

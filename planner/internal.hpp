@@ -4,9 +4,11 @@
 
 #include <boost/json/object.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "statepool/planner/fits.hpp"
 #include "statepool/planner/planner.hpp"
@@ -24,6 +26,20 @@ inline std::string mib(std::uint64_t bytes) {
 inline std::string gib(double bytes) {
   return fixed(bytes / (1 << 30), 2);
 }
+
+/// A codec list with repeats dropped, first occurrence kept: one row per codec, whichever
+/// door the list came through.
+inline std::vector<kernels::CodecId> distinct(const std::vector<kernels::CodecId>& codecs) {
+  std::vector<kernels::CodecId> out;
+  for (const kernels::CodecId id : codecs) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  }
+  return out;
+}
+
+/// The range check of the slots input, shared by plan() and fits_now() (throws
+/// std::invalid_argument "slots must be between 1 and 1024, got 0").
+void check_slots(std::uint64_t slots);
 
 }  // namespace statepool::planner::detail
 

@@ -2,16 +2,32 @@
 
 #include <boost/json.hpp>
 
-#include <fstream>
-#include <limits>
-#include <sstream>
+#include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <vector>
+
+#include "statepool/calibration/files.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::planner {
 namespace {
 
 namespace json = boost::json;
+
+/// A JSON value for a message: numbers as written, text quoted and clipped.
+std::string shown(const json::value& v) {
+  if (const auto* i = v.if_int64()) return std::to_string(*i);
+  if (const auto* u = v.if_uint64()) return std::to_string(*u);
+  if (const auto* d = v.if_double()) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.17g", *d);
+    return text;
+  }
+  std::string text = json::serialize(v);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
 
 /// Field access with error messages naming the full path ("text_config.head_dim").
 class Fields {
@@ -20,33 +36,38 @@ class Fields {
       : obj_(&obj), prefix_(std::move(prefix)), source_(std::move(source)) {}
 
   [[noreturn]] void fail(std::string_view what, std::string_view name) const {
-    throw std::invalid_argument(source_ + ": " + std::string(what) + " " + prefix_ +
-                                std::string(name));
+    throw std::invalid_argument(source_ + ": " + std::string(what) + " " + key(name));
   }
+  /// "SOURCE: KEY must be ..., got VALUE".
+  [[noreturn]] void fail_range(std::string_view name, std::uint64_t min, std::uint64_t max,
+                               std::string_view got, bool whole = true) const {
+    throw std::invalid_argument(
+        source_ + ": " + key(name) + " must be " + (whole ? "" : "a whole number ") + "between " +
+        std::to_string(min) + " and " + std::to_string(max) + ", got " + std::string(got));
+  }
+  /// Any other problem of the whole: "SOURCE: TEXT".
+  [[noreturn]] void fail_text(const std::string& text) const {
+    throw std::invalid_argument(source_ + ": " + text);
+  }
+  /// The key as config.json spells it, with its enclosing objects ("text_config.head_dim").
+  [[nodiscard]] std::string key(std::string_view name) const { return prefix_ + std::string(name); }
   [[nodiscard]] const json::value* find(std::string_view name) const {
     const json::value* v = obj_->if_contains(name);
     return (v == nullptr || v->is_null()) ? nullptr : v;
   }
   [[nodiscard]] bool has(std::string_view name) const { return find(name) != nullptr; }
 
-  [[nodiscard]] std::uint64_t u64(std::string_view name) const {
+  /// A required whole number in [min, max] (max at most 2^32 - 1).
+  [[nodiscard]] std::uint32_t number(std::string_view name, std::uint32_t min,
+                                     std::uint32_t max) const {
     const json::value* v = find(name);
     if (v == nullptr) fail("missing", name);
-    return as_u64(*v, name);
+    return static_cast<std::uint32_t>(as_number(*v, name, min, max));
   }
-  [[nodiscard]] std::uint32_t u32(std::string_view name) const {
-    const std::uint64_t v = u64(name);
-    if (v > std::numeric_limits<std::uint32_t>::max()) fail("out of range:", name);
-    return static_cast<std::uint32_t>(v);
-  }
-  /// A positive count.
-  [[nodiscard]] std::uint32_t count(std::string_view name) const {
-    const std::uint32_t v = u32(name);
-    if (v == 0) fail("zero value for", name);
-    return v;
-  }
-  [[nodiscard]] std::uint32_t u32_or(std::string_view name, std::uint32_t fallback) const {
-    return has(name) ? u32(name) : fallback;
+  /// An optional one: `fallback` when absent or null.
+  [[nodiscard]] std::uint32_t number_or(std::string_view name, std::uint32_t fallback,
+                                        std::uint32_t min, std::uint32_t max) const {
+    return has(name) ? number(name, min, max) : fallback;
   }
   [[nodiscard]] std::string str_or(std::string_view name, std::string fallback) const {
     const json::value* v = find(name);
@@ -60,12 +81,18 @@ class Fields {
     if (!v->is_bool()) fail("expected true/false in", name);
     return v->get_bool();
   }
-  [[nodiscard]] std::vector<std::uint64_t> u64_list(std::string_view name) const {
+  /// A required list of whole numbers in [min, max]; an entry's message names it
+  /// ("linear_attn_config.kda_layers[3] must be between 1 and 27, got 0").
+  [[nodiscard]] std::vector<std::uint32_t> number_list(std::string_view name, std::uint32_t min,
+                                                       std::uint32_t max) const {
     const json::value* v = find(name);
     if (v == nullptr) fail("missing", name);
     if (!v->is_array()) fail("expected a list in", name);
-    std::vector<std::uint64_t> out;
-    for (const json::value& item : v->get_array()) out.push_back(as_u64(item, name));
+    std::vector<std::uint32_t> out;
+    for (const json::value& item : v->get_array()) {
+      const std::string entry = std::string(name) + "[" + std::to_string(out.size()) + "]";
+      out.push_back(static_cast<std::uint32_t>(as_number(item, entry, min, max)));
+    }
     return out;
   }
   [[nodiscard]] std::vector<std::string> str_list(std::string_view name) const {
@@ -88,13 +115,29 @@ class Fields {
   [[nodiscard]] const std::string& source() const { return source_; }
 
  private:
-  [[nodiscard]] std::uint64_t as_u64(const json::value& v, std::string_view name) const {
+  // Integers, and floats with a whole value (48.0, 1e9): JSON does not tell them apart.
+  [[nodiscard]] std::uint64_t as_number(const json::value& v, std::string_view entry,
+                                        std::uint64_t min, std::uint64_t max) const {
+    bool whole = true;
+    bool in_range = false;
+    std::uint64_t value = 0;
     if (const auto* i = v.if_int64()) {
-      if (*i < 0) fail("negative value in", name);
-      return static_cast<std::uint64_t>(*i);
+      in_range =
+          *i >= 0 && static_cast<std::uint64_t>(*i) >= min && static_cast<std::uint64_t>(*i) <= max;
+      value = static_cast<std::uint64_t>(*i);
+    } else if (const auto* u = v.if_uint64()) {
+      in_range = *u >= min && *u <= max;
+      value = *u;
+    } else if (const auto* d = v.if_double()) {
+      whole = std::isfinite(*d) && std::floor(*d) == *d;
+      // max < 2^53: a whole double in range converts exactly.
+      in_range = whole && *d >= static_cast<double>(min) && *d <= static_cast<double>(max);
+      if (in_range) value = static_cast<std::uint64_t>(*d);
+    } else {
+      whole = false;
     }
-    if (const auto* u = v.if_uint64()) return *u;
-    fail("expected a non-negative integer in", name);
+    if (!in_range) fail_range(entry, min, max, shown(v), whole);
+    return value;
   }
 
   const json::object* obj_;
@@ -108,27 +151,90 @@ std::uint64_t mul(std::uint64_t a, std::uint64_t b) {
   return a * b;
 }
 
+using kernels::kMaxHeadDim;
+using kernels::kMaxHeads;
+using kernels::kMaxLayers;
+
+/// The config.json keys behind the linear-attention geometry, for the derived limits'
+/// messages.
+struct StateKeys {
+  std::string heads;      ///< the state heads (value heads)
+  std::string key_dim;    ///< K
+  std::string value_dim;  ///< V
+  std::string conv;       ///< how the conv channels are counted
+};
+
+/// Limits of combinations of keys (each key being within its range): the whole state of
+/// one request, tp = 1, must be a layout the pool can hold, and the KV cache per token
+/// bounded, so that plan()'s byte counts stay exact (planner.hpp, "Input bounds").
+void check_derived(const Fields& t, const ModelSpec& m, const StateKeys& keys) {
+  const auto count = [](std::uint64_t v) { return std::to_string(v); };
+  if (m.linear_layers == 0) t.fail_text("no linear-attention layers in config");
+  if (m.conv_kernel > 1 && m.conv_channels > kernels::kMaxConvChannels) {
+    t.fail_text("the short-conv channels per layer, " + keys.conv + " = " + count(m.conv_channels) +
+                ", must be at most " + count(kernels::kMaxConvChannels));
+  }
+  const std::uint64_t rows =
+      std::uint64_t{m.linear_layers} * m.linear_value_heads * m.linear_key_dim;
+  const std::uint64_t conv =
+      m.conv_kernel > 1 ? std::uint64_t{m.linear_layers} * m.conv_channels * (m.conv_kernel - 1) * 2
+                        : 0;
+  const std::uint64_t fp32_page = rows * m.linear_value_dim * 4 + conv;
+  if (fp32_page > kernels::kMaxPageBytes) {
+    t.fail_text("one request's FP32 state, " + count(m.linear_layers) + " linear layers x " +
+                keys.heads + " x " + keys.key_dim + " x " + keys.value_dim +
+                " x 4 B + the conv state = " + count(fp32_page) +
+                " bytes, must be at most the pool's page limit of " +
+                count(kernels::kMaxPageBytes) + " bytes");
+  }
+  // stepquant rows are sized with a nominal plan, one impact factor per key row; a plan
+  // holding more could be neither stored nor installed (kMaxPlanBytes).
+  const std::uint64_t max_rows = kernels::stepquant::kMaxPlanBytes / sizeof(float);
+  if (rows > max_rows) {
+    t.fail_text(count(m.linear_layers) + " linear layers x " + keys.heads + " x " + keys.key_dim +
+                " = " + count(rows) +
+                " key rows of state, more than a STEPQuant plan describes (at most " +
+                count(max_rows) + ")");
+  }
+  const std::uint64_t kv = m.kv_elements_per_token();
+  if (kv > kMaxKvElementsPerToken) {
+    const std::string how = m.attention == AttentionKind::mla
+                                ? count(m.full_layers) + " full-attention layers x (" +
+                                      t.key("kv_lora_rank") + " + " + t.key("qk_rope_head_dim") +
+                                      ")"
+                                : count(m.full_layers) + " full-attention layers x 2 x " +
+                                      t.key("num_key_value_heads") + " x " + t.key("head_dim");
+    t.fail_text("the KV cache per token, " + how + " = " + count(kv) +
+                " elements, must be at most " + count(kMaxKvElementsPerToken));
+  }
+  // Every limit of kernels::validate() is covered above; this only guards that promise.
+  if (const std::string problem = kernels::validate(m.state_layout()); !problem.empty())
+    t.fail_text("the linear-attention state is not one the pool can hold: " + problem);
+}
+
 // --- Qwen3-Next / Qwen3.5 (GDN) -------------------------------------------------------
 void parse_qwen(const Fields& t, const Fields& top, ModelSpec& m) {
   m.arch = kernels::Arch::gdn;
-  m.hidden_size = t.count("hidden_size");
-  m.num_layers = t.count("num_hidden_layers");
+  m.hidden_size = t.number("hidden_size", 1, kMaxHiddenSize);
+  m.num_layers = t.number("num_hidden_layers", 1, kMaxLayers);
   if (t.has("layer_types")) {
     const auto types = t.str_list("layer_types");
-    if (types.size() != m.num_layers)
-      t.fail("length differs from num_hidden_layers:", "layer_types");
+    if (types.size() != m.num_layers) {
+      t.fail_text(t.key("layer_types") + " has " + std::to_string(types.size()) + " entries, " +
+                  t.key("num_hidden_layers") + " is " + std::to_string(m.num_layers));
+    }
     for (const auto& type : types) {
       if (type == "full_attention") {
         ++m.full_layers;
       } else if (type == "linear_attention") {
         ++m.linear_layers;
       } else {
-        t.fail("unknown layer type '" + type + "' in", "layer_types");
+        t.fail("unknown layer type '" + type.substr(0, 40) + "' in", "layer_types");
       }
     }
   } else {
     // Qwen3-Next: layer i (0-based) is full attention iff (i + 1) % interval == 0.
-    const std::uint32_t interval = t.count("full_attention_interval");
+    const std::uint32_t interval = t.number("full_attention_interval", 1, kMaxLayers);
     for (std::uint32_t i = 0; i < m.num_layers; ++i) {
       if ((i + 1) % interval == 0) {
         ++m.full_layers;
@@ -137,11 +243,12 @@ void parse_qwen(const Fields& t, const Fields& top, ModelSpec& m) {
       }
     }
   }
-  m.linear_key_heads = t.count("linear_num_key_heads");
-  m.linear_value_heads = t.count("linear_num_value_heads");
-  m.linear_key_dim = t.count("linear_key_head_dim");
-  m.linear_value_dim = t.count("linear_value_head_dim");
-  m.conv_kernel = t.count("linear_conv_kernel_dim");
+  m.linear_key_heads = t.number("linear_num_key_heads", 1, kMaxHeads);
+  m.linear_value_heads = t.number("linear_num_value_heads", 1, kMaxHeads);
+  m.linear_key_dim = t.number("linear_key_head_dim", 1, kMaxHeadDim);
+  m.linear_value_dim = t.number("linear_value_head_dim", 1, kMaxHeadDim);
+  m.conv_kernel = t.number("linear_conv_kernel_dim", 1, kMaxConvKernel);
+  // At most 3 x 2^22: no overflow in 32 bits.
   m.conv_channels =
       2 * m.linear_key_heads * m.linear_key_dim + m.linear_value_heads * m.linear_value_dim;
   const std::string ssm = t.str_or("mamba_ssm_dtype", "");
@@ -154,17 +261,18 @@ void parse_qwen(const Fields& t, const Fields& top, ModelSpec& m) {
   } else if (ssm.empty()) {
     m.state_dtype = kernels::DType::bf16;
   } else {
-    t.fail("unsupported value '" + ssm + "' in", "mamba_ssm_dtype");
+    t.fail("unsupported value '" + ssm.substr(0, 40) + "' in", "mamba_ssm_dtype");
   }
 
   m.attention = AttentionKind::gqa;
-  m.attention_heads = t.count("num_attention_heads");
-  m.kv_heads = t.count("num_key_value_heads");
-  m.head_dim = t.count("head_dim");
+  m.attention_heads = t.number("num_attention_heads", 1, kMaxHeads);
+  m.kv_heads = t.number("num_key_value_heads", 1, kMaxHeads);
+  m.head_dim = t.number("head_dim", 1, kMaxHeadDim);
 
-  // Parameters (see docs/capacity.md, "Parameter count").
+  // Parameters (see docs/capacity.md, "Parameter count"). The key ranges bound every
+  // term: a layer stays below 2^49, the whole model below 2^60.
   const std::uint64_t h = m.hidden_size;
-  const std::uint64_t vocab = t.count("vocab_size");
+  const std::uint64_t vocab = t.number("vocab_size", 1, kMaxVocabSize);
   const bool tied = t.has("tie_word_embeddings") ? t.bool_or("tie_word_embeddings", false)
                                                  : top.bool_or("tie_word_embeddings", false);
   const std::uint64_t kh = m.linear_key_heads, vh = m.linear_value_heads;
@@ -180,33 +288,46 @@ void parse_qwen(const Fields& t, const Fields& top, ModelSpec& m) {
   const std::uint64_t attn = h * nh * hd * (gate ? 2 : 1) + 2 * h * nkv * hd + nh * hd * h + 2 * hd;
   std::uint64_t mlp = 0;
   if (t.has("num_experts")) {
-    const std::uint64_t experts = t.count("num_experts");
-    const std::uint64_t moe = t.count("moe_intermediate_size");
-    const std::uint64_t shared = t.u32_or("shared_expert_intermediate_size", 0);
+    const std::uint64_t experts = t.number("num_experts", 1, kMaxExperts);
+    const std::uint64_t moe = t.number("moe_intermediate_size", 1, kMaxIntermediateSize);
+    const std::uint64_t shared =
+        t.number_or("shared_expert_intermediate_size", 0, 0, kMaxIntermediateSize);
     // Router, routed experts (gate/up/down), shared expert and its sigmoid gate.
     mlp = experts * h + experts * 3 * h * moe + 3 * h * shared + (shared > 0 ? h : 0);
   } else {
-    mlp = 3 * h * t.count("intermediate_size");
+    mlp = 3 * h * t.number("intermediate_size", 1, kMaxIntermediateSize);
   }
   m.embedding_parameters = vocab * h * (tied ? 1 : 2);
   m.parameters = m.embedding_parameters + h + m.linear_layers * gdn + m.full_layers * attn +
                  m.num_layers * (mlp + 2 * h);
+  if (m.linear_value_heads % m.linear_key_heads != 0) {
+    // Each value head reads one key head.
+    t.fail_text(t.key("linear_num_value_heads") + " (" + std::to_string(m.linear_value_heads) +
+                ") must be a multiple of " + t.key("linear_num_key_heads") + " (" +
+                std::to_string(m.linear_key_heads) + ")");
+  }
+  check_derived(
+      t, m,
+      {t.key("linear_num_value_heads"), t.key("linear_key_head_dim"),
+       t.key("linear_value_head_dim"),
+       "2 x " + t.key("linear_num_key_heads") + " x " + t.key("linear_key_head_dim") + " + " +
+           t.key("linear_num_value_heads") + " x " + t.key("linear_value_head_dim")});
 }
 
 // --- Kimi-Linear (KDA + MLA) ----------------------------------------------------------
 void parse_kimi(const Fields& t, ModelSpec& m) {
   m.arch = kernels::Arch::kda;
-  m.hidden_size = t.count("hidden_size");
-  m.num_layers = t.count("num_hidden_layers");
+  m.hidden_size = t.number("hidden_size", 1, kMaxHiddenSize);
+  m.num_layers = t.number("num_hidden_layers", 1, kMaxLayers);
   const Fields la = t.sub("linear_attn_config");
   // 1-based layer lists.
-  const auto kda = la.u64_list("kda_layers");
-  const auto full = la.u64_list("full_attn_layers");
+  const auto kda = la.number_list("kda_layers", 1, m.num_layers);
+  const auto full = la.number_list("full_attn_layers", 1, m.num_layers);
   std::vector<int> seen(m.num_layers, 0);
-  auto mark = [&](const std::vector<std::uint64_t>& list, std::string_view name) {
-    for (const std::uint64_t layer : list) {
-      if (layer < 1 || layer > m.num_layers) la.fail("1-based layer out of range in", name);
-      if (seen[layer - 1]++ != 0) la.fail("layer listed twice in", name);
+  auto mark = [&](const std::vector<std::uint32_t>& list, std::string_view name) {
+    for (const std::uint32_t layer : list) {
+      if (seen[layer - 1]++ != 0)
+        la.fail("layer " + std::to_string(layer) + " listed twice in", name);
     }
   };
   mark(kda, "kda_layers");
@@ -217,24 +338,24 @@ void parse_kimi(const Fields& t, ModelSpec& m) {
   m.linear_layers = static_cast<std::uint32_t>(kda.size());
   m.full_layers = static_cast<std::uint32_t>(full.size());
   // The top-level head_dim (hidden / heads) is used by neither attention type.
-  const std::uint32_t heads = la.count("num_heads");
-  const std::uint32_t hd = la.count("head_dim");
+  const std::uint32_t heads = la.number("num_heads", 1, kMaxHeads);
+  const std::uint32_t hd = la.number("head_dim", 1, kMaxHeadDim);
   m.linear_key_heads = m.linear_value_heads = heads;
   m.linear_key_dim = m.linear_value_dim = hd;
-  m.conv_kernel = la.count("short_conv_kernel_size");
-  m.conv_channels = 3 * heads * hd;  // separate q, k and v short convolutions
+  m.conv_kernel = la.number("short_conv_kernel_size", 1, kMaxConvKernel);
+  m.conv_channels = 3 * heads * hd;  // separate q, k and v short convolutions; < 2^24
   m.state_dtype = kernels::DType::bf16;
   m.state_dtype_declared = false;
 
   m.attention = AttentionKind::mla;
-  m.attention_heads = t.count("num_attention_heads");
-  m.kv_lora_rank = t.count("kv_lora_rank");
-  m.qk_rope_head_dim = t.count("qk_rope_head_dim");
-  const std::uint64_t nope = t.count("qk_nope_head_dim");
-  const std::uint64_t vdim = t.count("v_head_dim");
+  m.attention_heads = t.number("num_attention_heads", 1, kMaxHeads);
+  m.kv_lora_rank = t.number("kv_lora_rank", 1, kMaxLoraRank);
+  m.qk_rope_head_dim = t.number("qk_rope_head_dim", 1, kMaxHeadDim);
+  const std::uint64_t nope = t.number("qk_nope_head_dim", 1, kMaxHeadDim);
+  const std::uint64_t vdim = t.number("v_head_dim", 1, kMaxHeadDim);
 
   const std::uint64_t h = m.hidden_size;
-  const std::uint64_t vocab = t.count("vocab_size");
+  const std::uint64_t vocab = t.number("vocab_size", 1, kMaxVocabSize);
   const bool tied = t.bool_or("tie_word_embeddings", false);
   const std::uint64_t p = std::uint64_t{heads} * hd;
   // KDA: q/k/v projections, three short convs, f (a: hidden->head_dim, b: ->p), g (same),
@@ -244,24 +365,27 @@ void parse_kimi(const Fields& t, ModelSpec& m) {
   const std::uint64_t H = m.attention_heads, r = m.kv_lora_rank, rope = m.qk_rope_head_dim;
   std::uint64_t q_proj = h * H * (nope + rope);
   if (t.has("q_lora_rank")) {
-    const std::uint64_t qr = t.count("q_lora_rank");
+    const std::uint64_t qr = t.number("q_lora_rank", 1, kMaxLoraRank);
     q_proj = h * qr + qr + qr * H * (nope + rope);
   }
   // MLA: q, kv_a (latent + rope key), latent norm, kv_b, output projection.
   const std::uint64_t mla = q_proj + h * (r + rope) + r + r * H * (nope + vdim) + H * vdim * h;
-  const std::uint64_t experts = t.count("num_experts");
-  const std::uint64_t moe_i = t.count("moe_intermediate_size");
-  const std::uint64_t shared = t.u32_or("num_shared_experts", 0);
+  const std::uint64_t experts = t.number("num_experts", 1, kMaxExperts);
+  const std::uint64_t moe_i = t.number("moe_intermediate_size", 1, kMaxIntermediateSize);
+  const std::uint64_t shared = t.number_or("num_shared_experts", 0, 0, kMaxExperts);
   // Router weight + score-correction bias, routed and shared experts.
   const std::uint64_t moe =
       experts * h + experts + experts * 3 * h * moe_i + shared * 3 * h * moe_i;
-  const std::uint64_t dense_layers = t.u32_or("first_k_dense_replace", 0);
-  if (dense_layers > m.num_layers)
-    t.fail("larger than num_hidden_layers:", "first_k_dense_replace");
-  const std::uint64_t dense = dense_layers > 0 ? 3 * h * t.count("intermediate_size") : 0;
+  const std::uint64_t dense_layers = t.number_or("first_k_dense_replace", 0, 0, m.num_layers);
+  const std::uint64_t dense =
+      dense_layers > 0 ? 3 * h * t.number("intermediate_size", 1, kMaxIntermediateSize) : 0;
   m.embedding_parameters = vocab * h * (tied ? 1 : 2);
   m.parameters = m.embedding_parameters + h + m.linear_layers * kda_params + m.full_layers * mla +
-                 dense_layers * dense + (m.num_layers - dense_layers) * moe + m.num_layers * 2 * h;
+                 dense_layers * dense + (m.num_layers - dense_layers) * moe +
+                 std::uint64_t{m.num_layers} * 2 * h;
+  check_derived(t, m,
+                {la.key("num_heads"), la.key("head_dim"), la.key("head_dim"),
+                 "3 x " + la.key("num_heads") + " x " + la.key("head_dim")});
 }
 
 }  // namespace
@@ -287,8 +411,8 @@ kernels::StateLayout ModelSpec::state_layout() const {
   layout.num_heads = linear_value_heads;
   layout.key_dim = linear_key_dim;
   layout.value_dim = linear_value_dim;
-  layout.conv_channels = conv_channels;
   layout.conv_width = conv_kernel > 0 ? conv_kernel - 1 : 0;
+  layout.conv_channels = layout.conv_width > 0 ? conv_channels : 0;
   layout.conv_dtype = kernels::DType::bf16;
   layout.codec.id = kernels::CodecId::fp32;
   return layout;
@@ -326,8 +450,8 @@ ModelSpec parse_model(std::string_view json_text, std::string_view source) {
     else if (a == "KimiLinearForCausalLM")
       type = "kimi_linear";
     else
-      throw std::invalid_argument(src + ": unsupported architecture '" + a + "' (architectures); " +
-                                  kSupported);
+      throw std::invalid_argument(src + ": unsupported architecture '" + a.substr(0, 64) +
+                                  "' (architectures); " + kSupported);
   }
   m.model_type = type;
   if (type == "qwen3_next") {
@@ -343,23 +467,14 @@ ModelSpec parse_model(std::string_view json_text, std::string_view source) {
     m.family = Family::kimi_linear;
     parse_kimi(top, m);
   } else {
-    throw std::invalid_argument(src + ": unsupported architecture '" + type + "' (model_type); " +
-                                kSupported);
-  }
-  if (m.linear_layers == 0) top.fail("no linear-attention layers in", "config");
-  if (m.arch == kernels::Arch::gdn && m.linear_value_heads % m.linear_key_heads != 0) {
-    top.fail("value heads not a multiple of key heads:", "linear_num_value_heads");
+    throw std::invalid_argument(src + ": unsupported architecture '" + type.substr(0, 64) +
+                                "' (model_type); " + kSupported);
   }
   return m;
 }
 
 ModelSpec load_model(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open model config " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw std::runtime_error("cannot read model config " + path);
-  return parse_model(text.str(), path);
+  return parse_model(calibration::read_file(path, kMaxModelConfigBytes), path);
 }
 
 }  // namespace statepool::planner

@@ -6,7 +6,9 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -34,6 +36,62 @@ bool is_stepquant(CodecId id) {
   return id == CodecId::stepquant4 || id == CodecId::stepquant6;
 }
 
+// --- Input checks: one per input, the same sentence from every door ------------------
+// "NAME must be RULE, got VALUE": VALUE is the number, or the text as given (quoted) when
+// it is not one (and a size as written). The text door (set_plan_input) and the binary one
+// (plan(), fits_now(), weight_bytes()) share them.
+
+[[noreturn]] void bad_input(std::string_view name, const std::string& rule,
+                            const std::string& got) {
+  throw std::invalid_argument(std::string(name) + " must be " + rule + ", got " + got);
+}
+std::string quoted(std::string_view text) {
+  return "'" + std::string(text.substr(0, 64)) + (text.size() > 64 ? "...'" : "'");
+}
+std::string between(std::uint64_t min, std::uint64_t max) {
+  return "between " + std::to_string(min) + " and " + std::to_string(max);
+}
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
+void check_range(std::string_view name, std::uint64_t value, std::uint64_t min, std::uint64_t max) {
+  if (value < min || value > max) bad_input(name, between(min, max), std::to_string(value));
+}
+constexpr const char* kWeightBitsRule = "16, 8 or 4";
+void check_weight_bits(std::uint64_t bits) {
+  if (bits != 16 && bits != 8 && bits != 4)
+    bad_input("weights-bits", kWeightBitsRule, std::to_string(bits));
+}
+std::string gpu_memory_rule() {
+  return "between 1 B and " + support::format_bytes(kMaxGpuMemory) + " (" +
+         std::to_string(kMaxGpuMemory) + " bytes)";
+}
+void check_gpu_memory(std::uint64_t bytes) {
+  if (bytes == 0 || bytes > kMaxGpuMemory)
+    bad_input("gpu-memory", gpu_memory_rule(), std::to_string(bytes) + " bytes");
+}
+constexpr const char* kReservedRule = "a fraction in [0, 1)";
+void check_reserved(double f) {
+  if (!(f >= 0.0 && f < 1.0)) bad_input("reserved", kReservedRule, number_text(f));
+}
+constexpr const char* kKvRule = "bf16, fp8, kivi2, kivi4 or flexgen4";
+
+/// Every input of plan(), as set_plan_input() would check it.
+void check_inputs(const PlanInputs& in) {
+  check_weight_bits(in.weight_bits);
+  if (KvDtype parsed{}; !parse_kv_dtype(to_string(in.kv), parsed))
+    bad_input("kv", kKvRule, std::to_string(static_cast<unsigned>(in.kv)));
+  detail::check_slots(in.slots);
+  check_range("context", in.context, 1, kMaxContext);
+  check_gpu_memory(in.gpu_memory);
+  check_reserved(in.reserved);
+  check_range("tp", in.tp, 1, kMaxTp);
+  if (in.concurrency) check_range("concurrency", *in.concurrency, 0, kMaxConcurrency);
+}
+
 /// Bytes of one 32-value group at `bits` with an fp16 scale and offset.
 std::uint64_t group_bytes(std::uint32_t bits) {
   return kKvGroup * bits / 8 + 4;
@@ -50,13 +108,19 @@ kernels::StateLayout rank_layout(const ModelSpec& m, std::uint32_t tp) {
   const std::uint32_t kh = m.linear_key_heads / tp;
   const std::uint32_t vh = m.linear_value_heads / tp;
   layout.num_heads = vh;
-  layout.conv_channels = m.arch == kernels::Arch::kda
-                             ? 3 * vh * m.linear_value_dim
-                             : 2 * kh * m.linear_key_dim + vh * m.linear_value_dim;
+  if (layout.conv_width > 0) {  // none at conv kernel 1
+    layout.conv_channels = m.arch == kernels::Arch::kda
+                               ? 3 * vh * m.linear_value_dim
+                               : 2 * kh * m.linear_key_dim + vh * m.linear_value_dim;
+  }
   return layout;
 }
 
 }  // namespace
+
+void detail::check_slots(std::uint64_t slots) {
+  check_range("slots", slots, 1, kMaxSlots);
+}
 
 const char* to_string(KvDtype kv) noexcept {
   switch (kv) {
@@ -145,9 +209,9 @@ std::uint64_t weight_bytes(std::uint64_t parameters, std::uint32_t bits) {
     case 16: return parameters * 2;
     case 8: return parameters + 2 * ceil_div(parameters, 128);
     case 4: return ceil_div(parameters, 2) + 2 * ceil_div(parameters, 128);
-    default:
-      throw std::invalid_argument("weight bits must be 16, 8 or 4, got " + std::to_string(bits));
+    default: check_weight_bits(bits);  // throws
   }
+  return 0;
 }
 
 std::uint64_t kv_request_bytes(const ModelSpec& m, KvDtype kv, std::uint64_t context,
@@ -165,29 +229,12 @@ std::uint64_t kv_request_bytes(const ModelSpec& m, KvDtype kv, std::uint64_t con
 
 PlanReport plan(const ModelSpec& model, const PlanInputs& in) {
   // Bounded so that no product below can overflow 64 bits, whichever door the inputs
-  // came through (the CLI and HTTP parse with the same bounds; the protocol does not).
-  const auto within = [](std::uint64_t value, std::uint64_t max, const char* what) {
-    if (value == 0 || value > max) {
-      throw std::invalid_argument(std::string(what) + " must be between 1 and " +
-                                  std::to_string(max) + ", got " + std::to_string(value));
-    }
-  };
-  within(in.tp, kMaxTp, "tp");
-  within(in.slots, kMaxSlots, "slots");
-  within(in.context, kMaxContext, "context");
-  within(in.gpu_memory, kMaxGpuMemory, "gpu memory");
-  if (in.concurrency && *in.concurrency > kMaxConcurrency) {
-    throw std::invalid_argument("concurrency must be at most " + std::to_string(kMaxConcurrency) +
-                                ", got " + std::to_string(*in.concurrency));
-  }
-  if (!(in.reserved >= 0.0 && in.reserved < 1.0)) {
-    throw std::invalid_argument("reserved fraction must be in [0, 1), got " +
-                                fixed(in.reserved, 3));
-  }
+  // came through (the CLI and HTTP parse with the same checks; the protocol does not).
+  check_inputs(in);
   PlanReport r;
   r.model = model;
   r.inputs = in;
-  if (r.inputs.codecs.empty()) r.inputs.codecs = planner_codecs();
+  r.inputs.codecs = detail::distinct(in.codecs.empty() ? planner_codecs() : in.codecs);
   r.layout = rank_layout(model, in.tp);
   r.weights = ceil_div(weight_bytes(model.parameters, in.weight_bits), in.tp);
   r.kv_per_request = kv_request_bytes(model, in.kv, in.context, in.tp);
@@ -228,7 +275,12 @@ PlanReport plan(const ModelSpec& model, const PlanInputs& in) {
     b.state = b.concurrency * row.state_per_request;
     b.kv = b.concurrency * r.kv_per_request;
     b.total = b.weights + b.state + b.kv;
-    b.free = static_cast<std::int64_t>(r.usable) - static_cast<std::int64_t>(b.total);
+    // total < 2^64 (model.hpp bounds: weights < 2^61, state <= 2^62, KV <= 2^63) but may
+    // pass 2^63 at an explicit concurrency: a shortfall beyond int64 is clamped.
+    constexpr auto kMaxShort = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    b.free = b.total <= r.usable
+                 ? static_cast<std::int64_t>(r.usable - b.total)
+                 : -static_cast<std::int64_t>(std::min(b.total - r.usable, kMaxShort));
     r.rows.push_back(row);
   }
   return r;
@@ -243,9 +295,11 @@ std::string format_text(const PlanReport& r) {
       << m.full_layers << " full (" << to_string(m.attention) << "), "
       << fixed(static_cast<double>(m.parameters) / 1e9, 2) << "B parameters\n";
   out << "state      per GPU: " << r.layout.num_layers << " layers x " << r.layout.num_heads
-      << " heads x " << r.layout.key_dim << " x " << r.layout.value_dim << ", conv "
-      << r.layout.conv_channels << " ch x " << r.layout.conv_width << " (bf16); " << in.slots
-      << " slot(s) per request; model state dtype "
+      << " heads x " << r.layout.key_dim << " x " << r.layout.value_dim << ", "
+      << (r.layout.conv_width == 0 ? std::string("no conv state (conv kernel 1)")
+                                   : "conv " + std::to_string(r.layout.conv_channels) + " ch x " +
+                                         std::to_string(r.layout.conv_width) + " (bf16)")
+      << "; " << in.slots << " slot(s) per request; model state dtype "
       << (m.state_dtype == kernels::DType::f32 ? "fp32" : "bf16")
       << (m.state_dtype_declared ? " (declared)" : " (not declared: engine default)") << '\n';
   out << "deployment " << in.weight_bits << "-bit weights, KV " << to_string(in.kv) << ", context "
@@ -382,17 +436,48 @@ std::string format_json(const PlanReport& report, const FitsReport& fits) {
 
 namespace {
 
-std::uint64_t input_uint(std::string_view name, std::string_view text, std::uint64_t min,
-                         std::uint64_t max) {
+/// Decimal digits only ("-1", "2x", "" are not numbers); nullopt otherwise, or when the
+/// number does not fit 64 bits.
+std::optional<std::uint64_t> whole_number(std::string_view text) {
   std::uint64_t value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < min ||
-      value > max) {
-    throw std::invalid_argument(std::string(name) + " must be a whole number between " +
-                                std::to_string(min) + " and " + std::to_string(max) + ", got '" +
-                                std::string(text) + "'");
-  }
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
+}
+
+std::uint64_t input_uint(std::string_view name, std::string_view text, std::uint64_t min,
+                         std::uint64_t max) {
+  const auto value = whole_number(text);
+  if (!value) bad_input(name, between(min, max), quoted(text));
+  check_range(name, *value, min, max);
+  return *value;
+}
+
+/// "all", or codec names separated by commas; a codec named twice counts once.
+std::vector<CodecId> parse_codec_list(std::string_view value) {
+  constexpr const char* kRule =
+      "all or a comma-separated list of fp32, bf16, fp16, int8, int6, int4, stepquant6, "
+      "stepquant4, dsq6, dsq4";
+  std::vector<CodecId> codecs;
+  if (value == "all") return codecs;
+  if (value.empty()) bad_input("state-codec", kRule, "''");
+  std::size_t start = 0;
+  while (start <= value.size()) {
+    const std::size_t comma = std::min(value.find(',', start), value.size());
+    const std::string_view item = value.substr(start, comma - start);
+    CodecId id{};
+    if (item.empty()) {
+      throw std::invalid_argument("state-codec: empty codec name in " + quoted(value) + " (" +
+                                  kRule + ")");
+    }
+    if (!kernels::parse_codec(item, id)) {
+      throw std::invalid_argument("state-codec: unknown codec " + quoted(item) + " (" + kRule +
+                                  ")");
+    }
+    codecs.push_back(id);
+    start = comma + 1;
+  }
+  return detail::distinct(codecs);
 }
 
 }  // namespace
@@ -406,34 +491,14 @@ const std::vector<std::string_view>& plan_input_names() {
 
 bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view value) {
   if (name == "weights-bits") {
-    const auto bits = input_uint(name, value, 4, 16);
-    if (bits != 4 && bits != 8 && bits != 16) {
-      throw std::invalid_argument("weights-bits must be 16, 8 or 4, got '" + std::string(value) +
-                                  "'");
-    }
-    in.weight_bits = static_cast<std::uint32_t>(bits);
+    const auto bits = whole_number(value);
+    if (!bits) bad_input(name, kWeightBitsRule, quoted(value));
+    check_weight_bits(*bits);
+    in.weight_bits = static_cast<std::uint32_t>(*bits);
   } else if (name == "kv") {
-    if (!parse_kv_dtype(value, in.kv)) {
-      throw std::invalid_argument("kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got '" +
-                                  std::string(value) + "'");
-    }
+    if (!parse_kv_dtype(value, in.kv)) bad_input(name, kKvRule, quoted(value));
   } else if (name == "state-codec") {
-    std::vector<CodecId> codecs;
-    if (value != "all") {
-      std::size_t start = 0;
-      while (start <= value.size()) {
-        const std::size_t comma = std::min(value.find(',', start), value.size());
-        const std::string_view item = value.substr(start, comma - start);
-        CodecId id{};
-        if (!kernels::parse_codec(item, id)) {
-          throw std::invalid_argument("state-codec: unknown codec '" + std::string(item) +
-                                      "' (all, or names such as int6,stepquant6)");
-        }
-        codecs.push_back(id);
-        start = comma + 1;
-      }
-    }
-    in.codecs = std::move(codecs);
+    in.codecs = parse_codec_list(value);
   } else if (name == "slots") {
     in.slots = static_cast<std::uint32_t>(input_uint(name, value, 1, kMaxSlots));
   } else if (name == "context") {
@@ -445,20 +510,14 @@ bool set_plan_input(PlanInputs& in, std::string_view name, std::string_view valu
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument("gpu-memory: " + std::string(e.what()));
     }
-    if (bytes == 0 || bytes > kMaxGpuMemory) {
-      throw std::invalid_argument("gpu-memory must be between 1 B and " +
-                                  support::format_bytes(kMaxGpuMemory) + ", got '" +
-                                  std::string(value) + "'");
-    }
+    if (bytes == 0 || bytes > kMaxGpuMemory) bad_input(name, gpu_memory_rule(), quoted(value));
     in.gpu_memory = bytes;
   } else if (name == "reserved") {
     double f = -1;
     const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), f);
-    if (value.empty() || ec != std::errc() || end != value.data() + value.size() ||
-        !(f >= 0.0 && f < 1.0)) {
-      throw std::invalid_argument("reserved must be a fraction in [0, 1), got '" +
-                                  std::string(value) + "'");
-    }
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size())
+      bad_input(name, kReservedRule, quoted(value));
+    check_reserved(f);
     in.reserved = f;
   } else if (name == "tp") {
     in.tp = static_cast<std::uint32_t>(input_uint(name, value, 1, kMaxTp));

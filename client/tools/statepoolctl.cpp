@@ -1,8 +1,11 @@
 // statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain), and plan
 // capacity offline from a model's config.json (plan; no daemon needed).
-// Exit status: 0 success, 1 the daemon refused or could not be reached (plan: the model
-// config could not be read or is not supported), 2 usage error.
+// Exit status: 0 success; 1 (kFailureExit) the daemon refused or could not be reached, or an
+// input file (--model, install-plan FILE) could not be read or is not valid; 2
+// (kUsageExit) a bad command line. A bad command line is reported with the usage; every
+// other problem in one line without it.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +29,9 @@ namespace {
 
 using statepool::tools::UsageError;
 
+/// Exit status of everything but a bad command line (0: success, kUsageExit: usage).
+constexpr int kFailureExit = 1;
+
 constexpr const char* kUsage = R"(usage: statepoolctl [options] <command>
 
 Talks to a running statepoold over its Unix socket.
@@ -43,18 +49,21 @@ commands:
   fits      what fits now: how many more requests of a model's state (--model, --tp,
             --slots, --state-codec) the running daemon can take for --tenant, per codec
 
-plan and fits options:
+plan and fits options (fits takes --model, --tp, --slots and --state-codec):
   --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
   --weights-bits N       16, 8 or 4 (8/4: one fp16 scale per 128 weights; default 16)
   --kv NAME              KV cache: bf16, fp8, kivi2, kivi4, flexgen4 (default bf16)
   --state-codec LIST     all (default: fp32 bf16 int8 int6 stepquant6 stepquant4) or codec
-                         names, comma-separated (stepquant: nominal plan, docs/capacity.md)
-  --slots N              state slots per request (default 1)
-  --context N            tokens per request (default 32768)
-  --gpu-memory SIZE      memory of one GPU, e.g. 141GiB, 80GB (default 141GiB)
-  --reserved F           fraction kept back for activations and runtime (default 0.1)
-  --tp N                 tensor-parallel degree (default 1)
-  --concurrency N        breakdown at N requests (default: at each codec's maximum)
+                         names, comma-separated, one row each (a repeat counts once;
+                         stepquant: nominal plan, docs/capacity.md)
+  --slots N              state slots per request, 1-1024 (default 1)
+  --context N            tokens per request, 1-16777216 (default 32768)
+  --gpu-memory SIZE      memory of one GPU, e.g. 141GiB, 80GB; at most 1PiB (default 141GiB)
+  --reserved F           fraction kept back for activations and runtime, in [0, 1)
+                         (default 0.1)
+  --tp N                 tensor-parallel degree, 1-1024 (default 1)
+  --concurrency N        breakdown at N requests, 0-1048576 (default: at each codec's
+                         maximum)
 
 options:
   --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
@@ -65,8 +74,9 @@ options:
   --json           machine-readable output (ping, stats, install-plan, plan, fits)
   -h, --help       this text
 
-exit status: 0 success, 1 daemon error or daemon unreachable (plan: unreadable or
-unsupported model config), 2 usage error
+exit status: 0 success, 1 daemon error or daemon unreachable, or an unreadable or
+unsupported --model config or plan file, 2 usage error (a bad option, or a plan input the
+model cannot take, such as a --tp that does not divide its heads)
 )";
 
 struct Args {
@@ -79,6 +89,23 @@ struct Args {
   statepool::planner::PlanInputs plan;
   bool json = false;
 };
+
+/// A text option that must not be empty (an empty --socket or --tenant would silently mean
+/// something else: the default).
+statepool::tools::po::typed_value<std::string>* non_empty(std::string& out, const char* option,
+                                                          const char* instead) {
+  return statepool::tools::parsed(out, [option, instead](const std::string& text) {
+    if (text.empty()) throw UsageError(std::string("--") + option + " must not be empty" + instead);
+    return text;
+  });
+}
+
+/// The planner inputs each planning command reads (the others have none).
+bool takes_plan_input(const std::string& command, std::string_view name) {
+  if (command == "plan") return true;
+  if (command == "fits") return name == "tp" || name == "slots" || name == "state-codec";
+  return false;
+}
 
 /// Reads the command line into `args`; returns the exit status to leave with now (--help,
 /// a usage error), or nullopt to go on.
@@ -95,11 +122,13 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
   // clang-format off
   cli.add_options()
       ("json", po::bool_switch(&args.json))
-      ("socket", po::value(&args.options.socket_path))
-      ("tenant", po::value(&args.options.tenant))
+      ("socket", non_empty(args.options.socket_path, "socket",
+                           " (leave it out for $STATEPOOL_SOCKET or the default)"))
+      ("tenant", non_empty(args.options.tenant, "tenant",
+                           " (leave it out for the daemon's default tenant)"))
       ("timeout", bounded(timeout_ms, 1, 3600 * 1000))
       ("count", bounded(args.count, 1, 1000000))
-      ("model", po::value(&args.model));
+      ("model", non_empty(args.model, "model", ""));
   // clang-format on
   // --NAME VALUE for every planner input, read by the planner's own parser (as the
   // daemon's HTTP API reads ?NAME=VALUE); a bad value is a usage error.
@@ -115,15 +144,29 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
   }
   cli.positional("command", args.command).positional("operand", operands, -1);
 
-  const auto check = [&](const po::variables_map&) {
+  const auto check = [&](const po::variables_map& given) {
     if (args.command.empty()) throw UsageError("no command given");
     if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
         args.command != "install-plan" && args.command != "plan" && args.command != "fits") {
       throw UsageError("unknown command '" + args.command + "'");
     }
+    // An option the command does not read is refused rather than ignored.
+    const bool planning = args.command == "plan" || args.command == "fits";
+    for (const std::string_view name : planner::plan_input_names()) {
+      if (given.count(std::string(name)) == 0 || takes_plan_input(args.command, name)) continue;
+      throw UsageError("--" + std::string(name) +
+                       (planning ? " does not apply to fits (it takes --model, --tp, --slots "
+                                   "and --state-codec)"
+                                 : " applies to plan and fits only"));
+    }
+    if (given.count("model") != 0 && !planning)
+      throw UsageError("--model applies to plan and fits only");
+    if (given.count("count") != 0 && args.command != "ping")
+      throw UsageError("--count applies to ping only");
     auto operand = operands.begin();
     if (args.command == "install-plan") {
       if (operand == operands.end()) throw UsageError("install-plan needs a plan file");
+      if (operand->empty()) throw UsageError("install-plan: the plan file name is empty");
       args.plan_file = *operand++;
     }
     if (operand != operands.end())
@@ -224,11 +267,38 @@ void ping(statepool::client::Connection& conn, const Args& args) {
   }
 }
 
+/// The plan of --model under the plan inputs (plan and fits, before any daemon is asked).
+/// nullopt after reporting, in one line, why not: kFailureExit for a config that cannot be
+/// read or is not supported (the message names the path and the config.json key),
+/// kUsageExit for inputs the model cannot take (a --tp that does not divide its heads).
+std::optional<statepool::planner::PlanReport> plan_model(const Args& args, int& exit_status) {
+  namespace planner = statepool::planner;
+  planner::ModelSpec model;
+  try {
+    model = planner::load_model(args.model);
+  } catch (const std::exception& e) {
+    std::cerr << "statepoolctl: " << e.what() << '\n';
+    exit_status = kFailureExit;
+    return std::nullopt;
+  }
+  try {
+    return planner::plan(model, args.plan);
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "statepoolctl: " << args.command << ": " << e.what() << '\n';
+    exit_status = statepool::tools::kUsageExit;
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    std::cerr << "statepoolctl: " << args.command << ": " << e.what() << '\n';
+    exit_status = kFailureExit;
+    return std::nullopt;
+  }
+}
+
 /// statepoolctl fits: registers the model's per-GPU state shape and asks the daemon
 /// (FitsNow); printed by the planner's own formatters, so it reads like POST /v1/plan.
-void fits_command(statepool::client::Connection& conn, const Args& args) {
+void fits_command(statepool::client::Connection& conn, const Args& args,
+                  const statepool::planner::PlanReport& report) {
   namespace planner = statepool::planner;
-  const planner::PlanReport report = planner::plan(planner::load_model(args.model), args.plan);
   statepool::kernels::StateLayout layout = report.layout;
   layout.name = report.model.model_type + "-tp" + std::to_string(args.plan.tp);
   const auto info = conn.register_layout(layout);
@@ -258,38 +328,36 @@ void fits_command(statepool::client::Connection& conn, const Args& args) {
   std::cout << (args.json ? planner::format_json(out) : planner::format_text(out));
 }
 
-/// statepoolctl plan: offline, no daemon.
-int plan_command(const Args& args) {
-  statepool::planner::ModelSpec model;
-  try {
-    model = statepool::planner::load_model(args.model);
-  } catch (const std::exception& e) {
-    std::cerr << "statepoolctl: " << e.what() << '\n';
-    return 1;
-  }
-  statepool::planner::PlanReport report;
-  try {
-    report = statepool::planner::plan(model, args.plan);
-  } catch (const std::invalid_argument& e) {
-    return statepool::tools::report_usage_error("statepoolctl", std::string("plan: ") + e.what(),
-                                                kUsage);
-  }
-  std::cout << (args.json ? statepool::planner::format_json(report)
-                          : statepool::planner::format_text(report));
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Args args;
   if (const auto exit_status = parse(argc, argv, args)) return *exit_status;
+  // Local inputs first: a bad model config or plan file is reported as such, with or
+  // without a daemon, and never reaches one.
+  std::optional<statepool::planner::PlanReport> report;
+  if (args.command == "plan" || args.command == "fits") {
+    int exit_status = 0;
+    report = plan_model(args, exit_status);
+    if (!report) return exit_status;
+  }
   if (args.command == "plan") {
     try {
-      return plan_command(args);
+      std::cout << (args.json ? statepool::planner::format_json(*report)
+                              : statepool::planner::format_text(*report));
+      return 0;
     } catch (const std::exception& e) {
       std::cerr << "statepoolctl: " << e.what() << '\n';
-      return 1;
+      return kFailureExit;
+    }
+  }
+  std::optional<statepool::kernels::stepquant::Plan> plan_file;
+  if (args.command == "install-plan") {
+    try {
+      plan_file = statepool::kernels::stepquant::load(args.plan_file);
+    } catch (const std::exception& e) {
+      std::cerr << "statepoolctl: " << e.what() << '\n';
+      return kFailureExit;
     }
   }
   try {
@@ -305,9 +373,7 @@ int main(int argc, char** argv) {
         statepool::tools::print_stats(std::cout, stats);
       }
     } else if (args.command == "install-plan") {
-      // Load and validate locally first: a bad file never reaches the daemon.
-      const auto plan = statepool::kernels::stepquant::load(args.plan_file);
-      const auto info = conn.install_plan(plan);
+      const auto info = conn.install_plan(*plan_file);  // loaded and validated above
       if (args.json) {
         const boost::json::object out{{"digest", info.digest},
                                       {"units", info.units},
@@ -322,7 +388,7 @@ int main(int argc, char** argv) {
                   << " bits per value on average\n";
       }
     } else if (args.command == "fits") {
-      fits_command(conn, args);
+      fits_command(conn, args, *report);
     } else {
       conn.drain();
       if (!args.json) std::cout << "statepoold at " << args.options.socket_path << " is draining\n";
@@ -330,13 +396,13 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const statepool::client::ConnectionError& e) {
     std::cerr << "statepoolctl: " << e.what() << '\n';
-    return 1;
+    return kFailureExit;
   } catch (const statepool::client::Error& e) {
     std::cerr << "statepoolctl: " << args.command << " failed ("
               << statepool::protocol::status_name(e.status()) << "): " << e.what() << '\n';
-    return 1;
+    return kFailureExit;
   } catch (const std::exception& e) {
     std::cerr << "statepoolctl: " << e.what() << '\n';
-    return 1;
+    return kFailureExit;
   }
 }

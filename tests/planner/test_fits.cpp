@@ -106,6 +106,21 @@ TEST(FitsNow, OneArenaHoldsAtMostMaxArenaPages) {
 
 TEST(FitsNow, ZeroSlotsIsRefused) {
   EXPECT_THROW((void)fits_now(shape(), pool_wide(1u << 20), 0), std::invalid_argument);
+  // The bound of every door (docs/capacity.md), in the planner's sentence.
+  try {
+    (void)fits_now(shape(), pool_wide(1u << 20), kMaxSlots + 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "slots must be between 1 and 1024, got 1025");
+  }
+}
+
+TEST(FitsNow, ACodecNamedTwiceGetsOneRow) {
+  const FitsReport r =
+      fits_now(shape(), pool_wide(1u << 20), 1, {CodecId::int6, CodecId::fp32, CodecId::int6});
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.rows[0].codec, CodecId::int6);
+  EXPECT_EQ(r.rows[1].codec, CodecId::fp32);
 }
 
 TEST(FitsNow, JsonCarriesEveryRowAndNullsForNoTenantAndNoQuota) {
@@ -160,8 +175,10 @@ TEST(PlanInputs, EveryNameParsesAndBadValuesChangeNothing) {
   };
   refuses("weights-bits", "6", "16, 8 or 4");
   refuses("kv", "fp4", "kv must be");
-  refuses("state-codec", "int6,,int8", "unknown codec ''");
-  refuses("state-codec", "zip", "unknown codec 'zip'");
+  refuses("state-codec", "int6,,int8", "state-codec: empty codec name in 'int6,,int8'");
+  refuses("state-codec", "int6,", "empty codec name");
+  refuses("state-codec", "", "state-codec must be all or a comma-separated list of fp32,");
+  refuses("state-codec", "zip", "unknown codec 'zip' (all or a comma-separated list of");
   refuses("slots", "0", "slots must be");
   refuses("slots", "2x", "got '2x'");
   refuses("context", "-1", "context must be");

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "pool/pool.hpp"
 #include "statepool/planner/planner.hpp"
@@ -171,6 +175,129 @@ TEST(Planner, WeightBytes) {
   EXPECT_THROW((void)weight_bytes(1280, 3), std::invalid_argument);
 }
 
+std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// Regression: --weights-bits said "must be 16, 8 or 4" for 5 but "must be a whole number
+// between 4 and 16" for 32, and plan() "weight bits must be ..."; every input had two
+// wordings (set_plan_input and plan()). One check per input now, one sentence.
+TEST(Planner, OneSentencePerInputFromEveryDoor) {
+  const ModelSpec m = load("qwen3.5-27b.json");
+  const auto text = [](std::string_view name, std::string_view value) {
+    return refusal([&] {
+      PlanInputs in;
+      (void)set_plan_input(in, name, value);
+    });
+  };
+  const auto binary = [&](const std::function<void(PlanInputs&)>& set) {
+    return refusal([&] {
+      PlanInputs in;
+      set(in);
+      (void)plan(m, in);
+    });
+  };
+  const std::string bits = "weights-bits must be 16, 8 or 4, got ";
+  EXPECT_EQ(text("weights-bits", "5"), bits + "5");
+  EXPECT_EQ(text("weights-bits", "32"), bits + "32");
+  EXPECT_EQ(text("weights-bits", "0"), bits + "0");
+  EXPECT_EQ(text("weights-bits", "-8"), bits + "'-8'");
+  EXPECT_EQ(text("weights-bits", "eight"), bits + "'eight'");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.weight_bits = 5; }), bits + "5");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.weight_bits = 32; }), bits + "32");
+  EXPECT_EQ(refusal([] { (void)weight_bytes(1280, 3); }), bits + "3");
+
+  EXPECT_EQ(text("slots", "0"), "slots must be between 1 and 1024, got 0");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.slots = 0; }),
+            "slots must be between 1 and 1024, got 0");
+  EXPECT_EQ(text("tp", "1025"), "tp must be between 1 and 1024, got 1025");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.tp = 1025; }),
+            "tp must be between 1 and 1024, got 1025");
+  EXPECT_EQ(text("concurrency", "1048577"),
+            "concurrency must be between 0 and 1048576, got 1048577");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.concurrency = 1048577; }),
+            "concurrency must be between 0 and 1048576, got 1048577");
+  EXPECT_EQ(text("reserved", "1"), "reserved must be a fraction in [0, 1), got 1");
+  EXPECT_EQ(text("reserved", "0.1.2"), "reserved must be a fraction in [0, 1), got '0.1.2'");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.reserved = 1.0; }),
+            "reserved must be a fraction in [0, 1), got 1");
+  const std::string gpu =
+      "gpu-memory must be between 1 B and 1.0 PiB (1125899906842624 bytes), got ";
+  EXPECT_EQ(text("gpu-memory", "0"), gpu + "'0'");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.gpu_memory = 0; }), gpu + "0 bytes");
+  EXPECT_EQ(text("kv", "fp4"), "kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got 'fp4'");
+  EXPECT_EQ(binary([](PlanInputs& in) { in.kv = static_cast<KvDtype>(9); }),
+            "kv must be bf16, fp8, kivi2, kivi4 or flexgen4, got 9");
+}
+
+// Regression: --state-codec fp32,fp32,int6 printed the fp32 row twice.
+TEST(Planner, ACodecNamedTwiceGetsOneRowWhereFirstNamed) {
+  PlanInputs in;
+  ASSERT_TRUE(set_plan_input(in, "state-codec", "int6,fp32,int6,fp32"));
+  EXPECT_EQ(in.codecs, (std::vector<CodecId>{CodecId::int6, CodecId::fp32}));
+  // Lists from the protocol are not parsed from text: plan() drops repeats itself.
+  in.codecs = {CodecId::bf16, CodecId::int8, CodecId::bf16};
+  const PlanReport r = plan(load("qwen3.5-27b.json"), in);
+  ASSERT_EQ(r.rows.size(), 2u);
+  EXPECT_EQ(r.rows[0].codec, CodecId::bf16);
+  EXPECT_EQ(r.rows[1].codec, CodecId::int8);
+  EXPECT_EQ(r.inputs.codecs, (std::vector<CodecId>{CodecId::bf16, CodecId::int8}));
+}
+
+TEST(Planner, ConvKernelOnePlansAStateWithoutConv) {
+  ModelSpec m = load("qwen3-next-80b-a3b-instruct.json");
+  m.conv_kernel = 1;
+  PlanInputs in;
+  in.tp = 2;
+  const PlanReport r = plan(m, in);
+  EXPECT_EQ(r.layout.conv_width, 0u);
+  EXPECT_EQ(r.layout.conv_channels, 0u);
+  EXPECT_EQ(row(r, CodecId::fp32).page_bytes, 36ull * 16 * 128 * 128 * 4);
+  EXPECT_NE(format_text(r).find("no conv state (conv kernel 1)"), std::string::npos);
+}
+
+// Every key at the top of its range where the derived limits allow (the largest
+// parameter count and KV cache parse_model accepts), and every input at its bound: the
+// counts must not wrap around 64 bits.
+constexpr const char* kLargest = R"({
+  "model_type": "qwen3_next", "hidden_size": 65536, "num_hidden_layers": 1024,
+  "full_attention_interval": 1024, "linear_num_key_heads": 1, "linear_num_value_heads": 1,
+  "linear_key_head_dim": 1, "linear_value_head_dim": 1, "linear_conv_kernel_dim": 65,
+  "num_attention_heads": 1024, "num_key_value_heads": 32, "head_dim": 4096,
+  "num_experts": 4096, "moe_intermediate_size": 262144,
+  "shared_expert_intermediate_size": 262144, "vocab_size": 16777216})";
+
+TEST(Planner, TheLargestAcceptedConfigStaysExact) {
+  const ModelSpec m = parse_model(kLargest);
+  EXPECT_EQ(m.kv_elements_per_token(), kMaxKvElementsPerToken);
+  // The routed experts alone: 1024 layers x 4096 x 3 x 65536 x 262144 = 3 x 2^56.
+  const std::uint64_t experts = 1024ull * 4096 * 3 * 65536 * 262144;
+  EXPECT_GT(m.parameters, experts);
+  EXPECT_LT(m.parameters, experts + experts / 100);
+  PlanInputs in;
+  in.context = kMaxContext;
+  in.slots = kMaxSlots;
+  in.concurrency = kMaxConcurrency;
+  in.gpu_memory = kMaxGpuMemory;
+  in.weight_bits = 16;
+  const PlanReport r = plan(m, in);
+  EXPECT_EQ(r.weights, m.parameters * 2);
+  EXPECT_EQ(r.kv_per_request, kMaxKvElementsPerToken * 2 * kMaxContext);
+  for (const CodecRow& row : r.rows) {
+    const Breakdown& b = row.breakdown;
+    EXPECT_EQ(b.state / kMaxConcurrency, row.state_per_request);
+    EXPECT_EQ(b.kv / kMaxConcurrency, r.kv_per_request);
+    EXPECT_EQ(b.total - b.state - b.kv, b.weights);
+    EXPECT_GT(b.total, std::uint64_t{1} << 63);  // past int64: free is clamped, not wrapped
+    EXPECT_EQ(b.free, -std::numeric_limits<std::int64_t>::max());
+  }
+}
+
 TEST(Planner, TensorParallelDividesHeads) {
   const ModelSpec m = load("qwen3-next-80b-a3b-instruct.json");
   PlanInputs in;
@@ -244,10 +371,12 @@ TEST(Planner, InputsOutsideTheirBoundsAreRefused) {
   refused(in, "tp must be between 1 and 1024");
   in = {};
   in.gpu_memory = kMaxGpuMemory + 1;
-  refused(in, "gpu memory must be between");
+  refused(in,
+          "gpu-memory must be between 1 B and 1.0 PiB (1125899906842624 bytes), got "
+          "1125899906842625 bytes");
   in = {};
   in.concurrency = kMaxConcurrency + 1;
-  refused(in, "concurrency must be at most 1048576");
+  refused(in, "concurrency must be between 0 and 1048576, got 1048577");
   // At the bounds every byte count still fits: the breakdown adds up exactly.
   in = {};
   in.context = kMaxContext;

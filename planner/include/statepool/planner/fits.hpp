@@ -64,8 +64,9 @@ struct FitsReport {
   std::vector<FitRow> rows;
 };
 
-/// Counts, for each codec (empty = planner_codecs()), the requests that fit now. Throws
-/// std::invalid_argument for slots 0 or a shape the codecs cannot page.
+/// Counts, for each codec (empty = planner_codecs(); one row per codec named, in the order
+/// first named), the requests that fit now. Throws std::invalid_argument for slots outside
+/// 1..kMaxSlots or a shape the codecs cannot page.
 [[nodiscard]] FitsReport fits_now(const kernels::StateLayout& shape, const LivePool& live,
                                   std::uint32_t slots,
                                   const std::vector<kernels::CodecId>& codecs = {});

@@ -81,9 +81,10 @@ inline constexpr std::uint64_t kMaxConcurrency = 1ull << 20;
 struct PlanInputs {
   std::uint32_t weight_bits = 16;  ///< 16, 8 or 4
   KvDtype kv = KvDtype::bf16;
-  std::vector<kernels::CodecId> codecs;  ///< empty = planner_codecs()
-  std::uint32_t slots = 1;               ///< state slots per request
-  std::uint64_t context = 32768;         ///< tokens per request
+  /// empty = planner_codecs(); a codec named twice gets one row, where first named.
+  std::vector<kernels::CodecId> codecs;
+  std::uint32_t slots = 1;        ///< state slots per request
+  std::uint64_t context = 32768;  ///< tokens per request
   std::uint64_t gpu_memory = 141ull << 30;
   double reserved = 0.1;  ///< fraction of gpu_memory kept for activations, runtime, ...
   std::uint32_t tp = 1;
@@ -130,13 +131,17 @@ struct PlanReport {
 };
 
 /// Weight bytes of the whole model: 16 bits: 2 B per parameter; 8 / 4 bits: 1 / 0.5 B
-/// plus one fp16 scale per 128 weights (group-wise weight-only quantization).
+/// plus one fp16 scale per 128 weights (group-wise weight-only quantization). Other bits:
+/// std::invalid_argument "weights-bits must be 16, 8 or 4, got 5", as from plan() and
+/// set_plan_input().
 [[nodiscard]] std::uint64_t weight_bytes(std::uint64_t parameters, std::uint32_t bits);
 /// KV bytes per request on one rank.
 [[nodiscard]] std::uint64_t kv_request_bytes(const ModelSpec& model, KvDtype kv,
                                              std::uint64_t context, std::uint32_t tp);
 
-/// Runs the plan. Throws std::invalid_argument for bad inputs (naming them).
+/// Runs the plan. Throws std::invalid_argument for bad inputs, naming them by the names of
+/// set_plan_input() with its messages ("tp must be between 1 and 1024, got 0"), or for
+/// inputs the model cannot take ("tp 3 does not divide the linear heads ...").
 [[nodiscard]] PlanReport plan(const ModelSpec& model, const PlanInputs& inputs);
 
 /// Readable table and notes.
@@ -151,8 +156,10 @@ struct PlanReport {
 /// share: weights-bits, kv, state-codec (all, or a comma-separated list of codec names),
 /// slots, context, gpu-memory (a size: support::parse_size, "80GB" = 80 * 10^9 bytes,
 /// "141GiB" = 141 * 2^30; at most kMaxGpuMemory), reserved, tp, concurrency. Returns false
-/// for an unknown name; throws std::invalid_argument ("slots must be between 1 and 1024,
-/// got '0'") for a bad value, leaving `inputs` unchanged.
+/// for an unknown name; throws std::invalid_argument for a bad value, leaving `inputs`
+/// unchanged: "NAME must be RULE, got VALUE", the value as a number when it is one
+/// ("slots must be between 1 and 1024, got 0"), else quoted as given ("weights-bits must
+/// be 16, 8 or 4, got 'x'"): the same sentence plan() throws for the same value.
 bool set_plan_input(PlanInputs& inputs, std::string_view name, std::string_view value);
 /// The names set_plan_input() knows, in the order above.
 [[nodiscard]] const std::vector<std::string_view>& plan_input_names();
