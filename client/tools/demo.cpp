@@ -246,11 +246,18 @@ int run(const Args& args) {
             << " (protocol " << conn.protocol_version() << ")\n";
 
   // Register every codec's layout first: the staged state size is the same for all.
-  // A stepquant layout carries its plan; the client installs it in the daemon if needed.
+  // Each plan is installed before its stepquant layout is registered. install_plan is
+  // idempotent and says whether the daemon already had the plan; registering first would
+  // make the daemon answer not_found for a new plan (register_layout then installs it and
+  // retries), and count that answer in statepool_errors_total on every demo run.
   std::vector<sc::LayoutInfo> layouts;
   for (const auto codec : codecs) layouts.push_back(conn.register_layout(demo_layout(args, codec)));
   for (const auto& plan : plans) {
     const auto codec = plan->budget_bits == 4 ? sk::CodecId::stepquant4 : sk::CodecId::stepquant6;
+    const sc::PlanInfo installed = conn.install_plan(*plan);
+    std::cout << "plan " << installed.digest
+              << (installed.created ? ": installed in the daemon\n"
+                                    : ": the daemon already had it\n");
     layouts.push_back(conn.register_layout(demo_layout(args, codec, plan)));
   }
   const auto& fp32 = layouts.front();

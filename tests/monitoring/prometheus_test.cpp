@@ -149,6 +149,7 @@ class PrometheusProcess {
 
   [[nodiscard]] bool running() const { return ::waitpid(pid_, nullptr, WNOHANG) == 0; }
   [[nodiscard]] std::string log() const { return slurp(log_); }
+  [[nodiscard]] int port() const noexcept { return port_; }
 
   /// Values of the instant query `promql` (empty while there is no result).
   [[nodiscard]] std::vector<double> query(const std::string& promql) const {
@@ -219,6 +220,17 @@ TEST(Prometheus, ScrapesTheDaemonAndEvaluatesTheRules) {
   ASSERT_TRUE(ratio.has_value()) << prometheus.log();
   EXPECT_NEAR(*ratio, layout.compression_ratio(), 1e-9);
 
-  // The target-down alert stays silent while the daemon is up.
+  // The target alerts stay silent while the daemon is up. StatepoolTargetDown finds the
+  // daemon's target through the recording rule statepool:scrape_targets:info.
   EXPECT_EQ(prometheus.query("up{job=\"statepool\"}"), std::vector<double>{1.0});
+  const auto target = prometheus.wait_for_value("statepool:scrape_targets:info", 10s);
+  ASSERT_TRUE(target.has_value()) << prometheus.log();
+  EXPECT_EQ(*target, 1.0);
+  // StatepoolAbsent may be pending from an evaluation before the first scrape; it must
+  // resolve (neither alert is active) once the target is scraped.
+  const std::string target_alerts = "ALERTS{alertname=~\"StatepoolTargetDown|StatepoolAbsent\"}";
+  EXPECT_TRUE(
+      statepool::testing::eventually([&] { return prometheus.query(target_alerts).empty(); }, 10s))
+      << statepool::testing::http_get(prometheus.port(),
+                                      "/api/v1/query?query=" + url_encode(target_alerts));
 }
