@@ -43,6 +43,13 @@ int main(int argc, char** argv) {
   }
   const Config& config = args.config;
   set_log_level(config.log_level);
+  std::uint64_t descriptor_limit = 0;
+  try {
+    descriptor_limit = Server::prepare_descriptor_limit(config);
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "statepoold: configuration error: %s\n", e.what());
+    return 2;
+  }
   std::signal(SIGPIPE, SIG_IGN);
 
   // Plans are configuration: load and validate them all before creating anything.
@@ -68,7 +75,7 @@ int main(int argc, char** argv) {
     WorkerPool workers(config.workers, kWorkerNice);
     Backend backend = make_backend(config, workers);
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
-             backend.executor->name(), " executor");
+             backend.executor->name(), " executor; descriptor limit ", descriptor_limit);
     TrackingResource staging_memory(*backend.memory);
     PoolConfig pool_config = config.pool;
     pool_config.capacity_bytes = pool_capacity(config, *backend.memory);

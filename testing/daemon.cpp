@@ -174,6 +174,11 @@ Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
     argv.insert(argv.end(), {"--api-address", "off"});
   }
   argv.insert(argv.end(), args.begin(), args.end());
+  if (options.descriptor_limit != 0) {
+    // prlimit sets the limit and execs the daemon: same pid, so stop() and pid() hold.
+    const std::string limit = std::to_string(options.descriptor_limit);
+    argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=" + limit + ":" + limit, "--"});
+  }
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

@@ -110,6 +110,12 @@ bool valid_tenant_name(const std::string& name) {
   });
 }
 
+/// A [tenant.NAME] section's max-* keys; unset ones take the --tenant-max-* defaults.
+struct LimitOverrides {
+  std::optional<std::uint64_t> layouts, plans, arenas, connections, staging;
+};
+using Overrides = std::map<std::string, LimitOverrides>;
+
 TenantConfig& tenant_entry(std::vector<TenantConfig>& tenants, const std::string& name,
                            const std::string& where) {
   if (!valid_tenant_name(name)) {
@@ -118,7 +124,7 @@ TenantConfig& tenant_entry(std::vector<TenantConfig>& tenants, const std::string
   }
   for (auto& t : tenants)
     if (t.name == name) return t;
-  tenants.push_back(TenantConfig{name, 0, {}, {}});
+  tenants.push_back(TenantConfig{name, 0, {}, {}, {}});
   return tenants.back();
 }
 
@@ -131,7 +137,8 @@ void parse_tenant_flag(const std::string& text, std::vector<TenantConfig>& tenan
 }
 
 void parse_tenant_key(const std::string& key, const std::string& value,
-                      std::vector<TenantConfig>& tenants, const std::string& file) {
+                      std::vector<TenantConfig>& tenants, Overrides& overrides,
+                      const std::string& file) {
   // key is "tenant.NAME.FIELD"
   const auto last = key.rfind('.');
   const std::string name = key.substr(7, last - 7);
@@ -144,9 +151,50 @@ void parse_tenant_key(const std::string& key, const std::string& value,
     for (auto id : parse_id_list(value, what)) tenant.uids.push_back(static_cast<uid_t>(id));
   } else if (field == "gids") {
     for (auto id : parse_id_list(value, what)) tenant.gids.push_back(static_cast<gid_t>(id));
+  } else if (field == "max-layouts") {
+    overrides[name].layouts = parse_count(value, what);
+  } else if (field == "max-plans") {
+    overrides[name].plans = parse_count(value, what);
+  } else if (field == "max-arenas") {
+    overrides[name].arenas = parse_count(value, what);
+  } else if (field == "max-connections") {
+    overrides[name].connections = parse_count(value, what);
+  } else if (field == "max-staging-bytes") {
+    overrides[name].staging = parse_size(value, what);
   } else {
     throw ConfigError("unknown key '" + field + "' in section [tenant." + name + "] of " + file +
-                      " (known: quota, uids, gids)");
+                      " (known: quota, uids, gids, max-layouts, max-plans, max-arenas, "
+                      "max-connections, max-staging-bytes)");
+  }
+}
+
+/// A count limit from `value`, which must lie in [1, max]; `what` names where it came from.
+std::uint32_t count_limit(std::uint64_t value, std::uint64_t max, const std::string& what) {
+  if (value < 1 || value > max) {
+    throw ConfigError(what + " must be between 1 and " + std::to_string(max) + ", got " +
+                      std::to_string(value));
+  }
+  return static_cast<std::uint32_t>(value);
+}
+
+/// Every tenant's limits: its section's max-* keys, else the --tenant-max-* defaults.
+void resolve_limits(const TenantLimits& defaults, const Overrides& overrides,
+                    std::vector<TenantConfig>& tenants) {
+  for (TenantConfig& t : tenants) {
+    t.limits = defaults;
+    const auto it = overrides.find(t.name);
+    if (it == overrides.end()) continue;
+    const LimitOverrides& o = it->second;
+    const std::string section = "[tenant." + t.name + "] ";
+    if (o.layouts) t.limits.max_layouts = count_limit(*o.layouts, 65536, section + "max-layouts");
+    if (o.plans) t.limits.max_plans = count_limit(*o.plans, 4096, section + "max-plans");
+    if (o.arenas) t.limits.max_arenas = count_limit(*o.arenas, 65536, section + "max-arenas");
+    if (o.connections)
+      t.limits.max_connections = count_limit(*o.connections, 65536, section + "max-connections");
+    if (o.staging) {
+      if (*o.staging == 0) throw ConfigError(section + "max-staging-bytes must be positive");
+      t.limits.max_staging_bytes = *o.staging;
+    }
   }
 }
 
@@ -184,7 +232,8 @@ std::string usage_text(const po::options_description& options) {
          "statepool daemon: owns the recurrent-state memory of hybrid linear-attention LLMs,\n"
          "keeps it compressed, and serves engines over a Unix socket.\n"
          "Every option can also be set in the --config file (INI: `name = value`; tenants in\n"
-         "[tenant.NAME] sections with quota, uids, gids). Flags override the file.\n"
+         "[tenant.NAME] sections with quota, uids, gids and the max-* limits). Flags override\n"
+         "the file.\n"
          "Sizes are a number with an optional unit (docs/operations.md):\n  "
       << support::size_units_text() << "\nDurations take ms/s/m/h.\n\n"
       << options;
@@ -242,10 +291,12 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   Config& config = result.config;
   std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
-      log_level, allow_uids, hello_timeout;
+      log_level, allow_uids, hello_timeout, staging_capacity, tenant_staging;
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0,
-                max_unattached = 0;
+                max_unattached = 0, tenant_layouts = 0, tenant_plans = 0, tenant_arenas = 0,
+                tenant_connections = 0;
+  Overrides overrides;
 
   // clang-format off
   po::options_description general("General");
@@ -280,6 +331,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "largest request payload accepted, header excluded (4KiB-64MiB)")
       ("max-staging-bytes", po::value<std::string>(&max_staging)->default_value("4GiB"),
        "staging memory one connection may hold")
+      ("staging-capacity", po::value<std::string>(&staging_capacity)->default_value("16GiB"),
+       "staging memory all connections together may hold")
       ("io-timeout", po::value<std::string>(&io_timeout)->default_value("10s"),
        "time to finish receiving a started frame or sending a reply")
       ("drain-timeout", po::value<std::string>(&drain_timeout)->default_value("10s"),
@@ -313,9 +366,29 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "load every *.spqp plan file in this directory at start")
       ("tenant", po::value<std::vector<std::string>>(&tenant_flags)->composing(),
        "NAME[:QUOTA] (repeatable); without tenants everyone is tenant 'default'");
+  const TenantLimits limit_defaults;
+  po::options_description limits("Tenant limits (defaults for every tenant; a [tenant.NAME] "
+                                 "section's max-* keys override them)");
+  limits.add_options()
+      ("tenant-max-layouts",
+       po::value<std::uint64_t>(&tenant_layouts)->default_value(limit_defaults.max_layouts),
+       "distinct layouts one tenant may add to the daemon (max-layouts)")
+      ("tenant-max-plans",
+       po::value<std::uint64_t>(&tenant_plans)->default_value(limit_defaults.max_plans),
+       "STEPQuant plans one tenant may add to the daemon (max-plans)")
+      ("tenant-max-arenas",
+       po::value<std::uint64_t>(&tenant_arenas)->default_value(limit_defaults.max_arenas),
+       "arenas one tenant may open (max-arenas)")
+      ("tenant-max-connections",
+       po::value<std::uint64_t>(&tenant_connections)
+           ->default_value(limit_defaults.max_connections),
+       "connections attached to one tenant at once (max-connections)")
+      ("tenant-max-staging-bytes",
+       po::value<std::string>(&tenant_staging)->default_value("8GiB"),
+       "staging memory all connections of one tenant may hold together (max-staging-bytes)");
   // clang-format on
   po::options_description all;
-  all.add(general).add(server).add(pool);
+  all.add(general).add(server).add(pool).add(limits);
 
   po::variables_map vm;
   std::vector<TenantConfig> tenants;
@@ -350,7 +423,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
         if (option.string_key.rfind("tenant.", 0) == 0 &&
             option.string_key.find('.', 7) != std::string::npos) {
           parse_tenant_key(option.string_key, option.value.empty() ? "" : option.value.front(),
-                           tenants, file);
+                           tenants, overrides, file);
         } else {
           throw ConfigError("unknown option '" + option.string_key + "' in " + file);
         }
@@ -421,6 +494,19 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     throw ConfigError(
         "--max-staging-bytes must be positive: states reach the daemon through "
         "staging buffers");
+  config.staging_capacity = parse_size(staging_capacity, "--staging-capacity");
+  if (config.staging_capacity == 0) throw ConfigError("--staging-capacity must be positive");
+  {
+    TenantLimits& d = config.pool.default_limits;
+    d.max_layouts = count_limit(tenant_layouts, 65536, "--tenant-max-layouts");
+    d.max_plans = count_limit(tenant_plans, 4096, "--tenant-max-plans");
+    d.max_arenas = count_limit(tenant_arenas, 65536, "--tenant-max-arenas");
+    d.max_connections = count_limit(tenant_connections, 65536, "--tenant-max-connections");
+    d.max_staging_bytes = parse_size(tenant_staging, "--tenant-max-staging-bytes");
+    if (d.max_staging_bytes == 0)
+      throw ConfigError("--tenant-max-staging-bytes must be positive");
+    resolve_limits(d, overrides, config.pool.tenants);
+  }
   config.io_timeout = parse_duration(io_timeout, "--io-timeout");
   if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
   config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
@@ -503,19 +589,28 @@ std::string describe(const Config& config) {
       << config.max_unattached_connections << " per uid before Hello, which must come within "
       << config.hello_timeout.count() << " ms), frames up to "
       << format_bytes(config.max_frame_bytes) << ", staging up to "
-      << format_bytes(config.max_staging_bytes) << " per connection\n"
+      << format_bytes(config.max_staging_bytes) << " per connection and "
+      << format_bytes(config.staging_capacity) << " in all\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
       << ", api " << (config.api_address.empty() ? "disabled" : config.api_address) << ", threads "
       << config.threads << ", workers " << config.workers << "\n";
   for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
+  const auto describe_limits = [&out](const TenantLimits& l) {
+    out << "; at most " << l.max_layouts << " layouts, " << l.max_plans << " plans, "
+        << l.max_arenas << " arenas, " << l.max_connections << " connections, "
+        << format_bytes(l.max_staging_bytes) << " staging";
+  };
   if (config.pool.tenants.empty()) {
-    out << "tenants: default (no quota)\n";
+    out << "tenants: default (no quota";
+    describe_limits(config.pool.default_limits);
+    out << ")\n";
   } else {
     for (const auto& t : config.pool.tenants) {
       out << "tenant " << t.name << ": quota "
           << (t.quota_bytes == 0 ? std::string("unlimited") : format_bytes(t.quota_bytes));
       if (!t.uids.empty() || !t.gids.empty())
         out << ", " << t.uids.size() << " uids, " << t.gids.size() << " gids allowed";
+      describe_limits(t.limits);
       out << "\n";
     }
   }

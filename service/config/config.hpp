@@ -38,6 +38,7 @@ struct Config {
   PoolConfig pool;
   std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
+  std::uint64_t staging_capacity = 16ull << 30;  ///< all connections together
   std::uint32_t max_connections = 256;
   /// Connections of one peer uid that have not completed Hello yet (not attached to a
   /// tenant): at most this many at once, so one user's silent connections cannot lock

@@ -94,6 +94,11 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
     std::rethrow_exception(failure);
   } catch (const StatusError& e) {
     result.status = e.status();
+    // Every internal reply is logged (docs/operations.md), whoever raised it.
+    if (e.status() == Status::internal) {
+      LOG_ERROR("session", "connection ", connection.id, ": internal error in ",
+                protocol::request_name(request.body_type()), ": ", e.what());
+    }
     build_error(result.builder, request.id(), e.status(), e.what());
   } catch (const std::exception& e) {
     result.status = Status::internal;

@@ -49,8 +49,8 @@ struct ConnectionState {
   std::string tenant;
   std::string client_name;
   LeaseId lease = 0;
-  /// This connection's staging budget (--max-staging-bytes), over the server's staging
-  /// memory; set by the session.
+  /// This connection's staging budget (--max-staging-bytes), over its tenant's budget
+  /// (ServerContext::tenant_staging); set by Hello.
   std::unique_ptr<LimitingResource> staging_limit;
   std::map<std::uint32_t, std::shared_ptr<Allocation>> staging;
   std::uint32_t next_staging_id = 1;
@@ -65,7 +65,14 @@ struct ServerContext {
   std::chrono::steady_clock::time_point started;
   std::function<std::uint32_t()> clients_connected;
   std::function<void(const std::string& why)> request_drain;
+  /// The staging budget all connections of a tenant share (max-staging-bytes), over the
+  /// daemon's (--staging-capacity). The tenant must exist.
+  std::function<MemoryResource&(const std::string& tenant)> tenant_staging;
 };
+
+/// Staging buffers one connection may hold at once: each holds a descriptor in the
+/// daemon, so their number is bounded as well as their bytes.
+inline constexpr std::size_t kMaxStagingBuffers = 64;
 
 struct HandlerResult {
   flatbuffers::FlatBufferBuilder builder;

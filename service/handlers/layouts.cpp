@@ -27,7 +27,7 @@ Handled handle(Call& call, const wire::RegisterLayout& in) {
   co_await async_run(
       call.server.workers,
       [&] {
-        id = pool.register_layout(message.layout);
+        id = pool.register_layout(call.connection.tenant, message.layout);
         codec = pool.layout(id);
       },
       boost::asio::use_awaitable);
@@ -53,7 +53,7 @@ Handled handle(Call& call, const wire::InstallPlan& in) {
         } catch (const std::invalid_argument& e) {
           throw StatusError(Status::invalid_argument, cat("invalid plan: ", e.what()));
         }
-        info = pool.install_plan(plan);
+        info = pool.install_plan(call.connection.tenant, plan);
       },
       boost::asio::use_awaitable);
   if (info.created) {

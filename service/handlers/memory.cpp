@@ -54,9 +54,14 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
   ServerContext& s = call.server;
   ConnectionState& c = call.connection;
   STATEPOOL_EXPECTS(in.bytes() > 0, Status::invalid_argument, "staging bytes must be positive");
+  STATEPOOL_EXPECTS(c.staging.size() < kMaxStagingBuffers, Status::quota_exceeded,
+                    cat("this connection holds ", c.staging.size(),
+                        " staging buffers, the most one connection may hold; close one "
+                        "(CloseStaging) first"));
   const std::uint32_t staging_id = c.next_staging_id++;
   std::shared_ptr<Allocation> memory;
-  // The connection's budget refuses first (quota_exceeded, nothing allocated).
+  // The connection's budget refuses first, then the tenant's (quota_exceeded), then the
+  // daemon's (pool_exhausted); a refusal allocates nothing.
   co_await async_run(
       s.workers,
       [&] {

@@ -43,7 +43,12 @@ Handled handle(Call& call, const wire::Hello& in) {
                                  ? std::string("default")
                                  : in.tenant()->str();
   s.pool.check_peer(tenant, c.uid, c.gid);  // unknown_tenant / permission_denied
+  auto staging = std::make_unique<LimitingResource>(
+      s.tenant_staging(s.pool.tenant(tenant).name), s.config.max_staging_bytes,
+      Status::quota_exceeded,
+      LimitText{"staging limit of this connection", "held", " (--max-staging-bytes)"});
   const LeaseGrant grant = s.pool.attach_lease(tenant, str(in.lease_token()));
+  c.staging_limit = std::move(staging);
   c.hello_done = true;
   c.tenant = tenant;
   c.lease = grant.id;

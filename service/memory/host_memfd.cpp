@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "log.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/support/errno_text.hpp"
 #include "statepool/support/unique_fd.hpp"
@@ -28,6 +29,9 @@ using support::UniqueFd;
       err == ENOMEM || err == ENOSPC || err == EFBIG || err == EMFILE || err == ENFILE;
   std::string message = std::string(call) + "('" + std::string(label) + "', " +
                         std::to_string(bytes) + " bytes): " + errno_text(err);
+  // A shortage is the client's pool_exhausted, but the operator must see it too: the
+  // host (descriptors, memory, tmpfs space) is short, not the pool's capacity.
+  if (shortage) LOG_WARN("memory", "host memory allocation failed: ", message);
   throw StatusError(shortage ? Status::pool_exhausted : Status::internal, message);
 }
 

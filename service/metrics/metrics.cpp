@@ -227,7 +227,8 @@ class PoolCollector final : public prometheus::Collectable {
         sample({}, static_cast<double>(stats.pages_reclaimed_total), MetricType::Counter));
     out.push_back(std::move(reclaimed));
 
-    // Calibration state: the STEPQuant plans the daemon holds (at most kMaxPlans).
+    // Calibration state: the STEPQuant plans the daemon holds (at most --tenant-max-plans
+    // per tenant, and those loaded at start).
     // Named "width", not "bits": promtool's lint takes "bits" for a non-base unit (it wants
     // bytes). Plans call bits per value a width (Plan::widths, Plan::average_width).
     auto plan_width = family("statepool_plan_average_width",
@@ -255,7 +256,7 @@ class PoolCollector final : public prometheus::Collectable {
 
 /// Reasons a connection is refused (statepool_connections_refused_total), pre-created.
 constexpr const char* kRefusalReasons[] = {"uid", "connection_limit", "unattached_limit",
-                                           "hello_timeout"};
+                                           "hello_timeout", "descriptors"};
 
 }  // namespace
 
@@ -278,7 +279,7 @@ struct Metrics::Impl {
         refused(prometheus::BuildCounter()
                     .Name("statepool_connections_refused_total")
                     .Help("Connections closed before they became clients, by reason (uid, "
-                          "connection_limit, unattached_limit, hello_timeout).")
+                          "connection_limit, unattached_limit, hello_timeout, descriptors).")
                     .Register(*registry)),
         connections(prometheus::BuildCounter()
                         .Name("statepool_connections_total")

@@ -1,6 +1,8 @@
 #pragma once
-// ArenaTable: the arenas, one per (tenant, layout): each a memory allocation cut into
-// pages at a fixed stride, a slot allocator, and the owning lease of every slot.
+// ArenaTable: the arenas, each of one (tenant, layout): a memory allocation cut into
+// pages at a fixed stride, a slot allocator, and the owning lease of every slot. An
+// arena's size is fixed (clients map it whole); a tenant that needs a larger one for the
+// same layout gets a second arena beside the first (find() picks among them).
 //
 // Creating an arena's memory can take long (a multi-GiB memfd is committed page by page)
 // and must not happen under the pool's lock, so creation is two steps: reserve() marks
@@ -43,7 +45,11 @@ class ArenaTable {
  public:
   using Key = std::pair<std::size_t, LayoutId>;  ///< (tenant, layout)
 
-  [[nodiscard]] Arena* find(const Key& key) noexcept;
+  /// Of the arenas for `key` with at least `pages` pages (any size when 0), the one with
+  /// the most free pages (the oldest among equals); nullptr when none.
+  [[nodiscard]] Arena* find(const Key& key, std::uint32_t pages) noexcept;
+  /// Arenas of the tenant, those being created included.
+  [[nodiscard]] std::size_t count_for_tenant(std::size_t tenant) const noexcept;
   /// Throws StatusError(not_found).
   [[nodiscard]] Arena& get(ArenaId id);
   [[nodiscard]] const Arena& get(ArenaId id) const;
@@ -61,11 +67,12 @@ class ArenaTable {
 
   [[nodiscard]] const std::vector<std::unique_ptr<Arena>>& all() const noexcept { return arenas_; }
   [[nodiscard]] std::vector<std::unique_ptr<Arena>>& all() noexcept { return arenas_; }
-  [[nodiscard]] std::size_t index_size() const noexcept { return index_.size(); }
+  /// Arena ids in the index (each arena once).
+  [[nodiscard]] std::size_t index_size() const noexcept;
 
  private:
   std::vector<std::unique_ptr<Arena>> arenas_;  // id = index + 1
-  std::map<Key, ArenaId> index_;
+  std::map<Key, std::vector<ArenaId>> index_;   // oldest first
   std::set<Key> pending_;
 };
 

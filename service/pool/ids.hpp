@@ -16,12 +16,4 @@ using SlotId = std::uint32_t;
 /// Pages are placed at this alignment inside an arena (page_stride = round_up(page_bytes)).
 inline constexpr std::size_t kPageAlignment = 256;
 
-/// Distinct layouts are few (one per model and codec); the cap bounds what a client that
-/// registers garbage layouts in a loop can make the daemon hold.
-inline constexpr std::size_t kMaxLayouts = 256;
-
-/// Plans the daemon holds are few (one per model and budget); the cap bounds what a
-/// client installing garbage plans in a loop can make it keep.
-inline constexpr std::size_t kMaxPlans = 64;
-
 }  // namespace statepool::service

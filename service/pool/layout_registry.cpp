@@ -14,7 +14,32 @@ PlanInfo describe_plan(const std::string& digest, const kernels::stepquant::Plan
                   plan.average_width(), created};
 }
 
+/// Refuses when the owner has added its limit of entries (`count` of them) already.
+void check_owner(const std::optional<RegistryOwner>& owner, std::uint32_t count,
+                 const char* what, const char* key) {
+  if (!owner || count < owner->limit) return;
+  throw StatusError(Status::quota_exceeded,
+                    "tenant '" + std::string(owner->name) + "' has added " +
+                        std::to_string(count) + " " + what + ", its limit (" + key +
+                        " in its [tenant] section, default --tenant-" + key + ")");
+}
+
+std::uint32_t count_of(const std::map<std::size_t, std::uint32_t>& counts, std::size_t tenant) {
+  const auto it = counts.find(tenant);
+  return it == counts.end() ? 0 : it->second;
+}
+
 }  // namespace
+
+std::uint32_t LayoutRegistry::layouts_added(std::size_t tenant) const {
+  const std::lock_guard lock(mutex_);
+  return count_of(layouts_added_, tenant);
+}
+
+std::uint32_t LayoutRegistry::plans_added(std::size_t tenant) const {
+  const std::lock_guard lock(mutex_);
+  return count_of(plans_added_, tenant);
+}
 
 LayoutId LayoutRegistry::find_locked(const kernels::StateLayout& layout) const noexcept {
   for (std::size_t i = 0; i < layouts_.size(); ++i) {
@@ -23,12 +48,15 @@ LayoutId LayoutRegistry::find_locked(const kernels::StateLayout& layout) const n
   return 0;
 }
 
-LayoutId LayoutRegistry::register_layout(const kernels::StateLayout& layout) {
+LayoutId LayoutRegistry::register_layout(const kernels::StateLayout& layout,
+                                         const std::optional<RegistryOwner>& owner) {
   const std::string problem = kernels::validate(layout);
   STATEPOOL_EXPECTS(problem.empty(), Status::invalid_argument, "invalid layout: " + problem);
   {
     const std::lock_guard lock(mutex_);
     if (const LayoutId id = find_locked(layout); id != 0) return id;
+    // Refuse before building the page format: a tenant at its limit costs no work.
+    if (owner) check_owner(owner, count_of(layouts_added_, owner->tenant), "layouts", "max-layouts");
   }
   // Build the page format outside the lock: it may take a while for large layouts.
   std::shared_ptr<const kernels::PageCodec> codec;
@@ -40,10 +68,14 @@ LayoutId LayoutRegistry::register_layout(const kernels::StateLayout& layout) {
   const std::lock_guard lock(mutex_);
   // Another thread may have registered the same layout meanwhile: look again.
   if (const LayoutId id = find_locked(layout); id != 0) return id;
-  STATEPOOL_EXPECTS(
-      layouts_.size() < kMaxLayouts, Status::pool_exhausted,
-      "too many distinct layouts registered (limit " + std::to_string(kMaxLayouts) + ")");
-  layouts_.push_back(std::move(codec));
+  if (owner) {
+    std::uint32_t& added = layouts_added_[owner->tenant];
+    check_owner(owner, added, "layouts", "max-layouts");
+    layouts_.push_back(std::move(codec));
+    ++added;
+  } else {
+    layouts_.push_back(std::move(codec));
+  }
   return static_cast<LayoutId>(layouts_.size());
 }
 
@@ -54,7 +86,8 @@ std::shared_ptr<const kernels::PageCodec> LayoutRegistry::layout(LayoutId id) co
   return layouts_[id - 1];
 }
 
-PlanInfo LayoutRegistry::install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan) {
+PlanInfo LayoutRegistry::install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan,
+                                      const std::optional<RegistryOwner>& owner) {
   STATEPOOL_EXPECTS(plan != nullptr, Status::invalid_argument, "install_plan without a plan");
   const std::string problem = kernels::stepquant::validate(*plan);
   STATEPOOL_EXPECTS(problem.empty(), Status::invalid_argument, "invalid plan: " + problem);
@@ -68,9 +101,14 @@ PlanInfo LayoutRegistry::install_plan(std::shared_ptr<const kernels::stepquant::
         "a different plan with digest " + digest + " is already installed; refusing to replace it");
     return describe_plan(digest, *it->second, false);
   }
-  STATEPOOL_EXPECTS(plans_.size() < kMaxPlans, Status::pool_exhausted,
-                    "too many plans installed (limit " + std::to_string(kMaxPlans) + ")");
-  plans_.emplace(digest, plan);
+  if (owner) {
+    std::uint32_t& added = plans_added_[owner->tenant];
+    check_owner(owner, added, "plans", "max-plans");
+    plans_.emplace(digest, plan);
+    ++added;
+  } else {
+    plans_.emplace(digest, plan);
+  }
   return describe_plan(digest, *plan, true);
 }
 

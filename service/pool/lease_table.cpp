@@ -12,8 +12,10 @@ Lease& LeaseTable::create(std::size_t tenant, std::string token) {
   const auto [tok, inserted] = tokens_.emplace(std::move(token), lease.id);
   if (!inserted) throw StatusError(Status::internal, "lease token already in use");
   try {
+    attached_.try_emplace(tenant, 0);  // may throw; the increment below cannot
     auto [it, ok] = leases_.emplace(lease.id, std::move(lease));
     ++next_id_;
+    ++attached_[tenant];
     return it->second;
   } catch (...) {
     tokens_.erase(tok);
@@ -57,17 +59,25 @@ void LeaseTable::orphan(Lease& lease, Clock::time_point deadline) {
   deadlines_.emplace(deadline, lease.id);
   lease.attached = false;
   lease.deadline = deadline;
+  --attached_[lease.tenant];
 }
 
 void LeaseTable::reattach(Lease& lease) noexcept {
   deadlines_.erase({lease.deadline, lease.id});
   lease.attached = true;
   lease.deadline = {};
+  ++attached_[lease.tenant];  // the tenant's entry exists since its first lease
+}
+
+std::uint32_t LeaseTable::attached_count(std::size_t tenant) const noexcept {
+  const auto it = attached_.find(tenant);
+  return it == attached_.end() ? 0 : it->second;
 }
 
 void LeaseTable::erase(LeaseId id) noexcept {
   const auto it = leases_.find(id);
   if (it == leases_.end()) return;
+  if (it->second.attached) --attached_[it->second.tenant];
   if (!it->second.attached) deadlines_.erase({it->second.deadline, id});
   tokens_.erase(it->second.token);
   leases_.erase(it);
@@ -86,7 +96,9 @@ std::optional<Clock::time_point> LeaseTable::next_deadline() const noexcept {
 std::vector<std::string> LeaseTable::check() const {
   std::vector<std::string> problems;
   std::size_t orphaned = 0;
+  std::unordered_map<std::size_t, std::uint32_t> attached;
   for (const auto& [id, lease] : leases_) {
+    if (lease.attached) ++attached[lease.tenant];
     const std::string name = "lease " + std::to_string(id);
     if (lease.id != id) problems.push_back(name + ": stored under the wrong id");
     const auto tok = tokens_.find(lease.token);
@@ -103,6 +115,14 @@ std::vector<std::string> LeaseTable::check() const {
   if (tokens_.size() != leases_.size()) {
     problems.push_back(std::to_string(tokens_.size()) + " tokens for " +
                        std::to_string(leases_.size()) + " leases");
+  }
+  for (const auto& [tenant, count] : attached_) {
+    const auto it = attached.find(tenant);
+    if (count != (it == attached.end() ? 0 : it->second)) {
+      problems.push_back("tenant " + std::to_string(tenant) + ": " + std::to_string(count) +
+                         " attached leases counted, " +
+                         std::to_string(it == attached.end() ? 0 : it->second) + " found");
+    }
   }
   if (deadlines_.size() != orphaned) {
     problems.push_back(std::to_string(deadlines_.size()) + " deadlines for " +

@@ -66,6 +66,9 @@ class LeaseTable {
   [[nodiscard]] std::optional<LeaseId> first_expired(Clock::time_point now) const noexcept;
   [[nodiscard]] std::optional<Clock::time_point> next_deadline() const noexcept;
 
+  /// Attached leases of the tenant (its connections that completed Hello).
+  [[nodiscard]] std::uint32_t attached_count(std::size_t tenant) const noexcept;
+
   [[nodiscard]] const std::unordered_map<LeaseId, Lease>& all() const noexcept { return leases_; }
   /// Cross-checks tokens and deadlines against the leases; one line per problem.
   [[nodiscard]] std::vector<std::string> check() const;
@@ -74,6 +77,7 @@ class LeaseTable {
   std::unordered_map<LeaseId, Lease> leases_;
   std::unordered_map<std::string, LeaseId> tokens_;
   std::set<std::pair<Clock::time_point, LeaseId>> deadlines_;  // orphaned leases
+  std::unordered_map<std::size_t, std::uint32_t> attached_;  // per tenant
   LeaseId next_id_ = 1;
 };
 

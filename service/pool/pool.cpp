@@ -58,7 +58,8 @@ Pool::Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory)
   STATEPOOL_EXPECTS(config_.grace_period.count() >= 0, Status::invalid_argument,
                     "pool: grace_period must not be negative");
   if (config_.tenants.empty()) {
-    config_.tenants.push_back(TenantConfig{std::string(kDefaultTenant), 0, {}, {}});
+    config_.tenants.push_back(
+        TenantConfig{std::string(kDefaultTenant), 0, {}, {}, config_.default_limits});
   }
   tenants_.reserve(config_.tenants.size());
   for (const TenantConfig& tenant : config_.tenants) {
@@ -85,13 +86,26 @@ std::size_t Pool::tenant_index(std::string_view name) const {
   for (std::size_t i = 0; i < tenants_.size(); ++i) {
     if (tenants_[i].config->name == name) return i;
   }
-  std::string configured;
-  for (const auto& t : tenants_) {
-    if (!configured.empty()) configured += ", ";
-    configured += t.config->name;
-  }
+  // Peers learn nothing about other tenants, not even their names (the operator finds
+  // them in the start-up log and in --print-config).
   throw StatusError(Status::unknown_tenant,
-                    "unknown tenant " + quoted(name) + " (configured: " + configured + ")");
+                    "unknown tenant " + quoted(name) + " (not configured in this daemon)");
+}
+
+RegistryOwner Pool::owner(std::size_t tenant, std::uint32_t TenantLimits::*limit) const {
+  const TenantConfig& t = *tenants_[tenant].config;
+  return RegistryOwner{tenant, t.name, t.limits.*limit};
+}
+
+LayoutId Pool::register_layout(std::string_view tenant_name, const kernels::StateLayout& layout) {
+  const std::size_t tenant = tenant_index(tenant_name);
+  return registry_.register_layout(layout, owner(tenant, &TenantLimits::max_layouts));
+}
+
+PlanInfo Pool::install_plan(std::string_view tenant_name,
+                            std::shared_ptr<const kernels::stepquant::Plan> plan) {
+  const std::size_t tenant = tenant_index(tenant_name);
+  return registry_.install_plan(std::move(plan), owner(tenant, &TenantLimits::max_plans));
 }
 
 const TenantConfig& Pool::tenant(std::string_view name) const {
@@ -170,7 +184,7 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std
   {
     std::unique_lock lock(mutex_);
     created_.wait(lock, [&] { return !arenas_.creating(key); });
-    if (const Arena* existing = arenas_.find(key)) {
+    if (const Arena* existing = arenas_.find(key, pages)) {
       const HandleKind kind = existing->memory->info().where.handle_kind;
       STATEPOOL_EXPECTS(!handle || *handle == kind, Status::invalid_argument,
                         "arena " + std::to_string(existing->id) + " is already shared as " +
@@ -179,6 +193,12 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std
                             " (the first client to open an arena chooses how it is shared)");
       return info(*existing);
     }
+    const std::size_t open = arenas_.count_for_tenant(tenant);
+    const TenantConfig& t = *tenants_[tenant].config;
+    STATEPOOL_EXPECTS(open < t.limits.max_arenas, Status::quota_exceeded,
+                      "tenant " + quoted(t.name) + " has " + std::to_string(open) +
+                          " arenas, its limit (max-arenas in its [tenant] section, default "
+                          "--tenant-max-arenas)");
     arenas_.reserve(key);
   }
   // From here this call creates the arena; every way out ends the reservation.
@@ -259,6 +279,12 @@ LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view tok
   std::string fresh = make_lease_token();
   const std::size_t tenant = tenant_index(tenant_name);
   const std::lock_guard lock(mutex_);
+  const TenantConfig& t = *tenants_[tenant].config;
+  const std::uint32_t attached = leases_.attached_count(tenant);
+  STATEPOOL_EXPECTS(attached < t.limits.max_connections, Status::too_many_connections,
+                    "tenant " + quoted(t.name) + " has " + std::to_string(attached) +
+                        " connections, its limit (max-connections in its [tenant] section, "
+                        "default --tenant-max-connections); retry later");
 
   if (!token.empty()) {
     // Another tenant's token: treat it as unknown, and leave that lease alone.

@@ -3,7 +3,7 @@
 //
 //   LayoutRegistry  layouts (id -> page format) and STEPQuant plans     layout_registry.hpp
 //   LeaseTable      leases (token, grace period) and the slots they hold lease_table.hpp
-//   ArenaTable      arenas per (tenant, layout): memory, slots, owners   arena_table.hpp
+//   ArenaTable      arenas of each (tenant, layout): memory, slots, owners arena_table.hpp
 //   memory          tenant quota -> pool capacity -> tracking -> backend  ../memory/
 //
 // Every operation validates everything before changing anything, so a failed call
@@ -42,11 +42,24 @@
 
 namespace statepool::service {
 
+/// What one tenant may take of the tables and budgets every tenant shares, so that no
+/// tenant can starve another even with its byte quota unused (--tenant-max-* flags,
+/// max-* keys of a [tenant.NAME] section). Going past one is quota_exceeded (connections:
+/// too_many_connections), naming the limit.
+struct TenantLimits {
+  std::uint32_t max_layouts = 64;   ///< distinct layouts it registered (new to the daemon)
+  std::uint32_t max_plans = 16;     ///< plans it installed (new to the daemon)
+  std::uint32_t max_arenas = 64;    ///< arenas it opened
+  std::uint32_t max_connections = 128;  ///< connections attached to it at once
+  std::uint64_t max_staging_bytes = 8ull << 30;  ///< staging of all its connections together
+};
+
 struct TenantConfig {
   std::string name;
   std::uint64_t quota_bytes = 0;  ///< max reserved arena bytes; 0 = unlimited
   std::vector<uid_t> uids;        ///< peers allowed by uid; empty uids and gids = anyone
   std::vector<gid_t> gids;        ///< peers allowed by gid
+  TenantLimits limits;
 };
 
 struct PoolConfig {
@@ -54,7 +67,8 @@ struct PoolConfig {
   std::uint32_t default_arena_pages = 64;     ///< OpenArena with pages = 0
   std::uint32_t max_arena_pages = 1u << 20;
   std::chrono::milliseconds grace_period{30000};
-  std::vector<TenantConfig> tenants;  ///< empty -> a "default" tenant, unlimited
+  std::vector<TenantConfig> tenants;  ///< empty -> a "default" tenant without quota
+  TenantLimits default_limits;        ///< the "default" tenant's limits
 };
 
 struct ArenaInfo {
@@ -143,15 +157,23 @@ class Pool {
   void check_peer(std::string_view tenant, uid_t uid, gid_t gid) const;
 
   // --- layouts and plans (LayoutRegistry) ------------------------------------------
+  /// An operator's layout (no tenant limit).
   LayoutId register_layout(const kernels::StateLayout& layout) {
     return registry_.register_layout(layout);
   }
+  /// A tenant's layout: a layout new to the daemon counts against the tenant's
+  /// max_layouts (quota_exceeded beyond); unknown_tenant.
+  LayoutId register_layout(std::string_view tenant, const kernels::StateLayout& layout);
   [[nodiscard]] std::shared_ptr<const kernels::PageCodec> layout(LayoutId id) const {
     return registry_.layout(id);
   }
+  /// An operator's plan (loaded at start; no tenant limit).
   PlanInfo install_plan(std::shared_ptr<const kernels::stepquant::Plan> plan) {
     return registry_.install_plan(std::move(plan));
   }
+  /// A tenant's plan: one new to the daemon counts against its max_plans.
+  PlanInfo install_plan(std::string_view tenant,
+                        std::shared_ptr<const kernels::stepquant::Plan> plan);
   [[nodiscard]] std::shared_ptr<const kernels::stepquant::Plan> plan(
       std::string_view digest) const {
     return registry_.plan(digest);
@@ -159,10 +181,13 @@ class Pool {
   [[nodiscard]] std::vector<PlanInfo> plans() const { return registry_.plans(); }
 
   // --- arenas --------------------------------------------------------------------
-  /// Returns the tenant's arena for the layout, creating it with `pages` pages (0 =
-  /// default) if needed. Creation checks max_arena_pages (invalid_argument), the tenant
-  /// quota (quota_exceeded) and the pool capacity (pool_exhausted), then allocates the
-  /// memory without holding the pool's lock (see the top of this file).
+  /// Returns an arena of the tenant for the layout with at least `pages` pages (any
+  /// when 0; the one with the most free pages when several), or creates one with `pages`
+  /// pages (0 = default) when it has none that large: arenas never grow, a tenant that
+  /// needs more pages gets a second one. Creation checks max_arena_pages (invalid_argument), the
+  /// tenant's max_arenas and quota (quota_exceeded) and the pool capacity
+  /// (pool_exhausted), then allocates the memory without holding the pool's lock (see
+  /// the top of this file).
   /// `handle`: how the arena is shared when this call creates it (unset: the backend's
   /// default); an existing arena shared another way is invalid_argument.
   ArenaInfo open_arena(std::string_view tenant, LayoutId layout, std::uint32_t pages,
@@ -173,7 +198,9 @@ class Pool {
   // --- leases --------------------------------------------------------------------
   /// Starts a new lease for the tenant, or resumes the orphaned lease named by `token`
   /// (same tenant, within its grace period). An unknown or expired token starts a new
-  /// lease (resumed = false). Throws lease_busy if the token's lease is attached.
+  /// lease (resumed = false). Throws lease_busy if the token's lease is attached, and
+  /// too_many_connections when the tenant has max_connections attached leases already
+  /// (each connection holds one).
   /// "Within its grace period" is judged against Clock::now(); an orphaned lease found
   /// expired here is reclaimed at once (its pages count as reclaimed).
   LeaseGrant attach_lease(std::string_view tenant, std::string_view token);
@@ -218,6 +245,8 @@ class Pool {
   };
 
   [[nodiscard]] std::size_t tenant_index(std::string_view name) const;
+  /// The tenant's limits as a registry owner of entries of one kind.
+  [[nodiscard]] RegistryOwner owner(std::size_t tenant, std::uint32_t TenantLimits::*limit) const;
   [[nodiscard]] Arena& arena_for_tenant(std::size_t tenant, ArenaId id);
   [[nodiscard]] const Arena& arena_for_tenant(std::size_t tenant, ArenaId id) const;
   [[nodiscard]] std::string arena_label(const Arena& arena) const;

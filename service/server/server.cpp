@@ -4,11 +4,14 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
 #include <grp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -17,6 +20,7 @@
 #include "http/api.hpp"
 #include "log.hpp"
 #include "server/session.hpp"
+#include "statepool/protocol/frame.hpp"
 
 namespace statepool::service {
 namespace asio = boost::asio;
@@ -47,16 +51,31 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
       staging_memory_(staging_memory),
       workers_(workers),
       executor_(executor),
+      staging_capacity_(staging_memory, config.staging_capacity, Status::pool_exhausted,
+                        LimitText{"staging capacity of the daemon", "held",
+                                  " (--staging-capacity)"}),
       context_{config,
                pool,
                workers,
                executor,
                std::chrono::steady_clock::now(),
                [this] { return clients_connected(); },
-               [this](const std::string& why) { drain(why); }},
-      acceptor_(io_),
-      reclaim_timer_(io_),
-      drain_timer_(io_) {}
+               [this](const std::string& why) { drain(why); },
+               [this](const std::string& tenant) -> MemoryResource& {
+                 return *tenant_staging_.at(tenant);
+               }},
+      control_(asio::make_strand(io_)),
+      acceptor_(control_),
+      reclaim_timer_(control_),
+      drain_timer_(control_) {
+  for (const TenantConfig& t : pool_.config().tenants) {
+    tenant_staging_.emplace(
+        t.name, std::make_unique<LimitingResource>(
+                    staging_capacity_, t.limits.max_staging_bytes, Status::quota_exceeded,
+                    LimitText{"staging limit of tenant '" + t.name + "'", "held",
+                              " (max-staging-bytes, default --tenant-max-staging-bytes)"}));
+  }
+}
 
 Server::~Server() {
   if (bound_) {
@@ -102,6 +121,9 @@ void Server::bind() {
     api_ = std::make_unique<HttpApi>(io_, config_, pool_);
     api_->listen();
   }
+  // Kept for the moment the process runs out of descriptors: closing it makes room to
+  // accept one connection and tell it so (accept_loop).
+  spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   acceptor_.listen(asio::socket_base::max_listen_connections, bec);
   if (bec)
     throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
@@ -118,6 +140,28 @@ void Server::bind() {
   }
 }
 
+std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  const std::uint64_t needed = std::uint64_t{config.max_connections} + kDescriptorHeadroom;
+  // Daemons may use the hard limit; the soft one is often a shell's 1024.
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
+    throw ConfigError(cat("--max-connections ", config.max_connections, " needs at least ",
+                          needed, " file descriptors (one per connection and ",
+                          kDescriptorHeadroom, " for arenas, listeners and the exporter); the "
+                          "limit is ", limit.rlim_cur, " (hard limit ", limit.rlim_max,
+                          "). Raise it (ulimit -n, systemd LimitNOFILE=) or lower "
+                          "--max-connections"));
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? std::numeric_limits<std::uint64_t>::max()
+                                         : static_cast<std::uint64_t>(limit.rlim_cur);
+}
+
 sigset_t Server::drain_signals() noexcept {
   sigset_t set;
   sigemptyset(&set);
@@ -131,9 +175,9 @@ std::uint16_t Server::api_port() const noexcept {
 }
 
 std::size_t Server::run() {
-  asio::co_spawn(io_, accept_loop(), asio::detached);
+  asio::co_spawn(control_, accept_loop(), asio::detached);
   if (api_) api_->start();
-  asio::co_spawn(io_, reclaim_loop(), asio::detached);
+  asio::co_spawn(control_, reclaim_loop(), asio::detached);
 
   // SIGTERM/SIGINT are blocked in every thread (main blocks them before starting any) and
   // taken here with sigtimedwait: a signal arriving at any moment, also a second one while
@@ -167,14 +211,28 @@ std::size_t Server::run() {
 }
 
 void Server::drain(const std::string& why) {
-  asio::post(io_, [this, why] { begin_drain(why); });
+  asio::post(control_, [this, why] { begin_drain(why); });
 }
 
 void Server::begin_drain(const std::string& why) {
   if (draining_.exchange(true)) return;
   if (metrics_ != nullptr) metrics_->set_draining(true);
+  // Connections the kernel has already completed wait in the listen backlog; for their
+  // clients they are open, and what they have sent has arrived. Take them in, so that
+  // closing the acceptor does not reset them: each is served like any open connection.
+  boost::system::error_code accept_ec;
+  acceptor_.non_blocking(true, accept_ec);
+  std::size_t backlog = 0;
+  while (!accept_ec) {
+    local::socket socket(asio::make_strand(io_));
+    acceptor_.accept(socket, accept_ec);
+    if (accept_ec) break;
+    start_session(std::move(socket));
+    ++backlog;
+  }
   LOG_INFO("server", "draining (", why, "): no new connections; ", sessions_live_.load(),
-           " open, waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
+           " open", backlog > 0 ? cat(" (", backlog, " taken from the listen backlog)") : "",
+           ", waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   if (api_) api_->stop_accepting();
@@ -206,7 +264,7 @@ void Server::session_ended(std::uint64_t id) {
   }
   sessions_live_.fetch_sub(1);
   if (metrics_ != nullptr) metrics_->client_disconnected();
-  if (draining_.load()) asio::post(io_, [this] { finish_if_drained(); });
+  if (draining_.load()) asio::post(control_, [this] { finish_if_drained(); });
 }
 
 void Server::finish_if_drained() {
@@ -216,32 +274,90 @@ void Server::finish_if_drained() {
   io_.stop();
 }
 
+void Server::start_session(local::socket socket) {
+  std::shared_ptr<Session> session;
+  {
+    const std::lock_guard lock(sessions_mutex_);
+    const std::uint64_t id = next_session_id_++;
+    session = std::make_shared<Session>(*this, std::move(socket), id);
+    sessions_.emplace(id, session);
+  }
+  sessions_live_.fetch_add(1);
+  if (metrics_ != nullptr) metrics_->client_connected();
+  auto executor = session->socket_executor();
+  asio::co_spawn(
+      executor, [session]() { return session->run(); }, asio::detached);
+}
+
+Server::Refusal Server::refuse_for_descriptors() {
+  // Give back the spare descriptor to take the waiting connection, tell it why, let it go.
+  spare_fd_.reset();
+  support::UniqueFd peer(::accept4(acceptor_.native_handle(), nullptr, nullptr,
+                                   SOCK_CLOEXEC | SOCK_NONBLOCK));
+  const int accept_errno = errno;
+  Refusal outcome = Refusal::refused;
+  if (peer) {
+    flatbuffers::FlatBufferBuilder builder;
+    build_error(builder, 0, wire::Status::too_many_connections,
+                "the daemon is out of file descriptors; retry later");
+    const std::string frame = protocol::make_frame(protocol::FrameType::reply,
+                                                   protocol::kFlagNone,
+                                                   {builder.GetBufferPointer(), builder.GetSize()});
+    // A fresh socket's buffer holds this small frame; if not, the client sees EOF.
+    [[maybe_unused]] const ssize_t sent =
+        ::send(peer.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    peer.reset();
+  } else {
+    // Linux reports EMFILE before it looks at the backlog: with the spare given back,
+    // EAGAIN says that no connection is waiting after all.
+    outcome = accept_errno == EAGAIN || accept_errno == EWOULDBLOCK ? Refusal::none_waiting
+                                                                    : Refusal::failed;
+  }
+  spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (outcome != Refusal::refused) return outcome;
+
+  if (metrics_ != nullptr) metrics_->connection_refused("descriptors");
+  ++descriptor_refusals_;
+  const auto now = std::chrono::steady_clock::now();
+  if (descriptor_refusals_ == 1 || now - descriptor_warned_ >= std::chrono::seconds(10)) {
+    rlimit limit{};
+    ::getrlimit(RLIMIT_NOFILE, &limit);
+    LOG_WARN("server", "out of file descriptors (limit ", limit.rlim_cur,
+             "): refusing new connections with too_many_connections; ", descriptor_refusals_,
+             " refused so far. Lower --max-connections or raise the limit (LimitNOFILE=)");
+    descriptor_warned_ = now;
+  }
+  return outcome;
+}
+
 asio::awaitable<void> Server::accept_loop() {
   while (!draining_.load()) {
     auto [ec, socket] =
         co_await acceptor_.async_accept(asio::make_strand(io_), asio::as_tuple(use_awaitable));
     if (ec) {
       if (draining_.load() || ec == asio::error::operation_aborted) break;
+      const bool out_of_descriptors = ec.value() == EMFILE || ec.value() == ENFILE;
+      if (out_of_descriptors && spare_fd_) {
+        const Refusal refusal = refuse_for_descriptors();
+        if (refusal == Refusal::refused) continue;
+        if (refusal == Refusal::none_waiting) {
+          // Wait for a connection without trying to accept it: an accept would fail
+          // again at once, with nothing to refuse.
+          auto [wait_ec] = co_await acceptor_.async_wait(asio::socket_base::wait_read,
+                                                         asio::as_tuple(use_awaitable));
+          if (wait_ec) break;
+          continue;
+        }
+      }
       LOG_WARN("server", "accept failed: ", ec.message());
-      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
-        // Out of fds: back off instead of spinning.
-        asio::steady_timer pause(io_, std::chrono::milliseconds(100));
+      if (out_of_descriptors || ec == asio::error::no_buffer_space) {
+        // No spare descriptor to answer with: back off instead of spinning.
+        asio::steady_timer pause(control_, std::chrono::milliseconds(100));
         co_await pause.async_wait(asio::as_tuple(use_awaitable));
       }
       continue;
     }
-    std::shared_ptr<Session> session;
-    {
-      const std::lock_guard lock(sessions_mutex_);
-      const std::uint64_t id = next_session_id_++;
-      session = std::make_shared<Session>(*this, std::move(socket), id);
-      sessions_.emplace(id, session);
-    }
-    sessions_live_.fetch_add(1);
-    if (metrics_ != nullptr) metrics_->client_connected();
-    auto executor = session->socket_executor();
-    asio::co_spawn(
-        executor, [session]() { return session->run(); }, asio::detached);
+    start_session(std::move(socket));
   }
 }
 

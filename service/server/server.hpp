@@ -4,9 +4,11 @@
 // SIGINT drain, and the HTTP JSON API (--api-address, service/http/api.hpp) on the same
 // io_context.
 //
-// Drain (SIGTERM, SIGINT or a Drain request): stop accepting, let every session finish
-// the request it is handling and send its reply, close idle connections, then return
-// from run(). Sessions still busy when the drain timeout expires are closed forcibly. The
+// Drain (SIGTERM, SIGINT or a Drain request): take in the connections waiting in the
+// listen backlog and stop accepting; let every session finish the request that has
+// arrived (being handled, being received, or with a byte waiting in its socket) and send
+// its reply; close connections with nothing to serve; then return from run(). Sessions
+// still busy when the drain timeout expires are closed forcibly. The
 // HTTP API stops accepting at the start of the drain; HTTP connections still open when
 // the last session ends are cut.
 //
@@ -28,9 +30,11 @@
 #include "exec/executor.hpp"
 #include "exec/worker_pool.hpp"
 #include "handlers/handlers.hpp"
+#include "memory/limiting.hpp"
 #include "memory/resource.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {
 
@@ -59,6 +63,13 @@ class Server {
   /// before any thread is started (pthread_sigmask in main); run() takes them with
   /// sigtimedwait on a thread of its own and drains.
   std::size_t run();
+  /// Descriptors kept beyond one per connection: arenas' memfds, the listening sockets,
+  /// the exporter's and the API's connections, the event loop's own.
+  static constexpr std::uint64_t kDescriptorHeadroom = 64;
+  /// Raises the soft descriptor limit to the hard one, then checks that it leaves room
+  /// for --max-connections connections plus kDescriptorHeadroom. Returns the limit in
+  /// effect; throws ConfigError (naming both numbers and how to fix it) when too low.
+  static std::uint64_t prepare_descriptor_limit(const Config& config);
   /// The signals that drain the daemon: SIGTERM and SIGINT.
   [[nodiscard]] static sigset_t drain_signals() noexcept;
   /// Starts draining; safe from any thread, idempotent.
@@ -72,6 +83,13 @@ class Server {
  private:
   friend class Session;
   boost::asio::awaitable<void> accept_loop();
+  /// Registers and starts the session of an accepted connection.
+  void start_session(boost::asio::local::stream_protocol::socket socket);
+  enum class Refusal { refused, none_waiting, failed };
+  /// Out of descriptors: accepts the waiting connection on the spare descriptor, replies
+  /// too_many_connections and closes it (logged at most every 10 s, counted as
+  /// refused{reason="descriptors"}). none_waiting when no connection waits after all.
+  Refusal refuse_for_descriptors();
   boost::asio::awaitable<void> reclaim_loop();
   void begin_drain(const std::string& why);  // on the io_context
   void session_ended(std::uint64_t id);
@@ -83,8 +101,15 @@ class Server {
   MemoryResource& staging_memory_;
   WorkerPool& workers_;
   Executor& executor_;
+  // Staging budgets: the daemon's (--staging-capacity) over staging_memory_, and one per
+  // tenant over it; each connection's own (Hello) sits over its tenant's.
+  LimitingResource staging_capacity_;
+  std::map<std::string, std::unique_ptr<LimitingResource>, std::less<>> tenant_staging_;
   ServerContext context_;
   boost::asio::io_context io_;
+  // Serializes the acceptor, the timers and the drain (accept_loop, reclaim_loop,
+  // begin_drain, finish_if_drained).
+  boost::asio::strand<boost::asio::io_context::executor_type> control_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer reclaim_timer_;
   boost::asio::steady_timer drain_timer_;
@@ -99,6 +124,9 @@ class Server {
   std::uint64_t next_session_id_ = 1;
   std::atomic<bool> draining_{false};
   bool bound_ = false;
+  support::UniqueFd spare_fd_;  // on control_: see refuse_for_descriptors()
+  std::uint64_t descriptor_refusals_ = 0;
+  std::chrono::steady_clock::time_point descriptor_warned_{};
   std::size_t forced_closes_ = 0;
 };
 

@@ -56,9 +56,6 @@ Session::Session(Server& server, asio::local::stream_protocol::socket socket, st
     state_.gid = cred.gid;
   }
   deadline_.expires_at(std::chrono::steady_clock::time_point::max());
-  state_.staging_limit = std::make_unique<LimitingResource>(
-      server_.staging_memory_, server_.config_.max_staging_bytes, Status::quota_exceeded,
-      LimitText{"staging limit of this connection", "held", " (--max-staging-bytes)"});
 }
 
 void Session::release_staging() noexcept {
@@ -95,9 +92,17 @@ void Session::close() {
   hello_timer_.cancel();
 }
 
+bool Session::bytes_waiting() {
+  boost::system::error_code ec;
+  const std::size_t n = socket_.available(ec);  // FIONREAD
+  return !ec && n > 0;
+}
+
 void Session::close_when_idle() {
   asio::post(socket_.get_executor(), [self = shared_from_this()] {
-    if (!self->busy_) self->close();
+    // A request whose first byte is in the socket has arrived: run() serves it and then
+    // closes (see the loop there). Only a connection with nothing to serve closes now.
+    if (!self->busy_ && !self->bytes_waiting()) self->close();
   });
 }
 
@@ -164,10 +169,23 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload) {
   std::array<std::byte, protocol::kHeaderBytes> head{};
   // Waiting for a frame's first byte may take forever (idle clients are normal); from
-  // then on the whole frame must arrive within the I/O timeout.
-  auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(head.data(), 1), kAsTuple);
-  if (ec) co_return false;  // EOF, reset or closed by drain: not an error
+  // then on the whole frame must arrive within the I/O timeout. The wait consumes
+  // nothing: until this coroutine takes the byte, it stays in the socket, where a drain
+  // (close_when_idle) sees it and lets the request finish.
+  for (;;) {
+    auto [ec_wait] = co_await socket_.async_wait(asio::socket_base::wait_read, kAsTuple);
+    if (ec_wait || closing_) co_return false;  // closed by drain or by a deadline
+    // The reactor may report readiness that an earlier read consumed already: look.
+    char first = 0;
+    const ssize_t peeked =
+        ::recv(socket_.native_handle(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (peeked > 0) break;       // a frame has begun
+    if (peeked == 0) co_return false;  // EOF between frames: not an error
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) co_return false;  // reset
+  }
   busy_ = true;
+  auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(head.data(), 1), kAsTuple);
+  if (ec) co_return false;  // EOF or reset between frames: not an error
   arm(server_.config_.io_timeout);
   auto [ec1, n1] =
       co_await asio::async_read(socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
@@ -290,7 +308,9 @@ asio::awaitable<void> Session::run() {
   try {
     while (!closing_) {
       busy_ = false;
-      if (server_.draining_.load()) break;
+      // Draining: finish what has arrived (the request whose first byte is here), then
+      // close. A drain that starts while this connection waits is close_when_idle()'s.
+      if (server_.draining_.load() && !bytes_waiting()) break;
       protocol::FrameHeader header;
       if (!co_await read_frame(header, payload)) break;
       const auto arrived = std::chrono::steady_clock::now();

@@ -29,7 +29,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session();
 
   boost::asio::awaitable<void> run();
-  /// Posts to the strand: close now if no request is in flight, else after its reply.
+  /// Posts to the strand: close now if no request is in flight and no byte of one has
+  /// arrived, else after the reply to that request.
   void close_when_idle();
   /// Posts to the strand: close now.
   void close_now();
@@ -57,6 +58,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void resize_payload(std::vector<std::byte>& payload, std::size_t bytes);
   /// Lets a large request buffer go after its request (idle connections hold none).
   void shrink_payload(std::vector<std::byte>& payload);
+  /// True when at least one unread byte is in the socket (a request has begun to arrive).
+  [[nodiscard]] bool bytes_waiting();
   void arm(std::chrono::milliseconds timeout);
   void disarm();
   void close();

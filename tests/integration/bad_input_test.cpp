@@ -2,6 +2,9 @@
 // reply or a closed connection; the daemon and its other clients are unaffected.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -254,6 +257,57 @@ TEST_F(BadConfig, EachBadValueNamesTheOptionAndCreatesNothing) {
   expect_rejected({"--tenant", "bad name!"}, "tenant name");
   expect_rejected({"--socket", "@statepool"}, "abstract sockets");
   expect_rejected({"--config", dir_ + "/missing.conf"}, "cannot read config file");
+}
+
+TEST_F(BadConfig, TenantLimitsAreCheckedAndNamed) {
+  expect_rejected({"--tenant-max-layouts", "0"}, "--tenant-max-layouts must be between 1 and");
+  expect_rejected({"--tenant-max-connections", "70000"}, "--tenant-max-connections");
+  expect_rejected({"--tenant-max-staging-bytes", "0"}, "--tenant-max-staging-bytes");
+  expect_rejected({"--staging-capacity", "0"}, "--staging-capacity");
+  const std::string file = dir_ + "/statepool.conf";
+  std::ofstream(file) << "[tenant.alice]\nmax-arenas = 0\n";
+  expect_rejected({"--config", file}, "[tenant.alice] max-arenas must be between 1 and");
+  std::ofstream(file) << "[tenant.alice]\nmax-plans = many\n";
+  expect_rejected({"--config", file}, "[tenant.alice] max-plans");
+}
+
+TEST_F(BadConfig, TenantLimitsComeFromTheFlagsAndEachSectionMayOverrideThem) {
+  const std::string file = dir_ + "/statepool.conf";
+  std::ofstream(file) << "[tenant.alice]\nmax-layouts = 5\nmax-staging-bytes = 1GiB\n"
+                         "[tenant.bob]\n";
+  const Exit e = run_daemon({"--config", file, "--print-config", "--socket", socket_,
+                             "--tenant-max-plans", "3", "--tenant-max-connections", "9"},
+                            dir_);
+  EXPECT_EQ(e.code, 0) << e.stderr_text;
+  EXPECT_NE(e.stdout_text.find("tenant alice: quota unlimited; at most 5 layouts, 3 plans, 64 "
+                               "arenas, 9 connections, 1.0 GiB staging"),
+            std::string::npos)
+      << e.stdout_text;
+  EXPECT_NE(e.stdout_text.find("tenant bob: quota unlimited; at most 64 layouts, 3 plans, 64 "
+                               "arenas, 9 connections, 8.0 GiB staging"),
+            std::string::npos)
+      << e.stdout_text;
+}
+
+// --max-connections is checked against the descriptor limit before anything is created.
+TEST_F(BadConfig, MaxConnectionsBeyondTheDescriptorLimitIsRefusedAtStart) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const rlimit low{512, 512};
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0) ::_exit(3);
+    const Exit e = run_daemon({"--socket", socket_, "--metrics-address", "off",
+                               "--max-connections", "1000"},
+                              dir_);
+    const bool named = e.stderr_text.find("--max-connections 1000 needs at least 1064 file "
+                                          "descriptors") != std::string::npos &&
+                       e.stderr_text.find("limit is 512") != std::string::npos;
+    ::_exit(e.code == 2 && named && !std::filesystem::exists(socket_) ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "statepoold did not refuse clearly (see the code above)";
 }
 
 TEST_F(BadConfig, TheCudaBackendsOptionsAreCheckedBeforeAnythingStarts) {

@@ -14,6 +14,7 @@
 
 #include "pool/lease_token.hpp"
 #include "statepool/testing/gtest/pool.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::service {
 namespace {
@@ -38,14 +39,15 @@ TEST(PoolTenants, EmptyConfigMeansOneUnlimitedDefaultTenant) {
   ASSERT_EQ(pool->config().tenants.size(), 1u);
   pool->check_peer("", 1234, 5678);  // no restriction
   const auto msg = expect_status(Status::unknown_tenant, [&] { (void)pool->tenant("x"); });
-  EXPECT_EQ(msg, "unknown tenant 'x' (configured: default)");
+  EXPECT_EQ(msg, "unknown tenant 'x' (not configured in this daemon)");
 }
 
-TEST(PoolTenants, UnknownTenantNamesTheConfiguredOnes) {
+TEST(PoolTenants, UnknownTenantNamesNoOtherTenant) {
   auto pool = make_pool(config({tenant("alice"), tenant("bob")}));
   EXPECT_EQ(pool->tenant("bob").name, "bob");
-  EXPECT_EQ(expect_status(Status::unknown_tenant, [&] { (void)pool->tenant("carol"); }),
-            "unknown tenant 'carol' (configured: alice, bob)");
+  const auto msg = expect_status(Status::unknown_tenant, [&] { (void)pool->tenant("carol"); });
+  EXPECT_EQ(msg, "unknown tenant 'carol' (not configured in this daemon)");
+  EXPECT_EQ(msg.find("alice"), std::string::npos) << msg;
   // Without a tenant called "default", the empty name is unknown too.
   expect_status(Status::unknown_tenant, [&] { (void)pool->tenant(""); });
   expect_status(Status::unknown_tenant, [&] { (void)pool->attach_lease("carol", ""); });
@@ -105,6 +107,133 @@ TEST(PoolLayouts, InvalidLayoutGetsTheValidatorsMessage) {
   expect_status(Status::not_found, [&] { (void)pool->layout(1); });  // nothing registered
 }
 
+// --- per-tenant limits on the shared tables ---------------------------------------------
+
+TenantConfig limited(std::string name, TenantLimits limits) {
+  TenantConfig t = tenant(std::move(name));
+  t.limits = limits;
+  return t;
+}
+
+kernels::StateLayout layout_number(int i) {
+  auto layout = small_layout(kernels::CodecId::int8, "n" + std::to_string(i));
+  layout.num_layers = static_cast<std::uint32_t>(1 + i);  // distinct shapes
+  return layout;
+}
+
+// The reviewed failure: one tenant with an unused byte quota filled the layout table and
+// every other tenant got pool_exhausted until restart.
+TEST(PoolLimits, ATenantAtItsLayoutLimitLeavesOtherTenantsAlone) {
+  TenantLimits small;
+  small.max_layouts = 3;
+  auto pool = make_pool(config({limited("greedy", small), tenant("polite")}));
+  for (int i = 0; i < 3; ++i) (void)pool->register_layout("greedy", layout_number(i));
+  const auto before = pool->stats();
+  const auto msg = expect_status(Status::quota_exceeded,
+                                 [&] { (void)pool->register_layout("greedy", layout_number(3)); });
+  EXPECT_NE(msg.find("'greedy' has added 3 layouts"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--tenant-max-layouts"), std::string::npos) << msg;
+  EXPECT_TRUE(same_stats(before, pool->stats()));
+  // A layout the daemon holds already costs nothing: registering it again still works,
+  // for the tenant at its limit too.
+  const LayoutId known = pool->register_layout("polite", layout_number(0));
+  EXPECT_EQ(pool->register_layout("greedy", layout_number(0)), known);
+  // The other tenant registers new layouts as before.
+  EXPECT_NE(pool->register_layout("polite", layout_number(3)), 0u);
+  EXPECT_NE(pool->register_layout("polite", layout_number(4)), 0u);
+  // Operators' entries (start-up) are not any tenant's.
+  EXPECT_NE(pool->register_layout(layout_number(5)), 0u);
+  expect_status(Status::quota_exceeded,
+                [&] { (void)pool->register_layout("greedy", layout_number(6)); });
+  EXPECT_TRUE(pool->check().empty());
+}
+
+TEST(PoolLimits, ATenantAtItsPlanLimitLeavesOtherTenantsAlone) {
+  TenantLimits small;
+  small.max_plans = 2;
+  auto pool = make_pool(config({limited("greedy", small), tenant("polite")}));
+  const auto plan = [](std::uint32_t layers) {
+    return std::make_shared<const kernels::stepquant::Plan>(
+        testing::uniform_plan(kernels::Arch::gdn, layers, 2, 16, 16, 6));
+  };
+  EXPECT_TRUE(pool->install_plan("greedy", plan(1)).created);
+  EXPECT_TRUE(pool->install_plan("greedy", plan(2)).created);
+  const auto msg =
+      expect_status(Status::quota_exceeded, [&] { (void)pool->install_plan("greedy", plan(3)); });
+  EXPECT_NE(msg.find("'greedy' has added 2 plans"), std::string::npos) << msg;
+  EXPECT_EQ(pool->plans().size(), 2u);
+  EXPECT_FALSE(pool->install_plan("greedy", plan(1)).created);  // known: free
+  for (std::uint32_t layers = 3; layers < 8; ++layers)
+    EXPECT_TRUE(pool->install_plan("polite", plan(layers)).created);
+}
+
+TEST(PoolLimits, ArenasPerTenantAreBounded) {
+  TenantLimits small;
+  small.max_arenas = 2;
+  auto pool = make_pool(config({limited("greedy", small), tenant("polite")}));
+  std::vector<LayoutId> layouts;
+  for (int i = 0; i < 3; ++i) layouts.push_back(pool->register_layout(layout_number(i)));
+  (void)pool->open_arena("greedy", layouts[0], 2);
+  (void)pool->open_arena("greedy", layouts[1], 2);
+  EXPECT_FALSE(pool->open_arena("greedy", layouts[1], 2).created);  // the existing one
+  const auto before = pool->stats();
+  const auto msg = expect_status(Status::quota_exceeded,
+                                 [&] { (void)pool->open_arena("greedy", layouts[2], 2); });
+  EXPECT_NE(msg.find("'greedy' has 2 arenas"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--tenant-max-arenas"), std::string::npos) << msg;
+  EXPECT_TRUE(same_stats(before, pool->stats()));
+  for (const LayoutId layout : layouts) EXPECT_TRUE(pool->open_arena("polite", layout, 2).created);
+  EXPECT_TRUE(pool->check().empty());
+}
+
+TEST(PoolLimits, ConnectionsPerTenantAreBoundedAndComeBackWhenOneLeaves) {
+  TenantLimits small;
+  small.max_connections = 2;
+  auto pool = make_pool(config({limited("greedy", small), tenant("polite")}));
+  const auto layout = pool->register_layout(small_layout());
+  const auto arena = pool->open_arena("greedy", layout, 4);
+  const LeaseGrant first = pool->attach_lease("greedy", "", kT0);
+  const LeaseGrant second = pool->attach_lease("greedy", "", kT0);
+  (void)pool->allocate(first.id, arena.id, 1);
+  const auto msg = expect_status(Status::too_many_connections,
+                                 [&] { (void)pool->attach_lease("greedy", "", kT0); });
+  EXPECT_NE(msg.find("'greedy' has 2 connections"), std::string::npos) << msg;
+  for (int i = 0; i < 5; ++i) (void)pool->attach_lease("polite", "", kT0);
+  // A lease that leaves (orphaned, with its slot kept) frees its connection...
+  pool->detach_lease(first.id, kT0);
+  const LeaseGrant third = pool->attach_lease("greedy", "", kT0);
+  // ...and resuming it is a connection again.
+  expect_status(Status::too_many_connections,
+                [&] { (void)pool->attach_lease("greedy", first.token, kT0); });
+  pool->detach_lease(third.id, kT0);
+  EXPECT_TRUE(pool->attach_lease("greedy", first.token, kT0).resumed);
+  (void)second;
+  EXPECT_TRUE(pool->check().empty());
+}
+
+TEST(PoolArenas, ATenantNeedingALargerArenaGetsASecondOneBesideTheFirst) {
+  auto pool = make_pool();
+  const auto layout = pool->register_layout(small_layout());
+  const ArenaInfo small = pool->open_arena("", layout, 4);
+  EXPECT_TRUE(small.created);
+  const LeaseGrant lease = pool->attach_lease("", "", kT0);
+  (void)pool->allocate(lease.id, small.id, 3);
+  // Asking for more pages than the arena has adds one of that size (arenas never grow:
+  // clients map them whole).
+  const ArenaInfo large = pool->open_arena("", layout, 16);
+  EXPECT_TRUE(large.created);
+  EXPECT_NE(large.id, small.id);
+  EXPECT_EQ(large.page_count, 16u);
+  EXPECT_EQ(pool->allocate(lease.id, large.id, 16).size(), 16u);
+  // Asking again finds an existing arena large enough: the one with the most free pages.
+  const ArenaInfo again = pool->open_arena("", layout, 4);
+  EXPECT_FALSE(again.created);
+  EXPECT_EQ(again.id, small.id) << "the large one is full, the small one has a page free";
+  EXPECT_FALSE(pool->open_arena("", layout, 0).created);
+  EXPECT_EQ(pool->stats().arenas.size(), 2u);
+  EXPECT_TRUE(pool->check().empty());
+}
+
 // --- arenas ----------------------------------------------------------------------------
 
 TEST(PoolArenas, OpenCreatesOnceThenReturnsTheSameArena) {
@@ -129,7 +258,7 @@ TEST(PoolArenas, OpenCreatesOnceThenReturnsTheSameArena) {
   EXPECT_EQ(a.bytes, a.page_stride * a.page_count);
   EXPECT_GE(a.fd, 0);
 
-  const ArenaInfo again = pool->open_arena("default", layout, 500);  // pages ignored
+  const ArenaInfo again = pool->open_arena("default", layout, 8);  // large enough: the same
   EXPECT_FALSE(again.created);
   EXPECT_EQ(again.id, a.id);
   EXPECT_EQ(again.page_count, 8u);

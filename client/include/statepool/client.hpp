@@ -288,7 +288,8 @@ class Arena {
   /// device memory is imported into this process's CUDA address space (device_data())
   /// unless Options::map_device_memory is false.
   [[nodiscard]] const kernels::MemoryDescriptor& memory() const noexcept { return memory_; }
-  /// False when the arena already existed for (tenant, layout) before open_arena.
+  /// False when open_arena returned an arena that existed already (one of the tenant's
+  /// for the layout with at least the pages asked for).
   [[nodiscard]] bool created() const noexcept { return created_; }
   /// True when the region is mapped into this process (host memory).
   [[nodiscard]] bool mapped() const noexcept { return base_ != nullptr; }
@@ -482,8 +483,10 @@ class Connection {
   /// Sends a STEPQuant calibration plan to the daemon (idempotent). register_layout does
   /// this by itself when a stepquant layout's plan is unknown to the daemon.
   PlanInfo install_plan(const kernels::stepquant::Plan& plan);
-  /// Opens (or creates) the tenant's arena for a layout and maps it. `pages` = 0 lets the
-  /// daemon pick its configured default; it matters only when the arena is created.
+  /// Opens an arena of the tenant for a layout with at least `pages` pages (the one with
+  /// the most free pages), or creates one of `pages` pages when the tenant has none that
+  /// large, and maps it. `pages` = 0 takes any existing arena, or the daemon's default
+  /// size for a new one.
   [[nodiscard]] Arena open_arena(const LayoutInfo& layout, std::uint32_t pages = 0);
   /// Same by id. The arena has a codec() when the layout was registered through this
   /// connection.

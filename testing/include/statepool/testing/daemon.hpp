@@ -36,6 +36,9 @@ class DaemonError : public std::runtime_error {
 struct DaemonOptions {
   bool metrics = false;  ///< --metrics-address (Prometheus exporter)
   bool api = false;      ///< --api-address (HTTP JSON API)
+  /// When set, the daemon runs with this descriptor limit, soft and hard (prlimit(1)
+  /// from util-linux starts it).
+  unsigned descriptor_limit = 0;
 };
 
 class Daemon {
