@@ -11,7 +11,7 @@
 #include <sstream>
 #include <utility>
 
-#include "statepool/calibration/files.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/support/atomic_file.hpp"
 
 namespace statepool::calibration {
@@ -204,7 +204,7 @@ TraceReader::TraceReader(std::string dir) : dir_(std::move(dir)) {
   const std::string manifest_path = (std::filesystem::path(dir_) / kManifestName).string();
   std::string text;
   try {
-    text = read_file(manifest_path, kMaxManifestBytes);
+    text = support::read_file(manifest_path, kMaxManifestBytes);
   } catch (const std::runtime_error& e) {
     fail(std::string(e.what()) + " (a trace directory holds " + kManifestName +
          " and layer{L}.{q,k,v,g,beta}.npy; see docs/calibration.md)");

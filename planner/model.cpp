@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "statepool/calibration/files.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::planner {
@@ -474,7 +474,7 @@ ModelSpec parse_model(std::string_view json_text, std::string_view source) {
 }
 
 ModelSpec load_model(const std::string& path) {
-  return parse_model(calibration::read_file(path, kMaxModelConfigBytes), path);
+  return parse_model(support::read_file(path, kMaxModelConfigBytes), path);
 }
 
 }  // namespace statepool::planner

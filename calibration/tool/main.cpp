@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "statepool/calibration/calibrate.hpp"
-#include "statepool/calibration/files.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/calibration/npy.hpp"
 #include "statepool/calibration/page_file.hpp"
 #include "statepool/calibration/statistics.hpp"
@@ -393,7 +393,7 @@ int run_codec(int argc, const char* const* argv) {
   const std::optional<kn::CodecId> id = args.codec;
 
   if (mode == "decode") {
-    const std::string file = cal::read_file(in, kn::kMaxPageBytes + cal::kPageFileHeaderBytes);
+    const std::string file = support::read_file(in, kn::kMaxPageBytes + cal::kPageFileHeaderBytes);
     const auto bytes = std::as_bytes(std::span<const char>(file));
     const cal::PageFileHeader header = cal::parse_page_file(bytes, in);
     if (id && *id != header.codec) {

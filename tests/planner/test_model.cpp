@@ -348,7 +348,7 @@ TEST(PlannerModel, FileProblemsAreNamedNotParsed) {
     return "no runtime_error";
   };
   std::string e = message(dir.path());
-  EXPECT_EQ(e, dir.path() + ": not a regular file");
+  EXPECT_EQ(e, dir.path() + ": is a directory");
   e = message(dir.file("missing.json"));
   EXPECT_EQ(e, dir.file("missing.json") + ": cannot open: No such file or directory");
   const std::string big = dir.file("big.json");

@@ -148,11 +148,11 @@ TEST_F(StatepoolctlPlan, ARepeatedStateCodecIsOneRow) {
 // Regression: a directory given as --model was "not valid JSON (incomplete JSON)".
 TEST_F(StatepoolctlPlan, FileProblemsAreSaidAsSuch) {
   expect_one_line(statepoolctl("plan --model " + dir_.path()), 1,
-                  dir_.path() + ": not a regular file");
+                  dir_.path() + ": is a directory");
   expect_one_line(statepoolctl("plan --model " + dir_.file("missing.json")), 1,
                   dir_.file("missing.json") + ": cannot open: No such file or directory");
   expect_one_line(statepoolctl(std::string(kNoDaemon) + " fits --model " + dir_.path()), 1,
-                  dir_.path() + ": not a regular file");
+                  dir_.path() + ": is a directory");
   // install-plan reads its file before connecting, too.
   expect_one_line(statepoolctl(std::string(kNoDaemon) + " install-plan " + dir_.path()), 1,
                   "cannot read plan file " + dir_.path() + ": Is a directory");

@@ -104,9 +104,9 @@ inline constexpr std::size_t kMaxModelConfigBytes = std::size_t{1} << 20;
 /// state_layout().
 [[nodiscard]] ModelSpec parse_model(std::string_view json_text,
                                     std::string_view source = "config.json");
-/// Reads (calibration::read_file, at most kMaxModelConfigBytes) and parses a file. Throws
+/// Reads (support::read_file, at most kMaxModelConfigBytes) and parses a file. Throws
 /// std::runtime_error naming the path when it cannot be read ("PATH: cannot open: No such
-/// file or directory", "PATH: not a regular file" for a directory) and
+/// file or directory", "PATH: is a directory") and
 /// std::invalid_argument (naming the path) when it is not a supported config.
 [[nodiscard]] ModelSpec load_model(const std::string& path);
 
