@@ -2,11 +2,13 @@
 
 #include "backend.hpp"
 
+#include "statepool/support/read_file.hpp"
 #include "statepool/support/size.hpp"
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -17,6 +19,7 @@
 #include <utility>
 
 #include <grp.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <boost/asio/ip/address.hpp>
@@ -198,6 +201,36 @@ void resolve_limits(const TenantLimits& defaults, const Overrides& overrides,
   }
 }
 
+/// The bearer token in --api-token-file: the file's text without surrounding whitespace,
+/// 16-1024 visible ASCII characters, in a file only its owner may read.
+std::string read_token(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw ConfigError("--api-token-file " + path + " may be read by others (mode " + mode +
+                      "); chmod 600 it");
+  }
+  std::string token;
+  try {
+    token = support::read_file(path, 4096);
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(std::string("--api-token-file ") + e.what());
+  }
+  const auto first = token.find_first_not_of(" \t\r\n");
+  token = first == std::string::npos
+              ? std::string()
+              : token.substr(first, token.find_last_not_of(" \t\r\n") - first + 1);
+  const bool visible = std::all_of(token.begin(), token.end(),
+                                   [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+  if (token.size() < 16 || token.size() > 1024 || !visible) {
+    throw ConfigError("--api-token-file " + path +
+                      ": the token must be 16 to 1024 visible ASCII characters (no spaces), "
+                      "e.g. from: head -c 32 /dev/urandom | base64");
+  }
+  return token;
+}
+
 // "host:port" -> host (brackets kept) and port, checking the form and the port's range.
 std::pair<std::string, std::uint16_t> split_host_port(const std::string& address,
                                                       const std::string& option) {
@@ -343,7 +376,10 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
       ("api-address",
        po::value<std::string>(&config.api_address)->default_value(config.api_address),
        "HTTP JSON API (capacity planning, docs/http-api.md) IP:port; empty, 'off' or "
-       "'none' disables it");
+       "'none' disables it. Other than loopback only with --api-token-file")
+      ("api-token-file", po::value<std::string>(&config.api_token_file),
+       "file (mode 0600 or stricter) holding the bearer token every HTTP API request must "
+       "carry (Authorization: Bearer TOKEN)");
   po::options_description pool("Pool");
   pool.add_options()
       ("backend", po::value<std::string>(&config.backend)->default_value("host"),
@@ -514,6 +550,18 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.metrics_address =
       validate_listen_address(config.metrics_address, "--metrics-address", false);
   config.api_address = validate_listen_address(config.api_address, "--api-address", true);
+  if (!config.api_token_file.empty()) config.api_token = read_token(config.api_token_file);
+  if (!config.api_address.empty() && config.api_token.empty()) {
+    const ListenAddress where = split_listen_address(config.api_address, "--api-address");
+    boost::system::error_code ec;
+    const auto ip = boost::asio::ip::make_address(where.host, ec);
+    if (ec || !ip.is_loopback()) {
+      throw ConfigError("--api-address " + config.api_address +
+                        " is not a loopback address: the HTTP API answers about every "
+                        "tenant's capacity and layouts, so off loopback it needs "
+                        "--api-token-file (requests then carry Authorization: Bearer TOKEN)");
+    }
+  }
 
   {
     const auto backends = available_backends();
@@ -592,7 +640,8 @@ std::string describe(const Config& config) {
       << format_bytes(config.max_staging_bytes) << " per connection and "
       << format_bytes(config.staging_capacity) << " in all\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
-      << ", api " << (config.api_address.empty() ? "disabled" : config.api_address) << ", threads "
+      << ", api " << (config.api_address.empty() ? "disabled" : config.api_address)
+      << (config.api_token.empty() ? "" : " (bearer token required)") << ", threads "
       << config.threads << ", workers " << config.workers << "\n";
   for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
   const auto describe_limits = [&out](const TenantLimits& l) {

@@ -35,6 +35,10 @@ struct Config {
   double capacity_fraction = 0.0;
   std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
   std::string api_address = "127.0.0.1:9465";      ///< HTTP JSON API, IP:port; "" = none
+  /// --api-token-file: the bearer token every HTTP API request must carry ("" = none,
+  /// allowed only with a loopback --api-address).
+  std::string api_token;
+  std::string api_token_file;
   PoolConfig pool;
   std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection

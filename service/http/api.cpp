@@ -387,7 +387,9 @@ asio::awaitable<void> HttpApi::serve(tcp::socket socket,
       parser.body_limit(kMaxModelConfigBytes);
       stream.expires_after(config_.io_timeout);
       std::tie(ec, std::ignore) = co_await http::async_read_header(stream, buffer, parser, io);
-      if (!ec && !parser.is_done()) {
+      // Authenticate before reading a body: a client without the token costs a header.
+      const bool denied = !ec && !authorized(parser.get()[http::field::authorization]);
+      if (!ec && !denied && !parser.is_done()) {
         const auto expect = parser.get()[http::field::expect];
         if (parser.get().version() >= 11 && beast::iequals(expect, "100-continue")) {
           http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
@@ -427,6 +429,18 @@ asio::awaitable<void> HttpApi::serve(tcp::socket socket,
           reply.body = json_error("malformed HTTP request: " + ec.message());
         }
         linger = true;
+      } else if (denied) {
+        const auto& request = parser.get();
+        version = request.version();
+        method = std::string(request.method_string());
+        target = std::string(request.target());
+        reply.status = 401;
+        reply.body = json_error(
+            "this API needs 'Authorization: Bearer TOKEN' with the token of the daemon's "
+            "--api-token-file");
+        reply.bearer_challenge = true;
+        warn(cat("HTTP API request from ", peer, " without the right bearer token: 401"));
+        linger = !parser.is_done();
       } else {
         const auto& request = parser.get();
         version = request.version();
@@ -442,6 +456,8 @@ asio::awaitable<void> HttpApi::serve(tcp::socket socket,
       response.set(http::field::server, "statepoold");
       response.set(http::field::content_type, "application/json");
       if (!reply.allow.empty()) response.set(http::field::allow, reply.allow);
+      if (reply.bearer_challenge)
+        response.set(http::field::www_authenticate, "Bearer realm=\"statepool\"");
       if (method != "HEAD") response.body() = std::move(reply.body);
       response.keep_alive(keep_alive);
       response.prepare_payload();
@@ -474,6 +490,22 @@ asio::awaitable<void> HttpApi::serve(tcp::socket socket,
     warn(cat("HTTP API connection from ", peer, " failed: ", e.what()));
   }
   stream.socket().close(ec);
+}
+
+bool HttpApi::authorized(std::string_view header) const noexcept {
+  const std::string& token = config_.api_token;
+  if (token.empty()) return true;
+  constexpr std::string_view kScheme = "Bearer ";
+  if (header.size() != kScheme.size() + token.size() ||
+      !beast::iequals(header.substr(0, kScheme.size()), kScheme)) {
+    return false;
+  }
+  // Constant time in the token's bytes: no early exit on the first difference.
+  unsigned char difference = 0;
+  const std::string_view given = header.substr(kScheme.size());
+  for (std::size_t i = 0; i < token.size(); ++i)
+    difference |= static_cast<unsigned char>(given[i] ^ token[i]);
+  return difference == 0;
 }
 
 ApiReply HttpApi::handle(std::string_view method, std::string_view target,
@@ -528,9 +560,9 @@ ApiReply HttpApi::handle(std::string_view method, std::string_view target,
       if (!tenant.empty()) (void)pool_.tenant(tenant);  // unknown_tenant before not found
       const PoolStats stats = pool_.stats();
       const ArenaInfo* found = nullptr;
-      std::set<std::string> names;
+      std::set<std::string> names;  // what the 404 lists: the tenant's own, when one is named
       for (const ArenaInfo& a : stats.arenas) {
-        names.insert(a.layout_name);
+        if (tenant.empty() || a.tenant == tenant) names.insert(a.layout_name);
         if (a.layout_name != layout) continue;
         // The tenant's own arena of that name first: names are per client, not unique.
         if (found == nullptr || (a.tenant == tenant && found->tenant != tenant)) found = &a;
@@ -548,7 +580,7 @@ ApiReply HttpApi::handle(std::string_view method, std::string_view target,
         throw ApiError(404, "no layout named '" + clip(layout) + "' in the pool (" +
                                 (names.empty() ? std::string("no arenas are open")
                                                : "layouts in use: " + in_use) +
-                                ")");
+                                (tenant.empty() ? "" : " for tenant '" + tenant + "'") + ")");
       }
       const kernels::StateLayout shape = pool_.layout(found->layout)->layout();
       reply.body =

@@ -9,7 +9,13 @@
 // strand, HTTP/1.0 and 1.1 with keep-alive, --io-timeout for each read and write, request
 // bodies up to kMaxModelConfigBytes (1 MiB; larger ones get 413), at most
 // kMaxHttpConnections connections at a time. Replies are JSON; errors are
-// {"error": "<message>"}. No authentication: it listens on loopback by default.
+// {"error": "<message>"}.
+//
+// Who may ask: the API is an operator's tool; it answers about every tenant. It listens
+// on loopback by default, and anywhere else only with --api-token-file, whose token
+// every request must then carry (Authorization: Bearer TOKEN, 401 otherwise; checked
+// after the header, before any body is read). A token may be set on loopback too, where
+// every local user could otherwise ask (docs/http-api.md, "Access").
 //
 // Thread-safety: listen() and start() are called once, before the io_context runs;
 // stop_accepting() may be called from any thread; handle() is const and reads the pool
@@ -38,6 +44,7 @@ struct ApiReply {
   unsigned status = 200;
   std::string body;   ///< JSON, ending with "\n"
   std::string allow;  ///< the Allow header of a 405 reply
+  bool bearer_challenge = false;  ///< a 401: send WWW-Authenticate: Bearer
 };
 
 class HttpApi {
@@ -58,6 +65,9 @@ class HttpApi {
   /// The port listened on (the one picked when the configured port is 0).
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
+  /// True when no --api-token-file is set, or `header` (the Authorization field) is
+  /// "Bearer TOKEN" with the right token (compared in constant time).
+  [[nodiscard]] bool authorized(std::string_view header) const noexcept;
   /// Answers one request: routing, query parsing, the planner against the pool.
   [[nodiscard]] ApiReply handle(std::string_view method, std::string_view target,
                                 std::string_view body) const;

@@ -4,6 +4,8 @@
 // and the --api-address configuration.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <boost/json.hpp>
 
 #include <arpa/inet.h>
@@ -25,6 +27,7 @@
 #include "statepool/planner/model.hpp"
 #include "statepool/planner/planner.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -290,6 +293,13 @@ TEST_F(HttpApi, ErrorsHaveTheirStatusAndAMessageAndTheDaemonCarriesOn) {
   expect_error(get("/v1/fits?layout=http-demo&codec=int6"), 400, "'codec'");
   expect_error(get("/v1/fits?layout=nope"), 404,
                "no layout named 'nope' in the pool (layouts in use: http-demo)");
+  // Asked about one tenant, the 404 names only that tenant's layouts.
+  expect_error(get("/v1/fits?layout=nope&tenant=bob"), 404,
+               "no layout named 'nope' in the pool (no arenas are open for tenant 'bob')");
+  expect_error(get("/v1/fits?layout=nope&tenant=alice"), 404,
+               "(layouts in use: http-demo for tenant 'alice')");
+  const HttpResponse stranger = get("/v1/fits?layout=http-demo&tenant=carol");
+  EXPECT_EQ(stranger.body.find("alice"), std::string::npos) << "names no tenant: " << stranger.body;
 
   const HttpResponse wrong_method = get("/v1/plan");
   expect_error(wrong_method, 405, "POST");
@@ -402,6 +412,66 @@ TEST_F(ApiConfig, PrintConfigShowsTheAddressOrDisabled) {
   e = run({"--print-config", "--config", file});
   EXPECT_EQ(e.code, 0) << e.stderr_text;
   EXPECT_NE(e.stdout_text.find("api disabled"), std::string::npos) << e.stdout_text;
+}
+
+// The access model: an operator's API, on loopback unless a bearer token guards it.
+TEST_F(ApiConfig, OffLoopbackTheApiNeedsATokenFileOnlyItsOwnerCanRead) {
+  Exit e = run({"--api-address", "0.0.0.0:0"});
+  EXPECT_EQ(e.code, 2) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("is not a loopback address"), std::string::npos) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("--api-token-file"), std::string::npos) << e.stderr_text;
+  const std::string token_file = dir_ + "/token";
+  std::ofstream(token_file) << "0123456789abcdef0123456789abcdef\n";
+  ::chmod(token_file.c_str(), 0644);
+  e = run({"--api-address", "0.0.0.0:0", "--api-token-file", token_file});
+  EXPECT_EQ(e.code, 2) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("may be read by others (mode 0644); chmod 600 it"),
+            std::string::npos)
+      << e.stderr_text;
+  ::chmod(token_file.c_str(), 0600);
+  e = run({"--api-address", "0.0.0.0:0", "--api-token-file", token_file, "--print-config"});
+  EXPECT_EQ(e.code, 0) << e.stderr_text;
+  EXPECT_NE(e.stdout_text.find("api 0.0.0.0:0 (bearer token required)"), std::string::npos)
+      << e.stdout_text;
+  std::ofstream(token_file) << "short\n";
+  e = run({"--api-token-file", token_file});
+  EXPECT_EQ(e.code, 2) << e.stderr_text;
+  EXPECT_NE(e.stderr_text.find("16 to 1024 visible ASCII characters"), std::string::npos)
+      << e.stderr_text;
+  e = run({"--api-token-file", dir_});
+  EXPECT_NE(e.stderr_text.find("is a directory"), std::string::npos) << e.stderr_text;
+}
+
+TEST(HttpApiToken, EveryRequestNeedsTheBearerTokenAndNoBodyIsReadWithoutIt) {
+  statepool::testing::TempDir dir("/tmp/statepool-token");
+  const std::string token = "s3cr3t-token-0123456789abcdef";
+  const std::string token_file = dir.file("token");
+  std::ofstream(token_file) << token << "\n";
+  ::chmod(token_file.c_str(), 0600);
+  DaemonProcess daemon({"--api-token-file", token_file},
+                       statepool::testing::DaemonOptions{.metrics = false, .api = true});
+  const auto request = [&](const std::string& authorization) {
+    std::string raw = "GET /v1 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+    if (!authorization.empty()) raw += "Authorization: " + authorization + "\r\n";
+    return statepool::testing::http_raw(daemon.api_port(), raw + "\r\n");
+  };
+  const std::string none = request("");
+  EXPECT_EQ(none.rfind("HTTP/1.1 401", 0), 0u) << none;
+  EXPECT_NE(none.find("WWW-Authenticate: Bearer realm=\"statepool\""), std::string::npos) << none;
+  EXPECT_NE(none.find("Authorization: Bearer TOKEN"), std::string::npos) << none;
+  EXPECT_EQ(request("Bearer " + token + "x").rfind("HTTP/1.1 401", 0), 0u);
+  EXPECT_EQ(request("Bearer " + token.substr(1)).rfind("HTTP/1.1 401", 0), 0u);
+  EXPECT_EQ(request("Basic " + token).rfind("HTTP/1.1 401", 0), 0u);
+  const std::string ok = request("Bearer " + token);
+  EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
+  EXPECT_NE(ok.find("/v1/fits"), std::string::npos) << ok;
+  EXPECT_EQ(request("bearer " + token).rfind("HTTP/1.1 200", 0), 0u) << "the scheme ignores case";
+  // A POST without the token is answered after its header: the body is never read.
+  const std::string post = statepool::testing::http_raw(
+      daemon.api_port(),
+      "POST /v1/plan HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 900000\r\n\r\n{");
+  EXPECT_EQ(post.rfind("HTTP/1.1 401", 0), 0u) << post;
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
 }
 
 TEST_F(ApiConfig, APortInUseStopsTheStartWithAnActionableError) {
