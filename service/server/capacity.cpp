@@ -51,7 +51,6 @@ planner::LivePool live_pool(const Pool& pool, const kernels::StateLayout& shape,
 planner::FitsReport fits_now(const Pool& pool, const kernels::StateLayout& shape,
                              std::string_view tenant, std::uint32_t slots,
                              const std::vector<kernels::CodecId>& codecs) {
-  STATEPOOL_EXPECTS(slots >= 1, Status::invalid_argument, "slots must be at least 1");
   const planner::LivePool live = live_pool(pool, shape, tenant);
   try {
     return planner::fits_now(shape, live, slots, codecs);

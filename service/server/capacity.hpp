@@ -17,8 +17,9 @@
 
 namespace statepool::service {
 
-/// Largest config.json accepted by PlanCapacity and POST /v1/plan (real ones are < 10 KiB).
-inline constexpr std::size_t kMaxModelConfigBytes = 1u << 20;
+/// Largest config.json accepted by PlanCapacity and POST /v1/plan: the planner's limit
+/// for model files (real ones are < 10 KiB).
+using planner::kMaxModelConfigBytes;
 
 /// What the pool has left for `tenant` (must exist; "" = pool-wide: a new tenant without
 /// quota or arenas), counting the tenant's arenas whose pages have the shape of `shape`
