@@ -2,9 +2,7 @@
 // forked child processes, talking over the real Unix socket.
 #include <gtest/gtest.h>
 
-#include <linux/sockios.h>
 #include <signal.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -480,13 +478,7 @@ TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
                                                      {b.GetBufferPointer(), b.GetSize()});
   const std::size_t first = statepool::protocol::kHeaderBytes + 4;
   ASSERT_TRUE(raw.send_bytes(frame.data(), first));
-  // Wait until the daemon has read those bytes (nothing left unread in the socket).
-  ASSERT_TRUE(eventually(
-      [&] {
-        int unread = -1;
-        return ::ioctl(raw.fd(), SIOCOUTQ, &unread) == 0 && unread == 0;
-      },
-      10s));
+  ASSERT_TRUE(raw.wait_until_read());  // the daemon has those bytes: the request is in flight
 
   ASSERT_EQ(::kill(daemon.pid(), SIGTERM), 0);
   // The idle client is disconnected by the drain...
@@ -616,12 +608,7 @@ TEST(Daemon, DrainServesAConnectionUntilNothingItSentIsLeftUnread) {
   const std::string burst = ping_frame(2) + ping_frame(3);
   const std::size_t first = protocol::kHeaderBytes + 4;
   ASSERT_TRUE(raw.send_bytes(burst.data(), first));
-  ASSERT_TRUE(eventually(
-      [&] {
-        int unread = -1;
-        return ::ioctl(raw.fd(), SIOCOUTQ, &unread) == 0 && unread == 0;
-      },
-      10s));
+  ASSERT_TRUE(raw.wait_until_read());
   ASSERT_EQ(::kill(daemon.pid(), SIGTERM), 0);
   // The drain has begun once the socket refuses new connections.
   ASSERT_TRUE(eventually(

@@ -4,18 +4,13 @@
 
 #include <boost/json.hpp>
 
-#include <sys/wait.h>
-
-#include <array>
 #include <csignal>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "statepool/client.hpp"
 #include "statepool/planner/planner.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepoolctl_run.hpp"
 
 namespace statepool {
 namespace {
@@ -23,32 +18,9 @@ namespace {
 using kernels::CodecId;
 using namespace std::chrono_literals;
 
-std::string model_path(const std::string& file) {
-  return std::string(STATEPOOL_MODELS_DIR) + "/" + file;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct ToolRun {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-ToolRun statepoolctl(const std::string& args) {
-  ToolRun run;
-  FILE* pipe = ::popen((std::string(STATEPOOLCTL_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) run.output += buffer.data();
-  const int status = ::pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using statepool::testing::model_path;
+using statepool::testing::statepoolctl;
+using statepool::testing::ToolRun;
 
 class CapacityDaemon : public ::testing::Test {
  protected:
@@ -69,7 +41,7 @@ class CapacityDaemon : public ::testing::Test {
 };
 
 TEST_F(CapacityDaemon, PlanCapacityIsThePlannersReportWithTheTenantsLiveFits) {
-  const std::string text = read_file(model_path("qwen3.5-27b.json"));
+  const std::string text = statepool::testing::model_text("qwen3.5-27b.json");
   client::PlanRequest request;
   request.model_config = text;
   request.context = 65'536;
@@ -110,7 +82,7 @@ TEST_F(CapacityDaemon, PlanCapacityRefusesBadConfigsAndInputs) {
     EXPECT_EQ(e.status(), wire::Status::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("llama"), std::string::npos) << e.what();
   }
-  request.model_config = read_file(model_path("kimi-linear-48b-a3b-instruct.json"));
+  request.model_config = statepool::testing::model_text("kimi-linear-48b-a3b-instruct.json");
   request.kv = "fp4";
   try {
     (void)conn_->plan_capacity(request);

@@ -6,45 +6,17 @@
 
 #include <boost/json.hpp>
 
-#include <sys/wait.h>
-
-#include <array>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "statepool/testing/temp_dir.hpp"
+#include "statepoolctl_run.hpp"
 
 namespace statepool {
 namespace {
 
-std::string model_path(const std::string& file) {
-  return std::string(STATEPOOL_MODELS_DIR) + "/" + file;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct ToolRun {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-ToolRun statepoolctl(const std::string& args) {
-  ToolRun run;
-  FILE* pipe = ::popen((std::string(STATEPOOLCTL_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return run;
-  std::array<char, 4096> buffer{};
-  while (std::fgets(buffer.data(), buffer.size(), pipe) != nullptr) run.output += buffer.data();
-  const int status = ::pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using statepool::testing::model_path;
+using statepool::testing::statepoolctl;
+using statepool::testing::ToolRun;
 
 constexpr const char* kNoDaemon = "--socket /nonexistent/statepool.sock";
 
@@ -65,7 +37,7 @@ class StatepoolctlPlan : public ::testing::Test {
  protected:
   /// A copy of docs/models/`file` with `from` replaced by `to`.
   std::string edited(const std::string& file, const std::string& from, const std::string& to) {
-    std::string text = read_text(model_path(file));
+    std::string text = statepool::testing::model_text(file);
     const auto at = text.find(from);
     EXPECT_NE(at, std::string::npos) << from;
     if (at != std::string::npos) text.replace(at, from.size(), to);

@@ -4,7 +4,9 @@
 //
 // Thread-safety: a RawPeer belongs to one thread.
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "statepool/protocol/frame.hpp"
@@ -60,6 +63,18 @@ class RawPeer {
     std::vector<std::byte> payload(header.length);
     if (!read_exact(payload.data(), payload.size(), timeout)) return std::nullopt;
     return payload;
+  }
+
+  /// Waits until the daemon has read every byte sent (nothing left in this socket's send
+  /// queue, SIOCOUTQ); false when it has not within the timeout.
+  bool wait_until_read(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      int unread = -1;
+      if (::ioctl(fd_, SIOCOUTQ, &unread) == 0 && unread == 0) return true;
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
 
   /// True when the daemon has closed its end (EOF within the timeout).
