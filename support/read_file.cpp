@@ -28,8 +28,8 @@ std::string read_file(const std::string& path, std::size_t max_bytes) {
   std::string text(static_cast<std::size_t>(size), '\0');
   std::size_t got = 0;
   while (got < text.size()) {
-    const ssize_t n = ::pread(fd.get(), text.data() + got, text.size() - got,
-                              static_cast<off_t>(got));
+    const ssize_t n =
+        ::pread(fd.get(), text.data() + got, text.size() - got, static_cast<off_t>(got));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw std::runtime_error(path + ": read failed: " + errno_text(errno));
     if (n == 0) throw std::runtime_error(path + ": read failed: unexpected end of file");

@@ -221,8 +221,8 @@ std::string read_token(const std::string& path) {
   token = first == std::string::npos
               ? std::string()
               : token.substr(first, token.find_last_not_of(" \t\r\n") - first + 1);
-  const bool visible = std::all_of(token.begin(), token.end(),
-                                   [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+  const bool visible =
+      std::all_of(token.begin(), token.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f; });
   if (token.size() < 16 || token.size() > 1024 || !visible) {
     throw ConfigError("--api-token-file " + path +
                       ": the token must be 16 to 1024 visible ASCII characters (no spaces), "
@@ -516,8 +516,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.max_connections = static_cast<std::uint32_t>(max_connections);
   if (max_unattached < 1 || max_unattached > max_connections)
     throw ConfigError("--max-unattached-connections must be between 1 and --max-connections (" +
-                      std::to_string(max_connections) + "), got " +
-                      std::to_string(max_unattached));
+                      std::to_string(max_connections) + "), got " + std::to_string(max_unattached));
   config.max_unattached_connections = static_cast<std::uint32_t>(max_unattached);
   config.hello_timeout = parse_duration(hello_timeout, "--hello-timeout");
   if (config.hello_timeout.count() < 10) throw ConfigError("--hello-timeout must be at least 10ms");
@@ -539,8 +538,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     d.max_arenas = count_limit(tenant_arenas, 65536, "--tenant-max-arenas");
     d.max_connections = count_limit(tenant_connections, 65536, "--tenant-max-connections");
     d.max_staging_bytes = parse_size(tenant_staging, "--tenant-max-staging-bytes");
-    if (d.max_staging_bytes == 0)
-      throw ConfigError("--tenant-max-staging-bytes must be positive");
+    if (d.max_staging_bytes == 0) throw ConfigError("--tenant-max-staging-bytes must be positive");
     resolve_limits(d, overrides, config.pool.tenants);
   }
   config.io_timeout = parse_duration(io_timeout, "--io-timeout");
@@ -584,7 +582,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     if (config.backend != "cuda")
       throw ConfigError("--pool-capacity '" + pool_capacity +
                         "' is a fraction of device memory: it needs --backend cuda (give "
-                        "bytes, e.g. 8GiB, for the " + config.backend + " backend)");
+                        "bytes, e.g. 8GiB, for the " +
+                        config.backend + " backend)");
     config.capacity_fraction = *fraction;
   } else {
     config.pool.capacity_bytes = parse_size(pool_capacity, "--pool-capacity");
@@ -628,8 +627,8 @@ std::string describe(const Config& config) {
               ? std::to_string(static_cast<int>(std::lround(config.capacity_fraction * 100))) +
                     "% of the device's free memory"
               : format_bytes(config.pool.capacity_bytes))
-      << ", arena pages "
-      << config.pool.default_arena_pages << " (max " << config.pool.max_arena_pages << ")\n"
+      << ", arena pages " << config.pool.default_arena_pages << " (max "
+      << config.pool.max_arena_pages << ")\n"
       << "grace period " << config.pool.grace_period.count() << " ms, io timeout "
       << config.io_timeout.count() << " ms, drain timeout " << config.drain_timeout.count()
       << " ms\n"

@@ -42,8 +42,8 @@ inline constexpr std::uint32_t kMaxHttpConnections = 64;
 /// One answer of the API before it becomes an HTTP response.
 struct ApiReply {
   unsigned status = 200;
-  std::string body;   ///< JSON, ending with "\n"
-  std::string allow;  ///< the Allow header of a 405 reply
+  std::string body;               ///< JSON, ending with "\n"
+  std::string allow;              ///< the Allow header of a 405 reply
   bool bearer_challenge = false;  ///< a 401: send WWW-Authenticate: Bearer
 };
 

@@ -15,12 +15,12 @@ PlanInfo describe_plan(const std::string& digest, const kernels::stepquant::Plan
 }
 
 /// Refuses when the owner has added its limit of entries (`count` of them) already.
-void check_owner(const std::optional<RegistryOwner>& owner, std::uint32_t count,
-                 const char* what, const char* key) {
+void check_owner(const std::optional<RegistryOwner>& owner, std::uint32_t count, const char* what,
+                 const char* key) {
   if (!owner || count < owner->limit) return;
   throw StatusError(Status::quota_exceeded,
-                    "tenant '" + std::string(owner->name) + "' has added " +
-                        std::to_string(count) + " " + what + ", its limit (" + key +
+                    "tenant '" + std::string(owner->name) + "' has added " + std::to_string(count) +
+                        " " + what + ", its limit (" + key +
                         " in its [tenant] section, default --tenant-" + key + ")");
 }
 
@@ -56,7 +56,8 @@ LayoutId LayoutRegistry::register_layout(const kernels::StateLayout& layout,
     const std::lock_guard lock(mutex_);
     if (const LayoutId id = find_locked(layout); id != 0) return id;
     // Refuse before building the page format: a tenant at its limit costs no work.
-    if (owner) check_owner(owner, count_of(layouts_added_, owner->tenant), "layouts", "max-layouts");
+    if (owner)
+      check_owner(owner, count_of(layouts_added_, owner->tenant), "layouts", "max-layouts");
   }
   // Build the page format outside the lock: it may take a while for large layouts.
   std::shared_ptr<const kernels::PageCodec> codec;

@@ -77,7 +77,7 @@ class LeaseTable {
   std::unordered_map<LeaseId, Lease> leases_;
   std::unordered_map<std::string, LeaseId> tokens_;
   std::set<std::pair<Clock::time_point, LeaseId>> deadlines_;  // orphaned leases
-  std::unordered_map<std::size_t, std::uint32_t> attached_;  // per tenant
+  std::unordered_map<std::size_t, std::uint32_t> attached_;    // per tenant
   LeaseId next_id_ = 1;
 };
 

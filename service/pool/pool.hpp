@@ -47,9 +47,9 @@ namespace statepool::service {
 /// max-* keys of a [tenant.NAME] section). Going past one is quota_exceeded (connections:
 /// too_many_connections), naming the limit.
 struct TenantLimits {
-  std::uint32_t max_layouts = 64;   ///< distinct layouts it registered (new to the daemon)
-  std::uint32_t max_plans = 16;     ///< plans it installed (new to the daemon)
-  std::uint32_t max_arenas = 64;    ///< arenas it opened
+  std::uint32_t max_layouts = 64;       ///< distinct layouts it registered (new to the daemon)
+  std::uint32_t max_plans = 16;         ///< plans it installed (new to the daemon)
+  std::uint32_t max_arenas = 64;        ///< arenas it opened
   std::uint32_t max_connections = 128;  ///< connections attached to it at once
   std::uint64_t max_staging_bytes = 8ull << 30;  ///< staging of all its connections together
 };

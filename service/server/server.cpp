@@ -51,9 +51,9 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
       staging_memory_(staging_memory),
       workers_(workers),
       executor_(executor),
-      staging_capacity_(staging_memory, config.staging_capacity, Status::pool_exhausted,
-                        LimitText{"staging capacity of the daemon", "held",
-                                  " (--staging-capacity)"}),
+      staging_capacity_(
+          staging_memory, config.staging_capacity, Status::pool_exhausted,
+          LimitText{"staging capacity of the daemon", "held", " (--staging-capacity)"}),
       context_{config,
                pool,
                workers,
@@ -151,10 +151,11 @@ std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
-    throw ConfigError(cat("--max-connections ", config.max_connections, " needs at least ",
-                          needed, " file descriptors (one per connection and ",
-                          kDescriptorHeadroom, " for arenas, listeners and the exporter); the "
-                          "limit is ", limit.rlim_cur, " (hard limit ", limit.rlim_max,
+    throw ConfigError(cat("--max-connections ", config.max_connections, " needs at least ", needed,
+                          " file descriptors (one per connection and ", kDescriptorHeadroom,
+                          " for arenas, listeners and the exporter); the "
+                          "limit is ",
+                          limit.rlim_cur, " (hard limit ", limit.rlim_max,
                           "). Raise it (ulimit -n, systemd LimitNOFILE=) or lower "
                           "--max-connections"));
   }
@@ -230,8 +231,8 @@ void Server::begin_drain(const std::string& why) {
     start_session(std::move(socket));
     ++backlog;
   }
-  LOG_INFO("server", "draining (", why, "): no new connections; ", sessions_live_.load(),
-           " open", backlog > 0 ? cat(" (", backlog, " taken from the listen backlog)") : "",
+  LOG_INFO("server", "draining (", why, "): no new connections; ", sessions_live_.load(), " open",
+           backlog > 0 ? cat(" (", backlog, " taken from the listen backlog)") : "",
            ", waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
   boost::system::error_code ignored;
   acceptor_.close(ignored);
@@ -292,16 +293,15 @@ void Server::start_session(local::socket socket) {
 Server::Refusal Server::refuse_for_descriptors() {
   // Give back the spare descriptor to take the waiting connection, tell it why, let it go.
   spare_fd_.reset();
-  support::UniqueFd peer(::accept4(acceptor_.native_handle(), nullptr, nullptr,
-                                   SOCK_CLOEXEC | SOCK_NONBLOCK));
+  support::UniqueFd peer(
+      ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
   const int accept_errno = errno;
   Refusal outcome = Refusal::refused;
   if (peer) {
     flatbuffers::FlatBufferBuilder builder;
     build_error(builder, 0, wire::Status::too_many_connections,
                 "the daemon is out of file descriptors; retry later");
-    const std::string frame = protocol::make_frame(protocol::FrameType::reply,
-                                                   protocol::kFlagNone,
+    const std::string frame = protocol::make_frame(protocol::FrameType::reply, protocol::kFlagNone,
                                                    {builder.GetBufferPointer(), builder.GetSize()});
     // A fresh socket's buffer holds this small frame; if not, the client sees EOF.
     [[maybe_unused]] const ssize_t sent =

@@ -177,9 +177,8 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     if (ec_wait || closing_) co_return false;  // closed by drain or by a deadline
     // The reactor may report readiness that an earlier read consumed already: look.
     char first = 0;
-    const ssize_t peeked =
-        ::recv(socket_.native_handle(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (peeked > 0) break;       // a frame has begun
+    const ssize_t peeked = ::recv(socket_.native_handle(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (peeked > 0) break;             // a frame has begun
     if (peeked == 0) co_return false;  // EOF between frames: not an error
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) co_return false;  // reset
   }
@@ -293,12 +292,12 @@ asio::awaitable<void> Session::run() {
   // of such connections, and only for --hello-timeout: one user's silent connections can
   // neither take every slot nor keep other users (root included) out.
   if (!enter_unattached()) {
-    co_await turn_away(wire::Status::too_many_connections,
-                       cat("uid ", state_.uid, " already has ",
-                           server_.config_.max_unattached_connections,
-                           " connections waiting to say Hello (--max-unattached-connections);"
-                           " retry later"),
-                       "unattached_limit");
+    co_await turn_away(
+        wire::Status::too_many_connections,
+        cat("uid ", state_.uid, " already has ", server_.config_.max_unattached_connections,
+            " connections waiting to say Hello (--max-unattached-connections);"
+            " retry later"),
+        "unattached_limit");
     co_return;
   }
   asio::co_spawn(

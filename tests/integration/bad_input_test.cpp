@@ -296,11 +296,11 @@ TEST_F(BadConfig, MaxConnectionsBeyondTheDescriptorLimitIsRefusedAtStart) {
   if (child == 0) {
     const rlimit low{512, 512};
     if (::setrlimit(RLIMIT_NOFILE, &low) != 0) ::_exit(3);
-    const Exit e = run_daemon({"--socket", socket_, "--metrics-address", "off",
-                               "--max-connections", "1000"},
-                              dir_);
-    const bool named = e.stderr_text.find("--max-connections 1000 needs at least 1064 file "
-                                          "descriptors") != std::string::npos &&
+    const Exit e = run_daemon(
+        {"--socket", socket_, "--metrics-address", "off", "--max-connections", "1000"}, dir_);
+    const bool named = e.stderr_text.find(
+                           "--max-connections 1000 needs at least 1064 file "
+                           "descriptors") != std::string::npos &&
                        e.stderr_text.find("limit is 512") != std::string::npos;
     ::_exit(e.code == 2 && named && !std::filesystem::exists(socket_) ? 0 : 1);
   }
@@ -330,8 +330,8 @@ TEST(CudaBackend, WithoutAUsableGpuStatepooldExitsOneNamingTheDeviceAndTheWayOut
   char templ[] = "/tmp/statepool-cuda-XXXXXX";
   ASSERT_NE(::mkdtemp(templ), nullptr);
   const std::string dir = templ;
-  const Exit e = run_daemon({"--socket", dir + "/sock", "--metrics-address", "off",
-                             "--api-address", "off", "--backend", "cuda", "--device", "7"},
+  const Exit e = run_daemon({"--socket", dir + "/sock", "--metrics-address", "off", "--api-address",
+                             "off", "--backend", "cuda", "--device", "7"},
                             dir);
   std::filesystem::remove_all(dir);
   if (e.code == 0) GTEST_SKIP() << "device 7 exists here";

@@ -141,8 +141,7 @@ TEST(Daemon, AsynchronousRequestsOnTheHostBackendAreAnsweredWhenDoneWithoutAnEve
   fill_state(original, 3);
 
   // The host executor exports no events: the reply comes when the page is written.
-  const client::Pending parked =
-      conn.compress_async(arena.id(), slots[0].id(), staging.id(), 0);
+  const client::Pending parked = conn.compress_async(arena.id(), slots[0].id(), staging.id(), 0);
   EXPECT_FALSE(parked.event.has_value());
   EXPECT_EQ(parked.bytes, layout.page_bytes);
   std::vector<std::byte> local(layout.page_bytes);
@@ -236,9 +235,9 @@ double metric_value(const std::string& text, const std::string& name) {
 }
 
 TEST(Daemon, RequestBuffersGrowWithWhatArrivedAndAreLetGoAfterTheRequest) {
-  DaemonProcess daemon({"--max-unattached-connections", "32", "--hello-timeout", "60s",
-                        "--io-timeout", "30s"},
-                       /*with_metrics=*/true);
+  DaemonProcess daemon(
+      {"--max-unattached-connections", "32", "--hello-timeout", "60s", "--io-timeout", "30s"},
+      /*with_metrics=*/true);
   const auto buffers = [&] {
     return metric_value(statepool::testing::http_get(daemon.metrics_port(), "/metrics"),
                         "statepool_request_buffer_bytes");
@@ -508,11 +507,11 @@ TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
 
 namespace {
 
-std::string request_frame(std::uint64_t id, wire::RequestBody type,
-                          flatbuffers::Offset<void> body, flatbuffers::FlatBufferBuilder& b) {
+std::string request_frame(std::uint64_t id, wire::RequestBody type, flatbuffers::Offset<void> body,
+                          flatbuffers::FlatBufferBuilder& b) {
   b.Finish(wire::CreateRequest(b, id, type, body));
-  std::string frame = protocol::make_frame(protocol::FrameType::request, 0,
-                                           {b.GetBufferPointer(), b.GetSize()});
+  std::string frame =
+      protocol::make_frame(protocol::FrameType::request, 0, {b.GetBufferPointer(), b.GetSize()});
   b.Clear();
   return frame;
 }
@@ -645,7 +644,8 @@ TEST(Daemon, NoTenantCanFillTheTablesOrTheStagingBudgetOfAnother) {
     l.num_layers = layers;
     return l;
   };
-  for (std::uint32_t layers = 1; layers <= 4; ++layers) (void)greedy.register_layout(layout(layers));
+  for (std::uint32_t layers = 1; layers <= 4; ++layers)
+    (void)greedy.register_layout(layout(layers));
   try {
     (void)greedy.register_layout(layout(5));
     ADD_FAILURE() << "a fifth layout was accepted";
