@@ -46,7 +46,9 @@ class PageCodec {
   /// NonFiniteError without touching `page`. Throws std::invalid_argument on a wrong
   /// dtype (f16 staging is not accepted) or wrong buffer sizes.
   void encode(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
-  /// staged <- page.
+  /// staged <- page. Any bytes are safe to decode (fuzzed: fuzz/fuzz_page_decode.cpp), but
+  /// a page not written by encode() may decode to NaN or Inf: the output is finite only
+  /// for pages this codec encoded.
   void decode(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
   // --- the same work in pieces, for executors that split one state across threads -----
