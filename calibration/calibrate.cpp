@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "parallel.hpp"
-#include "statepool/calibration/recurrence.hpp"
+#include "statepool/kernels/recurrence.hpp"
 
 namespace statepool::calibration {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kernels::gdn_step;
+using kernels::kda_step;
+using kernels::normalize_qk;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

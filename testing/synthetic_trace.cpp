@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "statepool/calibration/recurrence.hpp"
+#include "statepool/kernels/recurrence.hpp"
 #include "statepool/calibration/seed.hpp"
 #include "statepool/testing/random.hpp"
 
@@ -164,7 +164,7 @@ void SyntheticSource::generate(std::uint32_t layer, std::uint64_t count, TokenBl
         k[i] = rng.next() + m.key_bias[i];
         q[i] = rng.next() + m.query_bias[i];
       }
-      calibration::normalize_qk(std::span<float>(q, K), std::span<float>(k, K));
+      kernels::normalize_qk(std::span<float>(q, K), std::span<float>(k, K));
       float* v = out.v.data() + index * V;
       for (std::size_t j = 0; j < V; ++j) {
         v[j] = rng.next() * m.column_scale[j];

@@ -8,10 +8,13 @@
 #include <vector>
 
 #include "statepool/calibration/accumulator.hpp"
-#include "statepool/calibration/recurrence.hpp"
+#include "statepool/kernels/recurrence.hpp"
 
 namespace statepool::calibration {
 namespace {
+using kernels::gdn_step;
+using kernels::kda_step;
+using kernels::normalize_qk;
 
 TEST(Recurrence, GdnStepByHand) {
   // K = V = 2, S = [[1, 2], [3, 4]], g = log 0.5, k = (1, 0), q = (0, 1), v = (10, 20),

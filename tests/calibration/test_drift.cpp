@@ -23,7 +23,7 @@
 
 #include "statepool/calibration/accumulator.hpp"
 #include "statepool/calibration/plan_builder.hpp"
-#include "statepool/calibration/recurrence.hpp"
+#include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
@@ -35,6 +35,9 @@ namespace kn = kernels;
 namespace sq = kernels::stepquant;
 using testing::SyntheticOptions;
 using testing::SyntheticSource;
+using kernels::gdn_step;
+using kernels::kda_step;
+using kernels::normalize_qk;
 
 constexpr std::uint32_t kHeads = 8;  // 4 long-lived, 4 short-lived
 constexpr std::uint32_t kDim = 64;   // K = V

@@ -44,6 +44,7 @@
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/plans.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/synthetic_state.hpp"
@@ -58,158 +59,8 @@ using stepquant::Plan;
 using testing::bytes_to_floats;
 using testing::first_difference;
 using testing::float_bytes;
-
-// ---------------------------------------------------------------------------------------
-// Instances: every codec id on pages of many shapes.
-
-struct Instance {
-  std::string name;  // <codec>_<arch>_<K>x<V>[_g<group>][_<L>l<H>h][_conv][_<plan>][_<variant>]
-  StateLayout layout;
-};
-
-void PrintTo(const Instance& instance, std::ostream* os) {
-  *os << instance.name;
-}
-
-struct Shape {
-  Arch arch;
-  std::uint32_t key_dim;
-  std::uint32_t value_dim;
-  std::uint32_t group;  // int codecs only; 0 = default 128
-  std::uint32_t layers = 1;
-  std::uint32_t heads = 1;
-  std::uint32_t conv_channels = 0;
-  std::uint32_t conv_width = 0;
-  DType conv_dtype = DType::bf16;
-};
-
-std::string describe(const StateLayout& l, const std::string& plan_tag) {
-  std::string name = std::string(to_string(l.codec.id)) + "_" + to_string(l.arch) + "_" +
-                     std::to_string(l.key_dim) + "x" + std::to_string(l.value_dim);
-  if (is_uniform_codec(l.codec.id) && l.codec.group_size != 0) {
-    name += "_g" + std::to_string(l.codec.group_size);
-  }
-  if (l.num_layers * l.num_heads > 1) {
-    name += "_" + std::to_string(l.num_layers) + "l" + std::to_string(l.num_heads) + "h";
-  }
-  if (l.conv_channels != 0) {
-    name += "_conv";
-  }
-  if (!plan_tag.empty()) {
-    name += "_" + plan_tag;
-  }
-  if (l.codec.variant == StepQuantVariant::spatial_only) {
-    name += "_spatial_only";
-  } else if (l.codec.variant == StepQuantVariant::temporal_only) {
-    name += "_temporal_only";
-  }
-  return name;
-}
-
-StateLayout with_conv(StateLayout layout, std::uint32_t channels, std::uint32_t width,
-                      DType dtype) {
-  layout.conv_channels = channels;
-  layout.conv_width = width;
-  layout.conv_dtype = dtype;
-  return layout;
-}
-
-StateLayout shaped(CodecId id, const Shape& s) {
-  StateLayout layout = testing::head_layout(id, s.group, s.key_dim, s.value_dim);
-  layout.arch = s.arch;
-  layout.num_layers = s.layers;
-  layout.num_heads = s.heads;
-  return with_conv(layout, s.conv_channels, s.conv_width, s.conv_dtype);
-}
-
-std::vector<Instance> instances() {
-  std::vector<Instance> out;
-  const auto add = [&](const StateLayout& layout, const std::string& plan_tag = {}) {
-    out.push_back({describe(layout, plan_tag), layout});
-  };
-
-  // Float and int codecs: full groups, a group spanning two rows, a short last group,
-  // partial code quads, a single value; several layers and heads with conv states.
-  const Shape uniform_shapes[] = {
-      {Arch::gdn, 128, 128, 0},                           // Qwen/Kimi heads, default group
-      {Arch::gdn, 64, 128, 256},                          // a group spans two rows
-      {Arch::gdn, 16, 24, 32, 3, 4, 10, 3},               // n = 384: 12 full groups
-      {Arch::gdn, 10, 10, 32},                            // last group of 4
-      {Arch::gdn, 7, 5, 12, 2, 3, 5, 2, DType::f32},      // last group of 11, partial quad
-      {Arch::gdn, 3, 3, 4},                               // last group of 1
-      {Arch::gdn, 1, 1, 4},                               // a single value
-      {Arch::kda, 16, 24, 32, 2, 2, 4, 3, DType::bf16}};  // the arch is layout-only here
-  for (const CodecId id :
-       {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
-    for (const Shape& s : uniform_shapes) {
-      Shape shape = s;
-      if (is_float_codec(id)) {
-        shape.group = 0;  // ignored by the float codecs; keeps the names short
-      }
-      add(shaped(id, shape));
-    }
-  }
-
-  // DSQ: the GDN head layout for either arch, no plan.
-  const Shape dsq_shapes[] = {{Arch::gdn, 7, 5, 0},
-                              {Arch::gdn, 1, 1, 0},
-                              {Arch::gdn, 128, 128, 0},
-                              {Arch::kda, 24, 36, 0, 1, 2},
-                              {Arch::kda, 16, 24, 0, 2, 2, 4, 3}};
-  for (const CodecId id : {CodecId::dsq4, CodecId::dsq6}) {
-    for (const Shape& s : dsq_shapes) {
-      add(shaped(id, s));
-    }
-  }
-
-  // STEPQuant: every variant of plans with every width and pivots, plans without pivots
-  // (the "pivots off" ablation), tiny and odd heads.
-  struct PlanCase {
-    Plan plan;
-    CodecId codec;
-    std::uint32_t conv_channels;
-    std::uint32_t conv_width;
-    const char* tag;
-  };
-  const PlanCase plans[] = {
-      {testing::gdn_plan6(), CodecId::stepquant6, 10, 3, "mixed"},
-      {testing::gdn_plan4(), CodecId::stepquant4, 0, 0, "mixed"},
-      {testing::kda_plan4(20), CodecId::stepquant4, 0, 0, "mixed"},
-      {testing::kda_plan4(21), CodecId::stepquant4, 0, 0, "mixed"},
-      {testing::kda_plan6(), CodecId::stepquant6, 6, 2, "mixed"},
-      {testing::make_plan(
-           Arch::kda, 1, 2, 8, 20, 4,
-           [](std::size_t u) { return static_cast<std::uint8_t>(2 + 2 * (u % 4)); },
-           testing::random_impact(5)),
-       CodecId::stepquant4, 0, 0, "nopivot"}};
-  for (const PlanCase& c : plans) {
-    for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
-                                           StepQuantVariant::temporal_only}) {
-      add(testing::plan_layout(c.plan, c.codec, variant, c.conv_channels, c.conv_width), c.tag);
-    }
-  }
-  const Plan uniform6 = testing::make_plan(
-      Arch::gdn, 2, 3, 7, 5, 6, [](std::size_t) { return std::uint8_t{6}; },
-      testing::random_impact(6));
-  for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::temporal_only}) {
-    add(with_conv(testing::plan_layout(uniform6, CodecId::stepquant6, variant), 5, 2, DType::f32),
-        "nopivot");
-  }
-  add(testing::plan_layout(testing::uniform_plan(Arch::gdn, 1, 1, 1, 1, 6), CodecId::stepquant6),
-      "uniform");
-  add(testing::plan_layout(
-          testing::make_plan(
-              Arch::gdn, 1, 2, 3, 33, 4,
-              [](std::size_t u) { return static_cast<std::uint8_t>(u == 0 ? 2 : kPivotWidth); }),
-          CodecId::stepquant4),
-      "2bit_pivot");
-  add(testing::plan_layout(
-          testing::make_plan(Arch::kda, 1, 1, 3, 7, 4,
-                             [](std::size_t u) { return static_cast<std::uint8_t>(2u << u); }),
-          CodecId::stepquant4),
-      "mixed");
-  return out;
-}
+using testing::Instance;
+using testing::instances;
 
 // ---------------------------------------------------------------------------------------
 // What docs/codecs.md says, transcribed independently of the code.

@@ -1,4 +1,4 @@
-#include "statepool/calibration/recurrence.hpp"
+#include "statepool/kernels/recurrence.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace statepool::calibration {
+namespace statepool::kernels {
 namespace {
 
 void check_size(const char* name, std::size_t got, std::size_t expected) {
@@ -16,12 +16,11 @@ void check_size(const char* name, std::size_t got, std::size_t expected) {
   }
 }
 
-// decay(i) gives exp(g) of row i; one template for both gate shapes keeps GDN's scalar in a
-// register.
+// The checked entry points of step_head (recurrence.hpp); decay(i) gives exp(g) of row i.
 template <typename Decay>
 void step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
-          std::span<const float> q, std::span<const float> k, std::span<const float> v, Decay decay,
-          float beta, std::span<float> residual, std::span<float> out) {
+          std::span<const float> q, std::span<const float> k, std::span<const float> v,
+          const Decay& decay, float beta, std::span<float> residual, std::span<float> out) {
   const std::size_t K = key_dim;
   const std::size_t V = value_dim;
   check_size("state", state.size(), K * V);
@@ -32,40 +31,8 @@ void step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim
   if (!out.empty()) {
     check_size("out", out.size(), V);
   }
-  float* S = state.data();
-  float* u = residual.data();
-  std::fill(residual.begin(), residual.end(), 0.0f);
-  // S' = diag(d) S; S'^T k accumulated row by row.
-  for (std::size_t i = 0; i < K; ++i) {
-    float* row = S + i * V;
-    const float d = decay(i);
-    const float ki = k[i];
-    for (std::size_t j = 0; j < V; ++j) {
-      row[j] *= d;
-      u[j] += row[j] * ki;
-    }
-  }
-  for (std::size_t j = 0; j < V; ++j) {
-    u[j] = beta * (v[j] - u[j]);
-  }
-  if (!out.empty()) {
-    std::fill(out.begin(), out.end(), 0.0f);
-  }
-  // S = S' + k u^T, then o = S^T q.
-  for (std::size_t i = 0; i < K; ++i) {
-    float* row = S + i * V;
-    const float ki = k[i];
-    for (std::size_t j = 0; j < V; ++j) {
-      row[j] += ki * u[j];
-    }
-    if (!out.empty()) {
-      const float qi = q[i];
-      float* o = out.data();
-      for (std::size_t j = 0; j < V; ++j) {
-        o[j] += row[j] * qi;
-      }
-    }
-  }
+  step_head(state.data(), key_dim, value_dim, q.data(), k.data(), v.data(), decay, beta,
+            residual.data(), out.empty() ? nullptr : out.data());
 }
 
 }  // namespace
@@ -107,4 +74,4 @@ void normalize_qk(std::span<float> q, std::span<float> k) {
   scale_to(k, 1.0);
 }
 
-}  // namespace statepool::calibration
+}  // namespace statepool::kernels

@@ -1,0 +1,92 @@
+#pragma once
+// The fused decode step: one gated-delta-rule step (recurrence.hpp) of one linear layer,
+// for a batch of requests, run directly on their compressed pages. Per (request, head):
+// unpack the page's head, decay + delta-rule update + readout in FP32, fit and pack the
+// new state back (for STEPQuant with the plan's widths, pivots and impact factors), so
+// that a request's state never exists in FP32 memory between tokens. Each head of the
+// page is read once and written once; its FP32 form lives only in a per-thread scratch
+// buffer (64 KiB for a 128 x 128 head, in cache). The same entry point serves every
+// codec, fp32 and bf16 included, so the baseline is measured by the same code.
+//
+// Equivalence (tests/kernels/test_fused_step.cpp): for every codec, the bytes written and
+// the outputs are those of "decode the layer's heads (PageCodec::decode_heads), run
+// kernels::gdn_step / kda_step on each, encode them (PageCodec::encode_heads)", bit for bit.
+//
+// Inputs, for `batch` requests of a layout with H = num_heads state (value) heads:
+//   q, k       [batch][qk_heads][K]  L2-normalised, q scaled by 1/sqrt(K) (normalize_qk);
+//                                    state head h reads q/k head h / (H / qk_heads)
+//                                    (Qwen3-Next: 16 key heads for 32 value heads)
+//   v          [batch][H][V]
+//   log_decay  [batch][H] (GDN)  or  [batch][H][K] (KDA): g, the decay is exp(g)
+//   beta       [batch][H]
+//   out        [batch][H][V]         receives o = S^T q (from the FP32 state, before packing)
+// All FP32, row-major, dense. pages[b] is the first byte of request b's page (page_bytes()
+// bytes, host memory, the heads' 4-byte alignment kept); pages must be distinct.
+// The conv state in the page is not touched: the engine updates it itself.
+//
+// A head whose new state holds NaN or +-Inf is not stored: its page bytes keep the
+// previous step's state, the head is counted in StepResult, and the outputs are still
+// written. The engine should fail that request (its heads are then from different steps).
+//
+// Thread-safety: concurrent calls are safe on disjoint pages; one call may use several
+// threads through `parallel` (heads are independent).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+
+#include "statepool/kernels/page.hpp"
+
+namespace statepool::kernels {
+
+struct StepInputs {
+  std::uint32_t batch = 0;
+  /// Heads of q and k; 0 means num_heads. num_heads must be a multiple of it.
+  std::uint32_t qk_heads = 0;
+  std::span<const float> q;
+  std::span<const float> k;
+  std::span<const float> v;
+  std::span<const float> log_decay;
+  std::span<const float> beta;
+  std::span<float> out;
+};
+
+struct StepResult {
+  /// Heads whose new state was not finite (their page bytes are unchanged).
+  std::size_t rejected_heads = 0;
+  /// The first rejected (request, head) in (request, head) order, when rejected_heads > 0.
+  std::uint32_t first_rejected_request = 0;
+  std::uint32_t first_rejected_head = 0;
+  [[nodiscard]] bool ok() const noexcept { return rejected_heads == 0; }
+};
+
+/// Runs fn(first, last) over chunks that cover [0, count), each at most `grain` long,
+/// possibly concurrently, and returns when all have run (WorkerPool::parallel_for).
+using ParallelFor = std::function<void(std::size_t count, std::size_t grain,
+                                       const std::function<void(std::size_t, std::size_t)>& fn)>;
+
+/// Throws std::invalid_argument (the message names the field) unless `in` and `pages` fit
+/// `codec`'s layout: layer < num_layers, pages.size() == batch, every span of the size
+/// above, qk_heads dividing num_heads, no null page.
+void check_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte* const> pages,
+                const StepInputs& in);
+
+/// One step of layer `layer` for every request of `in` (checked by check_step first).
+/// The work items are the batch * num_heads (request, head) pairs; with `parallel` they
+/// are split over its threads, otherwise they run on this thread.
+StepResult fused_step(const PageCodec& codec, std::uint32_t layer,
+                      std::span<std::byte* const> pages, const StepInputs& in,
+                      const ParallelFor& parallel = {});
+
+/// Items [first, last) of the same step (item = request * num_heads + head), unchecked:
+/// for executors that split one call themselves. Results of disjoint ranges add up
+/// (merge()).
+StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
+                            std::span<std::byte* const> pages, const StepInputs& in,
+                            std::size_t first, std::size_t last);
+
+/// Combines the results of two disjoint ranges of one call.
+void merge(StepResult& into, const StepResult& other) noexcept;
+
+}  // namespace statepool::kernels

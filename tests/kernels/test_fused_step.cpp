@@ -1,0 +1,389 @@
+// The fused decode step (kernels/include/statepool/kernels/fused_step.hpp) against the
+// unfused path it replaces, on every codec instance of the conformance suite (every
+// codec, variant and plan, GDN and KDA, odd shapes, several layers and heads, conv
+// states):
+//   - the bytes of every page and every output equal, bit for bit, those of "decode the
+//     layer's heads, kernels::gdn_step / kda_step per head, encode the layer's heads",
+//     over several consecutive steps, for every layer, with grouped q/k heads where the
+//     head count allows, on one thread and split over threads;
+//   - the other layers' heads and the conv state are not touched;
+//   - a head whose new state is not finite keeps its page bytes and is reported;
+//   - inputs that do not fit the layout are refused, naming the field.
+// And over 1,000 steps, the outputs' drift from an FP32 recurrence is the drift of the
+// unfused path (identical runs), for stepquant6 and the uniform codecs, GDN and KDA.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "statepool/kernels/fused_step.hpp"
+#include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/recurrence.hpp"
+#include "statepool/testing/codec_instances.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/random.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+using testing::Instance;
+
+/// Inputs of one step for `batch` requests, seeded; owns the buffers StepInputs points to.
+struct Inputs {
+  std::uint32_t batch = 0;
+  std::uint32_t qk_heads = 0;
+  std::vector<float> q, k, v, log_decay, beta, out;
+
+  Inputs(const StateLayout& l, std::uint32_t batch_size, std::uint32_t qk, std::uint64_t seed)
+      : batch(batch_size), qk_heads(qk) {
+    testing::PortableNormal rng(seed);
+    const std::size_t B = batch;
+    const std::size_t H = l.num_heads;
+    const std::size_t K = l.key_dim;
+    q.resize(B * qk * K);
+    k.resize(B * qk * K);
+    for (float& x : q) x = rng.next();
+    for (float& x : k) x = rng.next();
+    for (std::size_t i = 0; i < B * qk; ++i) {
+      normalize_qk({q.data() + i * K, K}, {k.data() + i * K, K});
+    }
+    v.resize(B * H * l.value_dim);
+    for (float& x : v) x = rng.next();
+    log_decay.resize(B * H * (l.arch == Arch::kda ? K : 1u));
+    for (float& x : log_decay) x = -static_cast<float>(rng.uniform()) * 0.7f;
+    beta.resize(B * H);
+    for (float& x : beta) x = 1.0f / (1.0f + std::exp(-rng.next()));
+    out.assign(B * H * l.value_dim, std::numeric_limits<float>::quiet_NaN());
+  }
+
+  [[nodiscard]] StepInputs view() { return {batch, qk_heads, q, k, v, log_decay, beta, out}; }
+};
+
+/// The unfused path for request b of `in`: decode layer `layer`'s heads of `page`, step
+/// each with kernels::gdn_step / kda_step, encode them back; writes o into `out`.
+/// Returns false (page unchanged) when PageCodec refuses the new state as non-finite.
+bool unfused_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte> page,
+                  const Inputs& in, std::uint32_t b, std::span<float> out) {
+  const StateLayout& l = codec.layout();
+  const std::size_t H = l.num_heads;
+  const std::size_t K = l.key_dim;
+  const std::size_t V = l.value_dim;
+  const std::size_t group = H / in.qk_heads;
+  std::vector<std::byte> staged(codec.staged_bytes(DType::f32));
+  const std::size_t first = std::size_t{layer} * H;
+  codec.decode_heads(page, DType::f32, staged, first, first + H);
+  std::vector<float> residual(V);
+  for (std::size_t h = 0; h < H; ++h) {
+    auto* values = reinterpret_cast<float*>(staged.data()) + (first + h) * K * V;
+    const std::size_t item = b * H + h;
+    const std::size_t qk = b * in.qk_heads + h / group;
+    const std::span<float> state(values, K * V);
+    const std::span<const float> q(in.q.data() + qk * K, K);
+    const std::span<const float> k(in.k.data() + qk * K, K);
+    const std::span<const float> v(in.v.data() + item * V, V);
+    const std::span<float> o = out.subspan(item * V, V);
+    if (l.arch == Arch::kda) {
+      kda_step(state, l.key_dim, l.value_dim, q, k, v, {in.log_decay.data() + item * K, K},
+               in.beta[item], residual, o);
+    } else {
+      gdn_step(state, l.key_dim, l.value_dim, q, k, v, in.log_decay[item], in.beta[item], residual,
+               o);
+    }
+  }
+  try {
+    codec.check_finite(staged, DType::f32, first, first + H);
+  } catch (const NonFiniteError&) {
+    return false;
+  }
+  codec.encode_heads(staged, DType::f32, page, first, first + H);
+  return true;
+}
+
+/// Splits the items over `threads` std::threads in chunks of `grain` (as WorkerPool does).
+ParallelFor thread_split(unsigned threads) {
+  return [threads](std::size_t count, std::size_t grain,
+                   const std::function<void(std::size_t, std::size_t)>& fn) {
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (std::size_t begin = next.fetch_add(grain); begin < count;
+             begin = next.fetch_add(grain)) {
+          fn(begin, std::min(count, begin + grain));
+        }
+      });
+    }
+    for (std::thread& thread : pool) thread.join();
+  };
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<std::vector<std::byte>> initial_pages(const PageCodec& codec, std::uint32_t batch,
+                                                  std::uint64_t seed) {
+  std::vector<std::vector<std::byte>> pages;
+  for (std::uint32_t b = 0; b < batch; ++b) {
+    const auto staged = testing::synthetic_staged_state(codec.layout(), 16, seed + b, DType::f32);
+    pages.emplace_back(codec.page_bytes());
+    codec.encode(staged, DType::f32, pages.back());
+  }
+  return pages;
+}
+
+std::vector<std::byte*> pointers(std::vector<std::vector<std::byte>>& pages) {
+  std::vector<std::byte*> out;
+  for (auto& page : pages) out.push_back(page.data());
+  return out;
+}
+
+class FusedStepEquivalence : public ::testing::TestWithParam<Instance> {};
+
+TEST_P(FusedStepEquivalence, EqualsDecodeStepEncodeBitForBit) {
+  const PageCodec codec(GetParam().layout);
+  const StateLayout& l = codec.layout();
+  constexpr std::uint32_t kBatch = 3;
+  constexpr int kSteps = 3;
+  // Grouped q/k heads (two state heads per q/k head) where the head count allows.
+  const std::uint32_t qk = l.num_heads % 2 == 0 ? l.num_heads / 2 : l.num_heads;
+  auto fused = initial_pages(codec, kBatch, 100);
+  auto unfused = fused;
+  const auto fused_ptrs = pointers(fused);
+
+  for (int step = 0; step < kSteps; ++step) {
+    for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
+      Inputs in(l, kBatch, qk, 1000 + 10 * step + layer);
+      std::vector<float> expected(in.out.size());
+      for (std::uint32_t b = 0; b < kBatch; ++b) {
+        ASSERT_TRUE(unfused_step(codec, layer, unfused[b], in, b, expected));
+      }
+      // Odd steps split the heads over three threads.
+      const StepResult result = fused_step(codec, layer, fused_ptrs, in.view(),
+                                           step % 2 == 1 ? thread_split(3) : ParallelFor{});
+      EXPECT_TRUE(result.ok());
+      ASSERT_TRUE(same_bits(in.out, expected))
+          << "outputs differ at step " << step << " layer " << layer;
+      for (std::uint32_t b = 0; b < kBatch; ++b) {
+        ASSERT_EQ(testing::first_difference(fused[b], unfused[b]), -1)
+            << "page " << b << " differs at step " << step << " layer " << layer;
+      }
+    }
+  }
+}
+
+TEST_P(FusedStepEquivalence, TouchesOnlyTheLayersHeads) {
+  const PageCodec codec(GetParam().layout);
+  const StateLayout& l = codec.layout();
+  auto pages = initial_pages(codec, 1, 7);
+  const auto before = pages[0];
+  const std::uint32_t layer = l.num_layers - 1;
+  Inputs in(l, 1, l.num_heads, 77);
+  const auto ptrs = pointers(pages);
+  ASSERT_TRUE(fused_step(codec, layer, ptrs, in.view()).ok());
+  const std::size_t begin = codec.head_offset(layer, 0);
+  const std::size_t end =
+      layer + 1 < l.num_layers ? codec.head_offset(layer + 1, 0) : codec.conv_offset();
+  for (std::size_t i = 0; i < pages[0].size(); ++i) {
+    if (i < begin || i >= end) {
+      ASSERT_EQ(pages[0][i], before[i]) << "byte " << i;
+    }
+  }
+  for (const float o : in.out) ASSERT_TRUE(std::isfinite(o));
+}
+
+std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, FusedStepEquivalence, ::testing::ValuesIn(testing::instances()),
+                         instance_name);
+
+StateLayout gdn_int8(std::uint32_t layers, std::uint32_t heads, std::uint32_t dim) {
+  StateLayout l = testing::head_layout(CodecId::int8, 0, dim, dim);
+  l.num_layers = layers;
+  l.num_heads = heads;
+  return l;
+}
+
+TEST(FusedStep, NonFiniteHeadKeepsItsBytesAndIsReported) {
+  for (const CodecId id : {CodecId::fp32, CodecId::int8}) {
+    StateLayout l = gdn_int8(1, 4, 16);
+    l.codec.id = id;
+    const PageCodec codec(l);
+    auto fused = initial_pages(codec, 2, 3);
+    auto unfused = fused;
+    const auto before = fused;
+    Inputs in(l, 2, 4, 5);
+    in.v[(1 * 4 + 2) * 16 + 3] = std::numeric_limits<float>::infinity();  // request 1, head 2
+    const auto ptrs = pointers(fused);
+    const StepResult result = fused_step(codec, 0, ptrs, in.view(), thread_split(2));
+    EXPECT_EQ(result.rejected_heads, 1u);
+    EXPECT_EQ(result.first_rejected_request, 1u);
+    EXPECT_EQ(result.first_rejected_head, 2u);
+    // Request 0 as unfused; request 1's head 2 as before, its other heads stepped.
+    std::vector<float> expected(in.out.size());
+    ASSERT_TRUE(unfused_step(codec, 0, unfused[0], in, 0, expected));
+    EXPECT_EQ(testing::first_difference(fused[0], unfused[0]), -1);
+    const std::size_t h2 = codec.head_offset(0, 2);
+    const std::size_t h3 = codec.head_offset(0, 3);
+    EXPECT_TRUE(std::equal(fused[1].begin() + static_cast<std::ptrdiff_t>(h2),
+                           fused[1].begin() + static_cast<std::ptrdiff_t>(h3),
+                           before[1].begin() + static_cast<std::ptrdiff_t>(h2)));
+    EXPECT_FALSE(std::equal(fused[1].begin(), fused[1].begin() + static_cast<std::ptrdiff_t>(h2),
+                            before[1].begin()));
+    // The unfused path refuses the whole state of request 1.
+    EXPECT_FALSE(unfused_step(codec, 0, unfused[1], in, 1, expected));
+  }
+}
+
+TEST(FusedStep, RefusesInputsThatDoNotFitNamingTheField) {
+  const PageCodec codec(gdn_int8(2, 4, 8));
+  auto pages = initial_pages(codec, 2, 1);
+  const auto ptrs = pointers(pages);
+  const auto message = [&](const std::function<void(Inputs&, std::uint32_t&)>& spoil,
+                           std::span<std::byte* const> use = {}) {
+    Inputs in(codec.layout(), 2, 4, 9);
+    std::uint32_t layer = 1;
+    spoil(in, layer);
+    try {
+      (void)fused_step(codec, layer, use.empty() ? std::span<std::byte* const>(ptrs) : use,
+                       in.view());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([](Inputs&, std::uint32_t& layer) { layer = 2; }).find("layer 2"),
+            std::string::npos);
+  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.qk_heads = 3; }).find("qk_heads 3"),
+            std::string::npos);
+  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.v.pop_back(); }).find("v has 63"),
+            std::string::npos);
+  EXPECT_NE(
+      message([](Inputs& in, std::uint32_t&) { in.log_decay.push_back(0); }).find("log_decay"),
+      std::string::npos);
+  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.batch = 3; }).find("pages has 2"),
+            std::string::npos);
+  const std::vector<std::byte*> null_page = {ptrs[0], nullptr};
+  EXPECT_NE(message([](Inputs&, std::uint32_t&) {}, null_page).find("page of request 1 is null"),
+            std::string::npos);
+  // Nothing refused was written.
+  auto fresh = initial_pages(codec, 2, 1);
+  EXPECT_EQ(pages, fresh);
+}
+
+TEST(FusedStep, EmptyBatchDoesNothing) {
+  const PageCodec codec(gdn_int8(1, 2, 4));
+  Inputs in(codec.layout(), 0, 2, 1);
+  EXPECT_TRUE(fused_step(codec, 0, {}, in.view()).ok());
+}
+
+// ---------------------------------------------------------------------------------------
+// Drift over 1,000 steps: FP32 recurrence vs the fused path vs the unfused path.
+
+struct Drift {
+  double fused = 0;
+  double unfused = 0;
+};
+
+Drift drift_over(const StateLayout& layout, std::uint32_t steps) {
+  const PageCodec codec(layout);
+  const StateLayout& l = codec.layout();
+  constexpr std::uint32_t kBatch = 2;
+  auto fused = initial_pages(codec, kBatch, 40);
+  auto unfused = fused;
+  const auto ptrs = pointers(fused);
+  // The FP32 reference starts from the same (decoded) state.
+  std::vector<std::vector<float>> exact;
+  for (auto& page : fused) {
+    std::vector<std::byte> staged(codec.staged_bytes(DType::f32));
+    codec.decode(page, DType::f32, staged);
+    exact.push_back(testing::bytes_to_floats(std::span<const std::byte>(staged).first(
+        codec.head_count() * l.key_dim * l.value_dim * 4)));
+  }
+  double err_fused = 0;
+  double err_unfused = 0;
+  double norm = 0;
+  const std::size_t K = l.key_dim;
+  const std::size_t V = l.value_dim;
+  std::vector<float> residual(V);
+  for (std::uint32_t t = 0; t < steps; ++t) {
+    for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
+      Inputs in(l, kBatch, l.num_heads, 5000 + t * l.num_layers + layer);
+      std::vector<float> out_unfused(in.out.size());
+      for (std::uint32_t b = 0; b < kBatch; ++b) {
+        EXPECT_TRUE(unfused_step(codec, layer, unfused[b], in, b, out_unfused));
+      }
+      EXPECT_TRUE(fused_step(codec, layer, ptrs, in.view()).ok());
+      for (std::uint32_t b = 0; b < kBatch; ++b) {
+        for (std::uint32_t h = 0; h < l.num_heads; ++h) {
+          const std::size_t item = std::size_t{b} * l.num_heads + h;
+          float* s = exact[b].data() + (std::size_t{layer} * l.num_heads + h) * K * V;
+          std::vector<float> o(V);
+          if (l.arch == Arch::kda) {
+            kda_step({s, K * V}, l.key_dim, l.value_dim, {in.q.data() + item * K, K},
+                     {in.k.data() + item * K, K}, {in.v.data() + item * V, V},
+                     {in.log_decay.data() + item * K, K}, in.beta[item], residual, o);
+          } else {
+            gdn_step({s, K * V}, l.key_dim, l.value_dim, {in.q.data() + item * K, K},
+                     {in.k.data() + item * K, K}, {in.v.data() + item * V, V}, in.log_decay[item],
+                     in.beta[item], residual, o);
+          }
+          for (std::size_t j = 0; j < V; ++j) {
+            const double e = o[j];
+            err_fused += std::pow(in.out[item * V + j] - e, 2);
+            err_unfused += std::pow(out_unfused[item * V + j] - e, 2);
+            norm += e * e;
+          }
+        }
+      }
+    }
+  }
+  return {std::sqrt(err_fused / norm), std::sqrt(err_unfused / norm)};
+}
+
+TEST(FusedStepDrift, ThousandStepsDriftAsTheUnfusedPath) {
+  constexpr std::uint32_t kSteps = 1000;
+  struct Case {
+    StateLayout layout;
+    double bound;  // a loose sanity bound on the drift (the equality is the assertion)
+  };
+  std::vector<Case> cases;
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    for (const CodecId id : {CodecId::bf16, CodecId::int8, CodecId::int6}) {
+      StateLayout l = gdn_int8(1, 4, 32);
+      l.arch = arch;
+      l.codec.id = id;
+      cases.push_back({l, 0.2});
+    }
+    const auto plan = testing::make_plan(
+        arch, 1, 4, 32, 32, 6,
+        [](std::size_t u) { return static_cast<std::uint8_t>(u % 3 == 0 ? 8 : 6); },
+        testing::random_impact(8));
+    cases.push_back({testing::plan_layout(plan, CodecId::stepquant6), 0.2});
+  }
+  for (const Case& c : cases) {
+    const Drift d = drift_over(c.layout, kSteps);
+    const std::string name =
+        std::string(to_string(c.layout.arch)) + " " + to_string(c.layout.codec.id);
+    EXPECT_EQ(d.fused, d.unfused) << name;
+    EXPECT_GT(d.fused, 0.0) << name << ": a lossy codec drifts";
+    EXPECT_LT(d.fused, c.bound) << name;
+    std::printf("drift over %u steps, %s: fused %.3e, unfused %.3e\n", kSteps, name.c_str(),
+                d.fused, d.unfused);
+  }
+}
+
+}  // namespace
+}  // namespace statepool::kernels
