@@ -26,10 +26,10 @@
 
 #include "common.hpp"
 #include "exec/host_executor.hpp"
-#include "exec/worker_pool.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/worker_pool.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
   try {
     const unsigned all =
         o.workers != 0 ? o.workers : std::max(1u, std::thread::hardware_concurrency());
-    service::WorkerPool one_pool(1);
-    service::WorkerPool all_pool(all);
+    statepool::support::WorkerPool one_pool(1);
+    statepool::support::WorkerPool all_pool(all);
     service::HostExecutor one(one_pool);
     service::HostExecutor every(all_pool);
 

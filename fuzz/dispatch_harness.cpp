@@ -18,7 +18,6 @@
 
 #include "backend.hpp"
 #include "config/config.hpp"
-#include "exec/worker_pool.hpp"
 #include "handlers/handlers.hpp"
 #include "log.hpp"
 #include "memory/limiting.hpp"
@@ -26,6 +25,7 @@
 #include "pool/pool.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::fuzz {
 namespace {
@@ -104,7 +104,7 @@ struct DispatchHarness::State {
   /// an input does when reproducing it).
   bool trace = std::getenv("STATEPOOL_FUZZ_TRACE") != nullptr;
   service::Config config = harness_config();
-  service::WorkerPool workers{config.workers};
+  support::WorkerPool workers{config.workers};
   service::Backend backend = service::make_backend(config, workers);
   service::TrackingResource staging_memory{*backend.memory};
   // As the server builds them (server/server.cpp): the daemon's staging capacity, and

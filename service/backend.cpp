@@ -21,7 +21,7 @@ std::vector<std::string> available_backends() {
 #endif
 }
 
-Backend make_backend(const Config& config, WorkerPool& workers) {
+Backend make_backend(const Config& config, support::WorkerPool& workers) {
   if (config.backend == "host") {
     return Backend{std::make_shared<HostMemfdResource>(), std::make_unique<HostExecutor>(workers)};
   }
@@ -39,11 +39,13 @@ std::uint64_t pool_capacity(const Config& config, const MemoryResource& memory) 
   if (config.capacity_fraction <= 0.0) return config.pool.capacity_bytes;
   const std::optional<std::uint64_t> free = memory.available_bytes();
   if (!free) {
-    throw std::runtime_error("--pool-capacity as a fraction needs a backend that knows its free "
-                             "memory; the " + std::string(memory.name()) + " backend does not");
+    throw std::runtime_error(
+        "--pool-capacity as a fraction needs a backend that knows its free "
+        "memory; the " +
+        std::string(memory.name()) + " backend does not");
   }
-  const auto bytes = static_cast<std::uint64_t>(std::floor(config.capacity_fraction *
-                                                           static_cast<double>(*free)));
+  const auto bytes =
+      static_cast<std::uint64_t>(std::floor(config.capacity_fraction * static_cast<double>(*free)));
   if (bytes == 0) {
     throw std::runtime_error("--pool-capacity " + std::to_string(config.capacity_fraction) +
                              " of " + support::format_bytes(*free) + " free is 0 bytes");

@@ -16,8 +16,8 @@
 
 #include "config/config.hpp"
 #include "exec/executor.hpp"
-#include "exec/worker_pool.hpp"
 #include "memory/resource.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 
@@ -31,7 +31,7 @@ struct Backend {
 
 /// Builds the backend config.backend names. `workers` must outlive the result. Throws
 /// std::runtime_error with an actionable message when the backend cannot start.
-[[nodiscard]] Backend make_backend(const Config& config, WorkerPool& workers);
+[[nodiscard]] Backend make_backend(const Config& config, support::WorkerPool& workers);
 
 /// The pool capacity in bytes: config.pool.capacity_bytes, or config.capacity_fraction of
 /// what `memory` says is free now. Throws std::runtime_error when a fraction cannot be

@@ -9,7 +9,6 @@
 
 #include "backend.hpp"
 #include "config/config.hpp"
-#include "exec/worker_pool.hpp"
 #include "log.hpp"
 #include "memory/tracking.hpp"
 #include "metrics/metrics.hpp"
@@ -17,6 +16,7 @@
 #include "server/server.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/size.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace {
 /// Worker threads run at this nice increment: codec work fills the cores, and the I/O
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       if (!line.empty()) LOG_INFO("config", line);
     }
     // Workers first, the server last: everything the server's sessions await outlives it.
-    WorkerPool workers(config.workers, kWorkerNice);
+    statepool::support::WorkerPool workers(config.workers, kWorkerNice);
     Backend backend = make_backend(config, workers);
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
              backend.executor->name(), " executor; descriptor limit ", descriptor_limit);
@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
     PoolConfig pool_config = config.pool;
     pool_config.capacity_bytes = pool_capacity(config, *backend.memory);
     if (config.capacity_fraction > 0) {
-      LOG_INFO("pool", "capacity ", statepool::support::format_bytes(pool_config.capacity_bytes), " (",
-               config.capacity_fraction * 100, "% of the device's free memory)");
+      LOG_INFO("pool", "capacity ", statepool::support::format_bytes(pool_config.capacity_bytes),
+               " (", config.capacity_fraction * 100, "% of the device's free memory)");
     }
     Pool pool(pool_config, backend.memory);
     for (std::size_t i = 0; i < plans.size(); ++i) {

@@ -23,7 +23,7 @@
 #include <boost/asio/post.hpp>
 
 #include "exec/executor.hpp"
-#include "exec/worker_pool.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 namespace detail {
@@ -74,19 +74,19 @@ auto async_execute_early(Executor& executor, Operation op,
         // Whichever comes first, the early event or the completion, answers; the flag
         // makes it one of them.
         auto fired = std::make_shared<std::atomic<bool>>(false);
-        auto deliver = detail::post_back<std::exception_ptr, std::optional<IpcEventBytes>>(
-            std::move(handler));
+        auto deliver =
+            detail::post_back<std::exception_ptr, std::optional<IpcEventBytes>>(std::move(handler));
         operation.enqueued = [fired, deliver](const IpcEventBytes& event) {
           if (!fired->exchange(true)) deliver(nullptr, event);
         };
-        executor.submit(std::move(operation), [fired, deliver, on_late = std::move(on_late)](
-                                                  std::exception_ptr error) {
-          if (!fired->exchange(true)) {
-            deliver(std::move(error), std::nullopt);
-          } else if (error && on_late) {
-            on_late(std::move(error));
-          }
-        });
+        executor.submit(std::move(operation),
+                        [fired, deliver, on_late = std::move(on_late)](std::exception_ptr error) {
+                          if (!fired->exchange(true)) {
+                            deliver(std::move(error), std::nullopt);
+                          } else if (error && on_late) {
+                            on_late(std::move(error));
+                          }
+                        });
       },
       token, std::move(op), std::move(late));
 }
@@ -94,20 +94,19 @@ auto async_execute_early(Executor& executor, Operation op,
 /// Runs `task()` on a worker and completes with void(std::exception_ptr): its exception,
 /// if it threw. Results travel through what the task captures by reference.
 template <class Task, class CompletionToken>
-auto async_run(WorkerPool& workers, Task task, CompletionToken&& token) {
+auto async_run(support::WorkerPool& workers, Task task, CompletionToken&& token) {
   return boost::asio::async_initiate<CompletionToken, void(std::exception_ptr)>(
       [&workers](auto handler, Task work) {
-        workers.post(
-            [work = std::move(work),
-             done = detail::post_back<std::exception_ptr>(std::move(handler))]() mutable {
-              std::exception_ptr error;
-              try {
-                work();
-              } catch (...) {
-                error = std::current_exception();
-              }
-              done(std::move(error));
-            });
+        workers.post([work = std::move(work),
+                      done = detail::post_back<std::exception_ptr>(std::move(handler))]() mutable {
+          std::exception_ptr error;
+          try {
+            work();
+          } catch (...) {
+            error = std::current_exception();
+          }
+          done(std::move(error));
+        });
       },
       token, std::move(task));
 }

@@ -38,7 +38,7 @@ const char* to_string(OperationKind kind) noexcept {
   return "unknown";
 }
 
-HostExecutor::HostExecutor(WorkerPool& workers, unsigned chunks_per_worker)
+HostExecutor::HostExecutor(support::WorkerPool& workers, unsigned chunks_per_worker)
     : workers_(workers), chunks_per_worker_(std::max(1u, chunks_per_worker)) {}
 
 HostExecutor::~HostExecutor() {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "exec/executor.hpp"
-#include "exec/worker_pool.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 
@@ -25,7 +25,7 @@ class HostExecutor final : public Executor {
  public:
   /// `workers` must outlive this executor. `chunks_per_worker` sets how finely one state
   /// is split (more chunks balance better, fewer cost less scheduling).
-  explicit HostExecutor(WorkerPool& workers, unsigned chunks_per_worker = 4);
+  explicit HostExecutor(support::WorkerPool& workers, unsigned chunks_per_worker = 4);
   ~HostExecutor() override;
 
   [[nodiscard]] std::string_view name() const noexcept override { return "host"; }
@@ -52,7 +52,7 @@ class HostExecutor final : public Executor {
   [[nodiscard]] Scratch take_scratch(std::size_t bytes);
   void give_back_scratch(Scratch scratch, std::size_t bytes) noexcept;
 
-  WorkerPool& workers_;
+  support::WorkerPool& workers_;
   unsigned chunks_per_worker_;
   std::mutex mutex_;  // guards in_flight_ and scratch_
   std::condition_variable idle_;

@@ -113,7 +113,8 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
   }
 }
 
-void release_later(WorkerPool& workers, std::shared_ptr<const Allocation> memory) noexcept {
+void release_later(support::WorkerPool& workers,
+                   std::shared_ptr<const Allocation> memory) noexcept {
   if (memory == nullptr) return;
   try {
     workers.post([memory = std::move(memory)]() mutable { memory.reset(); });

@@ -28,11 +28,11 @@
 
 #include "config/config.hpp"
 #include "exec/executor.hpp"
-#include "exec/worker_pool.hpp"
 #include "memory/limiting.hpp"
 #include "memory/resource.hpp"
 #include "pool/pool.hpp"
 #include "statepool/protocol/messages.hpp"
+#include "statepool/support/worker_pool.hpp"
 #include "statepool_generated.h"
 
 namespace statepool::service {
@@ -60,8 +60,8 @@ struct ConnectionState {
 struct ServerContext {
   const Config& config;
   Pool& pool;
-  WorkerPool& workers;  ///< blocking calls
-  Executor& executor;   ///< compress / decompress / copy
+  support::WorkerPool& workers;  ///< blocking calls
+  Executor& executor;            ///< compress / decompress / copy
   std::chrono::steady_clock::time_point started;
   std::function<std::uint32_t()> clients_connected;
   std::function<void(const std::string& why)> request_drain;
@@ -133,6 +133,6 @@ void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, wire
 
 /// Releases memory on a worker: unmapping a multi-GiB buffer must not stall an I/O
 /// thread. Safe to call with nullptr; never throws.
-void release_later(WorkerPool& workers, std::shared_ptr<const Allocation> memory) noexcept;
+void release_later(support::WorkerPool& workers, std::shared_ptr<const Allocation> memory) noexcept;
 
 }  // namespace statepool::service

@@ -44,7 +44,7 @@ bool socket_is_live(const std::string& path) {
 }  // namespace
 
 Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
-               WorkerPool& workers, Executor& executor)
+               support::WorkerPool& workers, Executor& executor)
     : config_(config),
       pool_(pool),
       metrics_(metrics),

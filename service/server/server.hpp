@@ -28,13 +28,13 @@
 
 #include "config/config.hpp"
 #include "exec/executor.hpp"
-#include "exec/worker_pool.hpp"
 #include "handlers/handlers.hpp"
 #include "memory/limiting.hpp"
 #include "memory/resource.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
 #include "statepool/support/unique_fd.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 
@@ -47,7 +47,7 @@ class Server {
   /// --max-staging-bytes limit); `workers` run blocking calls, `executor` codec work.
   /// All must outlive the server.
   Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
-         WorkerPool& workers, Executor& executor);
+         support::WorkerPool& workers, Executor& executor);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -99,7 +99,7 @@ class Server {
   Pool& pool_;
   Metrics* metrics_;
   MemoryResource& staging_memory_;
-  WorkerPool& workers_;
+  support::WorkerPool& workers_;
   Executor& executor_;
   // Staging budgets: the daemon's (--staging-capacity) over staging_memory_, and one per
   // tenant over it; each connection's own (Hello) sits over its tenant's.

@@ -29,6 +29,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/testing/codec_instances.hpp"
+#include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/plans.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/synthetic_state.hpp"
@@ -37,77 +38,8 @@ namespace statepool::kernels {
 namespace {
 
 using testing::Instance;
-
-/// Inputs of one step for `batch` requests, seeded; owns the buffers StepInputs points to.
-struct Inputs {
-  std::uint32_t batch = 0;
-  std::uint32_t qk_heads = 0;
-  std::vector<float> q, k, v, log_decay, beta, out;
-
-  Inputs(const StateLayout& l, std::uint32_t batch_size, std::uint32_t qk, std::uint64_t seed)
-      : batch(batch_size), qk_heads(qk) {
-    testing::PortableNormal rng(seed);
-    const std::size_t B = batch;
-    const std::size_t H = l.num_heads;
-    const std::size_t K = l.key_dim;
-    q.resize(B * qk * K);
-    k.resize(B * qk * K);
-    for (float& x : q) x = rng.next();
-    for (float& x : k) x = rng.next();
-    for (std::size_t i = 0; i < B * qk; ++i) {
-      normalize_qk({q.data() + i * K, K}, {k.data() + i * K, K});
-    }
-    v.resize(B * H * l.value_dim);
-    for (float& x : v) x = rng.next();
-    log_decay.resize(B * H * (l.arch == Arch::kda ? K : 1u));
-    for (float& x : log_decay) x = -static_cast<float>(rng.uniform()) * 0.7f;
-    beta.resize(B * H);
-    for (float& x : beta) x = 1.0f / (1.0f + std::exp(-rng.next()));
-    out.assign(B * H * l.value_dim, std::numeric_limits<float>::quiet_NaN());
-  }
-
-  [[nodiscard]] StepInputs view() { return {batch, qk_heads, q, k, v, log_decay, beta, out}; }
-};
-
-/// The unfused path for request b of `in`: decode layer `layer`'s heads of `page`, step
-/// each with kernels::gdn_step / kda_step, encode them back; writes o into `out`.
-/// Returns false (page unchanged) when PageCodec refuses the new state as non-finite.
-bool unfused_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte> page,
-                  const Inputs& in, std::uint32_t b, std::span<float> out) {
-  const StateLayout& l = codec.layout();
-  const std::size_t H = l.num_heads;
-  const std::size_t K = l.key_dim;
-  const std::size_t V = l.value_dim;
-  const std::size_t group = H / in.qk_heads;
-  std::vector<std::byte> staged(codec.staged_bytes(DType::f32));
-  const std::size_t first = std::size_t{layer} * H;
-  codec.decode_heads(page, DType::f32, staged, first, first + H);
-  std::vector<float> residual(V);
-  for (std::size_t h = 0; h < H; ++h) {
-    auto* values = reinterpret_cast<float*>(staged.data()) + (first + h) * K * V;
-    const std::size_t item = b * H + h;
-    const std::size_t qk = b * in.qk_heads + h / group;
-    const std::span<float> state(values, K * V);
-    const std::span<const float> q(in.q.data() + qk * K, K);
-    const std::span<const float> k(in.k.data() + qk * K, K);
-    const std::span<const float> v(in.v.data() + item * V, V);
-    const std::span<float> o = out.subspan(item * V, V);
-    if (l.arch == Arch::kda) {
-      kda_step(state, l.key_dim, l.value_dim, q, k, v, {in.log_decay.data() + item * K, K},
-               in.beta[item], residual, o);
-    } else {
-      gdn_step(state, l.key_dim, l.value_dim, q, k, v, in.log_decay[item], in.beta[item], residual,
-               o);
-    }
-  }
-  try {
-    codec.check_finite(staged, DType::f32, first, first + H);
-  } catch (const NonFiniteError&) {
-    return false;
-  }
-  codec.encode_heads(staged, DType::f32, page, first, first + H);
-  return true;
-}
+using testing::StepBatch;
+using testing::unfused_step;
 
 /// Splits the items over `threads` std::threads in chunks of `grain` (as WorkerPool does).
 ParallelFor thread_split(unsigned threads) {
@@ -163,7 +95,7 @@ TEST_P(FusedStepEquivalence, EqualsDecodeStepEncodeBitForBit) {
 
   for (int step = 0; step < kSteps; ++step) {
     for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
-      Inputs in(l, kBatch, qk, 1000 + 10 * step + layer);
+      StepBatch in(l, kBatch, qk, 1000 + 10 * step + layer);
       std::vector<float> expected(in.out.size());
       for (std::uint32_t b = 0; b < kBatch; ++b) {
         ASSERT_TRUE(unfused_step(codec, layer, unfused[b], in, b, expected));
@@ -188,7 +120,7 @@ TEST_P(FusedStepEquivalence, TouchesOnlyTheLayersHeads) {
   auto pages = initial_pages(codec, 1, 7);
   const auto before = pages[0];
   const std::uint32_t layer = l.num_layers - 1;
-  Inputs in(l, 1, l.num_heads, 77);
+  StepBatch in(l, 1, l.num_heads, 77);
   const auto ptrs = pointers(pages);
   ASSERT_TRUE(fused_step(codec, layer, ptrs, in.view()).ok());
   const std::size_t begin = codec.head_offset(layer, 0);
@@ -224,7 +156,7 @@ TEST(FusedStep, NonFiniteHeadKeepsItsBytesAndIsReported) {
     auto fused = initial_pages(codec, 2, 3);
     auto unfused = fused;
     const auto before = fused;
-    Inputs in(l, 2, 4, 5);
+    StepBatch in(l, 2, 4, 5);
     in.v[(1 * 4 + 2) * 16 + 3] = std::numeric_limits<float>::infinity();  // request 1, head 2
     const auto ptrs = pointers(fused);
     const StepResult result = fused_step(codec, 0, ptrs, in.view(), thread_split(2));
@@ -251,9 +183,9 @@ TEST(FusedStep, RefusesInputsThatDoNotFitNamingTheField) {
   const PageCodec codec(gdn_int8(2, 4, 8));
   auto pages = initial_pages(codec, 2, 1);
   const auto ptrs = pointers(pages);
-  const auto message = [&](const std::function<void(Inputs&, std::uint32_t&)>& spoil,
+  const auto message = [&](const std::function<void(StepBatch&, std::uint32_t&)>& spoil,
                            std::span<std::byte* const> use = {}) {
-    Inputs in(codec.layout(), 2, 4, 9);
+    StepBatch in(codec.layout(), 2, 4, 9);
     std::uint32_t layer = 1;
     spoil(in, layer);
     try {
@@ -264,19 +196,19 @@ TEST(FusedStep, RefusesInputsThatDoNotFitNamingTheField) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([](Inputs&, std::uint32_t& layer) { layer = 2; }).find("layer 2"),
+  EXPECT_NE(message([](StepBatch&, std::uint32_t& layer) { layer = 2; }).find("layer 2"),
             std::string::npos);
-  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.qk_heads = 3; }).find("qk_heads 3"),
+  EXPECT_NE(message([](StepBatch& in, std::uint32_t&) { in.qk_heads = 3; }).find("qk_heads 3"),
             std::string::npos);
-  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.v.pop_back(); }).find("v has 63"),
+  EXPECT_NE(message([](StepBatch& in, std::uint32_t&) { in.v.pop_back(); }).find("v has 63"),
             std::string::npos);
   EXPECT_NE(
-      message([](Inputs& in, std::uint32_t&) { in.log_decay.push_back(0); }).find("log_decay"),
+      message([](StepBatch& in, std::uint32_t&) { in.log_decay.push_back(0); }).find("log_decay"),
       std::string::npos);
-  EXPECT_NE(message([](Inputs& in, std::uint32_t&) { in.batch = 3; }).find("pages has 2"),
+  EXPECT_NE(message([](StepBatch& in, std::uint32_t&) { in.batch = 3; }).find("pages has 2"),
             std::string::npos);
   const std::vector<std::byte*> null_page = {ptrs[0], nullptr};
-  EXPECT_NE(message([](Inputs&, std::uint32_t&) {}, null_page).find("page of request 1 is null"),
+  EXPECT_NE(message([](StepBatch&, std::uint32_t&) {}, null_page).find("page of request 1 is null"),
             std::string::npos);
   // Nothing refused was written.
   auto fresh = initial_pages(codec, 2, 1);
@@ -285,7 +217,7 @@ TEST(FusedStep, RefusesInputsThatDoNotFitNamingTheField) {
 
 TEST(FusedStep, EmptyBatchDoesNothing) {
   const PageCodec codec(gdn_int8(1, 2, 4));
-  Inputs in(codec.layout(), 0, 2, 1);
+  StepBatch in(codec.layout(), 0, 2, 1);
   EXPECT_TRUE(fused_step(codec, 0, {}, in.view()).ok());
 }
 
@@ -320,7 +252,7 @@ Drift drift_over(const StateLayout& layout, std::uint32_t steps) {
   std::vector<float> residual(V);
   for (std::uint32_t t = 0; t < steps; ++t) {
     for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
-      Inputs in(l, kBatch, l.num_heads, 5000 + t * l.num_layers + layer);
+      StepBatch in(l, kBatch, l.num_heads, 5000 + t * l.num_layers + layer);
       std::vector<float> out_unfused(in.out.size());
       for (std::uint32_t b = 0; b < kBatch; ++b) {
         EXPECT_TRUE(unfused_step(codec, layer, unfused[b], in, b, out_unfused));

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "exec/host_executor.hpp"
-#include "exec/worker_pool.hpp"
 #include "executor_conformance.hpp"
 #include "memory/host_memfd.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 namespace {
@@ -27,17 +27,17 @@ struct HostRig {
 };
 
 struct OneWorker : HostRig {
-  WorkerPool workers{1};
+  support::WorkerPool workers{1};
   HostExecutor host_executor{workers};
   Executor& executor() { return host_executor; }
 };
 struct ThreeWorkers : HostRig {
-  WorkerPool workers{3};
+  support::WorkerPool workers{3};
   HostExecutor host_executor{workers};
   Executor& executor() { return host_executor; }
 };
 struct CoarseSplit : HostRig {  // one chunk per worker: the fewest, largest pieces
-  WorkerPool workers{2};
+  support::WorkerPool workers{2};
   HostExecutor host_executor{workers, 1};
   Executor& executor() { return host_executor; }
 };

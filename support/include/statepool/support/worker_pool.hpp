@@ -1,7 +1,9 @@
 #pragma once
-// WorkerPool: the daemon's host threads for work that must not run on an I/O thread —
-// host codec work (HostExecutor) and blocking calls (allocating arena and staging
-// memory, building large page formats, releasing large mappings).
+// WorkerPool: host threads for work that must not run on the caller's thread, or that
+// one thread should not do alone. The daemon's: host codec work (HostExecutor) and
+// blocking calls (allocating arena and staging memory, building large page formats,
+// releasing large mappings). A client's: the fused decode step on host pages
+// (client/decode_step.hpp), split over heads.
 //
 // post() queues a task; parallel_for() splits a range into chunks that the calling
 // thread and any idle worker run together, so one large state uses every core while
@@ -19,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-namespace statepool::service {
+namespace statepool::support {
 
 class WorkerPool {
  public:
@@ -60,4 +62,4 @@ class WorkerPool {
   std::vector<std::thread> threads_;
 };
 
-}  // namespace statepool::service
+}  // namespace statepool::support

@@ -11,9 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "exec/worker_pool.hpp"
+#include "statepool/support/worker_pool.hpp"
 
-namespace statepool::service {
+namespace statepool::support {
 namespace {
 
 TEST(WorkerPool, ParallelForCoversTheRangeExactlyOnce) {
@@ -114,4 +114,4 @@ TEST(WorkerPool, DestructionRunsWhatIsQueued) {
 }
 
 }  // namespace
-}  // namespace statepool::service
+}  // namespace statepool::support

@@ -1,4 +1,4 @@
-#include "exec/worker_pool.hpp"
+#include "statepool/support/worker_pool.hpp"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -9,7 +9,7 @@
 #include <exception>
 #include <memory>
 
-namespace statepool::service {
+namespace statepool::support {
 namespace {
 
 /// One parallel_for: chunks are claimed with an atomic counter; `done` counts finished
@@ -135,4 +135,4 @@ void WorkerPool::parallel_for(std::size_t count, std::size_t grain,
   }
 }
 
-}  // namespace statepool::service
+}  // namespace statepool::support

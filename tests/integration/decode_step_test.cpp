@@ -1,0 +1,135 @@
+// The client's fused decode step (client/include/statepool/decode_step.hpp) on the pages
+// of a real daemon's arena: states compressed by the daemon are stepped in the client's
+// mapping, with no request per token, and the daemon then decompresses the stepped
+// states. Bytes and outputs equal the unfused oracle's; misuse is refused clearly.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <cstring>
+#include <vector>
+
+#include "statepool/client.hpp"
+#include "statepool/decode_step.hpp"
+#include "statepool/testing/decode_step.hpp"
+#include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/plans.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+
+namespace client = statepool::client;
+namespace kernels = statepool::kernels;
+using statepool::testing::DaemonProcess;
+using statepool::testing::StepBatch;
+using namespace std::chrono_literals;
+
+namespace {
+
+client::Options options_for(const DaemonProcess& d) {
+  client::Options o;
+  o.socket_path = d.socket_path();
+  return o;
+}
+
+// Two GDN layers of four heads, 32 x 32, stepquant6 with mixed widths and a pivot.
+kernels::StateLayout layout() {
+  const std::uint8_t widths[] = {6, 8, 4, 6, 6, 16, 6, 6};
+  auto plan = statepool::testing::make_plan(
+      kernels::Arch::gdn, 2, 4, 32, 32, 6, [&](std::size_t u) { return widths[u]; },
+      statepool::testing::random_impact(11));
+  auto l = statepool::testing::plan_layout(plan, kernels::CodecId::stepquant6,
+                                           kernels::StepQuantVariant::full, 16, 3);
+  l.name = "it-decode-step";
+  return l;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
+  DaemonProcess daemon({}, true);
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto info = conn.register_layout(layout());
+  auto arena = conn.open_arena(info, 4);
+  auto staging = conn.open_staging(info.state_bytes_f32);
+  auto slots = conn.allocate(arena, 3);
+  const kernels::PageCodec& codec = arena.codec();
+
+  // Three requests parked by the daemon; the local copies follow the unfused path.
+  std::vector<std::vector<std::byte>> expected;
+  std::vector<client::SlotId> ids;
+  for (std::size_t b = 0; b < slots.size(); ++b) {
+    const auto state =
+        statepool::testing::synthetic_staged_state(codec.layout(), 32, 70 + b, kernels::DType::f32);
+    std::memcpy(staging.bytes().data(), state.data(), state.size());
+    conn.compress(slots[b], staging, 0);
+    const auto page = arena.page(slots[b]);
+    expected.emplace_back(page.begin(), page.end());
+    ids.push_back(slots[b].id());
+  }
+
+  client::DecodeStep step(arena, {.threads = 2});
+  EXPECT_EQ(step.threads(), 2u);
+  for (std::uint32_t token = 0; token < 4; ++token) {
+    for (std::uint32_t layer = 0; layer < 2; ++layer) {
+      StepBatch in(codec.layout(), 3, 2, 900 + 2 * token + layer);  // 2 q/k heads for 4
+      std::vector<float> out(in.out.size());
+      for (std::uint32_t b = 0; b < 3; ++b) {
+        ASSERT_TRUE(statepool::testing::unfused_step(codec, layer, expected[b], in, b, out));
+      }
+      ASSERT_TRUE(step.run(layer, ids, in.view()).ok());
+      ASSERT_TRUE(same_bits(in.out, out)) << "token " << token << " layer " << layer;
+      for (std::uint32_t b = 0; b < 3; ++b) {
+        const auto page = arena.page(slots[b]);
+        ASSERT_EQ(std::memcmp(page.data(), expected[b].data(), page.size()), 0)
+            << "request " << b << " token " << token << " layer " << layer;
+      }
+    }
+  }
+
+  // The daemon resumes the stepped state: its decompression is the local decode.
+  conn.decompress(slots[1], staging, 0);
+  std::vector<std::byte> local(info.state_bytes_f32);
+  codec.decode(expected[1], kernels::DType::f32, local);
+  EXPECT_EQ(std::memcmp(staging.bytes().data(), local.data(), local.size()), 0);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0);
+}
+
+TEST(DecodeStep, MisuseIsRefusedClearlyAndWritesNothing) {
+  DaemonProcess daemon({}, true);
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto info = conn.register_layout(layout());
+  auto arena = conn.open_arena(info, 2);
+  auto slots = conn.allocate(arena, 2);
+  const auto before = std::vector<std::byte>(arena.data().begin(), arena.data().end());
+  client::DecodeStep step(arena, {.threads = 1});
+  EXPECT_EQ(step.threads(), 1u);
+  StepBatch in(arena.codec().layout(), 2, 4, 1);
+
+  const std::vector<client::SlotId> twice = {slots[0].id(), slots[0].id()};
+  try {
+    (void)step.run(0, twice, in.view());
+    ADD_FAILURE() << "a slot twice in one batch was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("appears twice"), std::string::npos) << e.what();
+  }
+  const std::vector<client::SlotId> outside = {slots[0].id(), 7};
+  EXPECT_THROW((void)step.run(0, outside, in.view()), std::out_of_range);
+  const std::vector<client::SlotId> ids = {slots[0].id(), slots[1].id()};
+  EXPECT_THROW((void)step.run(2, ids, in.view()), std::invalid_argument);  // no layer 2
+  in.beta.pop_back();
+  EXPECT_THROW((void)step.run(0, ids, in.view()), std::invalid_argument);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), arena.data().begin()));
+
+  // An arena that is not mapped here is refused.
+  const client::Arena never_opened;
+  try {
+    client::DecodeStep unmapped(never_opened);
+    ADD_FAILURE() << "an unmapped arena was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not mapped"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0);
+}
