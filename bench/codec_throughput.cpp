@@ -8,9 +8,9 @@
 // f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
 // after one warm-up; "x memcpy" is that throughput divided by memcpy's.
 //
-// stepquant6 runs with a plan built here, not calibrated: every head at 6 bits except
-// every 16th head (from 3) at 8 bits, every 16th (from 7) at 4 bits, and up to two FP16
-// pivot heads; unit impact factors. dsq6 needs no plan.
+// stepquant6 runs with bench::synthetic_plan (common.hpp), not a calibrated plan: every
+// head at 6 bits except every 16th head (from 3) at 8 bits, every 16th (from 7) at 4
+// bits, and up to two FP16 pivot heads; unit impact factors. dsq6 needs no plan.
 
 #include <algorithm>
 #include <chrono>
@@ -67,32 +67,9 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return cli.parse(argc, argv);
 }
 
-// The bench's stand-in for a calibrated 6-bit plan (see the header comment).
 std::shared_ptr<const stepquant::Plan> bench_plan(const Options& o) {
-  auto plan = std::make_shared<stepquant::Plan>();
-  plan->arch = statepool::kernels::Arch::gdn;
-  plan->num_layers = o.layers;
-  plan->num_heads = o.heads;
-  plan->key_dim = 128;
-  plan->value_dim = 128;
-  plan->budget_bits = 6;
-  const std::size_t units = std::size_t{o.layers} * o.heads;
-  plan->widths.assign(units, 6);
-  for (std::size_t u = 0; u < units; ++u) {
-    if (u % 16 == 3) {
-      plan->widths[u] = 8;
-    } else if (u % 16 == 7) {
-      plan->widths[u] = 4;
-    }
-  }
-  for (const std::size_t u : {std::size_t{5}, units / 2 + 1}) {
-    if (u < units && units > 2) {
-      plan->widths[u] = stepquant::kPivotWidth;
-    }
-  }
-  plan->impact.assign(units * 128, 1.0f);
-  plan->source = "bench_codec_throughput synthetic plan (unit impact)";
-  return plan;
+  return statepool::bench::synthetic_plan(statepool::kernels::Arch::gdn, o.layers, o.heads, 6,
+                                          "bench_codec_throughput");
 }
 
 StateLayout make_layout(const Options& o, CodecId codec) {

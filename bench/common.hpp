@@ -1,15 +1,20 @@
 #pragma once
 // What the benchmarks share: the one way they time a piece of work (one warm-up run for
-// page faults and caches, then the median of `iters` timed runs, in seconds), and the
-// GDN layout they measure on. Header-only, benchmarks only.
+// page faults and caches, then the median of `iters` timed runs, in seconds), the GDN
+// layout they measure on, and the stand-in for a calibrated STEPQuant plan.
+// Header-only, benchmarks only.
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/stepquant/format.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::bench {
 
@@ -43,6 +48,44 @@ inline kernels::StateLayout gdn_layout(std::uint32_t layers, std::uint32_t heads
   layout.conv_dtype = kernels::DType::bf16;
   layout.codec = {codec, 0};
   return layout;
+}
+
+/// A plan built here, not calibrated, with unit impact factors: every unit (a GDN head, a
+/// KDA key row) at `budget` bits, except every 16th unit (from 3) one width step wider
+/// (8 at a 6-bit budget, 6 at 4), every 16th (from 7) one step narrower (4 at 6, 2 at 4),
+/// and up to two FP16 pivots (units 5 and units / 2 + 1). `who` names the benchmark in
+/// the plan's source field.
+inline std::shared_ptr<const kernels::stepquant::Plan> synthetic_plan(kernels::Arch arch,
+                                                                      std::uint32_t layers,
+                                                                      std::uint32_t heads,
+                                                                      std::uint32_t budget,
+                                                                      const std::string& who) {
+  auto plan = std::make_shared<kernels::stepquant::Plan>();
+  plan->arch = arch;
+  plan->num_layers = layers;
+  plan->num_heads = heads;
+  plan->key_dim = 128;
+  plan->value_dim = 128;
+  plan->budget_bits = budget;
+  const std::size_t units =
+      std::size_t{layers} * heads * (arch == kernels::Arch::kda ? plan->key_dim : 1u);
+  const auto width = static_cast<std::uint8_t>(budget);
+  plan->widths.assign(units, width);
+  for (std::size_t u = 0; u < units; ++u) {
+    if (u % 16 == 3) {
+      plan->widths[u] = static_cast<std::uint8_t>(width + 2);
+    } else if (u % 16 == 7) {
+      plan->widths[u] = static_cast<std::uint8_t>(width - 2);
+    }
+  }
+  for (const std::size_t u : {std::size_t{5}, units / 2 + 1}) {
+    if (u < units && units > 2) {
+      plan->widths[u] = kernels::stepquant::kPivotWidth;
+    }
+  }
+  plan->impact.assign(std::size_t{layers} * heads * plan->key_dim, 1.0f);
+  plan->source = who + " synthetic plan (unit impact)";
+  return plan;
 }
 
 }  // namespace statepool::bench

@@ -1,13 +1,13 @@
 // The fused decode step on the host (fused_step.hpp): per (request, head), the codec's
-// decode_head into a per-thread FP32 scratch head, step_head (recurrence.hpp), and the
-// codec's encode_head_checked into a scratch copy of the head's bytes, which replaces the
-// page's bytes only when the new state is finite. fp32 pages skip the second scratch:
+// decode_head into a per-thread FP32 scratch head, step_head (recurrence.hpp, through its
+// AVX2/baseline clones of step_internal.hpp), and the codec's encode_head_checked into a
+// scratch copy of the head's bytes, which replaces the page's bytes only when the new
+// state is finite. fp32 pages skip the second scratch:
 // the FP32 scratch is checked, then copied into the page.
 
 #include "statepool/kernels/fused_step.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "codecs_internal.hpp"
-#include "statepool/kernels/recurrence.hpp"
+#include "step_internal.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -105,15 +105,11 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
     const float* v = in.v.data() + item * V;
     float* o = in.out.data() + item * V;
     if (kda) {
-      const float* g = in.log_decay.data() + item * K;
-      step_head(
-          state.data(), K, V, q, k, v, [g](std::size_t i) { return std::exp(g[i]); }, in.beta[item],
-          s.residual.data(), o);
+      detail::step_head_kda(state.data(), K, V, q, k, v, in.log_decay.data() + item * K,
+                            in.beta[item], s.residual.data(), o);
     } else {
-      const float d = std::exp(in.log_decay[item]);
-      step_head(
-          state.data(), K, V, q, k, v, [d](std::size_t) { return d; }, in.beta[item],
-          s.residual.data(), o);
+      detail::step_head_gdn(state.data(), K, V, q, k, v, in.log_decay[item], in.beta[item],
+                            s.residual.data(), o);
     }
 
     bool finite = false;

@@ -6,7 +6,33 @@
 #include <stdexcept>
 #include <string>
 
+#include "simd.hpp"
+#include "step_internal.hpp"
+
 namespace statepool::kernels {
+
+namespace detail {
+
+STATEPOOL_SIMD_CLONES void step_head_gdn(float* state, std::uint32_t key_dim,
+                                         std::uint32_t value_dim, const float* q, const float* k,
+                                         const float* v, float log_decay, float beta,
+                                         float* residual, float* out) noexcept {
+  const float d = std::exp(log_decay);
+  step_head(
+      state, key_dim, value_dim, q, k, v, [d](std::size_t) { return d; }, beta, residual, out);
+}
+
+STATEPOOL_SIMD_CLONES void step_head_kda(float* state, std::uint32_t key_dim,
+                                         std::uint32_t value_dim, const float* q, const float* k,
+                                         const float* v, const float* log_decay, float beta,
+                                         float* residual, float* out) noexcept {
+  step_head(
+      state, key_dim, value_dim, q, k, v,
+      [log_decay](std::size_t i) { return std::exp(log_decay[i]); }, beta, residual, out);
+}
+
+}  // namespace detail
+
 namespace {
 
 void check_size(const char* name, std::size_t got, std::size_t expected) {
@@ -16,11 +42,9 @@ void check_size(const char* name, std::size_t got, std::size_t expected) {
   }
 }
 
-// The checked entry points of step_head (recurrence.hpp); decay(i) gives exp(g) of row i.
-template <typename Decay>
-void step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
-          std::span<const float> q, std::span<const float> k, std::span<const float> v,
-          const Decay& decay, float beta, std::span<float> residual, std::span<float> out) {
+void check_sizes(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
+                 std::span<const float> q, std::span<const float> k, std::span<const float> v,
+                 std::span<float> residual, std::span<float> out) {
   const std::size_t K = key_dim;
   const std::size_t V = value_dim;
   check_size("state", state.size(), K * V);
@@ -31,8 +55,6 @@ void step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim
   if (!out.empty()) {
     check_size("out", out.size(), V);
   }
-  step_head(state.data(), key_dim, value_dim, q.data(), k.data(), v.data(), decay, beta,
-            residual.data(), out.empty() ? nullptr : out.data());
 }
 
 }  // namespace
@@ -40,9 +62,9 @@ void step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim
 void gdn_step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
               std::span<const float> q, std::span<const float> k, std::span<const float> v,
               float log_decay, float beta, std::span<float> residual, std::span<float> out) {
-  const float d = std::exp(log_decay);
-  step(
-      state, key_dim, value_dim, q, k, v, [d](std::size_t) { return d; }, beta, residual, out);
+  check_sizes(state, key_dim, value_dim, q, k, v, residual, out);
+  detail::step_head_gdn(state.data(), key_dim, value_dim, q.data(), k.data(), v.data(), log_decay,
+                        beta, residual.data(), out.empty() ? nullptr : out.data());
 }
 
 void kda_step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
@@ -50,9 +72,10 @@ void kda_step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value
               std::span<const float> log_decay, float beta, std::span<float> residual,
               std::span<float> out) {
   check_size("log_decay", log_decay.size(), key_dim);
-  step(
-      state, key_dim, value_dim, q, k, v,
-      [log_decay](std::size_t i) { return std::exp(log_decay[i]); }, beta, residual, out);
+  check_sizes(state, key_dim, value_dim, q, k, v, residual, out);
+  detail::step_head_kda(state.data(), key_dim, value_dim, q.data(), k.data(), v.data(),
+                        log_decay.data(), beta, residual.data(),
+                        out.empty() ? nullptr : out.data());
 }
 
 void normalize_qk(std::span<float> q, std::span<float> k) {

@@ -1,0 +1,246 @@
+// The fused decode step on the host (kernels/fused_step.hpp, the path of client::DecodeStep)
+// per layer and token, side by side for every page codec, against the fp32 pages of the
+// same step and against a parallel memcpy measured in the same run.
+//
+//   bench_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--threads N] [--steps N]
+//
+// Shapes (one linear layer, K = V = 128):
+//   qwen3-next  GDN, 32 value heads, 16 q/k heads, one gate per head
+//   kimi-linear KDA, 32 heads, q/k per head, one gate per key channel
+// Codecs: fp32, bf16, int8, stepquant6, stepquant4; the stepquant plans are
+// bench::synthetic_plan (common.hpp), not calibrated plans. Every page starts from the same
+// synthetic state (synthetic_state.hpp); inputs are seeded random, q and k normalised.
+//
+// Per row: time of one call for the whole batch (median of `iters` after a warm-up),
+// "x fp32" = fp32's time / this codec's time at the same batch, "moved" = the bytes one
+// call must move (each page's layer read and written once, plus q, k, v, gates, beta and
+// outputs) per second, "x copy" = that rate over the rate at which a memcpy of the
+// batch's FP32 layer bytes moves bytes (read + write), with the same threads.
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.hpp"
+#include "statepool/kernels/fused_step.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/support/worker_pool.hpp"
+#include "statepool/testing/decode_step.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/tools/cli.hpp"
+
+namespace {
+
+using statepool::bench::median_seconds;
+using statepool::kernels::Arch;
+using statepool::kernels::CodecId;
+using statepool::kernels::DType;
+using statepool::kernels::PageCodec;
+using statepool::kernels::StateLayout;
+
+struct Options {
+  std::string batches = "1,32,128,512";
+  std::string codecs = "fp32,bf16,int8,stepquant6,stepquant4";
+  std::uint32_t iters = 5;
+  std::uint32_t threads = 0;
+  std::uint32_t steps = 32;
+};
+
+constexpr const char* kUsage =
+    "usage: bench_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--threads N]\n"
+    "                        [--steps N]\n"
+    "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
+    "  --codecs LIST   comma-separated codecs, fp32 first for the x fp32 column\n"
+    "                  (default fp32,bf16,int8,stepquant6,stepquant4)\n"
+    "  --iters N       timed calls per measurement, median reported (default 5)\n"
+    "  --threads N     threads per call, the caller's included (default: every core)\n"
+    "  --steps N       recurrence steps of the synthetic starting state (default 32)\n";
+
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  using statepool::tools::bounded;
+  statepool::tools::CommandLine cli("bench_fused_step", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("batches", boost::program_options::value(&o.batches))
+      ("codecs", boost::program_options::value(&o.codecs))
+      ("iters", bounded(o.iters, 1, 1000000))
+      ("threads", bounded(o.threads, 0, 4096))
+      ("steps", bounded(o.steps, 1, 1000000));
+  // clang-format on
+  return cli.parse(argc, argv);
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
+
+std::vector<CodecId> parse_codecs(const std::string& text) {
+  std::vector<CodecId> out;
+  for (const std::string& item : split(text)) {
+    CodecId id{};
+    if (!statepool::kernels::parse_codec(item, id)) {
+      throw std::invalid_argument("--codecs: unknown codec '" + item + "'");
+    }
+    out.push_back(id);
+  }
+  if (out.empty()) throw std::invalid_argument("--codecs: no codec given");
+  return out;
+}
+
+std::vector<std::uint32_t> parse_batches(const std::string& text) {
+  std::vector<std::uint32_t> out;
+  for (const std::string& item : split(text)) {
+    std::size_t used = 0;
+    unsigned long value = 0;
+    try {
+      value = std::stoul(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || value == 0 || value > 65536) {
+      throw std::invalid_argument("--batches: '" + item +
+                                  "' is not a batch size between 1 and 65536");
+    }
+    out.push_back(static_cast<std::uint32_t>(value));
+  }
+  if (out.empty()) throw std::invalid_argument("--batches: no batch size given");
+  return out;
+}
+
+struct Shape {
+  const char* name;
+  Arch arch;
+  std::uint32_t heads;
+  std::uint32_t qk_heads;
+};
+
+StateLayout layer_layout(const Shape& shape, CodecId codec) {
+  StateLayout l = statepool::bench::gdn_layout(1, shape.heads, 0, codec);
+  l.name = shape.name;
+  l.arch = shape.arch;
+  l.conv_width = 0;  // the step does not touch the conv state
+  if (codec == CodecId::stepquant6 || codec == CodecId::stepquant4) {
+    l.plan = statepool::bench::synthetic_plan(
+        shape.arch, 1, shape.heads, codec == CodecId::stepquant6 ? 6 : 4, "bench_fused_step");
+  }
+  return l;
+}
+
+/// One row: seconds per call and the bytes it moves.
+struct Measured {
+  double seconds = 0;
+  double moved = 0;
+  double layer_bytes = 0;  // one request's page bytes of the layer
+};
+
+Measured measure(const Shape& shape, CodecId id, std::uint32_t batch, const Options& o,
+                 statepool::support::WorkerPool* pool) {
+  const PageCodec codec(layer_layout(shape, id));
+  const StateLayout& l = codec.layout();
+  const std::size_t page = codec.page_bytes();
+  // One arena-like block of pages, every page the same synthetic state.
+  const auto staged = statepool::testing::synthetic_staged_state(l, o.steps, 1, DType::f32);
+  std::vector<std::byte> arena(page * batch);
+  codec.encode(staged, DType::f32, {arena.data(), page});
+  for (std::uint32_t b = 1; b < batch; ++b) std::memcpy(&arena[b * page], arena.data(), page);
+  std::vector<std::byte*> pages;
+  for (std::uint32_t b = 0; b < batch; ++b) pages.push_back(&arena[b * page]);
+  statepool::testing::StepBatch in(l, batch, shape.qk_heads, 7);
+  const auto inputs = in.view();
+
+  statepool::kernels::ParallelFor parallel;
+  if (pool != nullptr) {
+    parallel = [pool](std::size_t count, std::size_t grain, const auto& fn) {
+      pool->parallel_for(count, grain, fn);
+    };
+  }
+  Measured m;
+  m.seconds = median_seconds(o.iters, [&] {
+    const auto result = statepool::kernels::fused_step(codec, 0, pages, inputs, parallel);
+    if (!result.ok()) throw std::runtime_error("a state became non-finite");
+  });
+  m.layer_bytes = static_cast<double>(codec.conv_offset());
+  const double io = 4.0 * static_cast<double>(in.q.size() + in.k.size() + in.v.size() +
+                                              in.log_decay.size() + in.beta.size() + in.out.size());
+  m.moved = 2.0 * m.layer_bytes * batch + io;
+  return m;
+}
+
+/// Bytes per second a memcpy of `bytes` moves (read + write), split like the step.
+double copy_rate(std::size_t bytes, const Options& o, statepool::support::WorkerPool* pool) {
+  std::vector<std::byte> from(bytes, std::byte{1});
+  std::vector<std::byte> to(bytes);
+  constexpr std::size_t kChunk = 1 << 20;
+  const std::size_t chunks = (bytes + kChunk - 1) / kChunk;
+  const auto copy = [&](std::size_t first, std::size_t last) {
+    for (std::size_t c = first; c < last; ++c) {
+      const std::size_t begin = c * kChunk;
+      std::memcpy(&to[begin], &from[begin], std::min(kChunk, bytes - begin));
+    }
+  };
+  const double s = median_seconds(o.iters, [&] {
+    if (pool == nullptr) {
+      copy(0, chunks);
+    } else {
+      pool->parallel_for(chunks, 1, copy);
+    }
+  });
+  return 2.0 * static_cast<double>(bytes) / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
+  try {
+    const std::vector<std::uint32_t> batches = parse_batches(o.batches);
+    const unsigned threads =
+        o.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : o.threads;
+    std::optional<statepool::support::WorkerPool> workers;
+    if (threads > 1) workers.emplace(threads - 1);
+    statepool::support::WorkerPool* pool = workers ? &*workers : nullptr;
+    std::printf(
+        "fused step, one layer per call, K = V = 128; %u thread(s); median of %u calls; "
+        "synthetic states (%u steps) and synthetic stepquant plans (unit impact)\n",
+        threads, o.iters, o.steps);
+
+    const Shape shapes[] = {{"qwen3-next", Arch::gdn, 32, 16}, {"kimi-linear", Arch::kda, 32, 32}};
+    const std::vector<CodecId> codecs = parse_codecs(o.codecs);
+    for (const Shape& shape : shapes) {
+      std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name,
+                  statepool::kernels::to_string(shape.arch), shape.heads, shape.qk_heads);
+      std::printf("%-11s %6s %12s %10s %7s %11s %7s\n", "codec", "batch", "KB/request", "ms/layer",
+                  "x fp32", "moved GB/s", "x copy");
+      for (const std::uint32_t batch : batches) {
+        const double copy = copy_rate(std::size_t{batch} * shape.heads * 128 * 128 * 4, o, pool);
+        double fp32_seconds = 0;
+        for (const CodecId id : codecs) {
+          const Measured m = measure(shape, id, batch, o, pool);
+          if (id == CodecId::fp32) fp32_seconds = m.seconds;
+          const double rate = m.moved / m.seconds;
+          const double speedup = fp32_seconds > 0 ? fp32_seconds / m.seconds : 0.0;
+          std::printf("%-11s %6u %12.1f %10.3f %7.2f %11.2f %7.2f\n",
+                      statepool::kernels::to_string(id), batch, m.layer_bytes / 1024.0,
+                      m.seconds * 1e3, speedup, rate / 1e9, rate / copy);
+        }
+        std::printf("%-11s %6u %12s %10s %7s %11.2f %7.2f\n", "memcpy", batch, "", "", "",
+                    copy / 1e9, 1.0);
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_fused_step: %s\n", e.what());
+    return 1;
+  }
+}
