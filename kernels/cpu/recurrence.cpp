@@ -17,7 +17,7 @@ STATEPOOL_SIMD_CLONES void step_head_gdn(float* state, std::uint32_t key_dim,
                                          std::uint32_t value_dim, const float* q, const float* k,
                                          const float* v, float log_decay, float beta,
                                          float* residual, float* out) noexcept {
-  const float d = std::exp(log_decay);
+  const float d = decay_factor(log_decay);
   step_head(
       state, key_dim, value_dim, q, k, v, [d](std::size_t) { return d; }, beta, residual, out);
 }
@@ -28,7 +28,7 @@ STATEPOOL_SIMD_CLONES void step_head_kda(float* state, std::uint32_t key_dim,
                                          float* residual, float* out) noexcept {
   step_head(
       state, key_dim, value_dim, q, k, v,
-      [log_decay](std::size_t i) { return std::exp(log_decay[i]); }, beta, residual, out);
+      [log_decay](std::size_t i) { return decay_factor(log_decay[i]); }, beta, residual, out);
 }
 
 }  // namespace detail

@@ -13,7 +13,10 @@
 //
 // The order of the floating-point operations is fixed (below, in step_head) so that every
 // caller computes the same bits: S'^T k and S^T q accumulate over rows in row order, one
-// rounding per multiply and per add (the kernels build without FMA contraction).
+// rounding per multiply and per add (the kernels build without FMA contraction), and the
+// decay exp(g) is decay_factor(g), which uses IEEE single operations only (no libm, whose
+// exp differs between the host's and the device's), so the CPU and the CUDA fused steps
+// agree bit for bit.
 //
 // Thread-safety: pure functions on caller-owned buffers.
 
@@ -24,6 +27,34 @@
 #include "statepool/kernels/numeric.hpp"
 
 namespace statepool::kernels {
+
+/// exp(g) within 2 ulp for every float g (NaN stays NaN, exp(+Inf) = +Inf, exp(-Inf) = 0,
+/// results below the smallest subnormal are 0), from IEEE single multiplies and adds
+/// only: Cody-Waite reduction g = n ln2 + r, |r| <= ln2 / 2, a degree-7 Taylor polynomial
+/// in Horner form, and 2^n applied as two exact power-of-two factors. The same bits on
+/// every host and device (tests/kernels/test_recurrence.cpp checks it against std::exp).
+STATEPOOL_HD inline float decay_factor(float g) noexcept {
+  if (!(g == g)) return g;                                 // NaN
+  if (g > 88.72283f) return bits_float(0x7F800000u);       // exp(g) > FLT_MAX: +Inf
+  if (g < -103.97208f) return 0.0f;                        // below half the least subnormal
+  const float n = round_half_even_small(g * 1.44269502f);  // |n| <= 150
+  const float r = (g - n * 0.693145751953125f) - n * 1.42860677e-06f;  // ln2 = hi + lo
+  float p = 1.98412698e-4f;                                            // 1/7!
+  p = p * r + 1.38888889e-3f;                                          // 1/6!
+  p = p * r + 8.33333333e-3f;                                          // 1/5!
+  p = p * r + 4.16666667e-2f;                                          // 1/4!
+  p = p * r + 1.66666667e-1f;                                          // 1/3!
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  // 2^n = 2^a 2^b with a, b in [-75, 64]: both factors are normal floats.
+  const auto ni = static_cast<std::int32_t>(n);
+  const std::int32_t a = ni / 2;
+  const std::int32_t b = ni - a;
+  const float scale_a = bits_float(static_cast<std::uint32_t>(a + 127) << 23);
+  const float scale_b = bits_float(static_cast<std::uint32_t>(b + 127) << 23);
+  return (p * scale_a) * scale_b;
+}
 
 /// One step of one head, in place, on raw buffers: `S` K*V floats, q and k K floats, v V
 /// floats, `u` V floats of scratch (receives the residual), `o` V floats or null to skip
@@ -63,7 +94,7 @@ STATEPOOL_HD inline void step_head(float* S, std::uint32_t key_dim, std::uint32_
 
 /// One GDN step of one head, in place. `state` holds K*V floats; q, k have K values, v has
 /// V; `residual` (V floats) receives u; `out` receives o (V floats) or is empty to skip
-/// the readout. The decay is std::exp(log_decay). Throws std::invalid_argument on a size
+/// the readout. The decay is decay_factor(log_decay). Throws std::invalid_argument on a size
 /// mismatch.
 void gdn_step(std::span<float> state, std::uint32_t key_dim, std::uint32_t value_dim,
               std::span<const float> q, std::span<const float> k, std::span<const float> v,
