@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,64 @@ inline std::shared_ptr<const kernels::stepquant::Plan> synthetic_plan(kernels::A
   plan->impact.assign(std::size_t{layers} * heads * plan->key_dim, 1.0f);
   plan->source = who + " synthetic plan (unit impact)";
   return plan;
+}
+
+/// The items of a comma-separated list ("1,32,128" -> "1", "32", "128").
+inline std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
+
+/// A comma-separated list of batch sizes in [1, 65536]; std::invalid_argument naming
+/// `option` otherwise.
+inline std::vector<std::uint32_t> parse_batches(const std::string& text, const char* option) {
+  std::vector<std::uint32_t> out;
+  for (const std::string& item : split_list(text)) {
+    std::size_t used = 0;
+    unsigned long value = 0;
+    try {
+      value = std::stoul(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || value == 0 || value > 65536) {
+      throw std::invalid_argument(std::string(option) + ": '" + item +
+                                  "' is not a batch size between 1 and 65536");
+    }
+    out.push_back(static_cast<std::uint32_t>(value));
+  }
+  if (out.empty()) throw std::invalid_argument(std::string(option) + ": no batch size given");
+  return out;
+}
+
+/// The layer shapes of the fused-step benchmarks (one linear layer, K = V = 128).
+struct StepShape {
+  const char* name;
+  kernels::Arch arch;
+  std::uint32_t heads;     ///< state (value) heads
+  std::uint32_t qk_heads;  ///< q/k heads
+};
+inline constexpr StepShape kStepShapes[] = {
+    {"qwen3-next", kernels::Arch::gdn, 32, 16},   // 32 value heads share 16 q/k heads
+    {"kimi-linear", kernels::Arch::kda, 32, 32},  // a gate per key channel
+};
+
+/// One layer of `shape` under `codec` (no conv state: the step does not touch it), with
+/// synthetic_plan for the stepquant codecs.
+inline kernels::StateLayout step_layout(const StepShape& shape, kernels::CodecId codec,
+                                        const std::string& who) {
+  kernels::StateLayout l = gdn_layout(1, shape.heads, 0, codec);
+  l.name = shape.name;
+  l.arch = shape.arch;
+  l.conv_width = 0;
+  if (codec == kernels::CodecId::stepquant6 || codec == kernels::CodecId::stepquant4) {
+    l.plan = synthetic_plan(shape.arch, 1, shape.heads,
+                            codec == kernels::CodecId::stepquant6 ? 6 : 4, who);
+  }
+  return l;
 }
 
 }  // namespace statepool::bench

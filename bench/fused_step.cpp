@@ -76,17 +76,9 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return cli.parse(argc, argv);
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(item);
-  return out;
-}
-
 std::vector<CodecId> parse_codecs(const std::string& text) {
   std::vector<CodecId> out;
-  for (const std::string& item : split(text)) {
+  for (const std::string& item : statepool::bench::split_list(text)) {
     CodecId id{};
     if (!statepool::kernels::parse_codec(item, id)) {
       throw std::invalid_argument("--codecs: unknown codec '" + item + "'");
@@ -97,45 +89,6 @@ std::vector<CodecId> parse_codecs(const std::string& text) {
   return out;
 }
 
-std::vector<std::uint32_t> parse_batches(const std::string& text) {
-  std::vector<std::uint32_t> out;
-  for (const std::string& item : split(text)) {
-    std::size_t used = 0;
-    unsigned long value = 0;
-    try {
-      value = std::stoul(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || value == 0 || value > 65536) {
-      throw std::invalid_argument("--batches: '" + item +
-                                  "' is not a batch size between 1 and 65536");
-    }
-    out.push_back(static_cast<std::uint32_t>(value));
-  }
-  if (out.empty()) throw std::invalid_argument("--batches: no batch size given");
-  return out;
-}
-
-struct Shape {
-  const char* name;
-  Arch arch;
-  std::uint32_t heads;
-  std::uint32_t qk_heads;
-};
-
-StateLayout layer_layout(const Shape& shape, CodecId codec) {
-  StateLayout l = statepool::bench::gdn_layout(1, shape.heads, 0, codec);
-  l.name = shape.name;
-  l.arch = shape.arch;
-  l.conv_width = 0;  // the step does not touch the conv state
-  if (codec == CodecId::stepquant6 || codec == CodecId::stepquant4) {
-    l.plan = statepool::bench::synthetic_plan(
-        shape.arch, 1, shape.heads, codec == CodecId::stepquant6 ? 6 : 4, "bench_fused_step");
-  }
-  return l;
-}
-
 /// One row: seconds per call and the bytes it moves.
 struct Measured {
   double seconds = 0;
@@ -143,9 +96,9 @@ struct Measured {
   double layer_bytes = 0;  // one request's page bytes of the layer
 };
 
-Measured measure(const Shape& shape, CodecId id, std::uint32_t batch, const Options& o,
-                 statepool::support::WorkerPool* pool) {
-  const PageCodec codec(layer_layout(shape, id));
+Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch,
+                 const Options& o, statepool::support::WorkerPool* pool) {
+  const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_fused_step"));
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
   // One arena-like block of pages, every page the same synthetic state.
@@ -204,7 +157,8 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   try {
-    const std::vector<std::uint32_t> batches = parse_batches(o.batches);
+    const std::vector<std::uint32_t> batches =
+        statepool::bench::parse_batches(o.batches, "--batches");
     const unsigned threads =
         o.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : o.threads;
     std::optional<statepool::support::WorkerPool> workers;
@@ -215,9 +169,8 @@ int main(int argc, char** argv) {
         "synthetic states (%u steps) and synthetic stepquant plans (unit impact)\n",
         threads, o.iters, o.steps);
 
-    const Shape shapes[] = {{"qwen3-next", Arch::gdn, 32, 16}, {"kimi-linear", Arch::kda, 32, 32}};
     const std::vector<CodecId> codecs = parse_codecs(o.codecs);
-    for (const Shape& shape : shapes) {
+    for (const statepool::bench::StepShape& shape : statepool::bench::kStepShapes) {
       std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name,
                   statepool::kernels::to_string(shape.arch), shape.heads, shape.qk_heads);
       std::printf("%-11s %6s %12s %10s %7s %11s %7s\n", "codec", "batch", "KB/request", "ms/layer",

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "gpu_common.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/testing/plans.hpp"
@@ -33,44 +34,9 @@ using statepool::kernels::PageCodec;
 using statepool::kernels::StateLayout;
 namespace cuda = statepool::kernels::cuda;
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(status) + " (" +
-                             cudaGetErrorString(status) + ")");
-  }
-}
-
-/// Device memory for the benchmark's lifetime.
-struct DeviceBytes {
-  void* ptr = nullptr;
-  explicit DeviceBytes(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
-  ~DeviceBytes() { (void)cudaFree(ptr); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  [[nodiscard]] std::byte* get() const { return static_cast<std::byte*>(ptr); }
-};
-
-/// Median seconds of `iters` runs of `launch` on `stream`, timed with events.
-template <class Launch>
-double median_gpu_seconds(std::uint32_t iters, cudaStream_t stream, Launch&& launch) {
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  const double seconds = statepool::bench::median_seconds(iters, [&] {
-    check(cudaEventRecord(start, stream), "cudaEventRecord");
-    launch();
-    check(cudaEventRecord(stop, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-  });
-  float ms = 0;
-  // The host-side median includes launch latency; the event time of the last run is the
-  // device's own. Report the smaller: both see the same work.
-  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
-  return std::min(seconds, static_cast<double>(ms) / 1e3);
-}
+using statepool::bench::check;
+using statepool::bench::DeviceBytes;
+using statepool::bench::median_gpu_seconds;
 
 StateLayout layout_for(CodecId codec) {
   if (codec == CodecId::stepquant4 || codec == CodecId::stepquant6) {
@@ -157,7 +123,8 @@ int main(int argc, char** argv) {
       std::getline(in, item, ',');
       CodecId id{};
       if (item.empty()) continue;
-      if (!statepool::kernels::parse_codec(item, id)) throw std::runtime_error("unknown codec " + item);
+      if (!statepool::kernels::parse_codec(item, id))
+        throw std::runtime_error("unknown codec " + item);
       codecs.push_back(id);
     }
 
@@ -238,16 +205,17 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    std::printf("\n%-11s %6s %6s | %12s %8s | %12s %8s\n", "codec", "slots", "ratio",
-                "compress", "of copy", "decompress", "of copy");
+    std::printf("\n%-11s %6s %6s | %12s %8s | %12s %8s\n", "codec", "slots", "ratio", "compress",
+                "of copy", "decompress", "of copy");
     for (const Row& r : rows) {
       std::printf("%-11s %6u %5.2fx | %7.0f GB/s %7.2fx | %7.0f GB/s %7.2fx\n", r.codec.c_str(),
                   r.slots, r.ratio, r.compress_gbs, r.compress_of_ceiling, r.decompress_gbs,
                   r.decompress_of_ceiling);
     }
-    std::printf("(GB/s of FP32 state; 'of copy': against a device-to-device copy of the same "
-                "bytes, %.0f GB/s)\n",
-                ceiling / 1e9);
+    std::printf(
+        "(GB/s of FP32 state; 'of copy': against a device-to-device copy of the same "
+        "bytes, %.0f GB/s)\n",
+        ceiling / 1e9);
     (void)cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpu_codec_throughput: %s\n", e.what());

@@ -85,4 +85,59 @@ void DeviceDecoder::decode(SlotId slot, void* staged, cudaStream_t stream) const
   }
 }
 
+DeviceDecodeStep::DeviceDecodeStep(const Arena& arena) try
+    : arena_(&checked(arena)), format_(format_on_device(arena, kernels::DType::f32)) {
+} catch (const std::runtime_error& e) {
+  throw Error(wire::Status::internal, std::string("DeviceDecodeStep: ") + e.what());
+}
+
+void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
+                           cudaStream_t stream) const {
+  const kernels::StateLayout& l = arena_->codec().layout();
+  const std::uint32_t qk = in.qk_heads == 0 ? l.num_heads : in.qk_heads;
+  if (layer >= l.num_layers) {
+    throw std::invalid_argument("DeviceDecodeStep::run: layer " + std::to_string(layer) +
+                                " does not exist; the layout has " + std::to_string(l.num_layers) +
+                                " layers");
+  }
+  if (qk > l.num_heads || l.num_heads % qk != 0) {
+    throw std::invalid_argument("DeviceDecodeStep::run: qk_heads " + std::to_string(qk) +
+                                " must divide num_heads " + std::to_string(l.num_heads));
+  }
+  if (in.batch == 0) return;
+  if (in.slots == nullptr || in.q == nullptr || in.k == nullptr || in.v == nullptr ||
+      in.log_decay == nullptr || in.beta == nullptr || in.out == nullptr) {
+    throw std::invalid_argument(
+        "DeviceDecodeStep::run: slots, q, k, v, log_decay, beta and "
+        "out must all be device pointers");
+  }
+  const std::uint64_t values = std::uint64_t{l.key_dim} * l.value_dim;
+  if (values > kernels::cuda::max_step_head_values()) {
+    throw std::invalid_argument("DeviceDecodeStep::run: a " + std::to_string(l.key_dim) + " x " +
+                                std::to_string(l.value_dim) +
+                                " head does not fit the device's shared memory per block");
+  }
+  kernels::cuda::StepView s;
+  s.layer = layer;
+  s.num_heads = l.num_heads;
+  s.batch = in.batch;
+  s.qk_heads = qk;
+  s.q = in.q;
+  s.k = in.k;
+  s.v = in.v;
+  s.log_decay = in.log_decay;
+  s.beta = in.beta;
+  s.out = in.out;
+  s.pages = reinterpret_cast<std::uint8_t*>(arena_->device_data());
+  s.page_stride = arena_->page_stride();
+  s.page_count = arena_->page_count();
+  s.slots = in.slots;
+  s.rejected = in.rejected;
+  const kernels::cuda::DeviceGuard on(arena_->memory().device);
+  if (const cudaError_t status = kernels::cuda::fused_step_pages(format_.view(), s, stream);
+      status != cudaSuccess) {
+    fail("fused_step_pages", status);
+  }
+}
+
 }  // namespace statepool::client

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "block_team.hpp"
 #include "statepool/kernels/cuda/block_codec.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 
@@ -13,38 +14,6 @@ namespace {
 
 constexpr unsigned kBlock = 256;
 constexpr std::uint32_t kMaxGridY = 65535;  // more slots: blocks loop over them
-
-// The CUDA thread block as a block_codec.hpp team. The members are __host__ __device__
-// so that the host-side pass of nvcc can see the templates instantiated with this type;
-// they only ever run on the device.
-struct BlockTeam {
-  STATEPOOL_HD unsigned rank() const noexcept {
-#if defined(__CUDA_ARCH__)
-    return threadIdx.x;
-#else
-    return 0;
-#endif
-  }
-  STATEPOOL_HD unsigned size() const noexcept {
-#if defined(__CUDA_ARCH__)
-    return blockDim.x;
-#else
-    return 1;
-#endif
-  }
-  STATEPOOL_HD void sync() const noexcept {
-#if defined(__CUDA_ARCH__)
-    __syncthreads();
-#endif
-  }
-  STATEPOOL_HD void atomic_min(unsigned long long* p, unsigned long long v) const noexcept {
-#if defined(__CUDA_ARCH__)
-    atomicMin(p, v);
-#else
-    *p = v < *p ? v : *p;
-#endif
-  }
-};
 
 // The per-slot pointers of a launch: a device array of `count` pointers, or (single-page
 // forms) one pointer for slot 0.
@@ -62,7 +31,7 @@ __global__ void __launch_bounds__(kBlock)
     encode_kernel(PageFormatView f, Slots<const void> staged, Slots<void> pages,
                   const unsigned long long* skip, std::uint32_t count) {
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    encode_block<Staged>(BlockTeam{}, f, staged[slot], pages[slot],
+    encode_block<Staged>(detail::BlockTeam{}, f, staged[slot], pages[slot],
                          skip != nullptr ? skip + slot : nullptr, blockIdx.x);
   }
 }
@@ -71,7 +40,7 @@ template <class Staged>
 __global__ void __launch_bounds__(kBlock) decode_kernel(PageFormatView f, Slots<const void> pages,
                                                         Slots<void> staged, std::uint32_t count) {
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    decode_block<Staged>(BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x);
+    decode_block<Staged>(detail::BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x);
   }
 }
 
@@ -80,7 +49,7 @@ __global__ void __launch_bounds__(kBlock)
     find_non_finite_kernel(PageFormatView f, Slots<const void> staged,
                            unsigned long long* first_index, std::uint32_t count) {
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    find_non_finite_block<Staged>(BlockTeam{}, f, staged[slot], first_index + slot, blockIdx.x);
+    find_non_finite_block<Staged>(detail::BlockTeam{}, f, staged[slot], first_index + slot, blockIdx.x);
   }
 }
 

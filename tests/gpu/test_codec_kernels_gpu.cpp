@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "device_buffer.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
@@ -31,6 +32,8 @@
 namespace statepool::kernels {
 namespace {
 
+using testing::DeviceBuffer;
+
 using cuda::DevicePageFormat;
 using stepquant::kPivotWidth;
 using testing::first_difference;
@@ -38,55 +41,6 @@ using testing::plan_layout;
 using testing::synthetic_staged_state;
 
 constexpr unsigned long long kFinite = std::numeric_limits<unsigned long long>::max();
-
-#define STATEPOOL_SKIP_WITHOUT_GPU()                                             \
-  do {                                                                           \
-    int device_count = 0;                                                        \
-    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) { \
-      GTEST_SKIP() << "no CUDA device";                                          \
-    }                                                                            \
-  } while (false)
-
-#define STATEPOOL_CUDA_OK(expr)                                     \
-  do {                                                              \
-    const cudaError_t status_ = (expr);                             \
-    ASSERT_EQ(status_, cudaSuccess) << cudaGetErrorString(status_); \
-  } while (false)
-
-// Device memory owned for the duration of a test.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) {
-      ptr_ = nullptr;
-    }
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) {
-      (void)cudaFree(ptr_);
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  [[nodiscard]] void* get() const noexcept { return ptr_; }
-  [[nodiscard]] bool ok() const noexcept { return ptr_ != nullptr; }
-  cudaError_t upload(const void* host, std::size_t bytes) const {
-    return cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice);
-  }
-  cudaError_t upload(const std::vector<std::byte>& host) const {
-    return upload(host.data(), host.size());
-  }
-  cudaError_t download(std::vector<std::byte>& host) const {
-    host.resize(bytes_);
-    return cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost);
-  }
-  cudaError_t fill(int value) const { return cudaMemset(ptr_, value, bytes_); }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_;
-};
 
 struct Case {
   std::string name;

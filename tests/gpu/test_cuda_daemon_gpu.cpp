@@ -1,7 +1,8 @@
 // statepoold --backend cuda end to end, as an engine uses it: device arenas and staging
 // mapped in the client, states written into device staging, compress / decompress / copy
 // by the daemon's kernels (page bytes equal to the CPU codec's), local decode on the device
-// with the same kernels, early replies with IPC events, legacy IPC handles, NaN refusal.
+// with the same kernels, early replies with IPC events, legacy IPC handles, NaN refusal,
+// and the engine's fused decode step on the device pages (client::DeviceDecodeStep).
 // Skipped without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -14,7 +15,9 @@
 
 #include "statepool/client.hpp"
 #include "statepool/client_cuda.hpp"
+#include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
 
@@ -117,8 +120,7 @@ TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
     ASSERT_TRUE(copied.event.has_value());
     client::synchronize(copied);
     EXPECT_EQ(download(arena.device_page(slots[1].id()), layout.page_bytes), local);
-    const client::Pending parked =
-        conn.compress_async(arena.id(), slots[1].id(), staging.id(), 0);
+    const client::Pending parked = conn.compress_async(arena.id(), slots[1].id(), staging.id(), 0);
     ASSERT_TRUE(parked.event.has_value());
     EXPECT_EQ(parked.bytes, layout.page_bytes);
     cudaStream_t stream = nullptr;
@@ -141,6 +143,72 @@ TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
     }
     EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
   }
+  EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
+}
+
+TEST(CudaDaemon, DeviceDecodeStepStepsTheDaemonsPagesAsTheHostStepDoes) {
+  SKIP_WITHOUT_GPU();
+  DaemonProcess daemon({"--backend", "cuda", "--device", "0", "--pool-capacity", "512MiB"});
+  auto conn = client::Connection::connect(options_for(daemon));
+  auto l = layout_for(kernels::CodecId::int8);
+  l.arch = kernels::Arch::kda;
+  const auto layout = conn.register_layout(l);
+  auto arena = conn.open_arena(layout, 4);
+  auto staging = conn.open_staging(layout.state_bytes_f32);
+  auto slots = conn.allocate(arena, 2);
+  std::vector<std::vector<std::byte>> host;
+  for (std::size_t b = 0; b < slots.size(); ++b) {
+    upload(staging.device_data(), state_bytes(layout, 20 + b));
+    conn.compress(slots[b], staging, 0);
+    host.push_back(download(arena.device_page(slots[b].id()), layout.page_bytes));
+  }
+  const client::DeviceDecodeStep step(arena);
+  const std::vector<std::uint32_t> ids = {slots[1].id(), slots[0].id()};
+  statepool::testing::StepBatch in(arena.codec().layout(), 2, 2, 3);
+  const auto to_device = [](const auto& v) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(v[0])), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return p;
+  };
+  void* d_ids = to_device(ids);
+  void* d_q = to_device(in.q);
+  void* d_k = to_device(in.k);
+  void* d_v = to_device(in.v);
+  void* d_g = to_device(in.log_decay);
+  void* d_beta = to_device(in.beta);
+  void* d_out = to_device(in.out);
+  for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
+    step.run(layer,
+             {.batch = 2,
+              .qk_heads = 2,
+              .slots = static_cast<const std::uint32_t*>(d_ids),
+              .q = static_cast<const float*>(d_q),
+              .k = static_cast<const float*>(d_k),
+              .v = static_cast<const float*>(d_v),
+              .log_decay = static_cast<const float*>(d_g),
+              .beta = static_cast<const float*>(d_beta),
+              .out = static_cast<float*>(d_out)},
+             nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<std::byte*> pages = {host[1].data(), host[0].data()};
+    ASSERT_TRUE(kernels::fused_step(arena.codec(), layer, pages, in.view()).ok());
+    EXPECT_EQ(download(static_cast<std::byte*>(d_out), in.out.size() * 4),
+              std::vector<std::byte>(
+                  reinterpret_cast<const std::byte*>(in.out.data()),
+                  reinterpret_cast<const std::byte*>(in.out.data()) + in.out.size() * 4));
+    for (std::size_t b = 0; b < slots.size(); ++b) {
+      EXPECT_EQ(download(arena.device_page(slots[b].id()), layout.page_bytes), host[b]);
+    }
+  }
+  EXPECT_THROW(step.run(l.num_layers, {.batch = 1}, nullptr), std::invalid_argument);
+  for (void* p : {d_ids, d_q, d_k, d_v, d_g, d_beta, d_out}) (void)cudaFree(p);
+  // The daemon resumes the stepped state.
+  conn.decompress(slots[0], staging, 0);
+  std::vector<std::byte> decoded(layout.state_bytes_f32);
+  arena.codec().decode(host[0], kernels::DType::f32, decoded);
+  EXPECT_EQ(download(staging.device_data(), decoded.size()), decoded);
   EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
 }
 

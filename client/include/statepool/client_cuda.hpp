@@ -8,6 +8,9 @@
 //   statepool::client::DeviceDecoder decoder(arena, kernels::DType::bf16);
 //   decoder.decode(slot.id(), my_state_ptr, stream);       // page -> bf16 state, on device
 //
+//   statepool::client::DeviceDecodeStep step(arena);       // the fused step, per token
+//   step.run(layer, {.batch = n, .slots = d_slots, .q = d_q, ...}, stream);
+//
 // Thread-safety: the functions are thread-safe; a DeviceDecoder is immutable once built
 // and may be used from several threads and streams at once.
 
@@ -15,6 +18,7 @@
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
+#include "statepool/kernels/cuda/step_kernels.hpp"
 
 namespace statepool::client {
 
@@ -39,6 +43,43 @@ class DeviceDecoder {
   /// arena.codec().staged_bytes(dtype) bytes) <- page `slot`. Throws std::out_of_range for
   /// a bad slot and Error(internal) when the launch fails.
   void decode(SlotId slot, void* staged, cudaStream_t stream) const;
+
+ private:
+  const Arena* arena_;
+  kernels::cuda::DevicePageFormat format_;
+};
+
+/// One layer's step inputs on the device: kernels::StepInputs's shapes and meaning
+/// (kernels/fused_step.hpp), every pointer device memory.
+struct DeviceStepInputs {
+  std::uint32_t batch = 0;
+  std::uint32_t qk_heads = 0;        ///< 0 means num_heads
+  const SlotId* slots = nullptr;     ///< [batch] the requests' slots in the arena
+  const float* q = nullptr;          ///< [batch][qk_heads][K]
+  const float* k = nullptr;          ///< [batch][qk_heads][K]
+  const float* v = nullptr;          ///< [batch][H][V]
+  const float* log_decay = nullptr;  ///< [batch][H] (GDN) or [batch][H][K] (KDA)
+  const float* beta = nullptr;       ///< [batch][H]
+  float* out = nullptr;              ///< [batch][H][V]
+  /// [batch][H] or null: kernels::cuda::kStepStored, kStepNotFinite (the head keeps its
+  /// previous bytes) or kStepBadSlot (a slot outside the arena: nothing touched).
+  std::uint8_t* rejected = nullptr;
+};
+
+/// The fused decode step on an arena's device pages (kernels/cuda/step_kernels.hpp), on
+/// the engine's stream, with no round trip to the daemon: one launch per layer call.
+/// Bit for bit the host step (client::DecodeStep, kernels::fused_step).
+class DeviceDecodeStep {
+ public:
+  /// Uploads the page format's tables to the arena's device. Throws std::logic_error for
+  /// an arena without device memory or codec, Error(internal) for a CUDA failure.
+  explicit DeviceDecodeStep(const Arena& arena);
+
+  /// Enqueues one step of `layer` on `stream`. Throws std::invalid_argument for what the
+  /// host can check (the layer, qk_heads, null pointers, a head too large for the
+  /// device's shared memory), Error(internal) when the launch fails. Slots are checked on
+  /// the device (kStepBadSlot).
+  void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream) const;
 
  private:
   const Arena* arena_;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "statepool/kernels/cuda/block_codec.hpp"
+#include "statepool/kernels/cuda/block_step.hpp"
 #include "statepool/kernels/cuda/page_format.hpp"
 
 namespace statepool::kernels::cuda {
@@ -117,6 +118,20 @@ inline void emulate_find_non_finite_pages(const PageFormatView& f, const void* c
         } else {
           find_non_finite_block<StagedBf16>(team, f, staged[slot], first_index + slot, head);
         }
+      }
+    }
+  });
+}
+
+/// The fused step kernel on the host: step_block for every (request, head) of `s`, the
+/// same grid as fused_step_pages (step_kernels.hpp), one scratch shared by the team.
+inline void emulate_fused_step(const PageFormatView& f, const StepView& s, unsigned ranks) {
+  std::vector<float> scratch(step_scratch_floats(f));
+  unsigned long long flag = kAllFinite;
+  run_team(ranks, [&](const auto& team) {
+    for (std::uint32_t request = 0; request < s.batch; ++request) {
+      for (std::uint32_t h = 0; h < s.num_heads; ++h) {
+        step_block(team, f, s, scratch.data(), &flag, request, h);
       }
     }
   });

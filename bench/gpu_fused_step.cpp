@@ -1,0 +1,193 @@
+// The fused decode step on the GPU (kernels/cuda/step_kernels.hpp), per layer and token,
+// side by side for every page codec, against the fp32 pages of the same kernel and
+// against the card's device-to-device copy bandwidth measured in the same run.
+//
+//   bench_gpu_fused_step [--batches LIST] [--iters N]
+//
+// Shapes and codecs as bench_fused_step (the host path): one linear layer, K = V = 128,
+// qwen3-next (GDN, 32 value heads, 16 q/k heads) and kimi-linear (KDA, 32 heads, a gate
+// per key channel); fp32, bf16, int8, stepquant6, stepquant4 with bench::synthetic_plan.
+// Per row: device time of one launch for the batch, "x fp32" = fp32's time / this one's,
+// "moved" = bytes the step must move (each page's layer read and written once, plus the
+// inputs and outputs) per second, "x copy" = that rate over the rate at which a
+// cudaMemcpyAsync of the batch's FP32 layer bytes moves bytes (read + write).
+// Exits 0 with a note when no GPU is present.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "gpu_common.hpp"
+#include "statepool/kernels/cuda/codec_kernels.hpp"
+#include "statepool/kernels/cuda/step_kernels.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/testing/decode_step.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/tools/cli.hpp"
+
+namespace {
+
+using statepool::bench::check;
+using statepool::bench::DeviceBytes;
+using statepool::bench::median_gpu_seconds;
+using statepool::kernels::Arch;
+using statepool::kernels::CodecId;
+using statepool::kernels::DType;
+using statepool::kernels::PageCodec;
+using statepool::kernels::StateLayout;
+namespace cuda = statepool::kernels::cuda;
+
+struct Options {
+  std::string batches = "1,32,128,512";
+  std::uint32_t iters = 10;
+};
+
+constexpr const char* kUsage =
+    "usage: bench_gpu_fused_step [--batches LIST] [--iters N]\n"
+    "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
+    "  --iters N       timed launches per measurement, median reported (default 10)\n";
+
+std::optional<int> parse(int argc, char** argv, Options& o) {
+  using statepool::tools::bounded;
+  statepool::tools::CommandLine cli("bench_gpu_fused_step", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("batches", boost::program_options::value(&o.batches))
+      ("iters", bounded(o.iters, 1, 1000000));
+  // clang-format on
+  return cli.parse(argc, argv);
+}
+
+template <class T>
+void upload(const DeviceBytes& to, const std::vector<T>& from) {
+  check(cudaMemcpy(to.get(), from.data(), from.size() * sizeof(T), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+}
+
+struct Measured {
+  double seconds = 0;
+  double moved = 0;
+  double layer_bytes = 0;
+};
+
+Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch,
+                 const Options& o, cudaStream_t stream) {
+  const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_gpu_fused_step"));
+  const StateLayout& l = codec.layout();
+  const std::size_t page = codec.page_bytes();
+  const auto staged = statepool::testing::synthetic_staged_state(l, 32, 1, DType::f32);
+  std::vector<std::byte> one(page);
+  codec.encode(staged, DType::f32, one);
+  DeviceBytes arena(page * batch);
+  for (std::uint32_t b = 0; b < batch; ++b) {
+    check(cudaMemcpy(arena.get() + b * page, one.data(), page, cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+  }
+  statepool::testing::StepBatch in(l, batch, shape.qk_heads, 7);
+  std::vector<std::uint32_t> slot_ids(batch);
+  for (std::uint32_t b = 0; b < batch; ++b) slot_ids[b] = b;
+  DeviceBytes q(in.q.size() * 4), k(in.k.size() * 4), v(in.v.size() * 4),
+      g(in.log_decay.size() * 4), beta(in.beta.size() * 4), out(in.out.size() * 4),
+      slots(batch * 4);
+  upload(q, in.q);
+  upload(k, in.k);
+  upload(v, in.v);
+  upload(g, in.log_decay);
+  upload(beta, in.beta);
+  upload(slots, slot_ids);
+  const cuda::DevicePageFormat format(codec, DType::f32);
+  cuda::StepView s;
+  s.num_heads = l.num_heads;
+  s.batch = batch;
+  s.qk_heads = shape.qk_heads;
+  s.q = reinterpret_cast<const float*>(q.get());
+  s.k = reinterpret_cast<const float*>(k.get());
+  s.v = reinterpret_cast<const float*>(v.get());
+  s.log_decay = reinterpret_cast<const float*>(g.get());
+  s.beta = reinterpret_cast<const float*>(beta.get());
+  s.out = reinterpret_cast<float*>(out.get());
+  s.pages = reinterpret_cast<std::uint8_t*>(arena.get());
+  s.page_stride = page;
+  s.page_count = batch;
+  s.slots = reinterpret_cast<const std::uint32_t*>(slots.get());
+  Measured m;
+  m.seconds = median_gpu_seconds(o.iters, stream, [&] {
+    check(cuda::fused_step_pages(format.view(), s, stream), "fused_step_pages");
+  });
+  m.layer_bytes = static_cast<double>(codec.conv_offset());
+  const double io =
+      4.0 * static_cast<double>(in.q.size() + in.k.size() + in.v.size() + in.log_decay.size() +
+                                in.beta.size() + in.out.size()) +
+      4.0 * batch;
+  m.moved = 2.0 * m.layer_bytes * batch + io;
+  return m;
+}
+
+double copy_rate(std::size_t bytes, const Options& o, cudaStream_t stream) {
+  DeviceBytes from(bytes);
+  DeviceBytes to(bytes);
+  check(cudaMemset(from.get(), 1, bytes), "cudaMemset");
+  const double s = median_gpu_seconds(o.iters, stream, [&] {
+    check(cudaMemcpyAsync(to.get(), from.get(), bytes, cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync");
+  });
+  return 2.0 * static_cast<double>(bytes) / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
+  try {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      std::printf("bench_gpu_fused_step: no CUDA device; nothing measured\n");
+      return 0;
+    }
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    const std::vector<std::uint32_t> batches =
+        statepool::bench::parse_batches(o.batches, "--batches");
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    std::printf(
+        "fused step on %s, one layer per launch, K = V = 128; median of %u launches; "
+        "synthetic states and synthetic stepquant plans (unit impact)\n",
+        prop.name, o.iters);
+    const CodecId codecs[] = {CodecId::fp32, CodecId::bf16, CodecId::int8, CodecId::stepquant6,
+                              CodecId::stepquant4};
+    for (const statepool::bench::StepShape& shape : statepool::bench::kStepShapes) {
+      std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name,
+                  statepool::kernels::to_string(shape.arch), shape.heads, shape.qk_heads);
+      std::printf("%-11s %6s %12s %10s %7s %11s %7s\n", "codec", "batch", "KB/request", "us/layer",
+                  "x fp32", "moved GB/s", "x copy");
+      for (const std::uint32_t batch : batches) {
+        const double copy = copy_rate(std::size_t{batch} * shape.heads * 128 * 128 * 4, o, stream);
+        double fp32_seconds = 0;
+        for (const CodecId id : codecs) {
+          const Measured m = measure(shape, id, batch, o, stream);
+          if (id == CodecId::fp32) fp32_seconds = m.seconds;
+          const double rate = m.moved / m.seconds;
+          std::printf("%-11s %6u %12.1f %10.1f %7.2f %11.1f %7.2f\n",
+                      statepool::kernels::to_string(id), batch, m.layer_bytes / 1024.0,
+                      m.seconds * 1e6, fp32_seconds / m.seconds, rate / 1e9, rate / copy);
+        }
+        std::printf("%-11s %6u %12s %10s %7s %11.1f %7.2f\n", "copy", batch, "", "", "", copy / 1e9,
+                    1.0);
+      }
+    }
+    (void)cudaStreamDestroy(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_fused_step: %s\n", e.what());
+    return 1;
+  }
+}

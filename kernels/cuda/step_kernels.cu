@@ -1,0 +1,70 @@
+// The fused-step kernel (step_kernels.hpp): a thin __global__ entry around block_step.hpp's
+// step_block, run by a CUDA thread block as its team with the head in dynamic shared
+// memory, and the host launcher. Built with --fmad=false (kernels/CMakeLists.txt).
+
+#include <cstdint>
+
+#include "block_team.hpp"
+#include "statepool/kernels/cuda/block_step.hpp"
+#include "statepool/kernels/cuda/step_kernels.hpp"
+
+namespace statepool::kernels::cuda {
+namespace {
+
+constexpr std::uint32_t kMaxGridY = 65535;  // more requests: blocks loop over them
+
+__global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, StepView s) {
+  extern __shared__ float scratch[];
+  __shared__ unsigned long long flag;
+  for (std::uint32_t request = blockIdx.y; request < s.batch; request += gridDim.y) {
+    step_block(detail::BlockTeam{}, f, s, scratch, &flag, request, blockIdx.x);
+  }
+}
+
+std::uint64_t shared_limit_bytes() noexcept {
+  int device = 0;
+  int bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess) {
+    return 0;
+  }
+  return static_cast<std::uint64_t>(bytes);
+}
+
+}  // namespace
+
+std::uint64_t max_step_head_values() noexcept {
+  const std::uint64_t bytes = shared_limit_bytes();
+  // The decay row (K floats, K <= kMaxHeadDim) and the flag come out of the same memory.
+  const std::uint64_t reserve = sizeof(float) * kMaxHeadDim + 64;
+  return bytes > reserve ? (bytes - reserve) / sizeof(float) : 0;
+}
+
+cudaError_t fused_step_pages(const PageFormatView& view, const StepView& step,
+                             cudaStream_t stream) noexcept {
+  if (view_problem(view) != nullptr || step.num_heads == 0 || step.qk_heads == 0 ||
+      step.num_heads % step.qk_heads != 0 || view.head_count % step.num_heads != 0 ||
+      step.layer >= view.head_count / step.num_heads || step.page_stride < view.page_bytes ||
+      step.page_stride % 4 != 0 || step.page_count == 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (step.batch == 0) return cudaSuccess;
+  if (step.q == nullptr || step.k == nullptr || step.v == nullptr || step.log_decay == nullptr ||
+      step.beta == nullptr || step.out == nullptr || step.pages == nullptr ||
+      step.slots == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const std::uint64_t shared = step_scratch_floats(view) * sizeof(float);
+  if (shared > shared_limit_bytes()) return cudaErrorInvalidValue;
+  if (shared > 48 * 1024) {
+    const cudaError_t status = cudaFuncSetAttribute(
+        step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (status != cudaSuccess) return status;
+  }
+  const dim3 grid(step.num_heads, step.batch < kMaxGridY ? step.batch : kMaxGridY, 1);
+  step_kernel<<<grid, kStepBlock, shared, stream>>>(view, step);
+  return cudaGetLastError();
+}
+
+}  // namespace statepool::kernels::cuda

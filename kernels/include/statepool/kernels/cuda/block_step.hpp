@@ -1,0 +1,154 @@
+#pragma once
+// The work of one block of the fused decode-step kernel (kernels/fused_step.hpp's step on
+// the device): one (request, head) of one layer. Written for a team of threads like
+// block_codec.hpp, whose head decoder and encoder it reuses, so that the GPU
+// (kernels/cuda/step_kernels.cu) and the host (host_team.hpp's emulate_fused_step, run by
+// the CPU tests against kernels::fused_step) execute the same code:
+//
+//   1. decode_head: the page's head -> `state`, K x V floats of block scratch (shared
+//      memory on the GPU), and rank per row: d_i = decay_factor(g) into K more floats of
+//      scratch; sync;
+//   2. rank per value column j: for every row i in row order, S_ij = S_ij d_i and
+//      u_j += S_ij k_i; u_j = beta (v_j - u_j); then for every row in row order
+//      S_ij += k_i u_j and o_j += S_ij q_i; a non-finite S_ij lowers the block's flag;
+//      sync; (one rank owns column j through both passes, so no barrier is needed
+//      between them, and every S_ij, u_j and o_j is computed with exactly the operations
+//      and the order of kernels::step_head);
+//   3. if the new state is finite: encode_head: `state` -> the page's head. Otherwise the
+//      page keeps its bytes and rank 0 marks the item in `rejected`.
+// A request whose slot index is not below page_count is skipped and marked (the device
+// cannot throw, and the host cannot read the device's slot list to check it).
+// d_i = decay_factor(g) (one g per head for GDN, one per key row for KDA).
+//
+// Thread-safety: blocks of different (request, head) pairs touch disjoint bytes.
+
+#include <cstdint>
+
+#include "statepool/kernels/cuda/block_codec.hpp"
+#include "statepool/kernels/recurrence.hpp"
+
+namespace statepool::kernels::cuda {
+
+/// One layer's step inputs for a batch (kernels::StepInputs's shapes and meaning), and
+/// where the pages are: request b's page is pages + slots[b] * page_stride. Pointers are
+/// device pointers on the GPU, host pointers in the emulation.
+struct StepView {
+  std::uint32_t layer = 0;
+  std::uint32_t num_heads = 0;  ///< H, state heads per layer
+  std::uint32_t batch = 0;
+  std::uint32_t qk_heads = 0;            ///< q/k heads; H is a multiple of it
+  const float* q = nullptr;              ///< [batch][qk_heads][K]
+  const float* k = nullptr;              ///< [batch][qk_heads][K]
+  const float* v = nullptr;              ///< [batch][H][V]
+  const float* log_decay = nullptr;      ///< [batch][H] (GDN) or [batch][H][K] (KDA)
+  const float* beta = nullptr;           ///< [batch][H]
+  float* out = nullptr;                  ///< [batch][H][V]
+  std::uint8_t* pages = nullptr;         ///< the arena's first page
+  std::uint64_t page_stride = 0;         ///< bytes from one page to the next
+  std::uint32_t page_count = 0;          ///< pages of the arena: slots must be below it
+  const std::uint32_t* slots = nullptr;  ///< [batch] page index of every request
+  /// [batch][H], or null: kStepStored (0) where the new state was stored,
+  /// kStepNotFinite (1) where it was not finite (the page keeps its bytes),
+  /// kStepBadSlot (2) where the request's slot is not below page_count (nothing touched).
+  std::uint8_t* rejected = nullptr;
+};
+
+inline constexpr std::uint8_t kStepStored = 0;
+inline constexpr std::uint8_t kStepNotFinite = 1;
+inline constexpr std::uint8_t kStepBadSlot = 2;
+
+namespace detail {
+
+/// Block scratch of one head seen as "staged values": index first + i is scratch[i].
+struct ScratchHead {
+  float* data;
+  std::uint64_t first;
+};
+
+struct StagedScratch {
+  STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
+    const auto* s = static_cast<const ScratchHead*>(base);
+    return s->data[i - s->first];
+  }
+  STATEPOOL_HD static void store(void* base, std::uint64_t i, float v) noexcept {
+    const auto* s = static_cast<const ScratchHead*>(base);
+    s->data[i - s->first] = v;
+  }
+  STATEPOOL_HD static bool non_finite(const void* base, std::uint64_t i) noexcept {
+    return is_non_finite_bits(float_bits(load(base, i)));
+  }
+};
+
+}  // namespace detail
+
+/// Floats of block scratch the step needs for `view`'s heads: K V (the state) + K (the
+/// decay of every row).
+STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) noexcept {
+  return std::uint64_t{f.key_dim} * f.value_dim + f.key_dim;
+}
+
+/// Block (request, h) of a step. `scratch` is step_scratch_floats(f) floats of block
+/// scratch and `flag` one value of block-shared scratch, both visible to every rank of
+/// the team. A team may run several blocks one after the other with the same scratch.
+template <class Team>
+STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepView& s,
+                             float* scratch, unsigned long long* flag, std::uint32_t request,
+                             std::uint32_t h) noexcept {
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  const std::uint32_t head = s.layer * s.num_heads + h;
+  const std::uint64_t item = std::uint64_t{request} * s.num_heads + h;
+  const std::uint32_t slot = s.slots[request];
+  if (slot >= s.page_count) {  // the same for every rank: no barrier is skipped unevenly
+    if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepBadSlot;
+    return;
+  }
+  std::uint8_t* page = s.pages + std::uint64_t{slot} * s.page_stride;
+  float* state = scratch;
+  float* decay = scratch + std::uint64_t{K} * V;
+  detail::ScratchHead values{state, detail::head_first_value(f, head)};
+
+  t.sync();  // the team's previous block is done with the scratch and the flag
+  if (t.rank() == 0) *flag = kAllFinite;
+  decode_head<detail::StagedScratch>(t, f, page, &values, head);
+  const bool per_row = f.arch == Arch::kda;
+  const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;
+  for (std::uint32_t i = t.rank(); i < K; i += t.size()) {
+    decay[i] = decay_factor(per_row ? g[i] : *g);
+  }
+  t.sync();
+
+  const std::uint32_t group = s.num_heads / s.qk_heads;
+  const std::uint64_t qk = std::uint64_t{request} * s.qk_heads + h / group;
+  const float* q = s.q + qk * K;
+  const float* k = s.k + qk * K;
+  const float beta = s.beta[item];
+  for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
+    float u = 0.0f;
+    for (std::uint32_t i = 0; i < K; ++i) {
+      const float d = decay[i];
+      float& x = state[std::uint64_t{i} * V + j];
+      x *= d;
+      u += x * k[i];
+    }
+    u = beta * (s.v[item * V + j] - u);
+    float o = 0.0f;
+    bool finite = true;
+    for (std::uint32_t i = 0; i < K; ++i) {
+      float& x = state[std::uint64_t{i} * V + j];
+      x += k[i] * u;
+      o += x * q[i];
+      finite = finite && !is_non_finite_bits(float_bits(x));
+    }
+    s.out[item * V + j] = o;
+    if (!finite) t.atomic_min(flag, j);
+  }
+  t.sync();
+  const bool finite = *flag == kAllFinite;  // the same for every rank after the barrier
+  if (t.rank() == 0 && s.rejected != nullptr) {
+    s.rejected[item] = finite ? kStepStored : kStepNotFinite;
+  }
+  if (finite) encode_head<detail::StagedScratch>(t, f, &values, page, head);
+}
+
+}  // namespace statepool::kernels::cuda

@@ -1,0 +1,150 @@
+// The CUDA fused-step kernel's code (kernels/cuda/block_step.hpp) run on the host with
+// the teams of host_team.hpp, against the CPU fused step (kernels::fused_step): the same
+// page bytes, outputs and rejected heads, bit for bit, for every codec instance of the
+// conformance suite, teams of 1 and 3 concurrently running ranks, grouped q/k heads,
+// pages addressed through slot indices and a stride larger than a page. The GPU runs
+// exactly this block body, so this is the evidence that the device step equals the CPU
+// step where no GPU is at hand; tests/gpu/test_fused_step_gpu.cpp checks the device.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "statepool/kernels/cuda/block_step.hpp"
+#include "statepool/kernels/cuda/host_team.hpp"
+#include "statepool/kernels/cuda/page_format.hpp"
+#include "statepool/kernels/fused_step.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/testing/codec_instances.hpp"
+#include "statepool/testing/decode_step.hpp"
+#include "statepool/testing/synthetic_state.hpp"
+
+namespace statepool::kernels {
+namespace {
+
+using testing::Instance;
+using testing::StepBatch;
+
+constexpr std::uint32_t kBatch = 3;
+constexpr std::uint32_t kSlots = 5;  // the arena; requests use slots 3, 0, 4
+constexpr std::uint32_t kSlotOf[kBatch] = {3, 0, 4};
+
+/// An arena of kSlots pages, `stride` apart, every page a different synthetic state.
+std::vector<std::byte> arena(const PageCodec& codec, std::size_t stride) {
+  std::vector<std::byte> bytes(stride * kSlots, std::byte{0x5A});
+  for (std::uint32_t p = 0; p < kSlots; ++p) {
+    const auto staged = testing::synthetic_staged_state(codec.layout(), 8, 30 + p, DType::f32);
+    codec.encode(staged, DType::f32, {bytes.data() + p * stride, codec.page_bytes()});
+  }
+  return bytes;
+}
+
+class DeviceStepEmulation : public ::testing::TestWithParam<Instance> {};
+
+TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
+  const PageCodec codec(GetParam().layout);
+  const StateLayout& l = codec.layout();
+  const cuda::PageFormatTables tables(codec, DType::f32);
+  const std::size_t stride = codec.page_bytes() + 12;  // keeps the 4-byte alignment
+  const std::uint32_t qk = l.num_heads % 2 == 0 ? l.num_heads / 2 : l.num_heads;
+  for (const unsigned ranks : {1u, 3u}) {
+    auto cpu = arena(codec, stride);
+    auto device = cpu;
+    for (std::uint32_t step = 0; step < 2; ++step) {
+      for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
+        StepBatch a(l, kBatch, qk, 400 + 10 * step + layer);
+        StepBatch b = a;
+        if (step == 1 && layer == 0) {  // request 1, head 0 becomes non-finite
+          a.v[std::size_t{1} * l.num_heads * l.value_dim] = std::numeric_limits<float>::infinity();
+          b.v = a.v;
+        }
+        std::vector<std::byte*> pages;
+        for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
+        const StepResult expected = fused_step(codec, layer, pages, a.view());
+
+        std::vector<std::uint8_t> rejected(std::size_t{kBatch} * l.num_heads, 0xEE);
+        cuda::StepView s;
+        s.layer = layer;
+        s.num_heads = l.num_heads;
+        s.batch = kBatch;
+        s.qk_heads = qk;
+        s.q = b.q.data();
+        s.k = b.k.data();
+        s.v = b.v.data();
+        s.log_decay = b.log_decay.data();
+        s.beta = b.beta.data();
+        s.out = b.out.data();
+        s.pages = reinterpret_cast<std::uint8_t*>(device.data());
+        s.page_stride = stride;
+        s.page_count = kSlots;
+        s.slots = kSlotOf;
+        s.rejected = rejected.data();
+        cuda::emulate_fused_step(tables.view(), s, ranks);
+
+        ASSERT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0)
+            << "outputs, ranks " << ranks << " step " << step << " layer " << layer;
+        ASSERT_EQ(testing::first_difference(cpu, device), -1)
+            << "pages, ranks " << ranks << " step " << step << " layer " << layer;
+        std::size_t count = 0;
+        for (const std::uint8_t r : rejected) {
+          ASSERT_TRUE(r == cuda::kStepStored || r == cuda::kStepNotFinite) << int{r};
+          count += r == cuda::kStepNotFinite ? 1 : 0;
+        }
+        EXPECT_EQ(count, expected.rejected_heads);
+        if (expected.rejected_heads > 0) {
+          EXPECT_EQ(rejected[std::size_t{expected.first_rejected_request} * l.num_heads +
+                             expected.first_rejected_head],
+                    cuda::kStepNotFinite);
+        }
+      }
+    }
+  }
+}
+
+TEST(DeviceStepEmulationSlots, ASlotOutsideTheArenaIsSkippedAndMarked) {
+  StateLayout l = testing::head_layout(CodecId::int8, 0, 8, 8);
+  l.num_heads = 2;
+  const PageCodec codec(l);
+  const cuda::PageFormatTables tables(codec, DType::f32);
+  auto pages = arena(codec, codec.page_bytes());
+  const auto before = pages;
+  StepBatch in(l, 2, 2, 5);
+  const std::uint32_t slots[] = {1, kSlots};  // the second is one past the end
+  std::vector<std::uint8_t> rejected(4, 0xEE);
+  cuda::StepView s;
+  s.num_heads = 2;
+  s.batch = 2;
+  s.qk_heads = 2;
+  s.q = in.q.data();
+  s.k = in.k.data();
+  s.v = in.v.data();
+  s.log_decay = in.log_decay.data();
+  s.beta = in.beta.data();
+  s.out = in.out.data();
+  s.pages = reinterpret_cast<std::uint8_t*>(pages.data());
+  s.page_stride = codec.page_bytes();
+  s.page_count = kSlots;
+  s.slots = slots;
+  s.rejected = rejected.data();
+  cuda::emulate_fused_step(tables.view(), s, 3);
+  EXPECT_EQ(rejected, (std::vector<std::uint8_t>{cuda::kStepStored, cuda::kStepStored,
+                                                 cuda::kStepBadSlot, cuda::kStepBadSlot}));
+  const std::size_t page = codec.page_bytes();
+  for (std::uint32_t p = 0; p < kSlots; ++p) {
+    const bool changed = !std::equal(pages.begin() + p * page, pages.begin() + (p + 1) * page,
+                                     before.begin() + p * page);
+    EXPECT_EQ(changed, p == 1) << "page " << p;
+  }
+}
+
+std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, DeviceStepEmulation, ::testing::ValuesIn(testing::instances()),
+                         instance_name);
+
+}  // namespace
+}  // namespace statepool::kernels
