@@ -8,7 +8,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -147,6 +149,53 @@ inline kernels::StateLayout step_layout(const StepShape& shape, kernels::CodecId
                             codec == kernels::CodecId::stepquant6 ? 6 : 4, who);
   }
   return l;
+}
+
+/// One measured row of a fused-step table: seconds per call, bytes the call must move
+/// (StepRow::moved_bytes), one request's page bytes of the layer.
+struct StepRow {
+  double seconds = 0;
+  double moved = 0;
+  double layer_bytes = 0;
+
+  /// Each page's layer read and written once, plus every input and output float.
+  [[nodiscard]] static double moved_bytes(double layer_bytes, std::uint32_t batch,
+                                          std::size_t io_floats) {
+    return 2.0 * layer_bytes * batch + 4.0 * static_cast<double>(io_floats);
+  }
+};
+
+/// The fused-step benchmarks' tables, one per shape of kStepShapes: for every batch,
+/// copy(bytes) (bytes per second a copy of the batch's FP32 layer moves, read + write),
+/// then measure(shape, codec, batch) for every codec, printed with the speed-up over the
+/// fp32 row of the same batch (codecs should start with fp32) and the moved rate over the
+/// copy rate. `time_unit` is "ms" or "us".
+inline void print_step_tables(
+    const std::vector<std::uint32_t>& batches, const std::vector<kernels::CodecId>& codecs,
+    const char* time_unit, const char* copy_name, const std::function<double(std::size_t)>& copy,
+    const std::function<StepRow(const StepShape&, kernels::CodecId, std::uint32_t)>& measure) {
+  const double scale = std::string(time_unit) == "us" ? 1e6 : 1e3;
+  for (const StepShape& shape : kStepShapes) {
+    std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name, kernels::to_string(shape.arch),
+                shape.heads, shape.qk_heads);
+    std::printf("%-11s %6s %12s %8s/layer %7s %11s %7s\n", "codec", "batch", "KB/request",
+                time_unit, "x fp32", "moved GB/s", "x copy");
+    for (const std::uint32_t batch : batches) {
+      const double copy_rate = copy(std::size_t{batch} * shape.heads * 128 * 128 * 4);
+      double fp32_seconds = 0;
+      for (const kernels::CodecId id : codecs) {
+        const StepRow m = measure(shape, id, batch);
+        if (id == kernels::CodecId::fp32) fp32_seconds = m.seconds;
+        const double rate = m.moved / m.seconds;
+        const double speedup = fp32_seconds > 0 ? fp32_seconds / m.seconds : 0.0;
+        std::printf("%-11s %6u %12.1f %14.3f %7.2f %11.2f %7.2f\n", kernels::to_string(id), batch,
+                    m.layer_bytes / 1024.0, m.seconds * scale, speedup, rate / 1e9,
+                    rate / copy_rate);
+      }
+      std::printf("%-11s %6u %12s %14s %7s %11.2f %7.2f\n", copy_name, batch, "", "", "",
+                  copy_rate / 1e9, 1.0);
+    }
+  }
 }
 
 }  // namespace statepool::bench

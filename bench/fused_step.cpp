@@ -89,15 +89,9 @@ std::vector<CodecId> parse_codecs(const std::string& text) {
   return out;
 }
 
-/// One row: seconds per call and the bytes it moves.
-struct Measured {
-  double seconds = 0;
-  double moved = 0;
-  double layer_bytes = 0;  // one request's page bytes of the layer
-};
-
-Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch,
-                 const Options& o, statepool::support::WorkerPool* pool) {
+statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, CodecId id,
+                                  std::uint32_t batch, const Options& o,
+                                  statepool::support::WorkerPool* pool) {
   const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_fused_step"));
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
@@ -117,15 +111,16 @@ Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint
       pool->parallel_for(count, grain, fn);
     };
   }
-  Measured m;
+  statepool::bench::StepRow m;
   m.seconds = median_seconds(o.iters, [&] {
     const auto result = statepool::kernels::fused_step(codec, 0, pages, inputs, parallel);
     if (!result.ok()) throw std::runtime_error("a state became non-finite");
   });
   m.layer_bytes = static_cast<double>(codec.conv_offset());
-  const double io = 4.0 * static_cast<double>(in.q.size() + in.k.size() + in.v.size() +
-                                              in.log_decay.size() + in.beta.size() + in.out.size());
-  m.moved = 2.0 * m.layer_bytes * batch + io;
+  m.moved = statepool::bench::StepRow::moved_bytes(m.layer_bytes, batch,
+                                                   in.q.size() + in.k.size() + in.v.size() +
+                                                       in.log_decay.size() + in.beta.size() +
+                                                       in.out.size());
   return m;
 }
 
@@ -157,8 +152,6 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   try {
-    const std::vector<std::uint32_t> batches =
-        statepool::bench::parse_batches(o.batches, "--batches");
     const unsigned threads =
         o.threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : o.threads;
     std::optional<statepool::support::WorkerPool> workers;
@@ -169,28 +162,12 @@ int main(int argc, char** argv) {
         "synthetic states (%u steps) and synthetic stepquant plans (unit impact)\n",
         threads, o.iters, o.steps);
 
-    const std::vector<CodecId> codecs = parse_codecs(o.codecs);
-    for (const statepool::bench::StepShape& shape : statepool::bench::kStepShapes) {
-      std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name,
-                  statepool::kernels::to_string(shape.arch), shape.heads, shape.qk_heads);
-      std::printf("%-11s %6s %12s %10s %7s %11s %7s\n", "codec", "batch", "KB/request", "ms/layer",
-                  "x fp32", "moved GB/s", "x copy");
-      for (const std::uint32_t batch : batches) {
-        const double copy = copy_rate(std::size_t{batch} * shape.heads * 128 * 128 * 4, o, pool);
-        double fp32_seconds = 0;
-        for (const CodecId id : codecs) {
-          const Measured m = measure(shape, id, batch, o, pool);
-          if (id == CodecId::fp32) fp32_seconds = m.seconds;
-          const double rate = m.moved / m.seconds;
-          const double speedup = fp32_seconds > 0 ? fp32_seconds / m.seconds : 0.0;
-          std::printf("%-11s %6u %12.1f %10.3f %7.2f %11.2f %7.2f\n",
-                      statepool::kernels::to_string(id), batch, m.layer_bytes / 1024.0,
-                      m.seconds * 1e3, speedup, rate / 1e9, rate / copy);
-        }
-        std::printf("%-11s %6u %12s %10s %7s %11.2f %7.2f\n", "memcpy", batch, "", "", "",
-                    copy / 1e9, 1.0);
-      }
-    }
+    statepool::bench::print_step_tables(
+        statepool::bench::parse_batches(o.batches, "--batches"), parse_codecs(o.codecs), "ms",
+        "memcpy", [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
+        [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
+          return measure(shape, id, batch, o, pool);
+        });
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_fused_step: %s\n", e.what());

@@ -71,14 +71,8 @@ void upload(const DeviceBytes& to, const std::vector<T>& from) {
         "cudaMemcpy");
 }
 
-struct Measured {
-  double seconds = 0;
-  double moved = 0;
-  double layer_bytes = 0;
-};
-
-Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch,
-                 const Options& o, cudaStream_t stream) {
+statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, CodecId id,
+                                  std::uint32_t batch, const Options& o, cudaStream_t stream) {
   const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_gpu_fused_step"));
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
@@ -103,30 +97,28 @@ Measured measure(const statepool::bench::StepShape& shape, CodecId id, std::uint
   upload(beta, in.beta);
   upload(slots, slot_ids);
   const cuda::DevicePageFormat format(codec, DType::f32);
-  cuda::StepView s;
-  s.num_heads = l.num_heads;
-  s.batch = batch;
-  s.qk_heads = shape.qk_heads;
-  s.q = reinterpret_cast<const float*>(q.get());
-  s.k = reinterpret_cast<const float*>(k.get());
-  s.v = reinterpret_cast<const float*>(v.get());
-  s.log_decay = reinterpret_cast<const float*>(g.get());
-  s.beta = reinterpret_cast<const float*>(beta.get());
-  s.out = reinterpret_cast<float*>(out.get());
-  s.pages = reinterpret_cast<std::uint8_t*>(arena.get());
-  s.page_stride = page;
-  s.page_count = batch;
-  s.slots = reinterpret_cast<const std::uint32_t*>(slots.get());
-  Measured m;
+  const cuda::StepView s{.num_heads = l.num_heads,
+                         .batch = batch,
+                         .qk_heads = shape.qk_heads,
+                         .q = reinterpret_cast<const float*>(q.get()),
+                         .k = reinterpret_cast<const float*>(k.get()),
+                         .v = reinterpret_cast<const float*>(v.get()),
+                         .log_decay = reinterpret_cast<const float*>(g.get()),
+                         .beta = reinterpret_cast<const float*>(beta.get()),
+                         .out = reinterpret_cast<float*>(out.get()),
+                         .pages = reinterpret_cast<std::uint8_t*>(arena.get()),
+                         .page_stride = page,
+                         .page_count = batch,
+                         .slots = reinterpret_cast<const std::uint32_t*>(slots.get())};
+  statepool::bench::StepRow m;
   m.seconds = median_gpu_seconds(o.iters, stream, [&] {
     check(cuda::fused_step_pages(format.view(), s, stream), "fused_step_pages");
   });
   m.layer_bytes = static_cast<double>(codec.conv_offset());
-  const double io =
-      4.0 * static_cast<double>(in.q.size() + in.k.size() + in.v.size() + in.log_decay.size() +
-                                in.beta.size() + in.out.size()) +
-      4.0 * batch;
-  m.moved = 2.0 * m.layer_bytes * batch + io;
+  m.moved = statepool::bench::StepRow::moved_bytes(m.layer_bytes, batch,
+                                                   in.q.size() + in.k.size() + in.v.size() +
+                                                       in.log_decay.size() + in.beta.size() +
+                                                       in.out.size() + batch);  // + the slot ids
   return m;
 }
 
@@ -162,28 +154,13 @@ int main(int argc, char** argv) {
         "fused step on %s, one layer per launch, K = V = 128; median of %u launches; "
         "synthetic states and synthetic stepquant plans (unit impact)\n",
         prop.name, o.iters);
-    const CodecId codecs[] = {CodecId::fp32, CodecId::bf16, CodecId::int8, CodecId::stepquant6,
-                              CodecId::stepquant4};
-    for (const statepool::bench::StepShape& shape : statepool::bench::kStepShapes) {
-      std::printf("\n%s (%s, %u heads, %u q/k heads)\n", shape.name,
-                  statepool::kernels::to_string(shape.arch), shape.heads, shape.qk_heads);
-      std::printf("%-11s %6s %12s %10s %7s %11s %7s\n", "codec", "batch", "KB/request", "us/layer",
-                  "x fp32", "moved GB/s", "x copy");
-      for (const std::uint32_t batch : batches) {
-        const double copy = copy_rate(std::size_t{batch} * shape.heads * 128 * 128 * 4, o, stream);
-        double fp32_seconds = 0;
-        for (const CodecId id : codecs) {
-          const Measured m = measure(shape, id, batch, o, stream);
-          if (id == CodecId::fp32) fp32_seconds = m.seconds;
-          const double rate = m.moved / m.seconds;
-          std::printf("%-11s %6u %12.1f %10.1f %7.2f %11.1f %7.2f\n",
-                      statepool::kernels::to_string(id), batch, m.layer_bytes / 1024.0,
-                      m.seconds * 1e6, fp32_seconds / m.seconds, rate / 1e9, rate / copy);
-        }
-        std::printf("%-11s %6u %12s %10s %7s %11.1f %7.2f\n", "copy", batch, "", "", "", copy / 1e9,
-                    1.0);
-      }
-    }
+    statepool::bench::print_step_tables(
+        batches,
+        {CodecId::fp32, CodecId::bf16, CodecId::int8, CodecId::stepquant6, CodecId::stepquant4},
+        "us", "copy", [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
+        [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
+          return measure(shape, id, batch, o, stream);
+        });
     (void)cudaStreamDestroy(stream);
     return 0;
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #include "statepool/client_cuda.hpp"
 
 #include "statepool/kernels/cuda/driver.hpp"
+#include "statepool/kernels/fused_step.hpp"
 
 #include <cstring>
 #include <stdexcept>
@@ -94,16 +95,10 @@ DeviceDecodeStep::DeviceDecodeStep(const Arena& arena) try
 void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
                            cudaStream_t stream) const {
   const kernels::StateLayout& l = arena_->codec().layout();
+  if (const std::string problem = kernels::step_problem(l, layer, in.qk_heads); !problem.empty()) {
+    throw std::invalid_argument("DeviceDecodeStep::run: " + problem);
+  }
   const std::uint32_t qk = in.qk_heads == 0 ? l.num_heads : in.qk_heads;
-  if (layer >= l.num_layers) {
-    throw std::invalid_argument("DeviceDecodeStep::run: layer " + std::to_string(layer) +
-                                " does not exist; the layout has " + std::to_string(l.num_layers) +
-                                " layers");
-  }
-  if (qk > l.num_heads || l.num_heads % qk != 0) {
-    throw std::invalid_argument("DeviceDecodeStep::run: qk_heads " + std::to_string(qk) +
-                                " must divide num_heads " + std::to_string(l.num_heads));
-  }
   if (in.batch == 0) return;
   if (in.slots == nullptr || in.q == nullptr || in.k == nullptr || in.v == nullptr ||
       in.log_decay == nullptr || in.beta == nullptr || in.out == nullptr) {
@@ -111,8 +106,8 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
         "DeviceDecodeStep::run: slots, q, k, v, log_decay, beta and "
         "out must all be device pointers");
   }
-  const std::uint64_t values = std::uint64_t{l.key_dim} * l.value_dim;
-  if (values > kernels::cuda::max_step_head_values()) {
+  const kernels::cuda::DeviceGuard on(arena_->memory().device);
+  if (!kernels::cuda::step_fits_device(format_.view())) {
     throw std::invalid_argument("DeviceDecodeStep::run: a " + std::to_string(l.key_dim) + " x " +
                                 std::to_string(l.value_dim) +
                                 " head does not fit the device's shared memory per block");
@@ -133,7 +128,6 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
   s.page_count = arena_->page_count();
   s.slots = in.slots;
   s.rejected = in.rejected;
-  const kernels::cuda::DeviceGuard on(arena_->memory().device);
   if (const cudaError_t status = kernels::cuda::fused_step_pages(format_.view(), s, stream);
       status != cudaSuccess) {
     fail("fused_step_pages", status);

@@ -16,7 +16,7 @@ const kernels::PageCodec& host_codec(const Arena& arena) {
     throw std::logic_error("DecodeStep: arena " + std::to_string(arena.id()) +
                            " is not mapped in this process as host memory (" +
                            kernels::to_string(arena.memory().space) +
-                           " memory); the device step is not available yet");
+                           " memory); step device pages with client::DeviceDecodeStep");
   }
   return arena.codec();  // throws std::logic_error when the page format is unknown
 }

@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "common.hpp"
-#include "statepool/kernels/recurrence.hpp"
 #include "statepool/client.hpp"
 #include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
 #include "statepool/tools/cli.hpp"
@@ -39,7 +39,6 @@ namespace {
 namespace sc = statepool::client;
 namespace sk = statepool::kernels;
 namespace cal = statepool::calibration;
-namespace kn = statepool::kernels;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = R"(usage: statepool-demo [options]
@@ -161,10 +160,10 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
         std::fill(s.begin(), s.end(), 0.0f);
         for (std::uint32_t t = 0; t < args.steps; ++t) {
           const std::size_t th = std::size_t{t} * args.heads + head;
-          kn::gdn_step(s, kDim, kDim, std::span<const float>(block.q).subspan(th * kDim, kDim),
-                        std::span<const float>(block.k).subspan(th * kDim, kDim),
-                        std::span<const float>(block.v).subspan(th * kDim, kDim), block.g[th],
-                        block.beta[th], residual, {});
+          sk::gdn_step(s, kDim, kDim, std::span<const float>(block.q).subspan(th * kDim, kDim),
+                       std::span<const float>(block.k).subspan(th * kDim, kDim),
+                       std::span<const float>(block.v).subspan(th * kDim, kDim), block.g[th],
+                       block.beta[th], residual, {});
         }
       }
       ++done;

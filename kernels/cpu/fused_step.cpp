@@ -1,9 +1,9 @@
 // The fused decode step on the host (fused_step.hpp): per (request, head), the codec's
-// decode_head into a per-thread FP32 scratch head, step_head (recurrence.hpp, through its
-// AVX2/baseline clones of step_internal.hpp), and the codec's encode_head_checked into a
-// scratch copy of the head's bytes, which replaces the page's bytes only when the new
-// state is finite. fp32 pages skip the second scratch:
-// the FP32 scratch is checked, then copied into the page.
+// decode_head into a per-thread FP32 scratch head, step_head (the AVX2/baseline clones of
+// step_internal.hpp), and the codec's encode_head_checked into a scratch copy of the
+// head's bytes, which replaces the page's bytes only when the new state is finite. fp32
+// pages skip the second scratch: the FP32 scratch is checked, then copied into the page
+// (an fp32 head is exactly K V floats, no padding).
 
 #include "statepool/kernels/fused_step.hpp"
 
@@ -47,19 +47,26 @@ Scratch& scratch(const StateLayout& layout) {
 
 }  // namespace
 
+std::string step_problem(const StateLayout& layout, std::uint32_t layer, std::uint32_t qk_heads) {
+  if (layer >= layout.num_layers) {
+    return "layer " + std::to_string(layer) + " does not exist; the layout has " +
+           std::to_string(layout.num_layers) + " layers";
+  }
+  const std::uint32_t qk = qk_heads == 0 ? layout.num_heads : qk_heads;
+  if (qk > layout.num_heads || layout.num_heads % qk != 0) {
+    return "qk_heads " + std::to_string(qk) + " must divide num_heads " +
+           std::to_string(layout.num_heads);
+  }
+  return {};
+}
+
 void check_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte* const> pages,
                 const StepInputs& in) {
   const StateLayout& l = codec.layout();
-  if (layer >= l.num_layers) {
-    throw std::invalid_argument("fused step: layer " + std::to_string(layer) +
-                                " does not exist; the layout has " + std::to_string(l.num_layers) +
-                                " layers");
+  if (const std::string problem = step_problem(l, layer, in.qk_heads); !problem.empty()) {
+    throw std::invalid_argument("fused step: " + problem);
   }
   const std::uint32_t qk = qk_heads_of(l, in);
-  if (qk > l.num_heads || l.num_heads % qk != 0) {
-    throw std::invalid_argument("fused step: qk_heads " + std::to_string(qk) +
-                                " must divide num_heads " + std::to_string(l.num_heads));
-  }
   const std::size_t B = in.batch;
   const std::size_t H = l.num_heads;
   check_span("pages", pages.size(), B);

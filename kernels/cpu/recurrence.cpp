@@ -11,6 +11,10 @@
 
 namespace statepool::kernels {
 
+float decay_factor(float g) noexcept {
+  return detail::decay_factor_body(g);
+}
+
 namespace detail {
 
 STATEPOOL_SIMD_CLONES void step_head_gdn(float* state, std::uint32_t key_dim,

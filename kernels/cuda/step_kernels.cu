@@ -21,24 +21,23 @@ __global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, Step
   }
 }
 
-std::uint64_t shared_limit_bytes() noexcept {
-  int device = 0;
-  int bytes = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-          cudaSuccess) {
-    return 0;
-  }
-  return static_cast<std::uint64_t>(bytes);
+std::uint64_t dynamic_bytes(const PageFormatView& f) noexcept {
+  return step_scratch_floats(f) * sizeof(float);
 }
 
 }  // namespace
 
-std::uint64_t max_step_head_values() noexcept {
-  const std::uint64_t bytes = shared_limit_bytes();
-  // The decay row (K floats, K <= kMaxHeadDim) and the flag come out of the same memory.
-  const std::uint64_t reserve = sizeof(float) * kMaxHeadDim + 64;
-  return bytes > reserve ? (bytes - reserve) / sizeof(float) : 0;
+bool step_fits_device(const PageFormatView& view) noexcept {
+  int device = 0;
+  int limit = 0;
+  cudaFuncAttributes attributes{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, step_kernel) != cudaSuccess) {
+    return false;
+  }
+  return dynamic_bytes(view) + attributes.sharedSizeBytes <= static_cast<std::uint64_t>(limit);
 }
 
 cudaError_t fused_step_pages(const PageFormatView& view, const StepView& step,
@@ -55,8 +54,8 @@ cudaError_t fused_step_pages(const PageFormatView& view, const StepView& step,
       step.slots == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const std::uint64_t shared = step_scratch_floats(view) * sizeof(float);
-  if (shared > shared_limit_bytes()) return cudaErrorInvalidValue;
+  if (!step_fits_device(view)) return cudaErrorInvalidValue;
+  const std::uint64_t shared = dynamic_bytes(view);
   if (shared > 48 * 1024) {
     const cudaError_t status = cudaFuncSetAttribute(
         step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));

@@ -10,9 +10,11 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "device_buffer.hpp"
 #include "statepool/client.hpp"
 #include "statepool/client_cuda.hpp"
 #include "statepool/kernels/fused_step.hpp"
@@ -27,13 +29,6 @@ namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 using statepool::testing::DaemonProcess;
 using namespace std::chrono_literals;
-
-#define SKIP_WITHOUT_GPU()                                         \
-  do {                                                             \
-    int count_ = 0;                                                \
-    if (cudaGetDeviceCount(&count_) != cudaSuccess || count_ == 0) \
-      GTEST_SKIP() << "no CUDA device";                            \
-  } while (false)
 
 kernels::StateLayout layout_for(kernels::CodecId codec) {
   kernels::StateLayout l;
@@ -78,7 +73,7 @@ void upload(std::byte* device, const std::vector<std::byte>& bytes) {
 }
 
 TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
-  SKIP_WITHOUT_GPU();
+  STATEPOOL_SKIP_WITHOUT_GPU();
   DaemonProcess daemon({"--backend", "cuda", "--device", "0", "--pool-capacity", "512MiB"});
   auto conn = client::Connection::connect(options_for(daemon));
   for (const kernels::CodecId codec :
@@ -147,7 +142,7 @@ TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
 }
 
 TEST(CudaDaemon, DeviceDecodeStepStepsTheDaemonsPagesAsTheHostStepDoes) {
-  SKIP_WITHOUT_GPU();
+  STATEPOOL_SKIP_WITHOUT_GPU();
   DaemonProcess daemon({"--backend", "cuda", "--device", "0", "--pool-capacity", "512MiB"});
   auto conn = client::Connection::connect(options_for(daemon));
   auto l = layout_for(kernels::CodecId::int8);
@@ -166,35 +161,34 @@ TEST(CudaDaemon, DeviceDecodeStepStepsTheDaemonsPagesAsTheHostStepDoes) {
   const std::vector<std::uint32_t> ids = {slots[1].id(), slots[0].id()};
   statepool::testing::StepBatch in(arena.codec().layout(), 2, 2, 3);
   const auto to_device = [](const auto& v) {
-    void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(v[0])), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    return p;
+    auto buffer = std::make_unique<statepool::testing::DeviceBuffer>(v.size() * sizeof(v[0]));
+    EXPECT_TRUE(buffer->ok());
+    EXPECT_EQ(buffer->upload(v.data(), v.size() * sizeof(v[0])), cudaSuccess);
+    return buffer;
   };
-  void* d_ids = to_device(ids);
-  void* d_q = to_device(in.q);
-  void* d_k = to_device(in.k);
-  void* d_v = to_device(in.v);
-  void* d_g = to_device(in.log_decay);
-  void* d_beta = to_device(in.beta);
-  void* d_out = to_device(in.out);
+  const auto d_ids = to_device(ids);
+  const auto d_q = to_device(in.q);
+  const auto d_k = to_device(in.k);
+  const auto d_v = to_device(in.v);
+  const auto d_g = to_device(in.log_decay);
+  const auto d_beta = to_device(in.beta);
+  const auto d_out = to_device(in.out);
   for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
     step.run(layer,
              {.batch = 2,
               .qk_heads = 2,
-              .slots = static_cast<const std::uint32_t*>(d_ids),
-              .q = static_cast<const float*>(d_q),
-              .k = static_cast<const float*>(d_k),
-              .v = static_cast<const float*>(d_v),
-              .log_decay = static_cast<const float*>(d_g),
-              .beta = static_cast<const float*>(d_beta),
-              .out = static_cast<float*>(d_out)},
+              .slots = static_cast<const std::uint32_t*>(d_ids->get()),
+              .q = static_cast<const float*>(d_q->get()),
+              .k = static_cast<const float*>(d_k->get()),
+              .v = static_cast<const float*>(d_v->get()),
+              .log_decay = static_cast<const float*>(d_g->get()),
+              .beta = static_cast<const float*>(d_beta->get()),
+              .out = static_cast<float*>(d_out->get())},
              nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::byte*> pages = {host[1].data(), host[0].data()};
     ASSERT_TRUE(kernels::fused_step(arena.codec(), layer, pages, in.view()).ok());
-    EXPECT_EQ(download(static_cast<std::byte*>(d_out), in.out.size() * 4),
+    EXPECT_EQ(download(static_cast<std::byte*>(d_out->get()), in.out.size() * 4),
               std::vector<std::byte>(
                   reinterpret_cast<const std::byte*>(in.out.data()),
                   reinterpret_cast<const std::byte*>(in.out.data()) + in.out.size() * 4));
@@ -203,7 +197,6 @@ TEST(CudaDaemon, DeviceDecodeStepStepsTheDaemonsPagesAsTheHostStepDoes) {
     }
   }
   EXPECT_THROW(step.run(l.num_layers, {.batch = 1}, nullptr), std::invalid_argument);
-  for (void* p : {d_ids, d_q, d_k, d_v, d_g, d_beta, d_out}) (void)cudaFree(p);
   // The daemon resumes the stepped state.
   conn.decompress(slots[0], staging, 0);
   std::vector<std::byte> decoded(layout.state_bytes_f32);
@@ -213,7 +206,7 @@ TEST(CudaDaemon, DeviceDecodeStepStepsTheDaemonsPagesAsTheHostStepDoes) {
 }
 
 TEST(CudaDaemon, LegacyIpcHandlesAndAFractionOfTheDevicesMemory) {
-  SKIP_WITHOUT_GPU();
+  STATEPOOL_SKIP_WITHOUT_GPU();
   DaemonProcess daemon({"--backend", "cuda", "--pool-capacity", "5%"});
   EXPECT_NE(daemon.log().find("of the device's free memory"), std::string::npos) << daemon.log();
   client::Options options = options_for(daemon);

@@ -1,8 +1,8 @@
 // The fused-step kernel (kernels/cuda/step_kernels.hpp) on the GPU against the CPU fused
 // step (kernels::fused_step): the same page bytes, outputs and rejected heads, bit for
 // bit, for every codec instance of the conformance suite, over consecutive steps and
-// layers, with grouped q/k heads, pages addressed by slot index with a stride, a
-// non-finite head and a slot outside the arena. The block body is the one
+// layers, with grouped q/k heads, pages addressed by slot index with a stride, and a
+// non-finite head (a slot outside the arena: the emulation test). The block body is the one
 // tests/kernels/test_device_step_emulation.cpp runs on host threads without a GPU.
 
 #include <cuda_runtime_api.h>
@@ -80,22 +80,21 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
       for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
       const StepResult expected = fused_step(codec, layer, pages, in.view());
 
-      cuda::StepView s;
-      s.layer = layer;
-      s.num_heads = l.num_heads;
-      s.batch = kBatch;
-      s.qk_heads = qk;
-      s.q = static_cast<const float*>(q.get());
-      s.k = static_cast<const float*>(k.get());
-      s.v = static_cast<const float*>(v.get());
-      s.log_decay = static_cast<const float*>(g.get());
-      s.beta = static_cast<const float*>(beta.get());
-      s.out = static_cast<float*>(out.get());
-      s.pages = static_cast<std::uint8_t*>(arena.get());
-      s.page_stride = stride;
-      s.page_count = kSlots;
-      s.slots = static_cast<const std::uint32_t*>(slots.get());
-      s.rejected = static_cast<std::uint8_t*>(rejected.get());
+      const cuda::StepView s{.layer = layer,
+                             .num_heads = l.num_heads,
+                             .batch = kBatch,
+                             .qk_heads = qk,
+                             .q = static_cast<const float*>(q.get()),
+                             .k = static_cast<const float*>(k.get()),
+                             .v = static_cast<const float*>(v.get()),
+                             .log_decay = static_cast<const float*>(g.get()),
+                             .beta = static_cast<const float*>(beta.get()),
+                             .out = static_cast<float*>(out.get()),
+                             .pages = static_cast<std::uint8_t*>(arena.get()),
+                             .page_stride = stride,
+                             .page_count = kSlots,
+                             .slots = static_cast<const std::uint32_t*>(slots.get()),
+                             .rejected = static_cast<std::uint8_t*>(rejected.get())};
       STATEPOOL_CUDA_OK(cuda::fused_step_pages(format.view(), s, nullptr));
       STATEPOOL_CUDA_OK(cudaDeviceSynchronize());
 
@@ -124,27 +123,36 @@ std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {
 INSTANTIATE_TEST_SUITE_P(Codecs, FusedStepGpu, ::testing::ValuesIn(testing::instances()),
                          instance_name);
 
-TEST(FusedStepGpuLaunch, BadArgumentsAreRefusedWithNothingEnqueued) {
+TEST(FusedStepGpuLaunch, EachBadArgumentIsRefused) {
   STATEPOOL_SKIP_WITHOUT_GPU();
   StateLayout l = testing::head_layout(CodecId::int8, 0, 8, 8);
   l.num_heads = 4;
   const PageCodec codec(l);
   const cuda::DevicePageFormat format(codec, DType::f32);
-  cuda::StepView s;
-  s.num_heads = 4;
-  s.qk_heads = 3;  // does not divide 4
-  s.batch = 1;
-  s.page_stride = codec.page_bytes();
-  s.page_count = 1;
-  EXPECT_EQ(cuda::fused_step_pages(format.view(), s, nullptr), cudaErrorInvalidValue);
-  s.qk_heads = 4;
-  EXPECT_EQ(cuda::fused_step_pages(format.view(), s, nullptr), cudaErrorInvalidValue);  // nulls
-  s.layer = 1;
-  EXPECT_EQ(cuda::fused_step_pages(format.view(), s, nullptr), cudaErrorInvalidValue);
-  s.layer = 0;
-  s.batch = 0;
-  EXPECT_EQ(cuda::fused_step_pages(format.view(), s, nullptr), cudaSuccess);
-  EXPECT_GE(cuda::max_step_head_values(), 128u * 128u);
+  EXPECT_TRUE(cuda::step_fits_device(format.view()));
+  // batch 0 with valid shapes enqueues nothing and succeeds; each bad field alone fails.
+  const cuda::StepView valid{.layer = 0,
+                             .num_heads = 4,
+                             .batch = 0,
+                             .qk_heads = 2,
+                             .page_stride = codec.page_bytes(),
+                             .page_count = 1};
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), valid, nullptr), cudaSuccess);
+  cuda::StepView bad = valid;
+  bad.qk_heads = 3;  // does not divide 4
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), bad, nullptr), cudaErrorInvalidValue);
+  bad = valid;
+  bad.layer = 1;  // one layer only
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), bad, nullptr), cudaErrorInvalidValue);
+  bad = valid;
+  bad.page_stride = codec.page_bytes() - 4;  // pages would overlap
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), bad, nullptr), cudaErrorInvalidValue);
+  bad = valid;
+  bad.page_count = 0;
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), bad, nullptr), cudaErrorInvalidValue);
+  bad = valid;
+  bad.batch = 1;  // and every pointer null
+  EXPECT_EQ(cuda::fused_step_pages(format.view(), bad, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -65,22 +65,21 @@ TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
         const StepResult expected = fused_step(codec, layer, pages, a.view());
 
         std::vector<std::uint8_t> rejected(std::size_t{kBatch} * l.num_heads, 0xEE);
-        cuda::StepView s;
-        s.layer = layer;
-        s.num_heads = l.num_heads;
-        s.batch = kBatch;
-        s.qk_heads = qk;
-        s.q = b.q.data();
-        s.k = b.k.data();
-        s.v = b.v.data();
-        s.log_decay = b.log_decay.data();
-        s.beta = b.beta.data();
-        s.out = b.out.data();
-        s.pages = reinterpret_cast<std::uint8_t*>(device.data());
-        s.page_stride = stride;
-        s.page_count = kSlots;
-        s.slots = kSlotOf;
-        s.rejected = rejected.data();
+        const cuda::StepView s{.layer = layer,
+                               .num_heads = l.num_heads,
+                               .batch = kBatch,
+                               .qk_heads = qk,
+                               .q = b.q.data(),
+                               .k = b.k.data(),
+                               .v = b.v.data(),
+                               .log_decay = b.log_decay.data(),
+                               .beta = b.beta.data(),
+                               .out = b.out.data(),
+                               .pages = reinterpret_cast<std::uint8_t*>(device.data()),
+                               .page_stride = stride,
+                               .page_count = kSlots,
+                               .slots = kSlotOf,
+                               .rejected = rejected.data()};
         cuda::emulate_fused_step(tables.view(), s, ranks);
 
         ASSERT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0)
@@ -113,21 +112,20 @@ TEST(DeviceStepEmulationSlots, ASlotOutsideTheArenaIsSkippedAndMarked) {
   StepBatch in(l, 2, 2, 5);
   const std::uint32_t slots[] = {1, kSlots};  // the second is one past the end
   std::vector<std::uint8_t> rejected(4, 0xEE);
-  cuda::StepView s;
-  s.num_heads = 2;
-  s.batch = 2;
-  s.qk_heads = 2;
-  s.q = in.q.data();
-  s.k = in.k.data();
-  s.v = in.v.data();
-  s.log_decay = in.log_decay.data();
-  s.beta = in.beta.data();
-  s.out = in.out.data();
-  s.pages = reinterpret_cast<std::uint8_t*>(pages.data());
-  s.page_stride = codec.page_bytes();
-  s.page_count = kSlots;
-  s.slots = slots;
-  s.rejected = rejected.data();
+  const cuda::StepView s{.num_heads = 2,
+                         .batch = 2,
+                         .qk_heads = 2,
+                         .q = in.q.data(),
+                         .k = in.k.data(),
+                         .v = in.v.data(),
+                         .log_decay = in.log_decay.data(),
+                         .beta = in.beta.data(),
+                         .out = in.out.data(),
+                         .pages = reinterpret_cast<std::uint8_t*>(pages.data()),
+                         .page_stride = codec.page_bytes(),
+                         .page_count = kSlots,
+                         .slots = slots,
+                         .rejected = rejected.data()};
   cuda::emulate_fused_step(tables.view(), s, 3);
   EXPECT_EQ(rejected, (std::vector<std::uint8_t>{cuda::kStepStored, cuda::kStepStored,
                                                  cuda::kStepBadSlot, cuda::kStepBadSlot}));

@@ -117,21 +117,22 @@ TEST_P(FusedStepEquivalence, EqualsDecodeStepEncodeBitForBit) {
 TEST_P(FusedStepEquivalence, TouchesOnlyTheLayersHeads) {
   const PageCodec codec(GetParam().layout);
   const StateLayout& l = codec.layout();
-  auto pages = initial_pages(codec, 1, 7);
-  const auto before = pages[0];
-  const std::uint32_t layer = l.num_layers - 1;
-  StepBatch in(l, 1, l.num_heads, 77);
-  const auto ptrs = pointers(pages);
-  ASSERT_TRUE(fused_step(codec, layer, ptrs, in.view()).ok());
-  const std::size_t begin = codec.head_offset(layer, 0);
-  const std::size_t end =
-      layer + 1 < l.num_layers ? codec.head_offset(layer + 1, 0) : codec.conv_offset();
-  for (std::size_t i = 0; i < pages[0].size(); ++i) {
-    if (i < begin || i >= end) {
-      ASSERT_EQ(pages[0][i], before[i]) << "byte " << i;
+  for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
+    auto pages = initial_pages(codec, 1, 7);
+    const auto before = pages[0];
+    StepBatch in(l, 1, l.num_heads, 77 + layer);
+    const auto ptrs = pointers(pages);
+    ASSERT_TRUE(fused_step(codec, layer, ptrs, in.view()).ok());
+    const std::size_t begin = codec.head_offset(layer, 0);
+    const std::size_t end =
+        layer + 1 < l.num_layers ? codec.head_offset(layer + 1, 0) : codec.conv_offset();
+    for (std::size_t i = 0; i < pages[0].size(); ++i) {
+      if (i < begin || i >= end) {
+        ASSERT_EQ(pages[0][i], before[i]) << "layer " << layer << " byte " << i;
+      }
     }
+    for (const float o : in.out) ASSERT_TRUE(std::isfinite(o));
   }
-  for (const float o : in.out) ASSERT_TRUE(std::isfinite(o));
 }
 
 std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {

@@ -54,7 +54,7 @@ class DeviceDecoder {
 struct DeviceStepInputs {
   std::uint32_t batch = 0;
   std::uint32_t qk_heads = 0;        ///< 0 means num_heads
-  const SlotId* slots = nullptr;     ///< [batch] the requests' slots in the arena
+  const SlotId* slots = nullptr;     ///< [batch] the requests' slots in the arena, distinct
   const float* q = nullptr;          ///< [batch][qk_heads][K]
   const float* k = nullptr;          ///< [batch][qk_heads][K]
   const float* v = nullptr;          ///< [batch][H][V]

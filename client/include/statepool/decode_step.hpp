@@ -16,8 +16,8 @@
 //   }
 //
 // The arena must be mapped in this process (host memory: the host backend) and know its
-// page format (opened from the LayoutInfo of register_layout); the device (CUDA) form
-// of the step comes with the CUDA fused kernel and is refused here with a clear error.
+// page format (opened from the LayoutInfo of register_layout); device arenas are refused
+// here with a clear error: their step is client::DeviceDecodeStep (client_cuda.hpp).
 // Slots are the engine's to coordinate: a slot must not be stepped by two calls at once,
 // nor compressed/decompressed by the daemon while a step runs on it.
 //

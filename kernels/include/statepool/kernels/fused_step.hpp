@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 
 #include "statepool/kernels/page.hpp"
 
@@ -65,6 +66,12 @@ struct StepResult {
 /// possibly concurrently, and returns when all have run (WorkerPool::parallel_for).
 using ParallelFor = std::function<void(std::size_t count, std::size_t grain,
                                        const std::function<void(std::size_t, std::size_t)>& fn)>;
+
+/// What is wrong with stepping layer `layer` of `layout` with `qk_heads` q/k heads (0: one
+/// per state head), or an empty string: the layer must exist and qk_heads divide
+/// num_heads. The host and device entry points share it.
+[[nodiscard]] std::string step_problem(const StateLayout& layout, std::uint32_t layer,
+                                       std::uint32_t qk_heads);
 
 /// Throws std::invalid_argument (the message names the field) unless `in` and `pages` fit
 /// `codec`'s layout: layer < num_layers, pages.size() == batch, every span of the size

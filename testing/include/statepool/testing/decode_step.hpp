@@ -20,7 +20,8 @@
 
 namespace statepool::testing {
 
-/// Inputs of one step for `batch` requests, seeded; owns the buffers kernels::StepInputs points to.
+/// Inputs of one step for `batch` requests, seeded (q, k normalised; gates in [-0.7, 0]
+/// with every 8th in [-40, 0]); owns the buffers kernels::StepInputs points to.
 struct StepBatch {
   std::uint32_t batch = 0;
   std::uint32_t qk_heads = 0;
@@ -43,7 +44,12 @@ struct StepBatch {
     v.resize(B * H * l.value_dim);
     for (float& x : v) x = rng.next();
     log_decay.resize(B * H * (l.arch == kernels::Arch::kda ? K : 1u));
-    for (float& x : log_decay) x = -static_cast<float>(rng.uniform()) * 0.7f;
+    // Mostly slow and moderate decay, every 8th gate a strong one (down to exp(-40):
+    // tiny and subnormal state values).
+    for (std::size_t i = 0; i < log_decay.size(); ++i) {
+      const auto u = static_cast<float>(rng.uniform());
+      log_decay[i] = i % 8 == 7 ? -40.0f * u : -0.7f * u;
+    }
     beta.resize(B * H);
     for (float& x : beta) x = 1.0f / (1.0f + std::exp(-rng.next()));
     out.assign(B * H * l.value_dim, std::numeric_limits<float>::quiet_NaN());

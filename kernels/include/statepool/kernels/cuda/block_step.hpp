@@ -13,7 +13,7 @@
 //      S_ij += k_i u_j and o_j += S_ij q_i; a non-finite S_ij lowers the block's flag;
 //      sync; (one rank owns column j through both passes, so no barrier is needed
 //      between them, and every S_ij, u_j and o_j is computed with exactly the operations
-//      and the order of kernels::step_head);
+//      and the order of kernels/cpu/step_internal.hpp's step_head);
 //   3. if the new state is finite: encode_head: `state` -> the page's head. Otherwise the
 //      page keeps its bytes and rank 0 marks the item in `rejected`.
 // A request whose slot index is not below page_count is skipped and marked (the device
@@ -46,7 +46,7 @@ struct StepView {
   std::uint8_t* pages = nullptr;         ///< the arena's first page
   std::uint64_t page_stride = 0;         ///< bytes from one page to the next
   std::uint32_t page_count = 0;          ///< pages of the arena: slots must be below it
-  const std::uint32_t* slots = nullptr;  ///< [batch] page index of every request
+  const std::uint32_t* slots = nullptr;  ///< [batch] page index of every request, distinct
   /// [batch][H], or null: kStepStored (0) where the new state was stored,
   /// kStepNotFinite (1) where it was not finite (the page keeps its bytes),
   /// kStepBadSlot (2) where the request's slot is not below page_count (nothing touched).

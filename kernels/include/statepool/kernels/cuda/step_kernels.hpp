@@ -11,11 +11,13 @@
 // device itself.
 //
 // The launcher never throws and never synchronises: it checks what the host can check
-// (view_problem, null pointers, qk_heads dividing num_heads, the layer, the shared memory
-// a head needs against the device's per-block limit), enqueues on `stream` and returns
-// the launch status, cudaErrorInvalidValue with nothing enqueued on a bad argument.
-// batch == 0 enqueues nothing. Every pointer in `step` is device memory (or managed /
-// mapped): the inputs, the outputs, the arena's pages, the slot indices and `rejected`.
+// (view_problem, null pointers, qk_heads dividing num_heads, the layer, step_fits_device),
+// enqueues on `stream` and returns the launch status, cudaErrorInvalidValue with nothing
+// enqueued on a bad argument. batch == 0 enqueues nothing. Every pointer in `step` is
+// device memory (or managed / mapped): the inputs, the outputs, the arena's pages, the
+// slot indices and `rejected`. A slot must not appear twice in one launch: two blocks
+// would step its heads at once (the host cannot read the device's slot list to refuse
+// it).
 //
 // Thread-safety: stateless; concurrent launches on disjoint pages are fine.
 
@@ -29,9 +31,11 @@ namespace statepool::kernels::cuda {
 /// Threads per block of the step kernel.
 inline constexpr unsigned kStepBlock = 128;
 
-/// Largest K * V the step kernel supports on the current device (its opt-in shared
-/// memory per block, less the decay row and the flag), or 0 when it cannot be queried.
-[[nodiscard]] std::uint64_t max_step_head_values() noexcept;
+/// True when a block of the step kernel for `view`'s heads fits the current device's
+/// shared memory per block (opt-in limit): the K V state, the K decays and the kernel's
+/// own static shared memory. False when the device cannot be queried. (K = V = 128 needs
+/// 66 KiB; an H100/H200 allows 227 KiB per block, an A100 163 KiB.)
+[[nodiscard]] bool step_fits_device(const PageFormatView& view) noexcept;
 
 /// One step of layer step.layer for step.batch requests (see block_step.hpp's StepView).
 /// `view` is a DevicePageFormat's view of the arena's layout (any staged dtype).
