@@ -1,12 +1,16 @@
 // What an engine does with the installed client package, without a daemon: builds the
-// page format of a layout and round-trips a state through it locally, and gets a clear
-// ConnectionError (not a hang, not a crash) when no daemon listens.
+// page format of a layout and round-trips a state through it locally, runs the fused
+// decode step on the page, and gets a clear ConnectionError (not a hang, not a crash)
+// when no daemon listens.
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/decode_step.hpp"
+#include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
 
 int main(int argc, char** argv) {
@@ -34,6 +38,26 @@ int main(int argc, char** argv) {
   if (first < 0.05f || first > 0.07f) {
     std::fprintf(stderr, "consumer: decoded %g, expected about 1/17\n", first);
     return 1;
+  }
+
+  // One fused step of layer 0 on the page, and the client's form of it refusing an arena
+  // that is not mapped.
+  std::vector<float> q(4 * 16, 0.25f), keys(4 * 16, 0.25f), v(4 * 16, 1.0f), g(4, -0.1f),
+      beta(4, 0.5f), out(4 * 16, 0.0f);
+  std::byte* pages[] = {page.data()};
+  const k::StepResult stepped = k::fused_step(codec, 0, pages,
+                                              {.batch = 1, .q = q, .k = keys, .v = v,
+                                               .log_decay = g, .beta = beta, .out = out});
+  if (!stepped.ok() || out[0] == 0.0f) {
+    std::fprintf(stderr, "consumer: the fused step failed (output %g)\n", out[0]);
+    return 1;
+  }
+  try {
+    const sc::Arena unmapped;
+    const sc::DecodeStep step(unmapped);
+    std::fprintf(stderr, "consumer: DecodeStep accepted an unmapped arena\n");
+    return 1;
+  } catch (const std::logic_error&) {
   }
 
   sc::Options options;
