@@ -7,7 +7,11 @@
 // parks them (compress) and resumes them (decompress), and reports page
 // size, compression ratio, reconstruction error and request rates per codec. Each page is
 // also decoded locally from the mapped arena and compared with the daemon's decompress,
-// which checks that client and daemon agree on the page format. Frees everything.
+// which checks that client and daemon agree on the page format. Then, native packed
+// decode: the parked requests of every codec continue for --decode-tokens tokens with
+// the fused step on their pages (client::DecodeStep, no daemon round trip), and their
+// outputs are compared with an FP32 recurrence that was never compressed. Frees
+// everything.
 //
 // Exit status: 0 success, 1 daemon error / mismatch, 2 usage error.
 
@@ -28,6 +32,7 @@
 
 #include "common.hpp"
 #include "statepool/client.hpp"
+#include "statepool/decode_step.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
@@ -46,8 +51,10 @@ constexpr const char* kUsage = R"(usage: statepool-demo [options]
 Parks and resumes synthetic Qwen3-Next-shaped GDN states in a running statepoold with
 every codec (fp32, bf16, fp16, int8, int6, int4, and stepquant6/stepquant4 for each
 --plan) and reports page size, compression ratio, reconstruction error and request
-rates. The states come from a seeded SYNTHETIC model (not a real LLM), the one
-`statepool-quant synth-trace --model-seed S` writes calibration traces of.
+rates; then every codec's parked states decode --decode-tokens more tokens natively, with
+the fused step on their compressed pages, against an FP32 recurrence. The states come
+from a seeded SYNTHETIC model (not a real LLM), the one `statepool-quant synth-trace
+--model-seed S` writes calibration traces of.
 
 options:
   --socket PATH    daemon socket (default: $STATEPOOL_SOCKET, else
@@ -57,6 +64,8 @@ options:
   --layers N       linear-attention layers (default 12; Qwen3-Next-80B has 36)
   --heads N        value heads per layer (default 32)
   --steps N        recurrence steps (tokens) behind each state (default 128)
+  --decode-tokens N  tokens of native packed decode on the parked pages, per codec
+                   (default 16; 0: none)
   --model-seed S   seed of the synthetic model's per-head parameters (default 7)
   --plan FILE      a STEPQuant plan calibrated for this layout (repeatable); adds the
                    codec stepquant6 or stepquant4 by the plan's budget
@@ -71,6 +80,7 @@ struct Args {
   std::uint32_t layers = 12;
   std::uint32_t heads = 32;
   std::uint32_t steps = 128;
+  std::uint32_t decode_tokens = 16;
   std::uint64_t model_seed = 7;
   std::vector<std::string> plans;
   std::string metrics;
@@ -94,6 +104,7 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
       ("layers", bounded(args.layers, 1, sk::kMaxLayers))
       ("heads", bounded(args.heads, 1, sk::kMaxHeads))
       ("steps", bounded(args.steps, 1, 100000))
+      ("decode-tokens", bounded(args.decode_tokens, 0, 100000))
       ("model-seed", bounded(args.model_seed, 0, ~std::uint64_t{0} >> 1))
       ("plan", po::value(&args.plans))  // repeatable
       ("metrics", po::value(&args.metrics))
@@ -128,7 +139,11 @@ sk::StateLayout demo_layout(const Args& args, sk::CodecId codec,
 // Writes `args.slots` staged FP32 states (recurrent + bf16 conv) back to back into `dst`.
 // Slot s is the state after `args.steps` tokens of token stream 1000 + s through the
 // synthetic model: every (layer, head) runs the gated delta rule on its own inputs.
-void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte> dst) {
+// `continuation[slot * layers + layer]` receives the inputs of the `args.decode_tokens`
+// tokens that follow, for the native decode.
+void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte> dst,
+                  std::vector<cal::TokenBlock>& continuation) {
+  continuation.resize(std::size_t{args.slots} * args.layers);
   const std::size_t head_values = static_cast<std::size_t>(kDim) * kDim;
   const std::size_t heads_per_state = static_cast<std::size_t>(args.layers) * args.heads;
   const std::size_t jobs = std::size_t{args.slots} * args.layers;  // one job: a layer of a slot
@@ -147,11 +162,12 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
       options.heads = args.heads;
       options.key_dim = kDim;
       options.value_dim = kDim;
-      options.tokens = args.steps;
+      options.tokens = std::uint64_t{args.steps} + args.decode_tokens;
       options.model_seed = args.model_seed;
       options.token_seed = 1000 + slot;
       statepool::testing::SyntheticSource source(options);
       source.generate(layer, args.steps, block);
+      if (args.decode_tokens > 0) source.generate(layer, args.decode_tokens, continuation[job]);
       for (std::uint32_t head = 0; head < args.heads; ++head) {
         auto* state = reinterpret_cast<float*>(dst.data() + std::size_t{slot} * state_bytes +
                                                (std::size_t{layer} * args.heads + head) *
@@ -220,6 +236,113 @@ ErrorStats compare(std::span<const std::byte> original, std::span<const std::byt
   return {ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2), max_abs};
 }
 
+// --- native packed decode -------------------------------------------------------------
+
+/// The inputs of token `t` of layer `layer` for every slot, in the fused step's batch
+/// layout ([slot][head][dim]), gathered from the per-(slot, layer) continuation blocks.
+struct StepBatch {
+  std::vector<float> q, k, v, g, beta, out;
+};
+
+void gather(const Args& args, const std::vector<cal::TokenBlock>& next, std::uint32_t layer,
+            std::uint32_t t, StepBatch& b) {
+  const std::size_t H = args.heads;
+  const std::size_t S = args.slots;
+  b.q.resize(S * H * kDim);
+  b.k.resize(S * H * kDim);
+  b.v.resize(S * H * kDim);
+  b.g.resize(S * H);
+  b.beta.resize(S * H);
+  b.out.resize(S * H * kDim);
+  for (std::size_t slot = 0; slot < S; ++slot) {
+    const cal::TokenBlock& block = next[slot * args.layers + layer];
+    const std::size_t from = std::size_t{t} * H;
+    std::copy_n(block.q.begin() + from * kDim, H * kDim, b.q.begin() + slot * H * kDim);
+    std::copy_n(block.k.begin() + from * kDim, H * kDim, b.k.begin() + slot * H * kDim);
+    std::copy_n(block.v.begin() + from * kDim, H * kDim, b.v.begin() + slot * H * kDim);
+    std::copy_n(block.g.begin() + from, H, b.g.begin() + slot * H);
+    std::copy_n(block.beta.begin() + from, H, b.beta.begin() + slot * H);
+  }
+}
+
+/// The FP32 recurrence, never compressed, from the staged originals: the outputs
+/// [token][layer][slot][head][dim] of the decode tokens.
+std::vector<float> fp32_outputs(const Args& args, std::size_t state_bytes,
+                                std::span<const std::byte> originals,
+                                const std::vector<cal::TokenBlock>& next) {
+  const std::size_t head_values = std::size_t{kDim} * kDim;
+  const std::size_t per_token = std::size_t{args.layers} * args.slots * args.heads * kDim;
+  std::vector<float> out(per_token * args.decode_tokens);
+  std::vector<float> state(head_values);
+  std::vector<float> residual(kDim);
+  for (std::uint32_t slot = 0; slot < args.slots; ++slot) {
+    for (std::uint32_t layer = 0; layer < args.layers; ++layer) {
+      const cal::TokenBlock& block = next[std::size_t{slot} * args.layers + layer];
+      for (std::uint32_t head = 0; head < args.heads; ++head) {
+        std::memcpy(state.data(),
+                    originals.data() + std::size_t{slot} * state_bytes +
+                        (std::size_t{layer} * args.heads + head) * head_values * sizeof(float),
+                    head_values * sizeof(float));
+        for (std::uint32_t t = 0; t < args.decode_tokens; ++t) {
+          const std::size_t th = std::size_t{t} * args.heads + head;
+          const std::size_t at =
+              t * per_token + ((std::size_t{layer} * args.slots + slot) * args.heads + head) * kDim;
+          sk::gdn_step(state, kDim, kDim, std::span<const float>(block.q).subspan(th * kDim, kDim),
+                       std::span<const float>(block.k).subspan(th * kDim, kDim),
+                       std::span<const float>(block.v).subspan(th * kDim, kDim), block.g[th],
+                       block.beta[th], residual, std::span<float>(out).subspan(at, kDim));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+struct DecodeResult {
+  double seconds = 0;
+  double rel_l2 = 0;
+  std::size_t rejected = 0;
+};
+
+/// `args.decode_tokens` tokens of every layer for every slot, stepped on the arena's pages.
+DecodeResult native_decode(const Args& args, const sc::Arena& arena,
+                           const std::vector<sc::Slot>& slots,
+                           const std::vector<cal::TokenBlock>& next,
+                           const std::vector<float>& reference) {
+  std::vector<sc::SlotId> ids;
+  for (const auto& slot : slots) ids.push_back(slot.id());
+  sc::DecodeStep step(arena);
+  const std::size_t per_layer = std::size_t{args.slots} * args.heads * kDim;
+  StepBatch b;
+  DecodeResult r;
+  double diff2 = 0.0;
+  double ref2 = 0.0;
+  for (std::uint32_t t = 0; t < args.decode_tokens; ++t) {
+    for (std::uint32_t layer = 0; layer < args.layers; ++layer) {
+      gather(args, next, layer, t, b);
+      const auto start = Clock::now();
+      const sk::StepResult result = step.run(layer, ids,
+                                             {.batch = args.slots,
+                                              .q = b.q,
+                                              .k = b.k,
+                                              .v = b.v,
+                                              .log_decay = b.g,
+                                              .beta = b.beta,
+                                              .out = b.out});
+      r.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      r.rejected += result.rejected_heads;
+      const float* want = reference.data() + (std::size_t{t} * args.layers + layer) * per_layer;
+      for (std::size_t i = 0; i < per_layer; ++i) {
+        const double d = static_cast<double>(b.out[i]) - want[i];
+        diff2 += d * d;
+        ref2 += static_cast<double>(want[i]) * want[i];
+      }
+    }
+  }
+  r.rel_l2 = ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  return r;
+}
+
 std::string sci(double v) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2e", v);
@@ -278,7 +401,8 @@ int run(const Args& args) {
             << " gated-delta-rule steps per head on a SYNTHETIC model, seed " << args.model_seed
             << ")...\n";
   const auto synth_start = Clock::now();
-  stage_states(args, state_bytes, staging.bytes().first(half));
+  std::vector<cal::TokenBlock> next;
+  stage_states(args, state_bytes, staging.bytes().first(half), next);
   std::cerr << "  done in " << statepool::tools::format_fixed(seconds_since(synth_start), 1)
             << " s\n";
   const auto originals = staging.bytes().first(half);
@@ -289,6 +413,7 @@ int run(const Args& args) {
                                 {false, true, true, true, true, true, true, true, false});
   bool all_ok = true;
   std::vector<std::vector<sc::Slot>> held;  // kept until the daemon's stats are shown
+  std::vector<sc::Arena> arenas;            // and their arenas, for the native decode
   for (const auto& info : layouts) {
     const char* name = sk::to_string(info.layout.codec.id);
     std::cerr << "codec " << name << ": open arena, allocate, compress, decompress...\n";
@@ -343,11 +468,42 @@ int run(const Args& args) {
                statepool::tools::format_fixed(n / decompress_s, 1),
                decoded.empty() ? "n/a" : (local_match ? "identical" : "DIFFERS")});
     held.push_back(std::move(slots));
+    arenas.push_back(std::move(arena));
   }
 
   std::cout << "\nper codec (rel. L2 and max abs error over the recurrent state, worst slot; "
                "rates from one pass):\n";
   table.print(std::cout, "  ");
+
+  if (args.decode_tokens > 0) {
+    std::cerr << "native decode: the FP32 reference for " << args.decode_tokens << " token(s)...\n";
+    const auto reference = fp32_outputs(args, state_bytes, originals, next);
+    statepool::tools::Table decode(
+        {"CODEC", "PAGE", "TOKENS/S", "MS/LAYER", "OUTPUT REL L2", "NOT FINITE"},
+        {false, true, true, true, true, true});
+    for (std::size_t c = 0; c < layouts.size(); ++c) {
+      if (!arenas[c].mapped() || !arenas[c].has_codec()) continue;  // a device arena
+      std::cerr << "native decode: " << sk::to_string(layouts[c].layout.codec.id) << "...\n";
+      const DecodeResult r = native_decode(args, arenas[c], held[c], next, reference);
+      const double calls = static_cast<double>(args.decode_tokens) * args.layers;
+      decode.add({sk::to_string(layouts[c].layout.codec.id),
+                  statepool::support::format_bytes(layouts[c].page_bytes),
+                  statepool::tools::format_fixed(
+                      static_cast<double>(args.slots) * args.decode_tokens / r.seconds, 1),
+                  statepool::tools::format_fixed(1e3 * r.seconds / calls, 3), sci(r.rel_l2),
+                  std::to_string(r.rejected)});
+      all_ok = all_ok && r.rejected == 0;
+    }
+    std::cout << "\nnative packed decode: " << args.decode_tokens << " more token(s) for the "
+              << args.slots
+              << " parked request(s) of each codec, every layer stepped on the "
+                 "compressed pages (client::DecodeStep, "
+              << std::max(1u, std::thread::hardware_concurrency())
+              << " thread(s), no daemon round trip); outputs against an FP32 recurrence that "
+                 "was never compressed (TOKENS/S: the batch's tokens per second, MS/LAYER: one "
+                 "call for the whole batch):\n";
+    decode.print(std::cout, "  ");
+  }
 
   std::cout << "\ndaemon stats (slots still held):\n";
   statepool::tools::print_stats(std::cout, conn.stats());
