@@ -177,7 +177,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
   fit.row_scale.assign(
       kind == FitKind::two_bit_groups ? K * stepquant::two_bit_groups(value_dim) : K, 0.0f);
   fit.col_scale.assign(dual ? V : 0, 0.0f);
-  fit.codes.assign(K * V, 0);
+  fit.codes.resize(K * V);  // every code is read below; pivot rows are zeroed
   const auto pivots =
       static_cast<std::size_t>(std::count(widths.begin(), widths.end(), kPivotWidth));
   fit.pivot_values.resize(pivots * V);
@@ -186,6 +186,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
     const std::uint32_t bits = widths[0];
     if (bits == kPivotWidth) {
       // The fit's scales are zero for an all-pivot head; only the values are stored.
+      std::fill(fit.codes.begin(), fit.codes.end(), 0);
       r.halves(fit.pivot_values.data(), K * V);
     } else {
       r.halves(fit.row_scale.data(), fit.row_scale.size());
@@ -201,6 +202,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
     if (widths[i] == kPivotWidth) {
       r.halves(pivot, V);
       pivot += V;
+      std::fill_n(fit.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
     } else {
       r.codes(fit.codes.data() + i * V, V, widths[i], false, u);
     }
