@@ -112,22 +112,21 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
                                 std::to_string(l.value_dim) +
                                 " head does not fit the device's shared memory per block");
   }
-  kernels::cuda::StepView s;
-  s.layer = layer;
-  s.num_heads = l.num_heads;
-  s.batch = in.batch;
-  s.qk_heads = qk;
-  s.q = in.q;
-  s.k = in.k;
-  s.v = in.v;
-  s.log_decay = in.log_decay;
-  s.beta = in.beta;
-  s.out = in.out;
-  s.pages = reinterpret_cast<std::uint8_t*>(arena_->device_data());
-  s.page_stride = arena_->page_stride();
-  s.page_count = arena_->page_count();
-  s.slots = in.slots;
-  s.rejected = in.rejected;
+  const kernels::cuda::StepView s{.layer = layer,
+                                  .num_heads = l.num_heads,
+                                  .batch = in.batch,
+                                  .qk_heads = qk,
+                                  .q = in.q,
+                                  .k = in.k,
+                                  .v = in.v,
+                                  .log_decay = in.log_decay,
+                                  .beta = in.beta,
+                                  .out = in.out,
+                                  .pages = reinterpret_cast<std::uint8_t*>(arena_->device_data()),
+                                  .page_stride = arena_->page_stride(),
+                                  .page_count = arena_->page_count(),
+                                  .slots = in.slots,
+                                  .rejected = in.rejected};
   if (const cudaError_t status = kernels::cuda::fused_step_pages(format_.view(), s, stream);
       status != cudaSuccess) {
     fail("fused_step_pages", status);
