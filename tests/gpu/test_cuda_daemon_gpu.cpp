@@ -19,6 +19,7 @@
 #include "statepool/client_cuda.hpp"
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
@@ -45,9 +46,8 @@ kernels::StateLayout layout_for(kernels::CodecId codec) {
 }
 
 client::Options options_for(const DaemonProcess& d) {
-  client::Options o;
-  o.socket_path = d.socket_path();
-  o.timeout = 30s;
+  client::Options o = statepool::testing::client_options(d);
+  o.timeout = 30s;  // device work and a first CUDA context can be slow
   return o;
 }
 

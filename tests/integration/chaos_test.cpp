@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/raw_peer.hpp"
 
@@ -334,8 +335,7 @@ TEST(Chaos, ClientsKilledAtRandomPointsOfTheirRequestsGiveEveryPageBack) {
       {"--grace-period", "300ms", "--tenant", "default", "--tenant", "b:256MiB",
        "--max-unattached-connections", "64", "--workers", "2", "--log-level", "warn"},
       /*with_metrics=*/true);
-  client::Options o;
-  o.socket_path = daemon.socket_path();
+  client::Options o = statepool::testing::client_options(daemon);
   o.timeout = 30s;
   std::optional<client::Connection> watcher = client::Connection::connect(o);  // no slots
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "statepool/client.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
@@ -24,6 +25,7 @@ namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 namespace protocol = statepool::protocol;
 namespace wire = statepool::wire;
+using statepool::testing::client_options;
 using statepool::testing::DaemonProcess;
 using statepool::testing::eventually;
 using namespace std::chrono_literals;
@@ -43,14 +45,6 @@ kernels::StateLayout small_layout(kernels::CodecId codec = kernels::CodecId::int
   l.conv_dtype = kernels::DType::f32;
   l.codec.id = codec;
   return l;
-}
-
-client::Options options_for(const DaemonProcess& d, std::string tenant = {}) {
-  client::Options o;
-  o.socket_path = d.socket_path();
-  o.tenant = std::move(tenant);
-  o.timeout = 10s;
-  return o;
 }
 
 // Fills a staged FP32 state (recurrent then conv) with seeded values of state-like size.
@@ -85,7 +79,7 @@ std::uint32_t used_pages(client::Connection& c, std::uint32_t arena) {
 
 TEST(Daemon, ParksAndResumesStatesThroughTheWholeLifecycle) {
   DaemonProcess daemon({"--grace-period", "5s"});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   EXPECT_FALSE(conn.lease_token().empty());
   const auto layout = conn.register_layout(small_layout(kernels::CodecId::int8));
   EXPECT_GT(layout.compression_ratio(), 3.0);
@@ -131,7 +125,7 @@ TEST(Daemon, ParksAndResumesStatesThroughTheWholeLifecycle) {
 
 TEST(Daemon, AsynchronousRequestsOnTheHostBackendAreAnsweredWhenDoneWithoutAnEvent) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto layout = conn.register_layout(small_layout(kernels::CodecId::int6));
   auto arena = conn.open_arena(layout, 4);
   const std::size_t state = layout.state_bytes_f32;
@@ -191,7 +185,7 @@ TEST(Daemon, SilentConnectionsCannotLockOthersOutAndAreClosedAfterTheHelloTimeou
   const auto metrics = [&] {
     return statepool::testing::http_get(daemon.metrics_port(), "/metrics");
   };
-  auto attached = client::Connection::connect(options_for(daemon));  // before the flood
+  auto attached = client::Connection::connect(client_options(daemon));  // before the flood
   // Two connections that never say Hello hold this uid's whole budget of them...
   statepool::testing::RawPeer silent1(daemon.socket_path());
   statepool::testing::RawPeer silent2(daemon.socket_path());
@@ -215,7 +209,7 @@ TEST(Daemon, SilentConnectionsCannotLockOthersOutAndAreClosedAfterTheHelloTimeou
   // The silent ones are closed once --hello-timeout passes, and this uid gets in again.
   EXPECT_TRUE(silent1.closed_by_peer(5s));
   EXPECT_TRUE(silent2.closed_by_peer(5s));
-  auto later = client::Connection::connect(options_for(daemon));
+  auto later = client::Connection::connect(client_options(daemon));
   (void)later.ping();
   const std::string text = metrics();
   EXPECT_NE(text.find("statepool_connections_refused_total{reason=\"unattached_limit\"} 1"),
@@ -290,7 +284,7 @@ TEST(Daemon, RequestBuffersGrowWithWhatArrivedAndAreLetGoAfterTheRequest) {
 
 TEST(Daemon, RefusesNonFiniteStatesAndLeavesThePageUnchanged) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto layout = conn.register_layout(small_layout(kernels::CodecId::int6));
   auto arena = conn.open_arena(layout, 2);
   auto staging = conn.open_staging(layout.state_bytes_f32);
@@ -315,7 +309,7 @@ TEST(Daemon, RefusesNonFiniteStatesAndLeavesThePageUnchanged) {
 
 TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
   DaemonProcess daemon({"--tenant", "small:64KiB", "--tenant", "big"});
-  auto small = client::Connection::connect(options_for(daemon, "small"));
+  auto small = client::Connection::connect(client_options(daemon, "small"));
   const auto layout = small.register_layout(small_layout(kernels::CodecId::fp32));
   const auto before = small.stats();
   try {
@@ -329,7 +323,7 @@ TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
   EXPECT_EQ(after.arenas.size(), before.arenas.size());
   EXPECT_EQ(after.pool_reserved_bytes, before.pool_reserved_bytes);
 
-  auto big = client::Connection::connect(options_for(daemon, "big"));
+  auto big = client::Connection::connect(client_options(daemon, "big"));
   auto arena = big.open_arena(big.register_layout(small_layout()), 3);
   auto slots = big.allocate(arena, 3);
   try {
@@ -339,7 +333,7 @@ TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
     EXPECT_EQ(e.status(), sp::Status::pool_exhausted);
   }
   // Another lease of the same tenant may not free these slots.
-  auto other = client::Connection::connect(options_for(daemon, "big"));
+  auto other = client::Connection::connect(client_options(daemon, "big"));
   const std::vector<client::SlotId> ids = {slots[0].id()};
   try {
     other.free(arena.id(), ids);
@@ -348,7 +342,7 @@ TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
     EXPECT_EQ(e.status(), sp::Status::not_owner);
   }
   // An unknown tenant is refused at hello.
-  EXPECT_THROW((void)client::Connection::connect(options_for(daemon, "nobody")), client::Error);
+  EXPECT_THROW((void)client::Connection::connect(client_options(daemon, "nobody")), client::Error);
 }
 
 TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
@@ -361,7 +355,7 @@ TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
     // Child: take 3 slots in the shared arena, write them, report, then wait to be killed.
     ::close(ready[0]);
     try {
-      auto conn = client::Connection::connect(options_for(daemon));
+      auto conn = client::Connection::connect(client_options(daemon));
       auto arena = conn.open_arena(conn.register_layout(small_layout()), 16);
       auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
       auto slots = conn.allocate(arena, 3);
@@ -380,7 +374,7 @@ TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
             static_cast<ssize_t>(sizeof child_arena));
   ::close(ready[0]);
 
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto layout = conn.register_layout(small_layout());
   auto arena = conn.open_arena(layout);
   EXPECT_FALSE(arena.created());
@@ -424,7 +418,7 @@ TEST(Daemon, ReconnectingWithTheLeaseTokenWithinTheGracePeriodGetsTheSlotsBack) 
   client::ArenaId arena_id = 0;
   std::vector<std::byte> page_copy;
   {
-    auto conn = client::Connection::connect(options_for(daemon));
+    auto conn = client::Connection::connect(client_options(daemon));
     auto arena = conn.open_arena(conn.register_layout(small_layout()), 4);
     auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
     auto slots = conn.allocate(arena, 2);
@@ -435,7 +429,7 @@ TEST(Daemon, ReconnectingWithTheLeaseTokenWithinTheGracePeriodGetsTheSlotsBack) 
     arena_id = arena.id();
     token = conn.lease_token();
   }  // the connection drops here with two slots held
-  auto options = options_for(daemon);
+  auto options = client_options(daemon);
   options.lease_token = token;
   auto conn = client::Connection::connect(options);
   EXPECT_TRUE(conn.lease_resumed());
@@ -459,7 +453,7 @@ TEST(Daemon, ReconnectingWithTheLeaseTokenWithinTheGracePeriodGetsTheSlotsBack) 
 
 TEST(Daemon, SigtermFinishesTheRequestInFlightClosesIdleClientsAndExitsZero) {
   DaemonProcess daemon({"--drain-timeout", "10s"});
-  auto idle = client::Connection::connect(options_for(daemon));
+  auto idle = client::Connection::connect(client_options(daemon));
   statepool::testing::RawPeer raw(daemon.socket_path());
   ASSERT_TRUE(raw.connected());
   flatbuffers::FlatBufferBuilder b;
@@ -637,8 +631,8 @@ TEST(Daemon, NoTenantCanFillTheTablesOrTheStagingBudgetOfAnother) {
   DaemonProcess daemon({"--tenant", "greedy", "--tenant", "polite", "--tenant-max-layouts", "4",
                         "--tenant-max-staging-bytes", "1MiB", "--staging-capacity", "1536KiB",
                         "--tenant-max-connections", "3"});
-  auto greedy = client::Connection::connect(options_for(daemon, "greedy"));
-  auto polite = client::Connection::connect(options_for(daemon, "polite"));
+  auto greedy = client::Connection::connect(client_options(daemon, "greedy"));
+  auto polite = client::Connection::connect(client_options(daemon, "polite"));
   const auto layout = [](std::uint32_t layers) {
     auto l = small_layout();
     l.num_layers = layers;
@@ -658,25 +652,25 @@ TEST(Daemon, NoTenantCanFillTheTablesOrTheStagingBudgetOfAnother) {
     EXPECT_NO_THROW((void)polite.register_layout(layout(layers)));
 
   // Staging: the tenant's budget (1 MiB) over the daemon's (1.5 MiB).
-  auto greedy2 = client::Connection::connect(options_for(daemon, "greedy"));
+  auto greedy2 = client::Connection::connect(client_options(daemon, "greedy"));
   auto held = greedy.open_staging(1u << 20);
   EXPECT_EQ(status_of([&] { (void)greedy2.open_staging(4096); }), sp::Status::quota_exceeded);
   auto polite_half = polite.open_staging(512u << 10);
-  auto polite2 = client::Connection::connect(options_for(daemon, "polite"));
+  auto polite2 = client::Connection::connect(client_options(daemon, "polite"));
   EXPECT_EQ(status_of([&] { (void)polite2.open_staging(4096); }), sp::Status::pool_exhausted)
       << "the daemon's staging capacity is held in full";
 
   // Connections attached to one tenant: at most 3 (greedy has 2).
-  auto greedy3 = client::Connection::connect(options_for(daemon, "greedy"));
-  EXPECT_EQ(status_of([&] { (void)client::Connection::connect(options_for(daemon, "greedy")); }),
+  auto greedy3 = client::Connection::connect(client_options(daemon, "greedy"));
+  EXPECT_EQ(status_of([&] { (void)client::Connection::connect(client_options(daemon, "greedy")); }),
             sp::Status::too_many_connections);
-  EXPECT_NO_THROW((void)client::Connection::connect(options_for(daemon, "polite")));
+  EXPECT_NO_THROW((void)client::Connection::connect(client_options(daemon, "polite")));
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
 }
 
 TEST(Daemon, AConnectionHoldsABoundedNumberOfStagingBuffers) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   std::vector<client::Staging> buffers;
   for (int i = 0; i < 64; ++i) buffers.push_back(conn.open_staging(4096));
   try {
@@ -695,7 +689,7 @@ TEST(Daemon, AConnectionHoldsABoundedNumberOfStagingBuffers) {
 // so the daemon opens a second, larger one beside the first.
 TEST(Daemon, ATenantThatNeedsMorePagesGetsALargerArenaBesideTheFirst) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto layout = conn.register_layout(small_layout());
   auto small = conn.open_arena(layout, 4);
   auto first = conn.allocate(small, 4);
@@ -724,7 +718,7 @@ TEST(Daemon, RunningOutOfDescriptorsIsACleanRefusalAndLogged) {
   std::vector<client::Staging> buffers;
   std::string refusal;
   for (int c = 0; c < 3 && refusal.empty(); ++c) {
-    connections.push_back(client::Connection::connect(options_for(daemon)));
+    connections.push_back(client::Connection::connect(client_options(daemon)));
     for (int i = 0; i < 64 && refusal.empty(); ++i) {
       try {
         buffers.push_back(connections.back().open_staging(4096));
@@ -747,7 +741,7 @@ TEST(Daemon, RunningOutOfDescriptorsIsACleanRefusalAndLogged) {
   sp::Status status = sp::Status::ok;
   std::string message;
   try {
-    (void)client::Connection::connect(options_for(daemon));
+    (void)client::Connection::connect(client_options(daemon));
   } catch (const client::Error& e) {
     status = e.status();
     message = e.what();
@@ -763,7 +757,7 @@ TEST(Daemon, RunningOutOfDescriptorsIsACleanRefusalAndLogged) {
   EXPECT_TRUE(eventually(
       [&] {
         try {
-          (void)client::Connection::connect(options_for(daemon)).ping();
+          (void)client::Connection::connect(client_options(daemon)).ping();
           return true;
         } catch (const client::Error&) {
           return false;
@@ -775,7 +769,7 @@ TEST(Daemon, RunningOutOfDescriptorsIsACleanRefusalAndLogged) {
 
 TEST(Daemon, ClientsOfAKilledDaemonGetAClearErrorNotAHang) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   ASSERT_EQ(daemon.stop(SIGKILL, 10s), 128 + SIGKILL);
   EXPECT_THROW((void)conn.ping(), client::ConnectionError);
   EXPECT_FALSE(conn.healthy());
@@ -790,7 +784,7 @@ TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
     return n;
   };
   auto cycle = [&] {
-    auto conn = client::Connection::connect(options_for(daemon));
+    auto conn = client::Connection::connect(client_options(daemon));
     auto arena = conn.open_arena(conn.register_layout(small_layout()), 4);
     auto staging = conn.open_staging(arena.codec().staged_bytes(kernels::DType::f32));
     auto extra = conn.open_staging(4096);
@@ -799,7 +793,7 @@ TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
     for (auto& s : slots) (void)s.release();  // left to the lease: reclaimed at once (grace 0)
   };
   cycle();  // creates the arena (its memfd stays with the daemon)
-  auto observer = client::Connection::connect(options_for(daemon));
+  auto observer = client::Connection::connect(client_options(daemon));
   ASSERT_TRUE(eventually([&] { return observer.stats().leases_active == 1; }, 10s));
   // The daemon releases a closed connection's staging memory on a worker, a moment after
   // the connection is gone: take the baseline once the count has settled.
@@ -822,7 +816,7 @@ TEST(Daemon, ConnectionsAndStagingBuffersLeakNoDescriptorsOrPages) {
 
 TEST(Daemon, RepeatedSignalsDuringTheDrainStillExitZero) {
   DaemonProcess daemon({});
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   // Operators (and Kubernetes) send SIGTERM again, or SIGINT after it: it must neither
   // kill the daemon half-way through the drain nor change its exit status.
   for (int i = 0; i < 20; ++i) ::kill(daemon.pid(), i % 2 == 0 ? SIGTERM : SIGINT);

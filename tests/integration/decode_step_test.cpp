@@ -11,6 +11,7 @@
 
 #include "statepool/client.hpp"
 #include "statepool/decode_step.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/plans.hpp"
@@ -18,17 +19,12 @@
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
+using statepool::testing::client_options;
 using statepool::testing::DaemonProcess;
 using statepool::testing::StepBatch;
 using namespace std::chrono_literals;
 
 namespace {
-
-client::Options options_for(const DaemonProcess& d) {
-  client::Options o;
-  o.socket_path = d.socket_path();
-  return o;
-}
 
 // Two GDN layers of four heads, 32 x 32, stepquant6 with mixed widths and a pivot.
 kernels::StateLayout layout() {
@@ -50,7 +46,7 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 
 TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
   DaemonProcess daemon({}, true);
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto info = conn.register_layout(layout());
   auto arena = conn.open_arena(info, 4);
   auto staging = conn.open_staging(info.state_bytes_f32);
@@ -99,7 +95,7 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
 
 TEST(DecodeStep, MisuseIsRefusedClearlyAndWritesNothing) {
   DaemonProcess daemon({}, true);
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto info = conn.register_layout(layout());
   auto arena = conn.open_arena(info, 2);
   auto slots = conn.allocate(arena, 2);

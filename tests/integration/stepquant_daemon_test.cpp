@@ -11,6 +11,7 @@
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
@@ -19,6 +20,7 @@ namespace sp = statepool;
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 namespace sq = statepool::kernels::stepquant;
+using statepool::testing::client_options;
 using statepool::testing::DaemonProcess;
 using namespace std::chrono_literals;
 
@@ -58,17 +60,11 @@ kernels::StateLayout stepquant_layout(std::shared_ptr<const sq::Plan> plan) {
   return l;
 }
 
-client::Options options_for(const DaemonProcess& d) {
-  client::Options o;
-  o.socket_path = d.socket_path();
-  return o;
-}
-
 }  // namespace
 
 TEST(StepQuantDaemon, ClientInstallsThePlanAndPagesMatchTheLocalEncoder) {
   DaemonProcess daemon({}, true);
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   const auto layout = stepquant_layout(small_plan());
   const auto info = conn.register_layout(layout);  // installs the plan on the way
   EXPECT_GT(info.compression_ratio(), 3.0);

@@ -21,13 +21,13 @@
 #include <limits>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/recurrence.hpp"
+#include "statepool/support/worker_pool.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/plans.hpp"
@@ -41,21 +41,11 @@ using testing::Instance;
 using testing::StepBatch;
 using testing::unfused_step;
 
-/// Splits the items over `threads` std::threads in chunks of `grain` (as WorkerPool does).
-ParallelFor thread_split(unsigned threads) {
-  return [threads](std::size_t count, std::size_t grain,
-                   const std::function<void(std::size_t, std::size_t)>& fn) {
-    std::atomic<std::size_t> next{0};
-    std::vector<std::thread> pool;
-    for (unsigned t = 0; t < threads; ++t) {
-      pool.emplace_back([&] {
-        for (std::size_t begin = next.fetch_add(grain); begin < count;
-             begin = next.fetch_add(grain)) {
-          fn(begin, std::min(count, begin + grain));
-        }
-      });
-    }
-    for (std::thread& thread : pool) thread.join();
+/// Splits the items over `pool`'s threads and the caller, as client::DecodeStep does.
+ParallelFor split_over(support::WorkerPool& pool) {
+  return [&pool](std::size_t count, std::size_t grain,
+                 const std::function<void(std::size_t, std::size_t)>& fn) {
+    pool.parallel_for(count, grain, fn);
   };
 }
 
@@ -92,6 +82,7 @@ TEST_P(FusedStepEquivalence, EqualsDecodeStepEncodeBitForBit) {
   auto fused = initial_pages(codec, kBatch, 100);
   auto unfused = fused;
   const auto fused_ptrs = pointers(fused);
+  support::WorkerPool pool(2);
 
   for (int step = 0; step < kSteps; ++step) {
     for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
@@ -102,7 +93,7 @@ TEST_P(FusedStepEquivalence, EqualsDecodeStepEncodeBitForBit) {
       }
       // Odd steps split the heads over three threads.
       const StepResult result = fused_step(codec, layer, fused_ptrs, in.view(),
-                                           step % 2 == 1 ? thread_split(3) : ParallelFor{});
+                                           step % 2 == 1 ? split_over(pool) : ParallelFor{});
       EXPECT_TRUE(result.ok());
       ASSERT_TRUE(same_bits(in.out, expected))
           << "outputs differ at step " << step << " layer " << layer;
@@ -160,7 +151,8 @@ TEST(FusedStep, NonFiniteHeadKeepsItsBytesAndIsReported) {
     StepBatch in(l, 2, 4, 5);
     in.v[(1 * 4 + 2) * 16 + 3] = std::numeric_limits<float>::infinity();  // request 1, head 2
     const auto ptrs = pointers(fused);
-    const StepResult result = fused_step(codec, 0, ptrs, in.view(), thread_split(2));
+    support::WorkerPool pool(1);
+    const StepResult result = fused_step(codec, 0, ptrs, in.view(), split_over(pool));
     EXPECT_EQ(result.rejected_heads, 1u);
     EXPECT_EQ(result.first_rejected_request, 1u);
     EXPECT_EQ(result.first_rejected_head, 2u);

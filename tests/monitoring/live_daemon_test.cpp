@@ -18,6 +18,7 @@
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/plans.hpp"
 #include "statepool/testing/temp_dir.hpp"
@@ -27,6 +28,7 @@ extern char** environ;
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 namespace sq = statepool::kernels::stepquant;
+using statepool::testing::client_options;
 using statepool::testing::DaemonProcess;
 using statepool::testing::TempDir;
 
@@ -90,12 +92,6 @@ std::vector<std::string> families_of(const std::string& text) {
   return names;
 }
 
-client::Options options_for(const DaemonProcess& d) {
-  client::Options o;
-  o.socket_path = d.socket_path();
-  return o;
-}
-
 }  // namespace
 
 // Guards the metric names against Prometheus's lint (promtool check metrics exits 3 on,
@@ -105,7 +101,7 @@ TEST(LiveMetrics, PromtoolCheckMetricsAcceptsEveryFamily) {
     GTEST_SKIP() << STATEPOOL_PROMTOOL << " not installed (Debian package 'prometheus')";
 
   DaemonProcess daemon({}, true);
-  auto conn = client::Connection::connect(options_for(daemon));
+  auto conn = client::Connection::connect(client_options(daemon));
   // A uniform-codec arena with slots, a STEPQuant plan and its layout, and an error: every
   // family the daemon can export then has samples.
   kernels::StateLayout l;

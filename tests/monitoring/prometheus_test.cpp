@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 
 extern char** environ;
@@ -182,9 +183,7 @@ TEST(Prometheus, ScrapesTheDaemonAndEvaluatesTheRules) {
     GTEST_SKIP() << kPrometheus << " not installed (Debian package 'prometheus')";
 
   DaemonProcess daemon({}, true);
-  client::Options o;
-  o.socket_path = daemon.socket_path();
-  auto conn = client::Connection::connect(o);
+  auto conn = client::Connection::connect(statepool::testing::client_options(daemon));
   kernels::StateLayout l;
   l.name = "prom-demo";
   l.num_layers = 2;
