@@ -1,0 +1,549 @@
+// statepool.connect() and the objects of a connection. Every call that talks to the daemon
+// releases the GIL, so Python threads may share one Connection (the C++ client serializes
+// its requests) and other threads run while a call waits.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "statepool/client.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+#include "views.hpp"
+
+namespace statepool::python {
+
+namespace {
+
+using client::Connection;
+using kernels::DType;
+using release_gil = py::call_guard<py::gil_scoped_release>;
+
+// --- owners ------------------------------------------------------------------------------
+// The Python objects own their C++ counterparts through these handles. Views share the
+// staging/arena object (shared_ptr), so close() can tell whether any are alive, and
+// destruction (which talks to the daemon for slots and staging) happens without the GIL.
+
+struct ConnectionHandle {
+  std::shared_ptr<Connection> conn;
+  Connection& get() const { return *conn; }
+  ~ConnectionHandle() {
+    without_gil([&] { conn.reset(); });
+  }
+};
+
+struct StagingHandle {
+  std::shared_ptr<client::Staging> staging;
+  ~StagingHandle() {
+    without_gil([&] { staging.reset(); });
+  }
+};
+
+struct ArenaHandle {
+  std::shared_ptr<client::Arena> arena;
+  ~ArenaHandle() {
+    without_gil([&] { arena.reset(); });
+  }
+};
+
+struct SlotHandle {
+  client::Slot slot;
+  explicit SlotHandle(client::Slot s) : slot(std::move(s)) {}
+  SlotHandle(const SlotHandle&) = delete;
+  SlotHandle& operator=(const SlotHandle&) = delete;
+  ~SlotHandle() {
+    without_gil([&] { slot = client::Slot{}; });
+  }
+};
+
+// A view's owner: destroying the last one may close a staging buffer on the daemon.
+template <class T>
+std::shared_ptr<const void> view_owner(const std::shared_ptr<T>& object) {
+  return {object.get(), [keep = object](const void*) mutable {
+            without_gil([&] { keep.reset(); });
+          }};
+}
+
+void refuse_if_viewed(long use_count, const char* what) {
+  if (use_count > 1) {
+    throw py::buffer_error(std::string("cannot close the ") + what + ": " +
+                           std::to_string(use_count - 1) +
+                           " view(s) of it (or arrays/tensors made from them) are alive");
+  }
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+std::string memory_space(const kernels::MemoryDescriptor& m) { return kernels::to_string(m.space); }
+
+py::object pending_event(const client::Pending& p) {
+  if (!p.event) return py::none();
+  return py::bytes(reinterpret_cast<const char*>(p.event->data()), p.event->size());
+}
+
+// The slot an argument names: a Slot object or (arena, id) through the other overload.
+const client::Slot& slot_of(const SlotHandle& s) {
+  if (!s.slot.valid()) throw py::value_error("the slot was freed, released or closed");
+  return s.slot;
+}
+
+const client::Staging& staging_of(const StagingHandle& s) {
+  if (!s.staging || !s.staging->valid()) throw py::value_error("the staging buffer is closed");
+  return *s.staging;
+}
+
+}  // namespace
+
+void bind_client(py::module_& m) {
+  m.attr("DEFAULT_SOCKET_PATH") = client::kDefaultSocketPath;
+
+  // --- results ---------------------------------------------------------------------------
+  py::class_<client::LayoutInfo>(m, "LayoutInfo", "A layout registered with the daemon.")
+      .def_readonly("id", &client::LayoutInfo::id)
+      .def_readonly("page_bytes", &client::LayoutInfo::page_bytes, "Exact bytes of one page.")
+      .def_readonly("fp32_bytes", &client::LayoutInfo::fp32_bytes,
+                    "Bytes of the same state with every value in float32.")
+      .def_readonly("state_bytes_f32", &client::LayoutInfo::state_bytes_f32,
+                    "Bytes of a staged state, recurrent part in float32.")
+      .def_readonly("state_bytes_bf16", &client::LayoutInfo::state_bytes_bf16,
+                    "Bytes of a staged state, recurrent part in bfloat16.")
+      .def_readonly("layout", &client::LayoutInfo::layout)
+      .def_property_readonly("compression_ratio", &client::LayoutInfo::compression_ratio)
+      .def("state_bytes", &client::LayoutInfo::state_bytes, py::arg("dtype") = DType::f32)
+      .def("__repr__", [](const client::LayoutInfo& l) {
+        return "<statepool.LayoutInfo id=" + std::to_string(l.id) + " page_bytes=" +
+               std::to_string(l.page_bytes) + " fp32_bytes=" + std::to_string(l.fp32_bytes) + ">";
+      });
+  py::class_<client::PlanInfo>(m, "PlanInfo", "A STEPQuant plan the daemon holds.")
+      .def_readonly("digest", &client::PlanInfo::digest)
+      .def_readonly("units", &client::PlanInfo::units)
+      .def_readonly("pivots", &client::PlanInfo::pivots)
+      .def_readonly("average_bits", &client::PlanInfo::average_bits)
+      .def_readonly("created", &client::PlanInfo::created, "False when the daemon had it already.");
+  py::class_<client::ArenaStats>(m, "ArenaStats", "One arena in stats().")
+      .def_readonly("arena_id", &client::ArenaStats::arena_id)
+      .def_readonly("tenant", &client::ArenaStats::tenant)
+      .def_readonly("layout_id", &client::ArenaStats::layout_id)
+      .def_readonly("layout_name", &client::ArenaStats::layout_name)
+      .def_readonly("codec", &client::ArenaStats::codec)
+      .def_readonly("backend", &client::ArenaStats::backend)
+      .def_readonly("page_bytes", &client::ArenaStats::page_bytes)
+      .def_readonly("page_stride", &client::ArenaStats::page_stride)
+      .def_readonly("pages_total", &client::ArenaStats::pages_total)
+      .def_readonly("pages_used", &client::ArenaStats::pages_used)
+      .def_readonly("bytes_total", &client::ArenaStats::bytes_total)
+      .def_readonly("fp32_bytes_used", &client::ArenaStats::fp32_bytes_used)
+      .def_property_readonly("stored_bytes_used", &client::ArenaStats::stored_bytes_used)
+      .def_property_readonly("compression_ratio", &client::ArenaStats::compression_ratio);
+  py::class_<client::TenantStats>(m, "TenantStats", "One tenant in stats().")
+      .def_readonly("tenant", &client::TenantStats::tenant)
+      .def_readonly("quota_bytes", &client::TenantStats::quota_bytes, "0 = unlimited.")
+      .def_readonly("reserved_bytes", &client::TenantStats::reserved_bytes)
+      .def_readonly("pages_used", &client::TenantStats::pages_used)
+      .def_readonly("stored_bytes", &client::TenantStats::stored_bytes)
+      .def_readonly("fp32_bytes", &client::TenantStats::fp32_bytes)
+      .def_property_readonly("compression_ratio", &client::TenantStats::compression_ratio);
+  py::class_<client::Stats>(m, "Stats", "The daemon's state (the Stats request).")
+      .def_readonly("arenas", &client::Stats::arenas)
+      .def_readonly("tenants", &client::Stats::tenants)
+      .def_readonly("clients_connected", &client::Stats::clients_connected)
+      .def_readonly("leases_active", &client::Stats::leases_active)
+      .def_readonly("leases_orphaned", &client::Stats::leases_orphaned)
+      .def_readonly("pages_reclaimed_total", &client::Stats::pages_reclaimed_total)
+      .def_readonly("pool_capacity_bytes", &client::Stats::pool_capacity_bytes)
+      .def_readonly("pool_reserved_bytes", &client::Stats::pool_reserved_bytes)
+      .def_readonly("uptime_seconds", &client::Stats::uptime_seconds);
+  py::class_<client::CodecFit>(m, "CodecFit", "How many more requests fit under one codec.")
+      .def_readonly("codec", &client::CodecFit::codec)
+      .def_readonly("nominal_plan", &client::CodecFit::nominal_plan)
+      .def_readonly("page_stride", &client::CodecFit::page_stride)
+      .def_readonly("arena_free_pages", &client::CodecFit::arena_free_pages)
+      .def_readonly("new_arena_pages", &client::CodecFit::new_arena_pages)
+      .def_readonly("requests", &client::CodecFit::requests)
+      .def_readonly("limited_by", &client::CodecFit::limited_by,
+                    "arena, pool, quota or max_arena_pages.");
+  py::class_<client::Fits>(m, "Fits", "What fits now for this connection's tenant.")
+      .def_readonly("tenant", &client::Fits::tenant)
+      .def_readonly("pool_capacity_bytes", &client::Fits::pool_capacity_bytes)
+      .def_readonly("pool_free_bytes", &client::Fits::pool_free_bytes)
+      .def_readonly("quota_free_bytes", &client::Fits::quota_free_bytes, "None: no quota.")
+      .def_readonly("max_arena_pages", &client::Fits::max_arena_pages)
+      .def_readonly("codecs", &client::Fits::codecs);
+  py::class_<client::Pending>(m, "Pending", "An operation the daemon may still run on its device.")
+      .def_readonly("bytes", &client::Pending::bytes)
+      .def_property_readonly("event", &pending_event,
+                             "The 64 bytes of a cudaIpcEventHandle_t that completes with the "
+                             "work, or None when the work was done already (host backend).");
+
+  // --- slots -----------------------------------------------------------------------------
+  py::class_<SlotHandle>(m, "Slot", R"doc(
+One allocated page of an arena, owned by this connection's lease. Freed on the daemon when
+the object is garbage-collected, when a ``with`` block ends, or by free(); release() keeps it
+allocated (to adopt it again after a reconnect with the lease token).)doc")
+      .def_property_readonly("id", [](const SlotHandle& s) { return s.slot.id(); })
+      .def_property_readonly("arena_id", [](const SlotHandle& s) { return s.slot.arena_id(); })
+      .def_property_readonly("valid", [](const SlotHandle& s) { return s.slot.valid(); },
+                             "False once freed or released.")
+      .def("release", [](SlotHandle& s) { return s.slot.release(); },
+           "Gives up ownership without freeing; returns the slot id.")
+      .def("free", [](SlotHandle& s) { s.slot.free(); }, release_gil(),
+           "Frees the slot on the daemon now.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](SlotHandle& s, const py::args&) {
+        if (s.slot.valid()) {
+          py::gil_scoped_release release;
+          s.slot.free();
+        }
+      })
+      .def("__repr__", [](const SlotHandle& s) {
+        return "<statepool.Slot arena=" + std::to_string(s.slot.arena_id()) + " id=" +
+               std::to_string(s.slot.id()) + (s.slot.valid() ? "" : " (invalid)") + ">";
+      });
+
+  // --- staging ---------------------------------------------------------------------------
+  py::class_<StagingHandle>(m, "Staging", R"doc(
+A staging buffer shared with the daemon: full-precision states are written here before
+compress() and read from here after decompress(). view() gives zero-copy numpy/PyTorch access.
+Closed on the daemon when garbage-collected, when a ``with`` block ends, or by close().)doc")
+      .def_property_readonly("id", [](const StagingHandle& s) { return s.staging->id(); })
+      .def_property_readonly("size", [](const StagingHandle& s) { return s.staging->size(); },
+                             "Bytes (at least what was asked for).")
+      .def_property_readonly("fd", [](const StagingHandle& s) { return s.staging->fd(); })
+      .def_property_readonly("valid", [](const StagingHandle& s) { return s.staging->valid(); })
+      .def_property_readonly("memory_space",
+                             [](const StagingHandle& s) { return memory_space(s.staging->memory()); },
+                             "'host' or 'device'.")
+      .def_property_readonly("device_ptr", [](const StagingHandle& s) {
+            return reinterpret_cast<std::uintptr_t>(s.staging->device_data());
+          }, "Device address when device memory is mapped here, else 0.")
+      .def("view", [](const StagingHandle& s, const py::object& dtype, const py::object& shape,
+                      std::size_t offset) {
+             const client::Staging& st = staging_of(s);
+             if (st.device_data() != nullptr) {
+               return make_view(view_owner(s.staging), st.device_data(), st.size(), true,
+                                st.memory().device, dtype, shape, offset);
+             }
+             if (st.bytes().empty()) {
+               throw py::value_error("the staging buffer is not mapped into this process");
+             }
+             return make_view(view_owner(s.staging), st.bytes().data(), st.size(), false, -1,
+                              dtype, shape, offset);
+           }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(),
+           py::arg("offset") = 0, R"doc(
+A zero-copy view of the buffer: ``dtype`` elements (default uint8) in ``shape`` (default:
+the rest of the buffer) from byte ``offset``. numpy.asarray(view), torch.from_dlpack(view).)doc")
+      .def("close", [](StagingHandle& s) {
+             refuse_if_viewed(s.staging.use_count(), "staging buffer");
+             py::gil_scoped_release release;
+             s.staging->close();
+           }, "Closes the buffer on the daemon now. BufferError while views of it are alive.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](StagingHandle& s, const py::args&) {
+        refuse_if_viewed(s.staging.use_count(), "staging buffer");
+        if (s.staging->valid()) {
+          py::gil_scoped_release release;
+          s.staging->close();
+        }
+      })
+      .def("__repr__", [](const StagingHandle& s) {
+        return "<statepool.Staging id=" + std::to_string(s.staging->id()) + " size=" +
+               std::to_string(s.staging->size()) + (s.staging->valid() ? "" : " (closed)") + ">";
+      });
+
+  // --- arenas ----------------------------------------------------------------------------
+  py::class_<ArenaHandle>(m, "Arena", R"doc(
+A mapped arena: page_count pages of page_bytes each, page_stride apart. Owns the received
+descriptor and the mapping (close() or the end of a ``with`` block unmaps it locally; arenas
+live on in the daemon). page(slot) views one page; decode(slot, out) decodes it here.)doc")
+      .def_property_readonly("id", [](const ArenaHandle& a) { return a.arena->id(); })
+      .def_property_readonly("layout_id", [](const ArenaHandle& a) { return a.arena->layout_id(); })
+      .def_property_readonly("page_bytes", [](const ArenaHandle& a) { return a.arena->page_bytes(); })
+      .def_property_readonly("page_stride", [](const ArenaHandle& a) { return a.arena->page_stride(); })
+      .def_property_readonly("page_count", [](const ArenaHandle& a) { return a.arena->page_count(); })
+      .def_property_readonly("bytes", [](const ArenaHandle& a) { return a.arena->bytes(); })
+      .def_property_readonly("backend", [](const ArenaHandle& a) { return a.arena->backend(); },
+                             "'host' or 'cuda'.")
+      .def_property_readonly("created", [](const ArenaHandle& a) { return a.arena->created(); },
+                             "False when an existing arena of the tenant was opened.")
+      .def_property_readonly("mapped", [](const ArenaHandle& a) { return a.arena->mapped(); },
+                             "True when host memory is mapped here.")
+      .def_property_readonly("fd", [](const ArenaHandle& a) { return a.arena->fd(); })
+      .def_property_readonly("memory_space",
+                             [](const ArenaHandle& a) { return memory_space(a.arena->memory()); },
+                             "'host' or 'device'.")
+      .def_property_readonly("device_ptr", [](const ArenaHandle& a) {
+            return reinterpret_cast<std::uintptr_t>(a.arena->device_data());
+          }, "Device address when device memory is mapped here, else 0.")
+      .def_property_readonly("has_codec", [](const ArenaHandle& a) { return a.arena->has_codec(); })
+      .def_property_readonly("codec", [](const ArenaHandle& a) {
+            return std::make_shared<kernels::PageCodec>(a.arena->codec().layout());
+          }, "The arena's page format (a PageCodec).")
+      .def("page", [](const ArenaHandle& a, const py::object& slot) {
+             const client::Arena& arena = *a.arena;
+             const auto id = py::isinstance<SlotHandle>(slot) ? slot_of(slot.cast<const SlotHandle&>()).id()
+                                                             : slot.cast<client::SlotId>();
+             if (arena.device_data() != nullptr) {
+               std::byte* page = arena.device_page(id);
+               return make_view(view_owner(a.arena), page, arena.page_bytes(), true,
+                                arena.memory().device, py::none(), py::none(), 0);
+             }
+             const std::span<std::byte> page = arena.page(id);
+             return make_view(view_owner(a.arena), page.data(), page.size(), false, -1,
+                              py::none(), py::none(), 0);
+           }, py::arg("slot"), "A uint8 view of one page (a Slot or a slot id).")
+      .def("pages", [](const ArenaHandle& a) {
+             const client::Arena& arena = *a.arena;
+             py::object shape = py::make_tuple(arena.page_count(), arena.page_stride());
+             if (arena.device_data() != nullptr) {
+               return make_view(view_owner(a.arena), arena.device_data(), arena.bytes(), true,
+                                arena.memory().device, py::none(), shape, 0);
+             }
+             if (!arena.mapped()) throw py::value_error("the arena is not mapped into this process");
+             return make_view(view_owner(a.arena), arena.data().data(), arena.bytes(), false, -1,
+                              py::none(), shape, 0);
+           }, "A uint8 view of the whole mapping, shape (page_count, page_stride).")
+      .def("decode", [](const ArenaHandle& a, const py::object& slot, const py::object& out,
+                        DType dtype) {
+             const client::Arena& arena = *a.arena;
+             const auto id = py::isinstance<SlotHandle>(slot) ? slot_of(slot.cast<const SlotHandle&>()).id()
+                                                             : slot.cast<client::SlotId>();
+             const std::span<std::byte> page = arena.page(id);
+             const Borrowed staged(out, true, "out");
+             py::gil_scoped_release release;
+             arena.codec().decode(page, dtype, staged.bytes());
+           }, py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, R"doc(
+Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
+tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
+      .def("close", [](ArenaHandle& a) {
+             refuse_if_viewed(a.arena.use_count(), "arena mapping");
+             *a.arena = client::Arena{};
+           }, "Unmaps the arena here (the daemon keeps it). BufferError while views are alive.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](ArenaHandle& a, const py::args&) {
+        refuse_if_viewed(a.arena.use_count(), "arena mapping");
+        *a.arena = client::Arena{};
+      })
+      .def("__repr__", [](const ArenaHandle& a) {
+        return "<statepool.Arena id=" + std::to_string(a.arena->id()) + " pages=" +
+               std::to_string(a.arena->page_count()) + " page_bytes=" +
+               std::to_string(a.arena->page_bytes()) + " backend=" + a.arena->backend() + ">";
+      });
+
+  // --- connection ------------------------------------------------------------------------
+  auto make_options = [](std::string socket_path, std::string tenant, std::string lease_token,
+                         std::string client_name, double timeout, std::uint32_t max_reply_bytes,
+                         bool map_device_memory, bool legacy_ipc) {
+    client::Options o;
+    o.socket_path = std::move(socket_path);
+    o.tenant = std::move(tenant);
+    o.lease_token = std::move(lease_token);
+    o.client_name = std::move(client_name);
+    o.timeout = to_ms(timeout);
+    o.max_reply_bytes = max_reply_bytes;
+    o.map_device_memory = map_device_memory;
+    o.legacy_ipc = legacy_ipc;
+    return o;
+  };
+  m.def("connect", [make_options](std::string socket_path, std::string tenant,
+                                  std::string lease_token, std::string client_name, double timeout,
+                                  std::uint32_t max_reply_bytes, bool map_device_memory,
+                                  bool legacy_ipc) {
+          client::Options o = make_options(std::move(socket_path), std::move(tenant),
+                                           std::move(lease_token), std::move(client_name), timeout,
+                                           max_reply_bytes, map_device_memory, legacy_ipc);
+          py::gil_scoped_release release;
+          return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
+        },
+        py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(),
+        py::arg("tenant") = "", py::arg("lease_token") = "", py::arg("client_name") = "",
+        py::arg("timeout") = 10.0, py::arg("max_reply_bytes") = 16u << 20,
+        py::arg("map_device_memory") = true, py::arg("legacy_ipc") = false, R"doc(
+Connects to statepoold and says Hello. ``socket_path``: the daemon's Unix socket ('@name' for an
+abstract one); ``tenant``: '' for the daemon's default; ``lease_token``: from an earlier
+connection's lease_token, to get its slots back within the grace period; ``timeout``: seconds
+each call may take (0 waits forever). TransportError when the daemon cannot be reached.)doc");
+  m.def("connect_fd", [make_options](int fd, std::string tenant, std::string lease_token,
+                                     std::string client_name, double timeout) {
+          client::Options o = make_options("", std::move(tenant), std::move(lease_token),
+                                           std::move(client_name), timeout, 16u << 20, true, false);
+          py::gil_scoped_release release;
+          return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
+        },
+        py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",
+        py::arg("client_name") = "", py::arg("timeout") = 10.0,
+        "Says Hello on an already connected stream socket (e.g. socket.detach() of one end "
+        "of a socketpair); the descriptor is owned from then on.");
+
+  py::class_<ConnectionHandle>(m, "Connection", R"doc(
+One connection to statepoold, with its lease (statepool.connect()). Every method that talks to
+the daemon releases the GIL; several threads may share one connection (its requests are
+serialized). Daemon refusals raise a statepool.DaemonError subclass (QuotaExceeded, ...);
+transport failures raise statepool.TransportError, after which the connection is unusable.)doc")
+      .def_property_readonly("lease_token", [](const ConnectionHandle& c) { return c.get().lease_token(); })
+      .def_property_readonly("lease_resumed", [](const ConnectionHandle& c) { return c.get().lease_resumed(); })
+      .def_property_readonly("resumed_slots", [](const ConnectionHandle& c) { return c.get().resumed_slots(); })
+      .def_property_readonly("grace_period", [](const ConnectionHandle& c) {
+            return std::chrono::duration<double>(c.get().grace_period()).count();
+          }, "Seconds the daemon keeps this lease's slots after the connection drops.")
+      .def_property_readonly("protocol_version", [](const ConnectionHandle& c) { return c.get().protocol_version(); })
+      .def_property_readonly("server", [](const ConnectionHandle& c) { return c.get().server(); })
+      .def_property_readonly("max_frame_bytes", [](const ConnectionHandle& c) { return c.get().max_frame_bytes(); })
+      .def_property_readonly("healthy", [](const ConnectionHandle& c) { return c.get().healthy(); })
+      .def("register_layout", [](const ConnectionHandle& c, const kernels::StateLayout& l) {
+             return c.get().register_layout(l);
+           }, py::arg("layout"), release_gil(),
+           "Registers (or finds) a layout; installs a stepquant layout's plan first if needed.")
+      .def("install_plan", [](const ConnectionHandle& c, const kernels::stepquant::Plan& p) {
+             return c.get().install_plan(p);
+           }, py::arg("plan"), release_gil(), "Sends a STEPQuant plan (idempotent).")
+      .def("open_arena", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t pages) {
+             return ArenaHandle{std::make_shared<client::Arena>(c.get().open_arena(l, pages))};
+           }, py::arg("layout"), py::arg("pages") = 0, release_gil(), R"doc(
+Opens (or creates) an arena of the tenant for a layout with at least ``pages`` pages and maps
+it; 0 takes any existing one or the daemon's default size.)doc")
+      .def("open_arena", [](const ConnectionHandle& c, client::LayoutId id, std::uint32_t pages) {
+             return ArenaHandle{std::make_shared<client::Arena>(c.get().open_arena(id, pages))};
+           }, py::arg("layout_id"), py::arg("pages") = 0, release_gil())
+      .def("open_staging", [](const ConnectionHandle& c, std::uint64_t bytes) {
+             return StagingHandle{std::make_shared<client::Staging>(c.get().open_staging(bytes))};
+           }, py::arg("bytes"), release_gil(), "Opens a staging buffer of at least ``bytes`` bytes.")
+      .def("allocate", [](const ConnectionHandle& c, const ArenaHandle& a, std::uint32_t count) {
+             std::vector<client::Slot> slots;
+             {
+               py::gil_scoped_release release;
+               slots = c.get().allocate(*a.arena, count);
+             }
+             py::list out;
+             for (auto& s : slots) out.append(py::cast(new SlotHandle(std::move(s)), py::return_value_policy::take_ownership));
+             return out;
+           }, py::arg("arena"), py::arg("count") = 1,
+           "Allocates ``count`` slots of an arena, all or none (PoolExhausted when full).")
+      .def("adopt", [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot) {
+             return new SlotHandle(c.get().adopt(arena, slot));
+           }, py::arg("arena_id"), py::arg("slot_id"), py::return_value_policy::take_ownership,
+           "Takes ownership of a slot this lease holds (released, or back with a resumed lease).")
+      .def("free", [](const ConnectionHandle& c, const std::vector<SlotHandle*>& slots) {
+             std::vector<client::Slot> batch;
+             batch.reserve(slots.size());
+             for (SlotHandle* s : slots) {
+               if (s != nullptr && s->slot.valid()) batch.push_back(std::move(s->slot));
+             }
+             py::gil_scoped_release release;
+             return c.get().free(batch);
+           }, py::arg("slots"), "Frees Slot objects, one request per arena; returns how many.")
+      .def("free", [](const ConnectionHandle& c, client::ArenaId arena, const std::vector<client::SlotId>& ids) {
+             return c.get().free(arena, ids);
+           }, py::arg("arena_id"), py::arg("slot_ids"), release_gil(),
+           "Frees slot ids of one arena (released ones).")
+      .def("compress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
+                          std::uint64_t offset, DType dtype) {
+             const client::Slot& slot = slot_of(s);
+             const client::Staging& staging = staging_of(st);
+             py::gil_scoped_release release;
+             return c.get().compress(slot, staging, offset, dtype);
+           }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
+           R"doc(
+page[slot] <- the state staged at staging[offset:]. Returns the page bytes written. NotFinite
+(the page unchanged) when the state holds NaN or Inf.)doc")
+      .def("compress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
+                          client::StagingId st, std::uint64_t offset, DType dtype) {
+             return c.get().compress(a, s, st, offset, dtype);
+           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+           py::arg("dtype") = DType::f32, release_gil())
+      .def("decompress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
+                            std::uint64_t offset, DType dtype) {
+             const client::Slot& slot = slot_of(s);
+             const client::Staging& staging = staging_of(st);
+             py::gil_scoped_release release;
+             return c.get().decompress(slot, staging, offset, dtype);
+           }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
+           "staging[offset:] <- the state of page[slot]. Returns the state bytes written.")
+      .def("decompress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
+                            client::StagingId st, std::uint64_t offset, DType dtype) {
+             return c.get().decompress(a, s, st, offset, dtype);
+           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+           py::arg("dtype") = DType::f32, release_gil())
+      .def("copy", [](const ConnectionHandle& c, const SlotHandle& src, const SlotHandle& dst) {
+             const client::Slot& from = slot_of(src);
+             const client::Slot& to = slot_of(dst);
+             py::gil_scoped_release release;
+             c.get().copy(from, to);
+           }, py::arg("src"), py::arg("dst"), "Copies a whole page (both slots of one arena).")
+      .def("copy", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
+             c.get().copy(a, src, dst);
+           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"), release_gil())
+      .def("compress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
+                                client::StagingId st, std::uint64_t offset, DType dtype) {
+             return c.get().compress_async(a, s, st, offset, dtype);
+           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+           py::arg("dtype") = DType::f32, release_gil(),
+           "compress() without waiting for the device (cuda backend): see Pending.")
+      .def("decompress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
+                                  client::StagingId st, std::uint64_t offset, DType dtype) {
+             return c.get().decompress_async(a, s, st, offset, dtype);
+           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+           py::arg("dtype") = DType::f32, release_gil())
+      .def("copy_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
+             return c.get().copy_async(a, src, dst);
+           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"), release_gil())
+      .def("stats", [](const ConnectionHandle& c) { return c.get().stats(); }, release_gil(),
+           "The daemon's arenas, tenants, leases and pool.")
+      .def("plan_capacity", [](const ConnectionHandle& c, const std::string& model_config,
+                               std::uint32_t weight_bits, const std::string& kv,
+                               const std::vector<kernels::CodecId>& codecs, std::uint32_t slots,
+                               std::uint64_t context, std::uint64_t gpu_memory,
+                               std::optional<double> reserved, std::uint32_t tp,
+                               std::optional<std::uint64_t> concurrency) {
+             client::PlanRequest r{model_config, weight_bits, kv, codecs, slots, context,
+                                   gpu_memory, reserved, tp, concurrency};
+             std::string report;
+             {
+               py::gil_scoped_release release;
+               report = c.get().plan_capacity(r);
+             }
+             return py::module_::import("json").attr("loads")(report);
+           }, py::arg("model_config"), py::kw_only(), py::arg("weight_bits") = 0, py::arg("kv") = "",
+           py::arg("codecs") = std::vector<kernels::CodecId>{}, py::arg("slots") = 0,
+           py::arg("context") = 0, py::arg("gpu_memory") = 0, py::arg("reserved") = py::none(),
+           py::arg("tp") = 0, py::arg("concurrency") = py::none(), R"doc(
+The daemon's capacity plan for a model (the text of its config.json), as the dict of
+docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
+arguments take the planner's defaults.)doc")
+      .def("fits_now", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t slots,
+                          const std::vector<kernels::CodecId>& codecs) {
+             return c.get().fits_now(l, slots, codecs);
+           }, py::arg("layout"), py::arg("slots") = 1,
+           py::arg("codecs") = std::vector<kernels::CodecId>{}, release_gil(),
+           "How many more requests of this state shape fit now, per codec.")
+      .def("ping", [](const ConnectionHandle& c) {
+             return std::chrono::duration<double>(c.get().ping()).count();
+           }, release_gil(), "One round trip; returns its duration in seconds.")
+      .def("drain", [](const ConnectionHandle& c) { c.get().drain(); }, release_gil(),
+           "Asks the daemon to drain and exit (the daemon's uid or root only).")
+      .def("close", [](ConnectionHandle& c) {
+             py::gil_scoped_release release;
+             Connection closing(std::move(*c.conn));
+           }, R"doc(
+Closes the connection now (slots and staging buffers still alive keep the socket open until
+they go). Later calls raise TransportError(kind='closed'). Not to be called while another
+thread uses the connection.)doc")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](ConnectionHandle& c, const py::args&) {
+        py::gil_scoped_release release;
+        Connection closing(std::move(*c.conn));
+      })
+      .def("__repr__", [](const ConnectionHandle& c) {
+        return std::string("<statepool.Connection ") + (c.get().healthy() ? "healthy" : "closed") + ">";
+      });
+}
+
+}  // namespace statepool::python

@@ -1,0 +1,223 @@
+// statepool.Arch/DType/CodecId/StepQuantVariant, StateLayout, Plan, PageCodec.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "statepool/kernels/page.hpp"
+#include "statepool/kernels/stepquant/plan.hpp"
+#include "views.hpp"
+
+namespace statepool::python {
+
+namespace {
+
+namespace sq = kernels::stepquant;
+using kernels::PageCodec;
+using kernels::StateLayout;
+
+std::shared_ptr<sq::Plan> checked(sq::Plan plan) {
+  if (const std::string problem = sq::validate(plan); !problem.empty()) {
+    throw py::value_error("invalid plan: " + problem);
+  }
+  return std::make_shared<sq::Plan>(std::move(plan));
+}
+
+std::string layout_repr(const StateLayout& l) {
+  return "<statepool.StateLayout " + (l.name.empty() ? std::string() : "'" + l.name + "' ") +
+         kernels::to_string(l.arch) + " " + std::to_string(l.num_layers) + "x" +
+         std::to_string(l.num_heads) + "x" + std::to_string(l.key_dim) + "x" +
+         std::to_string(l.value_dim) + " conv " + std::to_string(l.conv_channels) + "x" +
+         std::to_string(l.conv_width) + " " + kernels::to_string(l.codec.id) + ">";
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  py::enum_<kernels::Arch>(m, "Arch", "Gated-delta-rule family: gdn (a gate per head) or kda "
+                                      "(a gate per key channel).")
+      .value("gdn", kernels::Arch::gdn)
+      .value("kda", kernels::Arch::kda);
+  py::enum_<kernels::DType>(m, "DType", "Element type of full-precision data.")
+      .value("f32", kernels::DType::f32)
+      .value("bf16", kernels::DType::bf16)
+      .value("f16", kernels::DType::f16);
+  py::enum_<kernels::CodecId>(m, "CodecId", "Codec of the recurrent state (docs/codecs.md).")
+      .value("fp32", kernels::CodecId::fp32)
+      .value("bf16", kernels::CodecId::bf16)
+      .value("fp16", kernels::CodecId::fp16)
+      .value("int4", kernels::CodecId::int4)
+      .value("int6", kernels::CodecId::int6)
+      .value("int8", kernels::CodecId::int8)
+      .value("stepquant4", kernels::CodecId::stepquant4)
+      .value("stepquant6", kernels::CodecId::stepquant6)
+      .value("dsq4", kernels::CodecId::dsq4)
+      .value("dsq6", kernels::CodecId::dsq6);
+  py::enum_<kernels::StepQuantVariant>(m, "StepQuantVariant",
+                                       "STEPQuant ablation: both axes, spatial only, temporal "
+                                       "only.")
+      .value("full", kernels::StepQuantVariant::full)
+      .value("spatial_only", kernels::StepQuantVariant::spatial_only)
+      .value("temporal_only", kernels::StepQuantVariant::temporal_only);
+
+  py::class_<sq::Plan, std::shared_ptr<sq::Plan>>(m, "Plan", R"doc(
+A STEPQuant calibration plan (docs/plans.md): per-unit bit widths, FP16 pivots and per-row
+impact factors for one model shape. Made by ``statepool-quant calibrate`` and loaded with
+``Plan.load(path)``, or built from its fields (validated).)doc")
+      .def(py::init([](kernels::Arch arch, std::uint32_t num_layers, std::uint32_t num_heads,
+                       std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_t budget_bits,
+                       std::vector<std::uint8_t> widths, std::vector<float> impact,
+                       std::string source) {
+             sq::Plan plan;
+             plan.arch = arch;
+             plan.num_layers = num_layers;
+             plan.num_heads = num_heads;
+             plan.key_dim = key_dim;
+             plan.value_dim = value_dim;
+             plan.budget_bits = budget_bits;
+             plan.widths = std::move(widths);
+             plan.impact = std::move(impact);
+             plan.source = std::move(source);
+             return checked(std::move(plan));
+           }),
+           py::kw_only(), py::arg("arch"), py::arg("num_layers"), py::arg("num_heads"),
+           py::arg("key_dim"), py::arg("value_dim"), py::arg("budget_bits"), py::arg("widths"),
+           py::arg("impact"), py::arg("source") = "",
+           "Builds a plan; ValueError names the first problem (docs/plans.md lists the rules). "
+           "widths: one per unit (GDN: [layer][head], KDA: [layer][head][row]) in the "
+           "budget's candidates or 16 (pivot); impact: one > 0 per key row.")
+      .def_static("load", [](const std::string& path) { return checked(sq::load(path)); },
+                  py::arg("path"), "Reads a plan file; ValueError for a bad file, OSError-like "
+                                   "RuntimeError for an I/O failure, both naming the path.")
+      .def_static("from_bytes", [](const py::bytes& data) {
+            const std::string_view bytes = data;
+            return checked(sq::from_bytes(std::as_bytes(std::span(bytes.data(), bytes.size()))));
+          }, py::arg("data"), "Parses a serialized plan (the contents of a plan file).")
+      .def("to_bytes", [](const sq::Plan& p) {
+            const std::vector<std::byte> bytes = sq::to_bytes(p);
+            return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+          }, "The plan file's bytes.")
+      .def("save", [](const sq::Plan& p, const std::string& path) { sq::save(p, path); },
+           py::arg("path"), "Writes the plan file atomically (temporary file, fsync, rename).")
+      .def_readonly("arch", &sq::Plan::arch)
+      .def_readonly("num_layers", &sq::Plan::num_layers)
+      .def_readonly("num_heads", &sq::Plan::num_heads)
+      .def_readonly("key_dim", &sq::Plan::key_dim)
+      .def_readonly("value_dim", &sq::Plan::value_dim)
+      .def_readonly("budget_bits", &sq::Plan::budget_bits)
+      .def_readonly("widths", &sq::Plan::widths, "Width per unit (a copy).")
+      .def_readonly("impact", &sq::Plan::impact, "Impact factor per key row (a copy).")
+      .def_readonly("source", &sq::Plan::source)
+      .def_property_readonly("digest", [](const sq::Plan& p) { return sq::digest(p); },
+                             "16 hex characters that layouts name the plan by.")
+      .def_property_readonly("units", &sq::Plan::units)
+      .def_property_readonly("pivots", &sq::Plan::pivots)
+      .def_property_readonly("average_width", &sq::Plan::average_width,
+                             "Average nominal bits per value (pivots count 16).")
+      .def("__repr__", [](const sq::Plan& p) {
+        return "<statepool.Plan " + sq::digest(p) + " " + kernels::to_string(p.arch) + " " +
+               std::to_string(p.budget_bits) + "-bit, " + std::to_string(p.units()) +
+               " units, " + std::to_string(p.pivots()) + " pivots>";
+      });
+
+  py::class_<StateLayout>(m, "StateLayout", R"doc(
+The shape of one request's whole recurrent state (every linear-attention layer) and the codec
+that stores it; one arena page holds one such state. Staged (full-precision) states are
+``[num_layers][num_heads][key_dim][value_dim]`` in float32 or bfloat16, followed by the conv
+state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
+      .def(py::init([](kernels::Arch arch, std::uint32_t num_layers, std::uint32_t num_heads,
+                       std::uint32_t key_dim, std::uint32_t value_dim,
+                       std::uint32_t conv_channels, std::uint32_t conv_width,
+                       kernels::DType conv_dtype, kernels::CodecId codec,
+                       std::uint32_t group_size, kernels::StepQuantVariant variant,
+                       std::shared_ptr<sq::Plan> plan, std::string name) {
+             StateLayout l;
+             l.name = std::move(name);
+             l.arch = arch;
+             l.num_layers = num_layers;
+             l.num_heads = num_heads;
+             l.key_dim = key_dim;
+             l.value_dim = value_dim;
+             l.conv_channels = conv_channels;
+             l.conv_width = conv_width;
+             l.conv_dtype = conv_dtype;
+             l.codec = {codec, group_size, variant};
+             l.plan = std::move(plan);
+             if (const std::string problem = kernels::validate(l); !problem.empty()) {
+               throw py::value_error("invalid layout: " + problem);
+             }
+             return l;
+           }),
+           py::kw_only(), py::arg("arch") = kernels::Arch::gdn, py::arg("num_layers"),
+           py::arg("num_heads"), py::arg("key_dim"), py::arg("value_dim"),
+           py::arg("conv_channels") = 0, py::arg("conv_width") = 0,
+           py::arg("conv_dtype") = kernels::DType::bf16,
+           py::arg("codec") = kernels::CodecId::fp32, py::arg("group_size") = 0,
+           py::arg("variant") = kernels::StepQuantVariant::full, py::arg("plan") = nullptr,
+           py::arg("name") = "",
+           "Builds and validates a layout (ValueError names the field). stepquant4/6 need a "
+           "plan of the same shape; group_size 0 means 128.")
+      .def_readonly("name", &StateLayout::name)
+      .def_readonly("arch", &StateLayout::arch)
+      .def_readonly("num_layers", &StateLayout::num_layers)
+      .def_readonly("num_heads", &StateLayout::num_heads)
+      .def_readonly("key_dim", &StateLayout::key_dim)
+      .def_readonly("value_dim", &StateLayout::value_dim)
+      .def_readonly("conv_channels", &StateLayout::conv_channels)
+      .def_readonly("conv_width", &StateLayout::conv_width)
+      .def_readonly("conv_dtype", &StateLayout::conv_dtype)
+      .def_property_readonly("codec", [](const StateLayout& l) { return l.codec.id; })
+      .def_property_readonly("group_size", [](const StateLayout& l) { return l.codec.group_size; })
+      .def_property_readonly("variant", [](const StateLayout& l) { return l.codec.variant; })
+      .def_property_readonly("plan", [](const StateLayout& l) {
+            return std::const_pointer_cast<sq::Plan>(l.plan);
+          }, "The STEPQuant plan, or None.")
+      .def("with_codec", [](const StateLayout& l, kernels::CodecId codec,
+                            std::shared_ptr<sq::Plan> plan) {
+             StateLayout other = l;
+             other.codec = {codec, l.codec.group_size, l.codec.variant};
+             other.plan = std::move(plan);
+             if (const std::string problem = kernels::validate(other); !problem.empty()) {
+               throw py::value_error("invalid layout: " + problem);
+             }
+             return other;
+           }, py::arg("codec"), py::arg("plan") = nullptr,
+           "The same shape stored with another codec.")
+      .def("__eq__", [](const StateLayout& a, const StateLayout& b) {
+        return a.same_shape_and_codec(b);
+      })
+      .def("__repr__", &layout_repr);
+
+  py::class_<PageCodec, std::shared_ptr<PageCodec>>(m, "PageCodec", R"doc(
+The page format of a layout, to encode and decode pages in this process with the same code
+as the daemon. Thread-safe; encode/decode release the GIL.)doc")
+      .def(py::init<StateLayout>(), py::arg("layout"))
+      .def_property_readonly("layout", &PageCodec::layout)
+      .def_property_readonly("page_bytes", &PageCodec::page_bytes, "Exact bytes of one page.")
+      .def_property_readonly("fp32_bytes", &PageCodec::fp32_bytes,
+                             "Bytes of the same state with every value in float32.")
+      .def_property_readonly("compression_ratio", &PageCodec::compression_ratio)
+      .def("staged_bytes", &PageCodec::staged_bytes, py::arg("dtype") = kernels::DType::f32,
+           "Bytes of a staged state whose recurrent part is in dtype (f32 or bf16).")
+      .def("encode", [](const PageCodec& c, const py::object& staged, kernels::DType dtype,
+                        const py::object& page) {
+             const Borrowed in(staged, false, "staged");
+             const Borrowed out(page, true, "page");
+             py::gil_scoped_release release;
+             c.encode(in.bytes(), dtype, out.bytes());
+           }, py::arg("staged"), py::arg("dtype"), py::arg("page"),
+           "page <- staged. NotFinite (page unchanged) for a NaN/Inf state; ValueError for "
+           "wrong sizes. Buffers: numpy arrays, torch CPU tensors, statepool.View, bytearray.")
+      .def("decode", [](const PageCodec& c, const py::object& page, kernels::DType dtype,
+                        const py::object& staged) {
+             const Borrowed in(page, false, "page");
+             const Borrowed out(staged, true, "staged");
+             py::gil_scoped_release release;
+             c.decode(in.bytes(), dtype, out.bytes());
+           }, py::arg("page"), py::arg("dtype"), py::arg("staged"), "staged <- page.");
+}
+
+}  // namespace statepool::python

@@ -1,0 +1,65 @@
+// statepool._core: the C++ client library for Python. The package statepool/ re-exports it
+// with the exception classes (statepool/errors.py) and the engine adapter.
+#include <exception>
+#include <string>
+
+#include <pybind11/pybind11.h>
+
+#include "bindings.hpp"
+#include "statepool/client.hpp"
+#include "statepool/kernels/codec.hpp"
+#include "views.hpp"
+
+namespace statepool::python {
+namespace {
+
+// Raises the statepool.errors class for `status` (TransportError when `kind` is given).
+void raise(Status status, const char* message, const char* kind = nullptr) {
+  py::object errors = py::module_::import("statepool.errors");
+  py::object kind_name = py::none();
+  if (kind != nullptr) kind_name = py::str(kind);
+  py::object exc = errors.attr("_make")(status, message, kind_name);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+}
+
+void translate(std::exception_ptr error) {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const client::ConnectionError& e) {
+    raise(e.status(), e.what(), client::to_string(e.kind()));
+  } catch (const StatusError& e) {  // client::Error and the kernels' own
+    raise(e.status(), e.what());
+  } catch (const kernels::NonFiniteError& e) {
+    raise(Status::not_finite, e.what());
+  }
+}
+
+}  // namespace
+}  // namespace statepool::python
+
+PYBIND11_MODULE(_core, m) {
+  namespace py = pybind11;
+  using namespace statepool::python;
+  m.doc() = "statepool's C++ client library (use the statepool package, which re-exports it)";
+  py::enum_<statepool::Status>(m, "Status", "Reply status of the daemon (protocol/statepool.fbs).")
+      .value("ok", statepool::Status::ok)
+      .value("invalid_argument", statepool::Status::invalid_argument)
+      .value("not_found", statepool::Status::not_found)
+      .value("quota_exceeded", statepool::Status::quota_exceeded)
+      .value("pool_exhausted", statepool::Status::pool_exhausted)
+      .value("not_owner", statepool::Status::not_owner)
+      .value("unsupported_version", statepool::Status::unsupported_version)
+      .value("protocol_error", statepool::Status::protocol_error)
+      .value("lease_busy", statepool::Status::lease_busy)
+      .value("unknown_tenant", statepool::Status::unknown_tenant)
+      .value("permission_denied", statepool::Status::permission_denied)
+      .value("draining", statepool::Status::draining)
+      .value("not_finite", statepool::Status::not_finite)
+      .value("internal", statepool::Status::internal)
+      .value("not_hello", statepool::Status::not_hello)
+      .value("too_many_connections", statepool::Status::too_many_connections);
+  bind_views(m);
+  bind_kernels(m);
+  bind_client(m);
+  py::register_exception_translator(&translate);
+}
