@@ -133,6 +133,75 @@ py::tuple shape_tuple(const View& view) {
   return shape;
 }
 
+// The buffer protocol of View, by hand: pybind11's def_buffer cannot report an error (a
+// C++ exception thrown there terminates the process), and a device or bfloat16 view must
+// refuse with BufferError.
+struct BufferDims {
+  std::vector<Py_ssize_t> shape;
+  std::vector<Py_ssize_t> strides;
+};
+
+const char* buffer_format(Element element) {
+  switch (element) {
+    case Element::uint8: return "B";
+    case Element::float32: return "f";
+    case Element::float16: return "e";
+    case Element::bfloat16: return nullptr;
+  }
+  return nullptr;
+}
+
+extern "C" int view_getbuffer(PyObject* object, Py_buffer* buffer, int flags) {
+  buffer->obj = nullptr;
+  const View* view = nullptr;
+  try {
+    view = &py::handle(object).cast<const View&>();
+  } catch (const std::exception&) {
+    PyErr_SetString(PyExc_BufferError, "not a statepool.View");
+    return -1;
+  }
+  if (view->device) {
+    PyErr_SetString(PyExc_BufferError, "device memory has no buffer protocol: use DLPack "
+                                       "(torch.from_dlpack) or __cuda_array_interface__");
+    return -1;
+  }
+  const char* format = buffer_format(view->element);
+  if (format == nullptr) {
+    PyErr_SetString(PyExc_BufferError, "bfloat16 has no buffer-protocol format: use DLPack "
+                                       "(torch.from_dlpack(view))");
+    return -1;
+  }
+  auto dims = std::make_unique<BufferDims>();
+  const auto size = static_cast<Py_ssize_t>(element_bytes(view->element));
+  dims->shape.assign(view->shape.begin(), view->shape.end());
+  dims->strides.assign(dims->shape.size(), size);
+  for (std::size_t i = dims->shape.size(); i-- > 1;) {
+    dims->strides[i - 1] = dims->strides[i] * dims->shape[i];
+  }
+  buffer->buf = view->data;
+  buffer->len = static_cast<Py_ssize_t>(view->nbytes());
+  buffer->itemsize = size;
+  buffer->readonly = 0;
+  buffer->format = (flags & PyBUF_FORMAT) != 0 ? const_cast<char*>(format) : nullptr;
+  buffer->ndim = static_cast<int>(dims->shape.size());
+  buffer->shape = (flags & PyBUF_ND) != 0 ? dims->shape.data() : nullptr;
+  buffer->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? dims->strides.data() : nullptr;
+  buffer->suboffsets = nullptr;
+  buffer->internal = dims.release();
+  buffer->obj = object;
+  Py_INCREF(object);
+  return 0;
+}
+
+extern "C" void view_releasebuffer(PyObject* /*object*/, Py_buffer* buffer) {
+  delete static_cast<BufferDims*>(buffer->internal);
+}
+
+void enable_buffer(PyHeapTypeObject* type) {
+  type->as_buffer.bf_getbuffer = view_getbuffer;
+  type->as_buffer.bf_releasebuffer = view_releasebuffer;
+}
+
 }  // namespace
 
 Element parse_element(const py::object& dtype) {
@@ -246,7 +315,8 @@ Borrowed::~Borrowed() {
 }
 
 void bind_views(py::module_& m) {
-  py::class_<View>(m, "View", py::buffer_protocol(), R"doc(
+  py::class_<View>(m, "View", py::buffer_protocol(), py::custom_type_setup(&enable_buffer),
+                   R"doc(
 A zero-copy view of memory shared with the daemon: a staging buffer or arena pages.
 
 Host memory offers the buffer protocol (``numpy.asarray(view)``, ``memoryview(view)``) and
@@ -271,27 +341,6 @@ bfloat16 views have no numpy equivalent: use DLPack (PyTorch) for them.)doc")
         for (const std::int64_t d : v.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
         return "<statepool.View " + std::string(to_string(v.element)) + "[" + dims + "] on " +
                (v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu")) + ">";
-      })
-      .def_buffer([](const View& v) -> py::buffer_info {
-        if (v.device) {
-          throw py::buffer_error("device memory has no buffer protocol: use DLPack "
-                                 "(torch.from_dlpack) or __cuda_array_interface__");
-        }
-        const char* format = nullptr;
-        switch (v.element) {
-          case Element::uint8: format = "B"; break;
-          case Element::float32: format = "f"; break;
-          case Element::float16: format = "e"; break;
-          case Element::bfloat16:
-            throw py::buffer_error("bfloat16 has no buffer-protocol format: use DLPack "
-                                   "(torch.from_dlpack(view))");
-        }
-        const auto size = static_cast<py::ssize_t>(element_bytes(v.element));
-        std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
-        std::vector<py::ssize_t> strides(shape.size(), size);
-        for (std::size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
-        return py::buffer_info(v.data, size, format, static_cast<py::ssize_t>(shape.size()),
-                               shape, strides, /*readonly=*/false);
       })
       .def("__dlpack__", [](const View& v, const py::object& /*stream*/) { return to_dlpack(v); },
            py::arg("stream") = py::none(), R"doc(
