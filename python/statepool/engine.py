@@ -1,0 +1,312 @@
+"""State pools with the interfaces serving engines already have, backed by statepool.
+
+An engine keeps the states of its *running* requests in its own tensors, where its kernels
+update them every token. A request that is preempted, retracted or waiting for its next
+turn does not need its state there: parking compresses it into a statepool page (about a
+fifth of the FP32 bytes at 6 bits) and frees the engine's slot; resuming decompresses it
+into whichever slot the request gets next. docs/python.md shows how an engine swaps its
+pool for these.
+
+- :class:`MambaPool` has the interface and the tensor shapes of SGLang's ``MambaPool``
+  (``mamba_cache.conv`` ``[layers][size + 1][conv_dim][conv_kernel - 1]``,
+  ``mamba_cache.temporal`` ``[layers][size + 1][heads][key_dim][value_dim]``, slot 0 is the
+  padding slot); ``get_cpu_copy`` / ``load_cpu_copy`` park and resume.
+- :class:`MambaBlocks` parks and resumes the per-request state blocks of vLLM's mamba
+  layers: one ``(conv_state, ssm_state)`` pair of tensors per layer, indexed by block id.
+
+Both need the state shape as a :class:`statepool.StateLayout` (``conv_channels`` is the
+conv dim, ``conv_width`` the kernel size minus one); its codec is how parked states are
+stored. The staged dtype of the recurrent part follows the engine's tensors (float32 or
+bfloat16); the conv state keeps its bytes (``layout.conv_dtype`` must be the tensors').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ._core import Arena, Connection, DType, LayoutInfo, Slot, StateLayout
+
+__all__ = ["ParkedStates", "MambaPool", "MambaBlocks"]
+
+_TORCH_DTYPE = {DType.f32: torch.float32, DType.bf16: torch.bfloat16, DType.f16: torch.float16}
+_STAGE_ALIGN = 64  # bytes between staged states in the staging buffer
+
+
+def _staged_dtype(dtype: torch.dtype) -> DType:
+    for staged, torch_dtype in _TORCH_DTYPE.items():
+        if torch_dtype == dtype and staged != DType.f16:
+            return staged
+    raise TypeError(f"temporal (recurrent) state must be float32 or bfloat16, not {dtype}")
+
+
+def _indices(index) -> List[int]:
+    if isinstance(index, torch.Tensor):
+        return [int(i) for i in index.reshape(-1).tolist()]
+    if isinstance(index, int):
+        return [index]
+    return [int(i) for i in index]
+
+
+class ParkedStates:
+    """States parked in statepool pages, one per request, in the order they were parked.
+
+    Returned by ``park`` / ``get_cpu_copy`` and consumed by ``resume`` / ``load_cpu_copy``,
+    which free the pages. Dropping the object frees them too.
+    """
+
+    def __init__(self, slots: List[Slot], page_bytes: int, fp32_bytes: int) -> None:
+        self._slots = slots
+        self.page_bytes = page_bytes
+        self.fp32_bytes = fp32_bytes
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    @property
+    def nbytes(self) -> int:
+        """Page bytes the parked states take in the pool."""
+        return self.page_bytes * len(self._slots)
+
+    @property
+    def slots(self) -> Tuple[Slot, ...]:
+        """The pages (statepool.Slot), for copy() or a later adopt() by id."""
+        return tuple(self._slots)
+
+    def __repr__(self) -> str:
+        return f"<statepool.engine.ParkedStates {len(self)} states, {self.nbytes} bytes>"
+
+
+class _Parker:
+    """Parks states into pages of one arena and resumes them, through one staging buffer
+    that holds ``batch`` staged states at a time. Subclasses say how a request's state is
+    read from and written into the engine's tensors."""
+
+    def __init__(self, conn: Connection, layout: StateLayout, temporal_dtype: torch.dtype,
+                 conv_dtype: torch.dtype, capacity: int, batch: int) -> None:
+        if capacity <= 0 or batch <= 0:
+            raise ValueError("capacity and batch must be positive")
+        if layout.conv_channels and _TORCH_DTYPE[layout.conv_dtype] != conv_dtype:
+            raise TypeError(f"the conv state tensors are {conv_dtype}, the layout's conv_dtype "
+                            f"is {layout.conv_dtype.name}")
+        self.conn = conn
+        self.staged = _staged_dtype(temporal_dtype)
+        self.info: LayoutInfo = conn.register_layout(layout)
+        self.arena: Arena = conn.open_arena(self.info, capacity)
+        l = layout
+        self._rec_shape = (l.num_layers, l.num_heads, l.key_dim, l.value_dim)
+        self._conv_shape = (l.num_layers, l.conv_channels, l.conv_width)
+        itemsize = torch.empty((), dtype=temporal_dtype).element_size()
+        rec_bytes = l.num_layers * l.num_heads * l.key_dim * l.value_dim * itemsize
+        state_bytes = self.info.state_bytes(self.staged)
+        self._stride = -(-state_bytes // _STAGE_ALIGN) * _STAGE_ALIGN
+        self._batch = batch
+        self.staging = conn.open_staging(self._stride * batch)
+        self._rec: List[torch.Tensor] = []
+        self._conv: List[Optional[torch.Tensor]] = []
+        for i in range(batch):
+            offset = i * self._stride
+            self._rec.append(torch.from_dlpack(self.staging.view(temporal_dtype,
+                                                                 self._rec_shape, offset)))
+            self._conv.append(torch.from_dlpack(self.staging.view(
+                conv_dtype, self._conv_shape, offset + rec_bytes)) if l.conv_channels else None)
+
+    # Subclasses: copy request `index`'s state out of / into the engine's tensors.
+    def _read(self, index: int, rec: torch.Tensor, conv: Optional[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def _write(self, index: int, rec: torch.Tensor, conv: Optional[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def park(self, indices) -> ParkedStates:
+        """Compresses the states at ``indices`` into new pages (the engine's slots keep
+        their contents; free them yourself). All or nothing: PoolExhausted when the arena
+        has too few free pages, NotFinite when a state holds NaN/Inf (nothing is kept)."""
+        indices = _indices(indices)
+        slots = self.conn.allocate(self.arena, len(indices)) if indices else []
+        try:
+            for start in range(0, len(indices), self._batch):
+                chunk = indices[start:start + self._batch]
+                for j, index in enumerate(chunk):
+                    self._read(index, self._rec[j], self._conv[j])
+                for j in range(len(chunk)):
+                    self.conn.compress(slots[start + j], self.staging, j * self._stride,
+                                       self.staged)
+        except BaseException:
+            self.conn.free(slots)
+            raise
+        return ParkedStates(slots, self.info.page_bytes, self.info.fp32_bytes)
+
+    def resume(self, parked: ParkedStates, indices) -> None:
+        """Decompresses parked states into the engine's slots ``indices`` (one per parked
+        state, in order) and frees their pages."""
+        indices = _indices(indices)
+        if len(indices) != len(parked):
+            raise ValueError(f"{len(parked)} parked states, {len(indices)} indices")
+        slots = parked._slots
+        for start in range(0, len(indices), self._batch):
+            chunk = indices[start:start + self._batch]
+            for j in range(len(chunk)):
+                self.conn.decompress(slots[start + j], self.staging, j * self._stride,
+                                     self.staged)
+            for j, index in enumerate(chunk):
+                self._write(index, self._rec[j], self._conv[j])
+        self.conn.free(slots)
+        parked._slots = []
+
+    @property
+    def parked_pages(self) -> int:
+        """Pages of this pool's arena in use (by anyone of the tenant)."""
+        for arena in self.conn.stats().arenas:
+            if arena.arena_id == self.arena.id:
+                return arena.pages_used
+        return 0
+
+
+class MambaPool(_Parker):
+    """SGLang's ``MambaPool`` interface over statepool.
+
+    The live states are ordinary tensors (``mamba_cache.conv[0]`` and
+    ``mamba_cache.temporal``) on ``device``, shaped as SGLang shapes them; the engine's
+    kernels read and write them in place. ``get_cpu_copy(indices)`` parks those requests'
+    states in statepool (compressed with the layout's codec) instead of copying them to
+    host memory in full precision, and ``load_cpu_copy(parked, indices)`` brings them
+    back. ``capacity`` is how many states can at least be parked at once: the pages of the
+    arena, which is the tenant's arena for this layout when one that large exists.
+    """
+
+    @dataclasses.dataclass(frozen=True)
+    class State:
+        conv: List[torch.Tensor]
+        temporal: torch.Tensor
+
+        def at_layer_idx(self, layer: int) -> "MambaPool.State":
+            return MambaPool.State(conv=[c[layer] for c in self.conv],
+                                   temporal=self.temporal[layer])
+
+        def mem_usage_bytes(self) -> int:
+            return sum(t.numel() * t.element_size() for t in [*self.conv, self.temporal])
+
+    def __init__(self, conn: Connection, layout: StateLayout, size: int, *,
+                 device: str | torch.device = "cpu", temporal_dtype: torch.dtype = torch.float32,
+                 capacity: Optional[int] = None, batch: int = 16) -> None:
+        if size <= 0:
+            raise ValueError("size must be positive")
+        conv_dtype = _TORCH_DTYPE[layout.conv_dtype]
+        super().__init__(conn, layout, temporal_dtype, conv_dtype, capacity or size, batch)
+        self.size = size
+        self.device = torch.device(device)
+        l = layout
+        conv = torch.zeros((l.num_layers, size + 1, l.conv_channels, l.conv_width),
+                           dtype=conv_dtype, device=self.device)
+        temporal = torch.zeros((l.num_layers, size + 1, l.num_heads, l.key_dim, l.value_dim),
+                               dtype=temporal_dtype, device=self.device)
+        self.mamba_cache = MambaPool.State(conv=[conv], temporal=temporal)
+        self.free_slots = torch.arange(1, size + 1, dtype=torch.int64, device=self.device)
+
+    # --- SGLang's MambaPool interface --------------------------------------------------
+    def mamba2_layer_cache(self, layer_id: int) -> "MambaPool.State":
+        return self.mamba_cache.at_layer_idx(layer_id)
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        """``need_size`` free slots (zeroed), or None when there are not that many."""
+        if need_size > len(self.free_slots):
+            return None
+        selected, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        self.clear_slots(selected)
+        return selected
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        self.free_slots = torch.cat((self.free_slots, free_index.to(self.free_slots)))
+
+    def clear(self) -> None:
+        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+
+    def clear_slots(self, indices: torch.Tensor) -> None:
+        """Zeroes the states at ``indices``."""
+        for conv in self.mamba_cache.conv:
+            conv[:, indices] = 0
+        self.mamba_cache.temporal[:, indices] = 0
+
+    def copy_from(self, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
+        for conv in self.mamba_cache.conv:
+            conv[:, dst_index] = conv[:, src_index]
+        self.mamba_cache.temporal[:, dst_index] = self.mamba_cache.temporal[:, src_index]
+
+    def fork_from(self, src_index: torch.Tensor) -> Optional[torch.Tensor]:
+        dst_index = self.alloc(1)
+        if dst_index is None:
+            return None
+        self.copy_from(src_index, dst_index)
+        return dst_index
+
+    def get_cpu_copy(self, mamba_indices: torch.Tensor) -> ParkedStates:
+        """Parks the states at ``mamba_indices`` in statepool (see park())."""
+        return self.park(mamba_indices)
+
+    def load_cpu_copy(self, mamba_cpu: ParkedStates, mamba_indices: torch.Tensor) -> None:
+        """Resumes states parked by get_cpu_copy into ``mamba_indices`` (see resume())."""
+        self.resume(mamba_cpu, mamba_indices)
+
+    # --- the engine's tensors -------------------------------------------------------------
+    def _read(self, index, rec, conv):
+        rec.copy_(self.mamba_cache.temporal[:, index])
+        if conv is not None:
+            conv.copy_(self.mamba_cache.conv[0][:, index])
+
+    def _write(self, index, rec, conv):
+        self.mamba_cache.temporal[:, index].copy_(rec)
+        if conv is not None:
+            self.mamba_cache.conv[0][:, index].copy_(conv)
+
+
+class MambaBlocks(_Parker):
+    """Parks and resumes vLLM-style per-request mamba state blocks.
+
+    ``kv_caches`` is the engine's list of per-layer ``(conv_state, ssm_state)`` tensors,
+    ``conv_state`` ``[blocks][conv_dim][conv_kernel - 1]`` (or ``[blocks][conv_kernel -
+    1][conv_dim]``: set ``conv_dim_last=True``) and ``ssm_state``
+    ``[blocks][heads][key_dim][value_dim]``, one layer per entry of the layout. park(block
+    ids) / resume(parked, block ids) move whole requests' states in and out.
+    """
+
+    def __init__(self, conn: Connection, layout: StateLayout,
+                 kv_caches: Sequence[Tuple[torch.Tensor, torch.Tensor]], *, capacity: int,
+                 conv_dim_last: bool = False, batch: int = 16) -> None:
+        if len(kv_caches) != layout.num_layers:
+            raise ValueError(f"{len(kv_caches)} layers of tensors, the layout has "
+                             f"{layout.num_layers}")
+        conv0, ssm0 = kv_caches[0]
+        l = layout
+        ssm_shape = (l.num_heads, l.key_dim, l.value_dim)
+        conv_shape = (l.conv_width, l.conv_channels) if conv_dim_last else \
+            (l.conv_channels, l.conv_width)
+        for layer, (conv, ssm) in enumerate(kv_caches):
+            if tuple(ssm.shape[1:]) != ssm_shape or tuple(conv.shape[1:]) != conv_shape:
+                raise ValueError(f"layer {layer}: ssm_state {tuple(ssm.shape)} / conv_state "
+                                 f"{tuple(conv.shape)} do not match the layout "
+                                 f"(blocks, {ssm_shape}) / (blocks, {conv_shape})")
+        super().__init__(conn, layout, ssm0.dtype, conv0.dtype, capacity, batch)
+        self.kv_caches = list(kv_caches)
+        self.conv_dim_last = conv_dim_last
+
+    def _read(self, index, rec, conv):
+        for layer, (conv_state, ssm_state) in enumerate(self.kv_caches):
+            rec[layer].copy_(ssm_state[index])
+            if conv is not None:
+                block = conv_state[index]
+                conv[layer].copy_(block.transpose(0, 1) if self.conv_dim_last else block)
+
+    def _write(self, index, rec, conv):
+        for layer, (conv_state, ssm_state) in enumerate(self.kv_caches):
+            ssm_state[index].copy_(rec[layer])
+            if conv is not None:
+                target = conv_state[index]
+                (target.transpose(0, 1) if self.conv_dim_last else target).copy_(conv[layer])
