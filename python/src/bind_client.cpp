@@ -339,50 +339,6 @@ tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
       });
 
   // --- connection ------------------------------------------------------------------------
-  auto make_options = [](std::string socket_path, std::string tenant, std::string lease_token,
-                         std::string client_name, double timeout, std::uint32_t max_reply_bytes,
-                         bool map_device_memory, bool legacy_ipc) {
-    client::Options o;
-    o.socket_path = std::move(socket_path);
-    o.tenant = std::move(tenant);
-    o.lease_token = std::move(lease_token);
-    o.client_name = std::move(client_name);
-    o.timeout = to_ms(timeout);
-    o.max_reply_bytes = max_reply_bytes;
-    o.map_device_memory = map_device_memory;
-    o.legacy_ipc = legacy_ipc;
-    return o;
-  };
-  m.def("connect", [make_options](std::string socket_path, std::string tenant,
-                                  std::string lease_token, std::string client_name, double timeout,
-                                  std::uint32_t max_reply_bytes, bool map_device_memory,
-                                  bool legacy_ipc) {
-          client::Options o = make_options(std::move(socket_path), std::move(tenant),
-                                           std::move(lease_token), std::move(client_name), timeout,
-                                           max_reply_bytes, map_device_memory, legacy_ipc);
-          py::gil_scoped_release release;
-          return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
-        },
-        py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(),
-        py::arg("tenant") = "", py::arg("lease_token") = "", py::arg("client_name") = "",
-        py::arg("timeout") = 10.0, py::arg("max_reply_bytes") = 16u << 20,
-        py::arg("map_device_memory") = true, py::arg("legacy_ipc") = false, R"doc(
-Connects to statepoold and says Hello. ``socket_path``: the daemon's Unix socket ('@name' for an
-abstract one); ``tenant``: '' for the daemon's default; ``lease_token``: from an earlier
-connection's lease_token, to get its slots back within the grace period; ``timeout``: seconds
-each call may take (0 waits forever). TransportError when the daemon cannot be reached.)doc");
-  m.def("connect_fd", [make_options](int fd, std::string tenant, std::string lease_token,
-                                     std::string client_name, double timeout) {
-          client::Options o = make_options("", std::move(tenant), std::move(lease_token),
-                                           std::move(client_name), timeout, 16u << 20, true, false);
-          py::gil_scoped_release release;
-          return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
-        },
-        py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",
-        py::arg("client_name") = "", py::arg("timeout") = 10.0,
-        "Says Hello on an already connected stream socket (e.g. socket.detach() of one end "
-        "of a socketpair); the descriptor is owned from then on.");
-
   py::class_<ConnectionHandle>(m, "Connection", R"doc(
 One connection to statepoold, with its lease (statepool.connect()). Every method that talks to
 the daemon releases the GIL; several threads may share one connection (its requests are
@@ -544,6 +500,50 @@ thread uses the connection.)doc")
       .def("__repr__", [](const ConnectionHandle& c) {
         return std::string("<statepool.Connection ") + (c.get().healthy() ? "healthy" : "closed") + ">";
       });
+
+  auto make_options = [](std::string socket_path, std::string tenant, std::string lease_token,
+                         std::string client_name, double timeout, std::uint32_t max_reply_bytes,
+                         bool map_device_memory, bool legacy_ipc) {
+    client::Options o;
+    o.socket_path = std::move(socket_path);
+    o.tenant = std::move(tenant);
+    o.lease_token = std::move(lease_token);
+    o.client_name = std::move(client_name);
+    o.timeout = to_ms(timeout);
+    o.max_reply_bytes = max_reply_bytes;
+    o.map_device_memory = map_device_memory;
+    o.legacy_ipc = legacy_ipc;
+    return o;
+  };
+  m.def("connect", [make_options](std::string socket_path, std::string tenant,
+                                  std::string lease_token, std::string client_name, double timeout,
+                                  std::uint32_t max_reply_bytes, bool map_device_memory,
+                                  bool legacy_ipc) {
+          client::Options o = make_options(std::move(socket_path), std::move(tenant),
+                                           std::move(lease_token), std::move(client_name), timeout,
+                                           max_reply_bytes, map_device_memory, legacy_ipc);
+          py::gil_scoped_release release;
+          return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
+        },
+        py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(),
+        py::arg("tenant") = "", py::arg("lease_token") = "", py::arg("client_name") = "",
+        py::arg("timeout") = 10.0, py::arg("max_reply_bytes") = 16u << 20,
+        py::arg("map_device_memory") = true, py::arg("legacy_ipc") = false, R"doc(
+Connects to statepoold and says Hello. ``socket_path``: the daemon's Unix socket ('@name' for an
+abstract one); ``tenant``: '' for the daemon's default; ``lease_token``: from an earlier
+connection's lease_token, to get its slots back within the grace period; ``timeout``: seconds
+each call may take (0 waits forever). TransportError when the daemon cannot be reached.)doc");
+  m.def("connect_fd", [make_options](int fd, std::string tenant, std::string lease_token,
+                                     std::string client_name, double timeout) {
+          client::Options o = make_options("", std::move(tenant), std::move(lease_token),
+                                           std::move(client_name), timeout, 16u << 20, true, false);
+          py::gil_scoped_release release;
+          return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
+        },
+        py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",
+        py::arg("client_name") = "", py::arg("timeout") = 10.0,
+        "Says Hello on an already connected stream socket (e.g. socket.detach() of one end "
+        "of a socketpair); the descriptor is owned from then on.");
 }
 
 }  // namespace statepool::python

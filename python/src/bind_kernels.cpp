@@ -188,7 +188,7 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
            "The same shape stored with another codec.")
       .def("__eq__", [](const StateLayout& a, const StateLayout& b) {
         return a.same_shape_and_codec(b);
-      })
+      }, py::is_operator())
       .def("__repr__", &layout_repr);
 
   py::class_<PageCodec, std::shared_ptr<PageCodec>>(m, "PageCodec", R"doc(

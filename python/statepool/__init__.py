@@ -78,4 +78,9 @@ __all__ = [
     "DType", "Fits", "LayoutInfo", "PageCodec", "Pending", "Plan", "PlanInfo", "Slot",
     "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "TenantStats", "View",
     "connect", "connect_fd", "errors",
-] + errors.__all__
+    # statepool.errors
+    "StatepoolError", "DaemonError", "TransportError", "Draining", "Internal",
+    "InvalidArgument", "LeaseBusy", "NotFinite", "NotFound", "NotHello", "NotOwner",
+    "PermissionDenied", "PoolExhausted", "ProtocolError", "QuotaExceeded",
+    "TooManyConnections", "UnknownTenant", "UnsupportedVersion",
+]

@@ -16,12 +16,14 @@ Every error the library raises for a daemon's refusal or a transport failure is 
 from __future__ import annotations
 
 import builtins
+from typing import Any, Optional
 
 
 class StatepoolError(Exception):
     """Base of every statepool error; ``status`` is the daemon's reply status."""
 
-    status = None
+    status: Any = None  #: the statepool.Status (None only for an error raised by hand)
+    kind: str = ""  #: TransportError only
 
     @property
     def message(self) -> str:
@@ -96,8 +98,6 @@ class TooManyConnections(DaemonError):
 class TransportError(StatepoolError, builtins.ConnectionError):
     """The connection failed; ``kind`` says how. The connection is unusable afterwards."""
 
-    kind: str = ""
-
 
 _BY_STATUS = {
     "invalid_argument": InvalidArgument,
@@ -118,7 +118,7 @@ _BY_STATUS = {
 }
 
 
-def _make(status, message: str, kind: str | None = None) -> StatepoolError:
+def _make(status: Any, message: str, kind: Optional[str] = None) -> StatepoolError:
     """The exception for a status (the C++ module calls this to raise)."""
     if kind is not None:
         error: StatepoolError = TransportError(message)
@@ -129,5 +129,9 @@ def _make(status, message: str, kind: str | None = None) -> StatepoolError:
     return error
 
 
-__all__ = ["StatepoolError", "DaemonError", "TransportError"] + sorted(
-    cls.__name__ for cls in _BY_STATUS.values())
+__all__ = [
+    "StatepoolError", "DaemonError", "TransportError", "Draining", "Internal",
+    "InvalidArgument", "LeaseBusy", "NotFinite", "NotFound", "NotHello", "NotOwner",
+    "PermissionDenied", "PoolExhausted", "ProtocolError", "QuotaExceeded",
+    "TooManyConnections", "UnknownTenant", "UnsupportedVersion",
+]

@@ -25,12 +25,13 @@ SOURCE_DIR = pathlib.Path(os.environ.get("STATEPOOL_SOURCE_DIR",
 class Daemon:
     """A statepoold process and how to reach it."""
 
-    def __init__(self, tmp: pathlib.Path, extra: list[str] | None = None) -> None:
+    def __init__(self, tmp: pathlib.Path, extra: list[str] | None = None,
+                 pool_capacity: str = "64MiB") -> None:
         binary = os.environ.get("STATEPOOL_DAEMON", str(SOURCE_DIR / "build/service/statepoold"))
         self.socket = str(tmp / "statepool.sock")
         self.log_path = tmp / "statepoold.log"
         args = [binary, "--socket", self.socket, "--metrics-address", "off",
-                "--api-address", "off", "--pool-capacity", "64MiB", "--arena-pages", "8",
+                "--api-address", "off", "--pool-capacity", pool_capacity, "--arena-pages", "8",
                 "--grace-period", "2s", "--workers", "2",
                 "--tenant", "team-a", "--tenant", "small:4MiB"] + (extra or [])
         self._log = open(self.log_path, "w")

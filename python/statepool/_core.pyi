@@ -1,0 +1,998 @@
+"""statepool's C++ client library (use the statepool package, which re-exports it)"""
+
+# Type stubs of the pybind11 module statepool._core (python/src/*.cpp). Parameter names,
+# defaults, keyword-only markers and overloads follow the pybind11 definitions exactly, and
+# docstrings repeat the C++ ones; tests/python/test_stubs.py checks both against the module.
+
+import builtins
+import sys
+from collections.abc import Sequence
+from typing import Any, ClassVar, Final, overload
+
+from typing_extensions import Self, TypeAlias
+
+DTypeLike: TypeAlias = Any
+"""Stub-only alias (import it under TYPE_CHECKING): what Staging.view() takes as ``dtype``: a statepool.DType, a name ('uint8', 'float32'/'float'/'f32', 'float16'/'half', 'bfloat16'/'bf16', optionally 'torch.'-prefixed), a numpy dtype or scalar type, or a torch dtype. Other dtype parameters take DType only."""
+
+_BufferLike: TypeAlias = Any
+# A C-contiguous host buffer borrowed for one call: anything with the buffer protocol (numpy
+# array, bytearray, memoryview, statepool.View) or __dlpack__ (a torch CPU tensor).
+
+if sys.version_info >= (3, 13):
+    from types import CapsuleType as _PyCapsule
+else:
+    _PyCapsule: TypeAlias = Any  # a PyCapsule named "dltensor"
+
+DEFAULT_SOCKET_PATH: Final = "/run/statepool/statepool.sock"
+"""Where statepoold listens unless configured otherwise (connect()'s default socket_path)."""
+
+# --- enums (pybind11 enums: not enum.Enum subclasses, and not iterable; the members are
+# class attributes and __members__ maps their names to them) ---------------------------------
+
+class Status:
+    """Reply status of the daemon (protocol/statepool.fbs)."""
+
+    ok: ClassVar[Status]
+    """Success."""
+    invalid_argument: ClassVar[Status]
+    """A field is out of range or inconsistent (statepool.InvalidArgument)."""
+    not_found: ClassVar[Status]
+    """Unknown layout, arena, staging buffer or plan (statepool.NotFound)."""
+    quota_exceeded: ClassVar[Status]
+    """A per-tenant or per-connection limit would be exceeded (statepool.QuotaExceeded)."""
+    pool_exhausted: ClassVar[Status]
+    """No capacity left: the pool, the arena's free pages, or the staging capacity (statepool.PoolExhausted)."""
+    not_owner: ClassVar[Status]
+    """The slot is allocated to another lease (statepool.NotOwner)."""
+    unsupported_version: ClassVar[Status]
+    """No common protocol version (statepool.UnsupportedVersion)."""
+    protocol_error: ClassVar[Status]
+    """The daemon found a malformed frame or message (statepool.ProtocolError)."""
+    lease_busy: ClassVar[Status]
+    """The lease token is held by another live connection (statepool.LeaseBusy)."""
+    unknown_tenant: ClassVar[Status]
+    """The tenant is not configured in the daemon (statepool.UnknownTenant)."""
+    permission_denied: ClassVar[Status]
+    """Not allowed: peer uid, tenant, another tenant's arena, or Drain by a non-operator (statepool.PermissionDenied)."""
+    draining: ClassVar[Status]
+    """The daemon is draining (statepool.Draining)."""
+    not_finite: ClassVar[Status]
+    """A state to compress holds NaN or Inf; the page is unchanged (statepool.NotFinite)."""
+    internal: ClassVar[Status]
+    """A bug or an operating-system failure in the daemon (statepool.Internal)."""
+    not_hello: ClassVar[Status]
+    """The first request of a connection must be Hello (statepool.NotHello)."""
+    too_many_connections: ClassVar[Status]
+    """The daemon, the uid or the tenant has no connection left (statepool.TooManyConnections)."""
+    __members__: ClassVar[dict[str, Status]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value (the protocol's number)."""
+    def __int__(self) -> int:
+        """The member's value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<Status.name: value>'."""
+    def __str__(self) -> str:
+        """'Status.name'."""
+
+class Arch:
+    """Gated-delta-rule family: gdn (a gate per head) or kda (a gate per key channel)."""
+
+    gdn: ClassVar[Arch]
+    """Gated DeltaNet: a gate per head."""
+    kda: ClassVar[Arch]
+    """Kimi Delta Attention: a gate per key channel."""
+    __members__: ClassVar[dict[str, Arch]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value."""
+    def __int__(self) -> int:
+        """The member's value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<Arch.name: value>'."""
+    def __str__(self) -> str:
+        """'Arch.name'."""
+
+class DType:
+    """Element type of full-precision data."""
+
+    f32: ClassVar[DType]
+    """float32."""
+    bf16: ClassVar[DType]
+    """bfloat16."""
+    f16: ClassVar[DType]
+    """float16 (conv states only: f16 staging is refused)."""
+    __members__: ClassVar[dict[str, DType]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value."""
+    def __int__(self) -> int:
+        """The member's value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<DType.name: value>'."""
+    def __str__(self) -> str:
+        """'DType.name'."""
+
+class CodecId:
+    """Codec of the recurrent state (docs/codecs.md)."""
+
+    fp32: ClassVar[CodecId]
+    """float32 values: a copy, exact."""
+    bf16: ClassVar[CodecId]
+    """bfloat16 values (round to nearest even)."""
+    fp16: ClassVar[CodecId]
+    """float16 values (round to nearest even)."""
+    int4: ClassVar[CodecId]
+    """4-bit codes, symmetric absmax per group of group_size values, fp16 scales."""
+    int6: ClassVar[CodecId]
+    """6-bit codes, symmetric absmax per group of group_size values, fp16 scales."""
+    int8: ClassVar[CodecId]
+    """8-bit codes, symmetric absmax per group of group_size values, fp16 scales."""
+    stepquant4: ClassVar[CodecId]
+    """STEPQuant at a 4-bit budget: per-unit widths from a calibration plan (needs a Plan)."""
+    stepquant6: ClassVar[CodecId]
+    """STEPQuant at a 6-bit budget: per-unit widths from a calibration plan (needs a Plan)."""
+    dsq4: ClassVar[CodecId]
+    """Dual-scale baseline at 4 bits: fp16 row and column scales per head, no plan."""
+    dsq6: ClassVar[CodecId]
+    """Dual-scale baseline at 6 bits: fp16 row and column scales per head, no plan."""
+    __members__: ClassVar[dict[str, CodecId]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value."""
+    def __int__(self) -> int:
+        """The member's value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<CodecId.name: value>'."""
+    def __str__(self) -> str:
+        """'CodecId.name'."""
+
+class StepQuantVariant:
+    """STEPQuant ablation: both axes, spatial only, temporal only."""
+
+    full: ClassVar[StepQuantVariant]
+    """The codec as calibrated (both axes)."""
+    spatial_only: ClassVar[StepQuantVariant]
+    """Every non-pivot unit at the budget width, with the impact-weighted fit."""
+    temporal_only: ClassVar[StepQuantVariant]
+    """The plan's widths with plain per-row absmax scales, no column scales."""
+    __members__: ClassVar[dict[str, StepQuantVariant]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value."""
+    def __int__(self) -> int:
+        """The member's value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<StepQuantVariant.name: value>'."""
+    def __str__(self) -> str:
+        """'StepQuantVariant.name'."""
+
+# --- views ---------------------------------------------------------------------------------
+
+class View:
+    """
+    A zero-copy view of memory shared with the daemon: a staging buffer or arena pages.
+
+    Host memory offers the buffer protocol (``numpy.asarray(view)``, ``memoryview(view)``) and
+    DLPack (``torch.from_dlpack(view)``, ``numpy.from_dlpack(view)``); device memory (the cuda
+    backend) offers DLPack and ``__cuda_array_interface__``. Whatever is made from a view keeps
+    the memory mapped; the buffer it views cannot be closed while such objects exist.
+    bfloat16 views have no numpy equivalent: use DLPack (PyTorch) for them.
+
+    Stub note: the buffer protocol is a C-level slot; Python 3.12+ shows it as ``__buffer__``
+    (typed below for those versions, so View is a ``collections.abc.Buffer``); Python 3.11 has
+    no ``__buffer__`` and no way to type it, so pass views where a buffer is expected as usual.
+    Writable, C-contiguous; BufferError for device memory and for bfloat16 views.
+    """
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Dimensions, C order."""
+    @property
+    def dtype(self) -> str:
+        """Element type: 'uint8', 'float32', 'float16' or 'bfloat16'."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes viewed."""
+    @property
+    def device(self) -> str:
+        """'cpu' or 'cuda:N'."""
+    @property
+    def data_ptr(self) -> int:
+        """Address of the first element (a device address for device memory)."""
+    def __len__(self) -> int:
+        """The first dimension (0 for a view without dimensions)."""
+    def __repr__(self) -> str:
+        """'<statepool.View dtype[dims] on device>'."""
+    def __dlpack__(self, stream: object = None) -> _PyCapsule:
+        """
+        DLPack capsule of the view (zero-copy). ``stream`` is accepted and ignored: the daemon's
+        work on this memory is complete when its reply arrives, so there is nothing to order.
+        """
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(device type, device id) as DLPack numbers them: (1, 0) for host memory."""
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA array interface (version 3) of device memory."""
+    if sys.version_info >= (3, 12):
+        def __buffer__(self, flags: int, /) -> memoryview:
+            """The buffer protocol (host memory; not bfloat16)."""
+        def __release_buffer__(self, buffer: memoryview, /) -> None:
+            """Releases a buffer made by __buffer__."""
+
+# --- kernels: plans, layouts, page codecs --------------------------------------------------
+
+class Plan:
+    """
+    A STEPQuant calibration plan (docs/plans.md): per-unit bit widths, FP16 pivots and per-row
+    impact factors for one model shape. Made by ``statepool-quant calibrate`` and loaded with
+    ``Plan.load(path)``, or built from its fields (validated).
+    """
+
+    def __init__(
+        self,
+        *,
+        arch: Arch,
+        num_layers: int,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int,
+        budget_bits: int,
+        widths: Sequence[int],
+        impact: Sequence[float],
+        source: str = "",
+    ) -> None:
+        """Builds a plan; ValueError names the first problem (docs/plans.md lists the rules). widths: one per unit (GDN: [layer][head], KDA: [layer][head][row]) in the budget's candidates or 16 (pivot); impact: one > 0 per key row."""
+    @staticmethod
+    def load(path: str) -> Plan:
+        """Reads a plan file; ValueError for a bad file, OSError-like RuntimeError for an I/O failure, both naming the path."""
+    @staticmethod
+    def from_bytes(data: bytes) -> Plan:
+        """Parses a serialized plan (the contents of a plan file)."""
+    def to_bytes(self) -> bytes:
+        """The plan file's bytes."""
+    def save(self, path: str) -> None:
+        """Writes the plan file atomically (temporary file, fsync, rename)."""
+    @property
+    def arch(self) -> Arch:
+        """Gated-delta-rule family of the model."""
+    @property
+    def num_layers(self) -> int:
+        """Linear-attention layers."""
+    @property
+    def num_heads(self) -> int:
+        """Heads per layer."""
+    @property
+    def key_dim(self) -> int:
+        """Key dimension (rows of a head's state)."""
+    @property
+    def value_dim(self) -> int:
+        """Value dimension (columns of a head's state)."""
+    @property
+    def budget_bits(self) -> int:
+        """The bit budget: 6 (stepquant6) or 4 (stepquant4)."""
+    @property
+    def widths(self) -> list[int]:
+        """Width per unit (a copy)."""
+    @property
+    def impact(self) -> list[float]:
+        """Impact factor per key row (a copy)."""
+    @property
+    def source(self) -> str:
+        """Free text: model, trace, tool version."""
+    @property
+    def digest(self) -> str:
+        """16 hex characters that layouts name the plan by."""
+    @property
+    def units(self) -> int:
+        """Heads (GDN) or key rows (KDA): len(widths) of a valid plan."""
+    @property
+    def pivots(self) -> int:
+        """FP16 pivot units (width 16)."""
+    @property
+    def average_width(self) -> float:
+        """Average nominal bits per value (pivots count 16)."""
+    def __repr__(self) -> str:
+        """'<statepool.Plan digest arch N-bit, U units, P pivots>'."""
+
+class StateLayout:
+    """
+    The shape of one request's whole recurrent state (every linear-attention layer) and the codec
+    that stores it; one arena page holds one such state. Staged (full-precision) states are
+    ``[num_layers][num_heads][key_dim][value_dim]`` in float32 or bfloat16, followed by the conv
+    state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.
+    """
+
+    def __init__(
+        self,
+        *,
+        arch: Arch = Arch.gdn,
+        num_layers: int,
+        num_heads: int,
+        key_dim: int,
+        value_dim: int,
+        conv_channels: int = 0,
+        conv_width: int = 0,
+        conv_dtype: DType = DType.bf16,
+        codec: CodecId = CodecId.fp32,
+        group_size: int = 0,
+        variant: StepQuantVariant = StepQuantVariant.full,
+        plan: Plan | None = None,
+        name: str = "",
+    ) -> None:
+        """Builds and validates a layout (ValueError names the field). stepquant4/6 need a plan of the same shape; group_size 0 means 128."""
+    @property
+    def name(self) -> str:
+        """The layout's name ('' for none)."""
+    @property
+    def arch(self) -> Arch:
+        """Gated-delta-rule family."""
+    @property
+    def num_layers(self) -> int:
+        """Linear-attention layers."""
+    @property
+    def num_heads(self) -> int:
+        """Heads per layer."""
+    @property
+    def key_dim(self) -> int:
+        """Key dimension (rows of a head's state)."""
+    @property
+    def value_dim(self) -> int:
+        """Value dimension (columns of a head's state)."""
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the conv state per layer (0: none)."""
+    @property
+    def conv_width(self) -> int:
+        """Width of the conv state (0: none)."""
+    @property
+    def conv_dtype(self) -> DType:
+        """Element type of the conv state (stored raw)."""
+    @property
+    def codec(self) -> CodecId:
+        """Codec of the recurrent state."""
+    @property
+    def group_size(self) -> int:
+        """Group size of the int codecs (0 means 128)."""
+    @property
+    def variant(self) -> StepQuantVariant:
+        """STEPQuant ablation variant."""
+    @property
+    def plan(self) -> Plan | None:
+        """The STEPQuant plan, or None."""
+    def with_codec(self, codec: CodecId, plan: Plan | None = None) -> StateLayout:
+        """The same shape stored with another codec."""
+    def __eq__(self, arg0: StateLayout, /) -> bool:  # type: ignore[override]
+        """Same shape and codec (plans compared too); TypeError for a non-StateLayout."""
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    """Unhashable (it defines __eq__)."""
+    def __repr__(self) -> str:
+        """"<statepool.StateLayout 'name' arch LxHxKxV conv CxW codec>"."""
+
+class PageCodec:
+    """
+    The page format of a layout, to encode and decode pages in this process with the same code
+    as the daemon. Thread-safe; encode/decode release the GIL.
+    """
+
+    def __init__(self, layout: StateLayout) -> None:
+        """The page codec of ``layout``."""
+    @property
+    def layout(self) -> StateLayout:
+        """The layout (a copy)."""
+    @property
+    def page_bytes(self) -> int:
+        """Exact bytes of one page."""
+    @property
+    def fp32_bytes(self) -> int:
+        """Bytes of the same state with every value in float32."""
+    @property
+    def compression_ratio(self) -> float:
+        """fp32_bytes / page_bytes."""
+    def staged_bytes(self, dtype: DType = DType.f32) -> int:
+        """Bytes of a staged state whose recurrent part is in dtype (f32 or bf16)."""
+    def encode(self, staged: _BufferLike, dtype: DType, page: _BufferLike) -> None:
+        """page <- staged. NotFinite (page unchanged) for a NaN/Inf state; ValueError for wrong sizes. Buffers: numpy arrays, torch CPU tensors, statepool.View, bytearray."""
+    def decode(self, page: _BufferLike, dtype: DType, staged: _BufferLike) -> None:
+        """staged <- page."""
+
+# --- client: results -----------------------------------------------------------------------
+
+class LayoutInfo:
+    """A layout registered with the daemon."""
+
+    @property
+    def id(self) -> int:
+        """The daemon's id of the layout."""
+    @property
+    def page_bytes(self) -> int:
+        """Exact bytes of one page."""
+    @property
+    def fp32_bytes(self) -> int:
+        """Bytes of the same state with every value in float32."""
+    @property
+    def state_bytes_f32(self) -> int:
+        """Bytes of a staged state, recurrent part in float32."""
+    @property
+    def state_bytes_bf16(self) -> int:
+        """Bytes of a staged state, recurrent part in bfloat16."""
+    @property
+    def layout(self) -> StateLayout:
+        """What was registered."""
+    @property
+    def compression_ratio(self) -> float:
+        """fp32_bytes / page_bytes (0 if page_bytes is 0)."""
+    def state_bytes(self, dtype: DType = DType.f32) -> int:
+        """state_bytes_f32 or state_bytes_bf16 (0 for f16: the daemon does not accept f16 staging)."""
+    def __repr__(self) -> str:
+        """'<statepool.LayoutInfo id=... page_bytes=... fp32_bytes=...>'."""
+
+class PlanInfo:
+    """A STEPQuant plan the daemon holds."""
+
+    @property
+    def digest(self) -> str:
+        """What layouts name the plan by (16 hex characters)."""
+    @property
+    def units(self) -> int:
+        """Heads (GDN) or key rows (KDA)."""
+    @property
+    def pivots(self) -> int:
+        """FP16 pivot units."""
+    @property
+    def average_bits(self) -> float:
+        """Nominal bits per value over the units."""
+    @property
+    def created(self) -> bool:
+        """False when the daemon had it already."""
+
+class ArenaStats:
+    """One arena in stats()."""
+
+    @property
+    def arena_id(self) -> int:
+        """The arena's id."""
+    @property
+    def tenant(self) -> str:
+        """The tenant that owns it."""
+    @property
+    def layout_id(self) -> int:
+        """The id of its layout."""
+    @property
+    def layout_name(self) -> str:
+        """The name of its layout."""
+    @property
+    def codec(self) -> CodecId:
+        """The codec of its pages."""
+    @property
+    def backend(self) -> str:
+        """'host' or 'cuda'."""
+    @property
+    def page_bytes(self) -> int:
+        """Exact bytes of one page."""
+    @property
+    def page_stride(self) -> int:
+        """Bytes one page takes in the arena."""
+    @property
+    def pages_total(self) -> int:
+        """Pages in the arena."""
+    @property
+    def pages_used(self) -> int:
+        """Pages allocated."""
+    @property
+    def bytes_total(self) -> int:
+        """Mapping size, page_count * page_stride."""
+    @property
+    def fp32_bytes_used(self) -> int:
+        """FP32-equivalent bytes of the used pages."""
+    @property
+    def stored_bytes_used(self) -> int:
+        """Page bytes of the used pages."""
+    @property
+    def compression_ratio(self) -> float:
+        """fp32_bytes_used / stored_bytes_used (0 when no page is used)."""
+
+class TenantStats:
+    """One tenant in stats()."""
+
+    @property
+    def tenant(self) -> str:
+        """The tenant's name."""
+    @property
+    def quota_bytes(self) -> int:
+        """0 = unlimited."""
+    @property
+    def reserved_bytes(self) -> int:
+        """Arena bytes held (counted against the quota)."""
+    @property
+    def pages_used(self) -> int:
+        """Pages used in its arenas."""
+    @property
+    def stored_bytes(self) -> int:
+        """Page bytes of the used pages."""
+    @property
+    def fp32_bytes(self) -> int:
+        """FP32-equivalent bytes of the used pages."""
+    @property
+    def compression_ratio(self) -> float:
+        """fp32_bytes / stored_bytes (0 when nothing is stored)."""
+
+class Stats:
+    """The daemon's state (the Stats request)."""
+
+    @property
+    def arenas(self) -> list[ArenaStats]:
+        """Every arena."""
+    @property
+    def tenants(self) -> list[TenantStats]:
+        """Every tenant."""
+    @property
+    def clients_connected(self) -> int:
+        """Connections open now."""
+    @property
+    def leases_active(self) -> int:
+        """Leases held by a live connection."""
+    @property
+    def leases_orphaned(self) -> int:
+        """Leases whose connection dropped, waiting for the grace period."""
+    @property
+    def pages_reclaimed_total(self) -> int:
+        """Pages freed by grace-period expiry since start."""
+    @property
+    def pool_capacity_bytes(self) -> int:
+        """Bytes of the pool."""
+    @property
+    def pool_reserved_bytes(self) -> int:
+        """Bytes of the pool held by arenas."""
+    @property
+    def uptime_seconds(self) -> float:
+        """Seconds since the daemon started."""
+
+class CodecFit:
+    """How many more requests fit under one codec."""
+
+    @property
+    def codec(self) -> CodecId:
+        """The codec."""
+    @property
+    def nominal_plan(self) -> bool:
+        """stepquant without an arena: sized with nominal plan bytes."""
+    @property
+    def page_stride(self) -> int:
+        """Bytes one slot takes in an arena."""
+    @property
+    def arena_free_pages(self) -> int:
+        """Free pages in the tenant's arena(s) of this codec."""
+    @property
+    def new_arena_pages(self) -> int:
+        """Pages a new arena could take now."""
+    @property
+    def requests(self) -> int:
+        """(arena_free_pages + new_arena_pages) / slots."""
+    @property
+    def limited_by(self) -> str:
+        """arena, pool, quota or max_arena_pages."""
+
+class Fits:
+    """What fits now for this connection's tenant."""
+
+    @property
+    def tenant(self) -> str:
+        """The tenant."""
+    @property
+    def pool_capacity_bytes(self) -> int:
+        """Bytes of the pool."""
+    @property
+    def pool_free_bytes(self) -> int:
+        """Capacity minus all arenas."""
+    @property
+    def quota_free_bytes(self) -> int | None:
+        """None: no quota."""
+    @property
+    def max_arena_pages(self) -> int:
+        """The daemon's limit on pages per arena."""
+    @property
+    def codecs(self) -> list[CodecFit]:
+        """One entry per codec asked about."""
+
+class Pending:
+    """An operation the daemon may still run on its device."""
+
+    @property
+    def bytes(self) -> int:
+        """As compress() / decompress() return (0 for copy)."""
+    @property
+    def event(self) -> builtins.bytes | None:  # builtins.: the property bytes shadows it
+        """The 64 bytes of a cudaIpcEventHandle_t that completes with the work, or None when the work was done already (host backend)."""
+
+# --- client: slots, staging, arenas ----------------------------------------------------------
+
+class Slot:
+    """
+    One allocated page of an arena, owned by this connection's lease. Freed on the daemon when
+    the object is garbage-collected, when a ``with`` block ends, or by free(); release() keeps it
+    allocated (to adopt it again after a reconnect with the lease token).
+    """
+
+    @property
+    def id(self) -> int:
+        """The slot id (the page's index in its arena)."""
+    @property
+    def arena_id(self) -> int:
+        """The arena's id."""
+    @property
+    def valid(self) -> bool:
+        """False once freed or released."""
+    def release(self) -> int:
+        """Gives up ownership without freeing; returns the slot id."""
+    def free(self) -> None:
+        """Frees the slot on the daemon now."""
+    def __enter__(self) -> Self:
+        """The slot itself."""
+    def __exit__(self, *args: object) -> None:
+        """Frees the slot unless it was freed or released already."""
+    def __repr__(self) -> str:
+        """'<statepool.Slot arena=... id=...>'."""
+
+class Staging:
+    """
+    A staging buffer shared with the daemon: full-precision states are written here before
+    compress() and read from here after decompress(). view() gives zero-copy numpy/PyTorch access.
+    Closed on the daemon when garbage-collected, when a ``with`` block ends, or by close().
+    """
+
+    @property
+    def id(self) -> int:
+        """The daemon's id of the buffer."""
+    @property
+    def size(self) -> int:
+        """Bytes (at least what was asked for)."""
+    @property
+    def fd(self) -> int:
+        """The received descriptor (owned by the buffer; dup() it to keep it longer)."""
+    @property
+    def valid(self) -> bool:
+        """False once closed."""
+    @property
+    def memory_space(self) -> str:
+        """'host' or 'device'."""
+    @property
+    def device_ptr(self) -> int:
+        """Device address when device memory is mapped here, else 0."""
+    def view(
+        self,
+        dtype: DTypeLike | None = None,
+        shape: int | Sequence[int] | None = None,
+        offset: int = 0,
+    ) -> View:
+        """
+        A zero-copy view of the buffer: ``dtype`` elements (default uint8) in ``shape`` (default:
+        the rest of the buffer) from byte ``offset``. numpy.asarray(view), torch.from_dlpack(view).
+        """
+    def close(self) -> None:
+        """Closes the buffer on the daemon now. BufferError while views of it are alive."""
+    def __enter__(self) -> Self:
+        """The buffer itself."""
+    def __exit__(self, *args: object) -> None:
+        """close() unless closed already (BufferError while views of it are alive)."""
+    def __repr__(self) -> str:
+        """'<statepool.Staging id=... size=...>'."""
+
+class Arena:
+    """
+    A mapped arena: page_count pages of page_bytes each, page_stride apart. Owns the received
+    descriptor and the mapping (close() or the end of a ``with`` block unmaps it locally; arenas
+    live on in the daemon). page(slot) views one page; decode(slot, out) decodes it here.
+    """
+
+    @property
+    def id(self) -> int:
+        """The arena's id."""
+    @property
+    def layout_id(self) -> int:
+        """The id of its layout."""
+    @property
+    def page_bytes(self) -> int:
+        """Exact bytes of one page."""
+    @property
+    def page_stride(self) -> int:
+        """Bytes from one page to the next."""
+    @property
+    def page_count(self) -> int:
+        """Pages in the arena."""
+    @property
+    def bytes(self) -> int:
+        """Size of the whole region, page_count * page_stride."""
+    @property
+    def backend(self) -> str:
+        """'host' or 'cuda'."""
+    @property
+    def created(self) -> bool:
+        """False when an existing arena of the tenant was opened."""
+    @property
+    def mapped(self) -> bool:
+        """True when host memory is mapped here."""
+    @property
+    def fd(self) -> int:
+        """The received descriptor (owned by the arena; dup() it to keep it longer); -1 when the handle kind is not a descriptor."""
+    @property
+    def memory_space(self) -> str:
+        """'host' or 'device'."""
+    @property
+    def device_ptr(self) -> int:
+        """Device address when device memory is mapped here, else 0."""
+    @property
+    def has_codec(self) -> bool:
+        """True when a PageCodec for the layout is available (the layout was registered through the same Connection, or the arena was opened from a LayoutInfo)."""
+    @property
+    def codec(self) -> PageCodec:
+        """The arena's page format (a PageCodec)."""
+    def page(self, slot: Slot | int) -> View:
+        """A uint8 view of one page (a Slot or a slot id)."""
+    def pages(self) -> View:
+        """A uint8 view of the whole mapping, shape (page_count, page_stride)."""
+    def decode(self, slot: Slot | int, out: _BufferLike, dtype: DType = DType.f32) -> None:
+        """
+        Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
+        tensor of codec.staged_bytes(dtype) bytes). Host arenas only.
+        """
+    def close(self) -> None:
+        """Unmaps the arena here (the daemon keeps it). BufferError while views are alive."""
+    def __enter__(self) -> Self:
+        """The arena itself."""
+    def __exit__(self, *args: object) -> None:
+        """Unmaps the arena here (BufferError while views are alive)."""
+    def __repr__(self) -> str:
+        """'<statepool.Arena id=... pages=... page_bytes=... backend=...>'."""
+
+# --- client: connections -------------------------------------------------------------------
+
+def connect(
+    socket_path: str = "/run/statepool/statepool.sock",
+    *,
+    tenant: str = "",
+    lease_token: str = "",
+    client_name: str = "",
+    timeout: float = 10.0,
+    max_reply_bytes: int = 16777216,
+    map_device_memory: bool = True,
+    legacy_ipc: bool = False,
+) -> Connection:
+    """
+    Connects to statepoold and says Hello. ``socket_path``: the daemon's Unix socket ('@name' for an
+    abstract one); ``tenant``: '' for the daemon's default; ``lease_token``: from an earlier
+    connection's lease_token, to get its slots back within the grace period; ``timeout``: seconds
+    each call may take (0 waits forever). TransportError when the daemon cannot be reached.
+    """
+
+def connect_fd(
+    fd: int,
+    *,
+    tenant: str = "",
+    lease_token: str = "",
+    client_name: str = "",
+    timeout: float = 10.0,
+) -> Connection:
+    """Says Hello on an already connected stream socket (e.g. socket.detach() of one end of a socketpair); the descriptor is owned from then on."""
+
+class Connection:
+    """
+    One connection to statepoold, with its lease (statepool.connect()). Every method that talks to
+    the daemon releases the GIL; several threads may share one connection (its requests are
+    serialized). Daemon refusals raise a statepool.DaemonError subclass (QuotaExceeded, ...);
+    transport failures raise statepool.TransportError, after which the connection is unusable.
+    """
+
+    @property
+    def lease_token(self) -> str:
+        """The lease's token: connect(lease_token=...) gets its slots back within the grace period."""
+    @property
+    def lease_resumed(self) -> bool:
+        """True when connect()'s lease_token named a lease still within its grace period."""
+    @property
+    def resumed_slots(self) -> int:
+        """Slots that came back with a resumed lease (take them over with adopt())."""
+    @property
+    def grace_period(self) -> float:
+        """Seconds the daemon keeps this lease's slots after the connection drops."""
+    @property
+    def protocol_version(self) -> int:
+        """The protocol version agreed on in Hello."""
+    @property
+    def server(self) -> str:
+        """Daemon name and version."""
+    @property
+    def max_frame_bytes(self) -> int:
+        """Largest frame the daemon accepts, in bytes."""
+    @property
+    def healthy(self) -> bool:
+        """False once the connection is broken (after a TransportError, or after the daemon answered protocol_error / not_hello / unsupported_version) or closed."""
+    def register_layout(self, layout: StateLayout) -> LayoutInfo:
+        """Registers (or finds) a layout; installs a stepquant layout's plan first if needed."""
+    def install_plan(self, plan: Plan) -> PlanInfo:
+        """Sends a STEPQuant plan (idempotent)."""
+    @overload
+    def open_arena(self, layout: LayoutInfo, pages: int = 0) -> Arena:
+        """
+        Opens (or creates) an arena of the tenant for a layout with at least ``pages`` pages and maps
+        it; 0 takes any existing one or the daemon's default size.
+        """
+    @overload
+    def open_arena(self, layout_id: int, pages: int = 0) -> Arena:
+        """open_arena() by the id of a registered layout."""
+    def open_staging(self, bytes: int) -> Staging:
+        """Opens a staging buffer of at least ``bytes`` bytes."""
+    def allocate(self, arena: Arena, count: int = 1) -> list[Slot]:
+        """Allocates ``count`` slots of an arena, all or none (PoolExhausted when full)."""
+    def adopt(self, arena_id: int, slot_id: int) -> Slot:
+        """Takes ownership of a slot this lease holds (released, or back with a resumed lease)."""
+    @overload
+    def free(self, slots: Sequence[Slot]) -> int:
+        """Frees Slot objects, one request per arena; returns how many."""
+    @overload
+    def free(self, arena_id: int, slot_ids: Sequence[int]) -> int:
+        """Frees slot ids of one arena (released ones)."""
+    @overload
+    def compress(self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32) -> int:
+        """
+        page[slot] <- the state staged at staging[offset:]. Returns the page bytes written. NotFinite
+        (the page unchanged) when the state holds NaN or Inf.
+        """
+    @overload
+    def compress(
+        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+    ) -> int:
+        """compress() by ids: arena, slot and staging buffer."""
+    @overload
+    def decompress(self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32) -> int:
+        """staging[offset:] <- the state of page[slot]. Returns the state bytes written."""
+    @overload
+    def decompress(
+        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+    ) -> int:
+        """decompress() by ids: arena, slot and staging buffer."""
+    @overload
+    def copy(self, src: Slot, dst: Slot) -> None:
+        """Copies a whole page (both slots of one arena)."""
+    @overload
+    def copy(self, arena_id: int, src_id: int, dst_id: int) -> None:
+        """copy() by ids: the arena and its two slots."""
+    def compress_async(
+        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+    ) -> Pending:
+        """compress() without waiting for the device (cuda backend): see Pending."""
+    def decompress_async(
+        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+    ) -> Pending:
+        """decompress() without waiting for the device (cuda backend): see Pending."""
+    def copy_async(self, arena_id: int, src_id: int, dst_id: int) -> Pending:
+        """copy() without waiting for the device (cuda backend): see Pending."""
+    def stats(self) -> Stats:
+        """The daemon's arenas, tenants, leases and pool."""
+    def plan_capacity(
+        self,
+        model_config: str,
+        *,
+        weight_bits: int = 0,
+        kv: str = "",
+        codecs: Sequence[CodecId] = [],
+        slots: int = 0,
+        context: int = 0,
+        gpu_memory: int = 0,
+        reserved: float | None = None,
+        tp: int = 0,
+        concurrency: int | None = None,
+    ) -> dict[str, Any]:
+        """
+        The daemon's capacity plan for a model (the text of its config.json), as the dict of
+        docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
+        arguments take the planner's defaults.
+        """
+    def fits_now(self, layout: LayoutInfo, slots: int = 1, codecs: Sequence[CodecId] = []) -> Fits:
+        """How many more requests of this state shape fit now, per codec."""
+    def ping(self) -> float:
+        """One round trip; returns its duration in seconds."""
+    def drain(self) -> None:
+        """Asks the daemon to drain and exit (the daemon's uid or root only)."""
+    def close(self) -> None:
+        """
+        Closes the connection now (slots and staging buffers still alive keep the socket open until
+        they go). Later calls raise TransportError(kind='closed'). Not to be called while another
+        thread uses the connection.
+        """
+    def __enter__(self) -> Self:
+        """The connection itself."""
+    def __exit__(self, *args: object) -> None:
+        """close()."""
+    def __repr__(self) -> str:
+        """'<statepool.Connection healthy>' or '<statepool.Connection closed>'."""
