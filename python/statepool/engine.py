@@ -85,9 +85,18 @@ class _Parker:
     read from and written into the engine's tensors."""
 
     def __init__(self, conn: Connection, layout: StateLayout, temporal_dtype: torch.dtype,
-                 conv_dtype: torch.dtype, capacity: int, batch: int) -> None:
+                 conv_dtype: torch.dtype, capacity: int, batch: int,
+                 conv_split: Optional[Sequence[int]]) -> None:
         if capacity <= 0 or batch <= 0:
             raise ValueError("capacity and batch must be positive")
+        split = list(conv_split) if conv_split else [layout.conv_channels]
+        if sum(split) != layout.conv_channels or min(split) < 0:
+            raise ValueError(f"conv_split {split} does not add up to the layout's "
+                             f"conv_channels {layout.conv_channels}")
+        # Channel ranges of the conv tensors inside the staged conv state [layers][C][W].
+        starts = [sum(split[:i]) for i in range(len(split))]
+        self._conv_parts = [(a, a + n) for a, n in zip(starts, split)] \
+            if layout.conv_channels else []
         if layout.conv_channels and _TORCH_DTYPE[layout.conv_dtype] != conv_dtype:
             raise TypeError(f"the conv state tensors are {conv_dtype}, the layout's conv_dtype "
                             f"is {layout.conv_dtype.name}")
@@ -113,7 +122,8 @@ class _Parker:
             self._conv.append(torch.from_dlpack(self.staging.view(
                 conv_dtype, self._conv_shape, offset + rec_bytes)) if l.conv_channels else None)
 
-    # Subclasses: copy request `index`'s state out of / into the engine's tensors.
+    # Subclasses: copy request `index`'s state out of / into the engine's tensors (`conv` is
+    # None for a layout without conv state; self._conv_parts are its channel ranges).
     def _read(self, index: int, rec: torch.Tensor, conv: Optional[torch.Tensor]) -> None:
         raise NotImplementedError
 
@@ -168,13 +178,16 @@ class _Parker:
 class MambaPool(_Parker):
     """SGLang's ``MambaPool`` interface over statepool.
 
-    The live states are ordinary tensors (``mamba_cache.conv[0]`` and
+    The live states are ordinary tensors (``mamba_cache.conv`` and
     ``mamba_cache.temporal``) on ``device``, shaped as SGLang shapes them; the engine's
     kernels read and write them in place. ``get_cpu_copy(indices)`` parks those requests'
     states in statepool (compressed with the layout's codec) instead of copying them to
     host memory in full precision, and ``load_cpu_copy(parked, indices)`` brings them
     back. ``capacity`` is how many states can at least be parked at once: the pages of the
     arena, which is the tenant's arena for this layout when one that large exists.
+    ``conv_split`` gives the channels of each conv tensor when a layer has several (Kimi's
+    KDA: separate q, k and v convolutions, ``(4096, 4096, 4096)``); they are stored one after
+    the other in the page's conv state. Default: one conv tensor of all conv channels.
     """
 
     @dataclasses.dataclass(frozen=True)
@@ -191,19 +204,22 @@ class MambaPool(_Parker):
 
     def __init__(self, conn: Connection, layout: StateLayout, size: int, *,
                  device: str | torch.device = "cpu", temporal_dtype: torch.dtype = torch.float32,
-                 capacity: Optional[int] = None, batch: int = 16) -> None:
+                 capacity: Optional[int] = None, batch: int = 16,
+                 conv_split: Optional[Sequence[int]] = None) -> None:
         if size <= 0:
             raise ValueError("size must be positive")
         conv_dtype = _TORCH_DTYPE[layout.conv_dtype]
-        super().__init__(conn, layout, temporal_dtype, conv_dtype, capacity or size, batch)
+        super().__init__(conn, layout, temporal_dtype, conv_dtype, capacity or size, batch,
+                         conv_split)
         self.size = size
         self.device = torch.device(device)
         l = layout
-        conv = torch.zeros((l.num_layers, size + 1, l.conv_channels, l.conv_width),
-                           dtype=conv_dtype, device=self.device)
+        conv = [torch.zeros((l.num_layers, size + 1, end - start, l.conv_width),
+                            dtype=conv_dtype, device=self.device)
+                for start, end in self._conv_parts]
         temporal = torch.zeros((l.num_layers, size + 1, l.num_heads, l.key_dim, l.value_dim),
                                dtype=temporal_dtype, device=self.device)
-        self.mamba_cache = MambaPool.State(conv=[conv], temporal=temporal)
+        self.mamba_cache = MambaPool.State(conv=conv, temporal=temporal)
         self.free_slots = torch.arange(1, size + 1, dtype=torch.int64, device=self.device)
 
     # --- SGLang's MambaPool interface --------------------------------------------------
@@ -258,55 +274,65 @@ class MambaPool(_Parker):
     # --- the engine's tensors -------------------------------------------------------------
     def _read(self, index, rec, conv):
         rec.copy_(self.mamba_cache.temporal[:, index])
-        if conv is not None:
-            conv.copy_(self.mamba_cache.conv[0][:, index])
+        for part, (start, end) in zip(self.mamba_cache.conv, self._conv_parts):
+            conv[:, start:end].copy_(part[:, index])
 
     def _write(self, index, rec, conv):
         self.mamba_cache.temporal[:, index].copy_(rec)
-        if conv is not None:
-            self.mamba_cache.conv[0][:, index].copy_(conv)
+        for part, (start, end) in zip(self.mamba_cache.conv, self._conv_parts):
+            part[:, index].copy_(conv[:, start:end])
 
 
 class MambaBlocks(_Parker):
     """Parks and resumes vLLM-style per-request mamba state blocks.
 
-    ``kv_caches`` is the engine's list of per-layer ``(conv_state, ssm_state)`` tensors,
-    ``conv_state`` ``[blocks][conv_dim][conv_kernel - 1]`` (or ``[blocks][conv_kernel -
-    1][conv_dim]``: set ``conv_dim_last=True``) and ``ssm_state``
-    ``[blocks][heads][key_dim][value_dim]``, one layer per entry of the layout. park(block
-    ids) / resume(parked, block ids) move whole requests' states in and out.
+    ``kv_caches`` is the engine's list of per-layer state tensors, one entry per layer of
+    the layout, each a tuple ``(*conv_states, ssm_state)``: the conv state tensors
+    ``[blocks][channels][conv_kernel - 1]`` (or ``[blocks][conv_kernel - 1][channels]``:
+    set ``conv_dim_last=True``), one for GDN's fused qkv convolution or three for KDA's q,
+    k and v convolutions, their channels adding up to the layout's ``conv_channels``; and
+    ``ssm_state`` ``[blocks][heads][key_dim][value_dim]``. park(block ids) / resume(parked,
+    block ids) move whole requests' states out and in.
     """
 
     def __init__(self, conn: Connection, layout: StateLayout,
-                 kv_caches: Sequence[Tuple[torch.Tensor, torch.Tensor]], *, capacity: int,
+                 kv_caches: Sequence[Tuple[torch.Tensor, ...]], *, capacity: int,
                  conv_dim_last: bool = False, batch: int = 16) -> None:
         if len(kv_caches) != layout.num_layers:
             raise ValueError(f"{len(kv_caches)} layers of tensors, the layout has "
                              f"{layout.num_layers}")
-        conv0, ssm0 = kv_caches[0]
         l = layout
+        channel_axis = 2 if conv_dim_last else 1
+        split = [conv.shape[channel_axis] for conv in kv_caches[0][:-1]]
         ssm_shape = (l.num_heads, l.key_dim, l.value_dim)
-        conv_shape = (l.conv_width, l.conv_channels) if conv_dim_last else \
-            (l.conv_channels, l.conv_width)
-        for layer, (conv, ssm) in enumerate(kv_caches):
-            if tuple(ssm.shape[1:]) != ssm_shape or tuple(conv.shape[1:]) != conv_shape:
-                raise ValueError(f"layer {layer}: ssm_state {tuple(ssm.shape)} / conv_state "
-                                 f"{tuple(conv.shape)} do not match the layout "
-                                 f"(blocks, {ssm_shape}) / (blocks, {conv_shape})")
-        super().__init__(conn, layout, ssm0.dtype, conv0.dtype, capacity, batch)
-        self.kv_caches = list(kv_caches)
+        for layer, (*convs, ssm) in enumerate(kv_caches):
+            shapes = [(c, l.conv_width) if not conv_dim_last else (l.conv_width, c)
+                      for c in split]
+            if tuple(ssm.shape[1:]) != ssm_shape or \
+                    [tuple(c.shape[1:]) for c in convs] != shapes or sum(split) != l.conv_channels:
+                raise ValueError(
+                    f"layer {layer}: ssm_state {tuple(ssm.shape)} / conv states "
+                    f"{[tuple(c.shape) for c in convs]} do not match the layout: (blocks, "
+                    f"{ssm_shape}) and conv channels adding up to {l.conv_channels}, width "
+                    f"{l.conv_width}{' first' if conv_dim_last else ' last'}")
+        super().__init__(conn, layout, kv_caches[0][-1].dtype,
+                         kv_caches[0][0].dtype if split else torch.bfloat16, capacity, batch,
+                         split)
+        self.kv_caches = [tuple(entry) for entry in kv_caches]
         self.conv_dim_last = conv_dim_last
 
+    def _conv_block(self, conv_state: torch.Tensor, index: int) -> torch.Tensor:
+        block = conv_state[index]
+        return block.transpose(0, 1) if self.conv_dim_last else block
+
     def _read(self, index, rec, conv):
-        for layer, (conv_state, ssm_state) in enumerate(self.kv_caches):
+        for layer, (*convs, ssm_state) in enumerate(self.kv_caches):
             rec[layer].copy_(ssm_state[index])
-            if conv is not None:
-                block = conv_state[index]
-                conv[layer].copy_(block.transpose(0, 1) if self.conv_dim_last else block)
+            for part, (start, end) in zip(convs, self._conv_parts):
+                conv[layer, start:end].copy_(self._conv_block(part, index))
 
     def _write(self, index, rec, conv):
-        for layer, (conv_state, ssm_state) in enumerate(self.kv_caches):
+        for layer, (*convs, ssm_state) in enumerate(self.kv_caches):
             ssm_state[index].copy_(rec[layer])
-            if conv is not None:
-                target = conv_state[index]
-                (target.transpose(0, 1) if self.conv_dim_last else target).copy_(conv[layer])
+            for part, (start, end) in zip(convs, self._conv_parts):
+                self._conv_block(part, index).copy_(conv[layer, start:end])

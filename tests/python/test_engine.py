@@ -130,3 +130,24 @@ def test_vllm_blocks_with_the_conv_dim_last(conn):
     with pytest.raises(ValueError, match="do not match"):
         MambaBlocks(conn, small_layout(statepool.CodecId.fp32, name="vllm"), caches,
                     capacity=4, conv_dim_last=False)
+
+
+def test_kda_with_three_conv_tensors(conn):
+    """Kimi's KDA layers have separate q, k and v convolutions: three conv tensors."""
+    layout = small_layout(statepool.CodecId.fp32, arch=statepool.Arch.kda, conv_channels=12,
+                          name="kda-split")
+    pool = MambaPool(conn, layout, size=2, conv_split=(4, 4, 4))
+    assert [c.shape for c in pool.mamba_cache.conv] == [(L, 3, 4, W)] * 3
+    live = pool.alloc(2)
+    for part in pool.mamba_cache.conv:
+        part[:, live] = torch.randn(L, 2, 4, W).bfloat16()
+    pool.mamba_cache.temporal[:, live] = torch.randn(L, 2, H, K, V)
+    saved = [c.clone() for c in pool.mamba_cache.conv], pool.mamba_cache.temporal.clone()
+    parked = pool.park(live)
+    pool.clear_slots(live)
+    pool.resume(parked, live.flip(0))
+    for part, before in zip(pool.mamba_cache.conv, saved[0]):
+        assert torch.equal(part[:, live.flip(0)], before[:, live])
+    assert torch.equal(pool.mamba_cache.temporal[:, live.flip(0)], saved[1][:, live])
+    with pytest.raises(ValueError, match="add up"):
+        MambaPool(conn, layout, size=2, conv_split=(4, 4))
