@@ -29,7 +29,27 @@ DEFAULT_SOCKET_PATH: Final = "/run/statepool/statepool.sock"
 # --- enums (pybind11 enums: not enum.Enum subclasses, and not iterable; the members are
 # class attributes and __members__ maps their names to them) ---------------------------------
 
-class Status:
+class _Enum:
+    """What every pybind11 enum of the module has besides its members (stub only)."""
+
+    def __eq__(self, other: object) -> bool:
+        """True for the same member (a member never equals an int)."""
+    def __ne__(self, other: object) -> bool:
+        """Not __eq__."""
+    def __hash__(self) -> int:
+        """Hash of the value."""
+    def __index__(self) -> int:
+        """The member's value."""
+    def __getstate__(self) -> int:
+        """Pickling: the value."""
+    def __setstate__(self, state: int) -> None:
+        """Unpickling from the value."""
+    def __repr__(self) -> str:
+        """'<Enum.name: value>'."""
+    def __str__(self) -> str:
+        """'Enum.name'."""
+
+class Status(_Enum):
     """Reply status of the daemon (protocol/statepool.fbs)."""
 
     ok: ClassVar[Status]
@@ -76,24 +96,8 @@ class Status:
         """The member's value (the protocol's number)."""
     def __int__(self) -> int:
         """The member's value."""
-    def __index__(self) -> int:
-        """The member's value."""
-    def __eq__(self, other: object) -> bool:
-        """True for the same member (a member never equals an int)."""
-    def __ne__(self, other: object) -> bool:
-        """Not __eq__."""
-    def __hash__(self) -> int:
-        """Hash of the value."""
-    def __getstate__(self) -> int:
-        """Pickling: the value."""
-    def __setstate__(self, state: int) -> None:
-        """Unpickling from the value."""
-    def __repr__(self) -> str:
-        """'<Status.name: value>'."""
-    def __str__(self) -> str:
-        """'Status.name'."""
 
-class Arch:
+class Arch(_Enum):
     """Gated-delta-rule family: gdn (a gate per head) or kda (a gate per key channel)."""
 
     gdn: ClassVar[Arch]
@@ -112,24 +116,8 @@ class Arch:
         """The member's value."""
     def __int__(self) -> int:
         """The member's value."""
-    def __index__(self) -> int:
-        """The member's value."""
-    def __eq__(self, other: object) -> bool:
-        """True for the same member (a member never equals an int)."""
-    def __ne__(self, other: object) -> bool:
-        """Not __eq__."""
-    def __hash__(self) -> int:
-        """Hash of the value."""
-    def __getstate__(self) -> int:
-        """Pickling: the value."""
-    def __setstate__(self, state: int) -> None:
-        """Unpickling from the value."""
-    def __repr__(self) -> str:
-        """'<Arch.name: value>'."""
-    def __str__(self) -> str:
-        """'Arch.name'."""
 
-class DType:
+class DType(_Enum):
     """Element type of full-precision data."""
 
     f32: ClassVar[DType]
@@ -150,24 +138,8 @@ class DType:
         """The member's value."""
     def __int__(self) -> int:
         """The member's value."""
-    def __index__(self) -> int:
-        """The member's value."""
-    def __eq__(self, other: object) -> bool:
-        """True for the same member (a member never equals an int)."""
-    def __ne__(self, other: object) -> bool:
-        """Not __eq__."""
-    def __hash__(self) -> int:
-        """Hash of the value."""
-    def __getstate__(self) -> int:
-        """Pickling: the value."""
-    def __setstate__(self, state: int) -> None:
-        """Unpickling from the value."""
-    def __repr__(self) -> str:
-        """'<DType.name: value>'."""
-    def __str__(self) -> str:
-        """'DType.name'."""
 
-class CodecId:
+class CodecId(_Enum):
     """Codec of the recurrent state (docs/codecs.md)."""
 
     fp32: ClassVar[CodecId]
@@ -202,24 +174,8 @@ class CodecId:
         """The member's value."""
     def __int__(self) -> int:
         """The member's value."""
-    def __index__(self) -> int:
-        """The member's value."""
-    def __eq__(self, other: object) -> bool:
-        """True for the same member (a member never equals an int)."""
-    def __ne__(self, other: object) -> bool:
-        """Not __eq__."""
-    def __hash__(self) -> int:
-        """Hash of the value."""
-    def __getstate__(self) -> int:
-        """Pickling: the value."""
-    def __setstate__(self, state: int) -> None:
-        """Unpickling from the value."""
-    def __repr__(self) -> str:
-        """'<CodecId.name: value>'."""
-    def __str__(self) -> str:
-        """'CodecId.name'."""
 
-class StepQuantVariant:
+class StepQuantVariant(_Enum):
     """STEPQuant ablation: both axes, spatial only, temporal only."""
 
     full: ClassVar[StepQuantVariant]
@@ -240,22 +196,6 @@ class StepQuantVariant:
         """The member's value."""
     def __int__(self) -> int:
         """The member's value."""
-    def __index__(self) -> int:
-        """The member's value."""
-    def __eq__(self, other: object) -> bool:
-        """True for the same member (a member never equals an int)."""
-    def __ne__(self, other: object) -> bool:
-        """Not __eq__."""
-    def __hash__(self) -> int:
-        """Hash of the value."""
-    def __getstate__(self) -> int:
-        """Pickling: the value."""
-    def __setstate__(self, state: int) -> None:
-        """Unpickling from the value."""
-    def __repr__(self) -> str:
-        """'<StepQuantVariant.name: value>'."""
-    def __str__(self) -> str:
-        """'StepQuantVariant.name'."""
 
 # --- views ---------------------------------------------------------------------------------
 

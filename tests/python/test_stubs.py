@@ -564,7 +564,10 @@ def compare_member(where: str, member: StubMember, runtime: Any, owner: Optional
 
 def compare_class(name: str, member: StubMember, cls: type, stub: Stub) -> list[str]:
     problems = doc_problems(name, ast.get_docstring(member.nodes[0]), class_doc(cls))
-    if member.nodes[0].bases:
+    # Only a stub-only private base is allowed: _Enum, which holds the plumbing every enum
+    # shares instead of repeating it in each.
+    bases = [ast.unparse(b) for b in member.nodes[0].bases]
+    if bases and not (_is_enum(cls) and bases == ["_Enum"]):
         problems.append(f"{name}: base classes in the stub, which pybind11 classes do not have")
     runtime = runtime_members(cls)
     required = {n for n in runtime if not (_is_enum(cls) and n in ENUM_PLUMBING)}
