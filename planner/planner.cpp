@@ -170,25 +170,6 @@ const std::vector<CodecId>& planner_codecs() {
   return codecs;
 }
 
-kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
-                                      std::uint32_t budget_bits) {
-  kernels::stepquant::Plan plan;
-  plan.arch = layout.arch;
-  plan.num_layers = layout.num_layers;
-  plan.num_heads = layout.num_heads;
-  plan.key_dim = layout.key_dim;
-  plan.value_dim = layout.value_dim;
-  plan.budget_bits = budget_bits;
-  const std::size_t units = plan.units();
-  const std::uint32_t pivots = kernels::stepquant::default_pivot_count(layout.arch, units);
-  plan.widths.assign(units, static_cast<std::uint8_t>(budget_bits));
-  std::fill_n(plan.widths.begin(), std::min<std::size_t>(pivots, units),
-              kernels::stepquant::kPivotWidth);
-  plan.impact.assign(std::size_t{plan.num_layers} * plan.num_heads * plan.key_dim, 1.0f);
-  plan.source = "statepool planner nominal plan";
-  return plan;
-}
-
 std::uint64_t page_bytes(const kernels::StateLayout& shape, CodecId codec, std::uint32_t* pivots) {
   kernels::StateLayout layout = shape;
   layout.codec = {};
@@ -196,7 +177,7 @@ std::uint64_t page_bytes(const kernels::StateLayout& shape, CodecId codec, std::
   layout.plan = nullptr;
   if (is_stepquant(codec)) {
     auto plan = std::make_shared<kernels::stepquant::Plan>(
-        nominal_plan(layout, codec == CodecId::stepquant6 ? 6 : 4));
+        kernels::stepquant::nominal_plan(layout, codec == CodecId::stepquant6 ? 6 : 4));
     if (pivots != nullptr) *pivots = plan->pivots();
     layout.plan = std::move(plan);
   }

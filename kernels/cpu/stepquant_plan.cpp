@@ -108,6 +108,27 @@ std::uint32_t default_pivot_count(Arch arch, std::size_t units) noexcept {
   return static_cast<std::uint32_t>(std::clamp(count, 0.0, static_cast<double>(units)));
 }
 
+Plan nominal_plan(const StateLayout& layout, std::uint32_t budget_bits) {
+  if (budget_bits != 4 && budget_bits != 6) {
+    throw std::invalid_argument("a STEPQuant budget is 4 or 6 bits, got " +
+                                std::to_string(budget_bits));
+  }
+  Plan plan;
+  plan.arch = layout.arch;
+  plan.num_layers = layout.num_layers;
+  plan.num_heads = layout.num_heads;
+  plan.key_dim = layout.key_dim;
+  plan.value_dim = layout.value_dim;
+  plan.budget_bits = budget_bits;
+  const std::size_t units = plan.units();
+  const std::uint32_t pivots = default_pivot_count(layout.arch, units);
+  plan.widths.assign(units, static_cast<std::uint8_t>(budget_bits));
+  std::fill_n(plan.widths.begin(), std::min<std::size_t>(pivots, units), kPivotWidth);
+  plan.impact.assign(std::size_t{plan.num_layers} * plan.num_heads * plan.key_dim, 1.0f);
+  plan.source = "statepool nominal plan";
+  return plan;
+}
+
 std::span<const std::uint8_t> candidate_widths(std::uint32_t budget_bits) noexcept {
   switch (budget_bits) {
     case 6: return kWidths6;

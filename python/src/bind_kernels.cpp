@@ -96,6 +96,13 @@ impact factors for one model shape. Made by ``statepool-quant calibrate`` and lo
             const std::string_view bytes = data;
             return checked(sq::from_bytes(std::as_bytes(std::span(bytes.data(), bytes.size()))));
           }, py::arg("data"), "Parses a serialized plan (the contents of a plan file).")
+      .def_static("nominal", [](const StateLayout& layout, std::uint32_t budget_bits) {
+            return checked(sq::nominal_plan(layout, budget_bits));
+          }, py::arg("layout"), py::arg("budget_bits"), R"doc(
+The nominal plan of a layout's shape (its codec is ignored): every unit at ``budget_bits``
+(6 or 4), the default share of FP16 pivots, impact factors 1 — what the capacity planner
+sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
+(``statepool-quant calibrate``) is what keeps the accuracy.)doc")
       .def("to_bytes", [](const sq::Plan& p) {
             const std::vector<std::byte> bytes = sq::to_bytes(p);
             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());

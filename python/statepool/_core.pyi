@@ -279,6 +279,12 @@ class Plan:
     @staticmethod
     def from_bytes(data: bytes) -> Plan:
         """Parses a serialized plan (the contents of a plan file)."""
+    @staticmethod
+    def nominal(layout: StateLayout, budget_bits: int) -> Plan:
+        """The nominal plan of a layout's shape (its codec is ignored): every unit at ``budget_bits``
+(6 or 4), the default share of FP16 pivots, impact factors 1 — what the capacity planner
+sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
+(``statepool-quant calibrate``) is what keeps the accuracy."""
     def to_bytes(self) -> bytes:
         """The plan file's bytes."""
     def save(self, path: str) -> None:

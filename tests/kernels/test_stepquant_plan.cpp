@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -95,6 +96,23 @@ TEST(StepQuantPlan, DefaultPivotsArePaperSharesScaledByUnits) {
   EXPECT_EQ(default_pivot_count(Arch::kda, 2 * 4 * 64), 3u);
   EXPECT_EQ(default_pivot_count(Arch::gdn, 8), 0u);
   EXPECT_EQ(default_pivot_count(Arch::gdn, 0), 0u);
+}
+
+TEST(StepQuantPlan, NominalPlanIsTheBudgetWithDefaultPivots) {
+  StateLayout kimi;  // Kimi-Linear's shape; the codec is ignored
+  kimi.arch = Arch::kda;
+  kimi.num_layers = 20;
+  kimi.num_heads = 32;
+  kimi.key_dim = kimi.value_dim = 128;
+  const Plan plan = nominal_plan(kimi, 4);
+  EXPECT_EQ(validate(plan), "");
+  EXPECT_EQ(plan.units(), 20u * 32 * 128);
+  EXPECT_EQ(plan.pivots(), 512u);
+  EXPECT_EQ(plan.width(0, 0, 0), kPivotWidth);                                 // first units
+  EXPECT_EQ(plan.width(19, 31, 127), 4);
+  EXPECT_EQ(std::count(plan.widths.begin(), plan.widths.end(), 4), 20 * 32 * 128 - 512);
+  EXPECT_TRUE(std::all_of(plan.impact.begin(), plan.impact.end(), [](float w) { return w == 1.0f; }));
+  EXPECT_THROW((void)nominal_plan(kimi, 5), std::invalid_argument);
 }
 
 TEST(StepQuantPlan, Accessors) {

@@ -308,3 +308,15 @@ def test_threads_share_one_connection(conn):
         t.join()
     assert errors == []
     conn.free(slots)
+
+
+def test_nominal_plan_parks_stepquant_before_calibration(conn):
+    base = small_layout(statepool.CodecId.fp32, num_heads=8, num_layers=9, name="nominal")
+    plan = statepool.Plan.nominal(base, 6)  # 72 heads: one FP16 pivot (1.39%)
+    assert (plan.budget_bits, plan.units, plan.pivots) == (6, 72, 1)
+    assert plan.widths[0] == 16 and set(plan.widths[1:]) == {6}
+    info = conn.register_layout(base.with_codec(statepool.CodecId.stepquant6, plan))
+    assert info.layout.plan.digest == plan.digest
+    assert info.page_bytes < statepool.PageCodec(base).page_bytes / 3
+    with pytest.raises(ValueError, match="4 or 6"):
+        statepool.Plan.nominal(base, 5)

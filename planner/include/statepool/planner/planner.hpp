@@ -59,16 +59,10 @@ inline constexpr std::uint64_t kKiviResidualTokens = 128;
 [[nodiscard]] const std::vector<kernels::CodecId>& planner_codecs();
 
 /// Exact bytes of one page of `shape` under `codec` (PageCodec::page_bytes; the shape's
-/// codec and plan are ignored). stepquant4/6: with nominal_plan(); `pivots` (optional)
-/// receives its pivot count.
+/// codec and plan are ignored). stepquant4/6: with kernels::stepquant::nominal_plan();
+/// `pivots` (optional) receives its pivot count.
 [[nodiscard]] std::uint64_t page_bytes(const kernels::StateLayout& shape, kernels::CodecId codec,
                                        std::uint32_t* pivots = nullptr);
-
-/// Nominal STEPQuant plan for planning: every unit at the budget width (6 or 4), the
-/// first default_pivot_count(arch, units) units as FP16 pivots (16 bits), impact all 1.
-/// A calibrated plan's bytes differ slightly (its allocator gives pivots' extra bits back).
-[[nodiscard]] kernels::stepquant::Plan nominal_plan(const kernels::StateLayout& layout,
-                                                    std::uint32_t budget_bits);
 
 /// Input bounds. plan() refuses values outside them: they keep every byte count of a
 /// breakdown (concurrency x (slots x page stride + KV at context)) well inside 64 bits.

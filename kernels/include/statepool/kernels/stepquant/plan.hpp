@@ -31,6 +31,14 @@ inline constexpr double kKdaPivotShare = 512.0 / (20.0 * 32.0 * 128.0);
 /// Default number of pivots: round(share * units), at least 0 and at most units.
 [[nodiscard]] std::uint32_t default_pivot_count(Arch arch, std::size_t units) noexcept;
 
+struct Plan;
+/// Nominal plan of a shape (layout's arch and dimensions; its codec and plan are ignored):
+/// every unit at `budget_bits` (6 or 4), the first default_pivot_count(arch, units) units as
+/// FP16 pivots, impact all 1. What the capacity planner sizes pages with before a model is
+/// calibrated; a calibrated plan's bytes differ slightly (its allocator gives pivots' extra
+/// bits back). Throws std::invalid_argument for a budget other than 4 or 6.
+[[nodiscard]] Plan nominal_plan(const StateLayout& layout, std::uint32_t budget_bits);
+
 struct Plan {
   static constexpr std::uint32_t kFormatVersion = 1;
 
