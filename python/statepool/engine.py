@@ -23,6 +23,7 @@ bfloat16); the conv state keeps its bytes (``layout.conv_dtype`` must be the ten
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -57,10 +58,10 @@ class ParkedStates:
     which free the pages. Dropping the object frees them too.
     """
 
-    def __init__(self, slots: List[Slot], page_bytes: int, fp32_bytes: int) -> None:
+    def __init__(self, slots: List[Slot], page_bytes: int, state_bytes: int) -> None:
         self._slots = slots
-        self.page_bytes = page_bytes
-        self.fp32_bytes = fp32_bytes
+        self.page_bytes = page_bytes  #: bytes of one parked state (one page)
+        self.state_bytes = state_bytes  #: bytes of one state in the engine's dtypes
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -75,18 +76,26 @@ class ParkedStates:
         """The pages (statepool.Slot), for copy() or a later adopt() by id."""
         return tuple(self._slots)
 
+    @property
+    def compression_ratio(self) -> float:
+        """State bytes in the engine's tensors per parked byte."""
+        return self.state_bytes / self.page_bytes
+
     def __repr__(self) -> str:
         return f"<statepool.engine.ParkedStates {len(self)} states, {self.nbytes} bytes>"
 
 
 class _Parker:
     """Parks states into pages of one arena and resumes them, through one staging buffer
-    that holds ``batch`` staged states at a time. Subclasses say how a request's state is
-    read from and written into the engine's tensors."""
+    that holds ``batch`` staged states at a time (each is its own Compress/Decompress
+    request, so a larger batch only gathers more states per round; it costs ``batch`` staged
+    states of staging memory). Subclasses say how a request's state is read from and
+    written into the engine's tensors."""
 
     def __init__(self, conn: Connection, layout: StateLayout, temporal_dtype: torch.dtype,
                  conv_dtype: torch.dtype, capacity: int, batch: int,
                  conv_split: Optional[Sequence[int]]) -> None:
+        self._parked: "weakref.WeakSet[ParkedStates]" = weakref.WeakSet()
         if capacity <= 0 or batch <= 0:
             raise ValueError("capacity and batch must be positive")
         split = list(conv_split) if conv_split else [layout.conv_channels]
@@ -147,7 +156,9 @@ class _Parker:
         except BaseException:
             self.conn.free(slots)
             raise
-        return ParkedStates(slots, self.info.page_bytes, self.info.fp32_bytes)
+        parked = ParkedStates(slots, self.info.page_bytes, self.info.state_bytes(self.staged))
+        self._parked.add(parked)
+        return parked
 
     def resume(self, parked: ParkedStates, indices) -> None:
         """Decompresses parked states into the engine's slots ``indices`` (one per parked
@@ -168,11 +179,24 @@ class _Parker:
 
     @property
     def parked_pages(self) -> int:
-        """Pages of this pool's arena in use (by anyone of the tenant)."""
-        for arena in self.conn.stats().arenas:
-            if arena.arena_id == self.arena.id:
-                return arena.pages_used
-        return 0
+        """Pages this pool's parked states hold now (ParkedStates not yet resumed or
+        dropped); no round trip. conn.stats() has the arena's pages of the whole tenant."""
+        return sum(len(parked) for parked in self._parked)
+
+    def close(self) -> None:
+        """Releases the staging buffer and the arena's local mapping (the daemon keeps the
+        arena for the tenant). States still parked stay parked until their ParkedStates are
+        resumed or dropped. The pool cannot park or resume afterwards."""
+        self._rec, self._conv = [], []
+        if self.staging.valid:
+            self.staging.close()
+        self.arena.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 class MambaPool(_Parker):
@@ -183,8 +207,10 @@ class MambaPool(_Parker):
     kernels read and write them in place. ``get_cpu_copy(indices)`` parks those requests'
     states in statepool (compressed with the layout's codec) instead of copying them to
     host memory in full precision, and ``load_cpu_copy(parked, indices)`` brings them
-    back. ``capacity`` is how many states can at least be parked at once: the pages of the
-    arena, which is the tenant's arena for this layout when one that large exists.
+    back. ``capacity`` is how many states can at least be parked at once (default
+    ``size``; a scheduler that may park every waiting request needs their number): the
+    pages of the arena, which is the tenant's arena for this layout when one that large
+    exists.
     ``conv_split`` gives the channels of each conv tensor when a layer has several (Kimi's
     KDA: separate q, k and v convolutions, ``(4096, 4096, 4096)``); they are stored one after
     the other in the page's conv state. Default: one conv tensor of all conv channels.
@@ -204,7 +230,7 @@ class MambaPool(_Parker):
 
     def __init__(self, conn: Connection, layout: StateLayout, size: int, *,
                  device: str | torch.device = "cpu", temporal_dtype: torch.dtype = torch.float32,
-                 capacity: Optional[int] = None, batch: int = 16,
+                 capacity: Optional[int] = None, batch: int = 1,
                  conv_split: Optional[Sequence[int]] = None) -> None:
         if size <= 0:
             raise ValueError("size must be positive")
@@ -237,10 +263,12 @@ class MambaPool(_Parker):
         self.clear_slots(selected)
         return selected
 
-    def free(self, free_index: torch.Tensor) -> None:
-        if free_index.numel() == 0:
+    def free(self, free_index) -> None:
+        """Returns slots (a tensor, a list or one int) to the free list."""
+        index = torch.as_tensor(_indices(free_index), dtype=torch.int64, device=self.device)
+        if index.numel() == 0:
             return
-        self.free_slots = torch.cat((self.free_slots, free_index.to(self.free_slots)))
+        self.free_slots = torch.cat((self.free_slots, index))
 
     def clear(self) -> None:
         self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
@@ -297,7 +325,7 @@ class MambaBlocks(_Parker):
 
     def __init__(self, conn: Connection, layout: StateLayout,
                  kv_caches: Sequence[Tuple[torch.Tensor, ...]], *, capacity: int,
-                 conv_dim_last: bool = False, batch: int = 16) -> None:
+                 conv_dim_last: bool = False, batch: int = 1) -> None:
         if len(kv_caches) != layout.num_layers:
             raise ValueError(f"{len(kv_caches)} layers of tensors, the layout has "
                              f"{layout.num_layers}")
