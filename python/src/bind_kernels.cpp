@@ -207,6 +207,18 @@ as the daemon. Thread-safe; encode/decode release the GIL.)doc")
       .def_property_readonly("fp32_bytes", &PageCodec::fp32_bytes,
                              "Bytes of the same state with every value in float32.")
       .def_property_readonly("compression_ratio", &PageCodec::compression_ratio)
+      .def_property_readonly("head_count", &PageCodec::head_count, "num_layers * num_heads.")
+      .def("head_offset", [](const PageCodec& c, std::uint32_t layer, std::uint32_t head) {
+             if (layer >= c.layout().num_layers || head >= c.layout().num_heads) {
+               throw py::index_error("no head " + std::to_string(head) + " of layer " +
+                                     std::to_string(layer) + " in this layout");
+             }
+             return c.head_offset(layer, head);
+           }, py::arg("layer"), py::arg("head"),
+           "Byte offset of the encoded head in a page (heads in layer-major order, then the "
+           "conv state at conv_offset).")
+      .def_property_readonly("conv_offset", &PageCodec::conv_offset,
+                             "Byte offset of the conv state in a page.")
       .def("staged_bytes", &PageCodec::staged_bytes, py::arg("dtype") = kernels::DType::f32,
            "Bytes of a staged state whose recurrent part is in dtype (f32 or bf16).")
       .def("encode", [](const PageCodec& c, const py::object& staged, kernels::DType dtype,

@@ -301,7 +301,7 @@ Borrowed::Borrowed(const py::object& object, bool writable, const char* what) {
     expected *= t.shape[i];
     count *= static_cast<std::size_t>(t.shape[i]);
   }
-  if (!contiguous) throw py::type_error(std::string(what) + " must be C-contiguous");
+  if (!contiguous) throw py::value_error(std::string(what) + " must be C-contiguous");
   const std::size_t bits = static_cast<std::size_t>(t.dtype.bits) * t.dtype.lanes;
   bytes_ = {static_cast<std::byte*>(t.data) + t.byte_offset, count * bits / 8};
 }

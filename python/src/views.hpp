@@ -60,8 +60,9 @@ struct View {
 /// through __dlpack__ (a CPU tensor). Released on destruction (needs the GIL).
 class Borrowed {
  public:
-  /// Throws py::type_error when `object` offers neither, or is not C-contiguous host
-  /// memory, or is read-only while `writable` is asked for.
+  /// Throws py::type_error when `object` offers neither or is not host memory, and
+  /// ValueError (numpy's, or py::value_error) when it is not C-contiguous or is read-only
+  /// while `writable` is asked for.
   Borrowed(const py::object& object, bool writable, const char* what);
   Borrowed(const Borrowed&) = delete;
   Borrowed& operator=(const Borrowed&) = delete;

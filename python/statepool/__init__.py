@@ -33,6 +33,7 @@ from ._core import (
     CodecId,
     Connection,
     DType,
+    DecodeStep,
     Fits,
     LayoutInfo,
     PageCodec,
@@ -45,6 +46,7 @@ from ._core import (
     Stats,
     Status,
     StepQuantVariant,
+    StepResult,
     TenantStats,
     View,
     connect,
@@ -75,8 +77,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SOCKET_PATH", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId", "Connection",
-    "DType", "Fits", "LayoutInfo", "PageCodec", "Pending", "Plan", "PlanInfo", "Slot",
-    "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "TenantStats", "View",
+    "DType", "DecodeStep", "Fits", "LayoutInfo", "PageCodec", "Pending", "Plan", "PlanInfo", "Slot",
+    "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "StepResult", "TenantStats", "View",
     "connect", "connect_fd", "errors",
     # statepool.errors
     "StatepoolError", "DaemonError", "TransportError", "Draining", "Internal",

@@ -425,6 +425,14 @@ class PageCodec:
     @property
     def compression_ratio(self) -> float:
         """fp32_bytes / page_bytes."""
+    @property
+    def head_count(self) -> int:
+        """num_layers * num_heads."""
+    def head_offset(self, layer: int, head: int) -> int:
+        """Byte offset of the encoded head in a page (heads in layer-major order, then the conv state at conv_offset)."""
+    @property
+    def conv_offset(self) -> int:
+        """Byte offset of the conv state in a page."""
     def staged_bytes(self, dtype: DType = DType.f32) -> int:
         """Bytes of a staged state whose recurrent part is in dtype (f32 or bf16)."""
     def encode(self, staged: _BufferLike, dtype: DType, page: _BufferLike) -> None:
@@ -780,6 +788,60 @@ class Arena:
         """Unmaps the arena here (BufferError while views are alive)."""
     def __repr__(self) -> str:
         """'<statepool.Arena id=... pages=... page_bytes=... backend=...>'."""
+
+# --- client: the fused decode step ---------------------------------------------------------
+
+class StepResult:
+    """What one fused step could not store."""
+
+    @property
+    def rejected_heads(self) -> int:
+        """Heads whose new state was not finite (their page bytes are unchanged)."""
+    @property
+    def first_rejected_request(self) -> int:
+        """The batch index of the first rejected (request, head), when rejected_heads > 0."""
+    @property
+    def first_rejected_head(self) -> int:
+        """The head of the first rejected (request, head), when rejected_heads > 0."""
+    @property
+    def ok(self) -> bool:
+        """No head was rejected."""
+    def __bool__(self) -> bool:
+        """ok."""
+
+class DecodeStep:
+    """The fused gated-delta-rule step on an arena's pages, run here every token without the daemon
+(docs/client.md, "The fused decode step"): one call advances one layer of a batch of requests
+by one token, unpacking, updating and repacking each request's compressed page in place.
+Host arenas only (the host backend). Keeps the arena mapped while it exists."""
+
+    def __init__(self, arena: Arena, threads: int = 0) -> None:
+        """``threads``: 0 = every core, 1 = the calling thread only. RuntimeError when the arena is not host memory mapped here, or was not opened from a registered layout."""
+    @property
+    def threads(self) -> int:
+        """Threads a call uses, the caller's included."""
+    @property
+    def codec(self) -> PageCodec:
+        """The arena's page format."""
+    def run(
+        self,
+        layer: int,
+        slots: Sequence[Slot | int],
+        q: _BufferLike,
+        k: _BufferLike,
+        v: _BufferLike,
+        log_decay: _BufferLike,
+        beta: _BufferLike,
+        out: _BufferLike,
+        *,
+        qk_heads: int = 0,
+    ) -> StepResult:
+        """One step of ``layer`` for the requests whose pages are ``slots`` (Slot objects or ids, in
+batch order). float32 C-contiguous buffers (numpy arrays, CPU tensors): q and k
+[batch][qk_heads][K] (L2-normalised, q scaled by 1/sqrt(K)), v [batch][H][V], log_decay
+[batch][H] (GDN) or [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written).
+``qk_heads`` 0 means H. ValueError when a size does not fit (nothing written); a head whose
+new state is not finite keeps its old bytes and is counted in the StepResult."""
 
 # --- client: connections -------------------------------------------------------------------
 

@@ -221,6 +221,9 @@ def types_agree(rt, st, default_none: bool = False) -> bool:
         return True  # the stub may be more precise than py::object
     if rt in ("tuple", "dict", "list"):
         return st == rt or (isinstance(st, tuple) and st[0] == rt)
+    if isinstance(rt, tuple) and isinstance(st, tuple) and rt[0] == st[0] and \
+            len(rt[1]) == len(st[1]):  # a container: its element types, one by one
+        return all(types_agree(r, t) for r, t in zip(rt[1], st[1]))
     if st == rt:
         return True
     # None passes for a default of None, and for the module's classes: pybind11 holds them by

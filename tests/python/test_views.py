@@ -121,5 +121,5 @@ def test_page_codec_round_trip_with_torch_and_numpy(setup):
     assert np.abs(back - staged.numpy()).max() < 0.02 * staged.abs().max().item()
     with pytest.raises(TypeError, match="buffer"):
         codec.decode(page, statepool.DType.f32, [0.0] * 10)
-    with pytest.raises(TypeError, match="contiguous"):
+    with pytest.raises(ValueError, match="contiguous"):
         codec.decode(page, statepool.DType.f32, torch.zeros(2, back.size)[:, 0])
