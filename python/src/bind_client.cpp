@@ -1,7 +1,9 @@
 // statepool.connect() and the objects of a connection. Every call that talks to the daemon
 // releases the GIL, so Python threads may share one Connection (the C++ client serializes
 // its requests) and other threads run while a call waits.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -13,6 +15,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "gil.hpp"
 #include "statepool/client.hpp"
 #include "statepool/decode_step.hpp"
 #include "statepool/kernels/page.hpp"
@@ -25,59 +28,7 @@ namespace {
 
 using client::Connection;
 using kernels::DType;
-using release_gil = py::call_guard<py::gil_scoped_release>;
-
-// --- owners ------------------------------------------------------------------------------
-// The Python objects own their C++ counterparts through these handles. Views share the
-// staging/arena object (shared_ptr), so close() can tell whether any are alive, and
-// destruction (which talks to the daemon for slots and staging) happens without the GIL.
-
-struct ConnectionHandle {
-  std::shared_ptr<Connection> conn;
-  Connection& get() const { return *conn; }
-  ~ConnectionHandle() {
-    without_gil([&] { conn.reset(); });
-  }
-};
-
-struct StagingHandle {
-  std::shared_ptr<client::Staging> staging;
-  ~StagingHandle() {
-    without_gil([&] { staging.reset(); });
-  }
-};
-
-struct ArenaHandle {
-  std::shared_ptr<client::Arena> arena;
-  ~ArenaHandle() {
-    without_gil([&] { arena.reset(); });
-  }
-};
-
-// A DecodeStep keeps its arena mapped (it holds a view owner of it), so Arena.close()
-// refuses while one exists.
-struct DecodeStepHandle {
-  std::shared_ptr<const void> arena_owner;
-  std::unique_ptr<client::DecodeStep> step;
-};
-
-struct SlotHandle {
-  client::Slot slot;
-  explicit SlotHandle(client::Slot s) : slot(std::move(s)) {}
-  SlotHandle(const SlotHandle&) = delete;
-  SlotHandle& operator=(const SlotHandle&) = delete;
-  ~SlotHandle() {
-    without_gil([&] { slot = client::Slot{}; });
-  }
-};
-
-// A view's owner: destroying the last one may close a staging buffer on the daemon.
-template <class T>
-std::shared_ptr<const void> view_owner(const std::shared_ptr<T>& object) {
-  return {object.get(), [keep = object](const void*) mutable {
-            without_gil([&] { keep.reset(); });
-          }};
-}
+using release_gil = py::call_guard<ReleaseGil>;
 
 void refuse_if_viewed(long use_count, const char* what) {
   if (use_count > 1) {
@@ -87,8 +38,81 @@ void refuse_if_viewed(long use_count, const char* what) {
   }
 }
 
+// --- owners ------------------------------------------------------------------------------
+// The Python objects own their C++ counterparts through these handles. Views share the
+// staging/arena object (shared_ptr), so close() can tell whether any are alive.
+// Destruction (which talks to the daemon for slots and staging) keeps the GIL (gil.hpp).
+
+// Calls take their own reference to the connection (with the GIL held) before they release
+// the GIL, so close() on another thread only drops the handle's reference: a call in flight
+// finishes on a live connection, and later calls find none (TransportError 'closed').
+struct ConnectionHandle {
+  std::shared_ptr<Connection> conn;
+  /// Needs the GIL.
+  [[nodiscard]] std::shared_ptr<Connection> get() const {
+    if (!conn) throw client::ConnectionError(client::ConnectionError::Kind::closed,
+                                             "the connection is closed");
+    return conn;
+  }
+  void close() { conn.reset(); }  // closes the socket when no slot or staging holds it
+};
+
+/// f(connection) without the GIL, on a reference taken with it.
+template <class F>
+auto call(const ConnectionHandle& c, F&& f) {
+  const std::shared_ptr<Connection> conn = c.get();
+  ReleaseGil release;
+  return f(*conn);
+}
+
+struct StagingHandle {
+  std::shared_ptr<client::Staging> staging;
+  /// Needs the GIL: the buffer is moved out of the shared object (views made later find it
+  /// closed) and closed without the GIL.
+  void close() {
+    refuse_if_viewed(staging.use_count(), "staging buffer");
+    if (!staging->valid()) return;
+    client::Staging closing = std::move(*staging);
+    ReleaseGil release;
+    closing.close();
+  }
+};
+
+struct ArenaHandle {
+  std::shared_ptr<client::Arena> arena;
+};
+
+// A DecodeStep keeps its arena mapped (it holds a view owner of it), so Arena.close()
+// refuses while one exists.
+struct DecodeStepHandle {
+  std::shared_ptr<client::Arena> arena;
+  std::unique_ptr<client::DecodeStep> step;
+};
+
+struct SlotHandle {
+  client::Slot slot;
+  explicit SlotHandle(client::Slot s) : slot(std::move(s)) {}
+  SlotHandle(const SlotHandle&) = delete;
+  SlotHandle& operator=(const SlotHandle&) = delete;
+  ~SlotHandle() = default;  // frees the slot (with the GIL: gil.hpp)
+};
+
+// A view's owner: destroying the last one may close a staging buffer on the daemon.
+template <class T>
+std::shared_ptr<const void> view_owner(const std::shared_ptr<T>& object) {
+  return {object.get(), [keep = object](const void*) mutable { keep.reset(); }};
+}
+
+
+// __exit__(type, value, traceback): true when the with block raised.
+bool exception_pending(const py::args& exc) { return exc.size() > 0 && !exc[0].is_none(); }
+
+// A timeout in seconds: 0, negative or inf wait forever (the client's 0); otherwise at
+// least 1 ms, so that a small timeout never becomes "forever".
 std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  if (std::isnan(seconds)) throw py::value_error("timeout must be a number of seconds, not nan");
+  if (seconds <= 0 || std::isinf(seconds) || seconds > 1e12) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds * 1000.0))));
 }
 
 std::string memory_space(const kernels::MemoryDescriptor& m) { return kernels::to_string(m.space); }
@@ -114,9 +138,16 @@ const client::Slot& slot_of(const SlotHandle& s) {
   return s.slot;
 }
 
-client::SlotId slot_id(const py::handle& slot) {
-  if (py::isinstance<SlotHandle>(slot)) return slot_of(slot.cast<const SlotHandle&>()).id();
-  return slot.cast<client::SlotId>();
+// The id of a page of `arena` an argument names: a Slot of that arena, or an id.
+client::SlotId slot_in(const client::Arena& arena, const py::handle& slot) {
+  if (!py::isinstance<SlotHandle>(slot)) return slot.cast<client::SlotId>();
+  const client::Slot& s = slot_of(slot.cast<const SlotHandle&>());
+  if (s.arena_id() != arena.id()) {
+    throw py::value_error("slot " + std::to_string(s.id()) + " is a slot of arena " +
+                          std::to_string(s.arena_id()) + ", not of arena " +
+                          std::to_string(arena.id()));
+  }
+  return s.id();
 }
 
 const client::Staging& staging_of(const StagingHandle& s) {
@@ -223,7 +254,7 @@ allocated (to adopt it again after a reconnect with the lease token).)doc")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](SlotHandle& s, const py::args&) {
         if (s.slot.valid()) {
-          py::gil_scoped_release release;
+          ReleaseGil release;
           s.slot.free();
         }
       })
@@ -264,18 +295,14 @@ Closed on the daemon when garbage-collected, when a ``with`` block ends, or by c
            py::arg("offset") = 0, R"doc(
 A zero-copy view of the buffer: ``dtype`` elements (default uint8) in ``shape`` (default:
 the rest of the buffer) from byte ``offset``. numpy.asarray(view), torch.from_dlpack(view).)doc")
-      .def("close", [](StagingHandle& s) {
-             refuse_if_viewed(s.staging.use_count(), "staging buffer");
-             py::gil_scoped_release release;
-             s.staging->close();
-           }, "Closes the buffer on the daemon now. BufferError while views of it are alive.")
+      .def("close", &StagingHandle::close,
+           "Closes the buffer on the daemon now. BufferError while views of it are alive.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](StagingHandle& s, const py::args&) {
-        refuse_if_viewed(s.staging.use_count(), "staging buffer");
-        if (s.staging->valid()) {
-          py::gil_scoped_release release;
-          s.staging->close();
-        }
+      .def("__exit__", [](StagingHandle& s, const py::args& exc) {
+        // With an exception on its way, views may be alive in its frames: leave the
+        // buffer to garbage collection rather than hide the exception behind BufferError.
+        if (exception_pending(exc) && s.staging.use_count() > 1) return;
+        s.close();
       })
       .def("__repr__", [](const StagingHandle& s) {
         return "<statepool.Staging id=" + std::to_string(s.staging->id()) + " size=" +
@@ -312,7 +339,7 @@ live on in the daemon). page(slot) views one page; decode(slot, out) decodes it 
           }, "The arena's page format (a PageCodec).")
       .def("page", [](const ArenaHandle& a, const py::object& slot) {
              const client::Arena& arena = *a.arena;
-             const client::SlotId id = slot_id(slot);
+             const client::SlotId id = slot_in(arena, slot);
              if (arena.device_data() != nullptr) {
                std::byte* page = arena.device_page(id);
                return make_view(view_owner(a.arena), page, arena.page_bytes(), true,
@@ -335,11 +362,11 @@ live on in the daemon). page(slot) views one page; decode(slot, out) decodes it 
            }, "A uint8 view of the whole mapping, shape (page_count, page_stride).")
       .def("decode", [](const ArenaHandle& a, const py::object& slot, const py::object& out,
                         DType dtype) {
-             const client::Arena& arena = *a.arena;
-             const std::span<std::byte> page = arena.page(slot_id(slot));
+             const std::shared_ptr<client::Arena> keep = a.arena;  // close() refuses meanwhile
+             const std::span<std::byte> page = keep->page(slot_in(*keep, slot));
              const Borrowed staged(out, true, "out");
-             py::gil_scoped_release release;
-             arena.codec().decode(page, dtype, staged.bytes());
+             ReleaseGil release;
+             keep->codec().decode(page, dtype, staged.bytes());
            }, py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, R"doc(
 Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
 tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
@@ -348,7 +375,8 @@ tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
              *a.arena = client::Arena{};
            }, "Unmaps the arena here (the daemon keeps it). BufferError while views are alive.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](ArenaHandle& a, const py::args&) {
+      .def("__exit__", [](ArenaHandle& a, const py::args& exc) {
+        if (exception_pending(exc) && a.arena.use_count() > 1) return;  // as Staging.__exit__
         refuse_if_viewed(a.arena.use_count(), "arena mapping");
         *a.arena = client::Arena{};
       })
@@ -376,7 +404,7 @@ by one token, unpacking, updating and repacking each request's compressed page i
 Host arenas only (the host backend). Keeps the arena mapped while it exists.)doc")
       .def(py::init([](const ArenaHandle& a, unsigned threads) {
              DecodeStepHandle h;
-             h.arena_owner = view_owner(a.arena);
+             h.arena = a.arena;
              h.step = std::make_unique<client::DecodeStep>(*a.arena,
                                                            client::DecodeStep::Options{threads});
              return h;
@@ -394,13 +422,13 @@ Host arenas only (the host backend). Keeps the arena mapped while it exists.)doc
                      std::uint32_t qk_heads) {
              std::vector<client::SlotId> ids;
              ids.reserve(slots.size());
-             for (const py::object& slot : slots) ids.push_back(slot_id(slot));
+             for (const py::object& slot : slots) ids.push_back(slot_in(*h.arena, slot));
              const Borrowed bq(q, false, "q"), bk(k, false, "k"), bv(v, false, "v"),
                  bg(log_decay, false, "log_decay"), bb(beta, false, "beta"), bo(out, true, "out");
              kernels::StepInputs in{static_cast<std::uint32_t>(ids.size()), qk_heads,
                                     floats(bq, "q"), floats(bk, "k"), floats(bv, "v"),
                                     floats(bg, "log_decay"), floats(bb, "beta"), floats(bo, "out")};
-             py::gil_scoped_release release;
+             ReleaseGil release;
              return h.step->run(layer, ids, in);
            }, py::arg("layer"), py::arg("slots"), py::arg("q"), py::arg("k"), py::arg("v"),
            py::arg("log_decay"), py::arg("beta"), py::arg("out"), py::kw_only(),
@@ -418,47 +446,53 @@ One connection to statepoold, with its lease (statepool.connect()). Every method
 the daemon releases the GIL; several threads may share one connection (its requests are
 serialized). Daemon refusals raise a statepool.DaemonError subclass (QuotaExceeded, ...);
 transport failures raise statepool.TransportError, after which the connection is unusable.)doc")
-      .def_property_readonly("lease_token", [](const ConnectionHandle& c) { return c.get().lease_token(); })
-      .def_property_readonly("lease_resumed", [](const ConnectionHandle& c) { return c.get().lease_resumed(); })
-      .def_property_readonly("resumed_slots", [](const ConnectionHandle& c) { return c.get().resumed_slots(); })
+      .def_property_readonly("lease_token", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.lease_token(); }); })
+      .def_property_readonly("lease_resumed", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.lease_resumed(); }); })
+      .def_property_readonly("resumed_slots", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.resumed_slots(); }); })
       .def_property_readonly("grace_period", [](const ConnectionHandle& c) {
-            return std::chrono::duration<double>(c.get().grace_period()).count();
+            return std::chrono::duration<double>(c.get()->grace_period()).count();
           }, "Seconds the daemon keeps this lease's slots after the connection drops.")
-      .def_property_readonly("protocol_version", [](const ConnectionHandle& c) { return c.get().protocol_version(); })
-      .def_property_readonly("server", [](const ConnectionHandle& c) { return c.get().server(); })
-      .def_property_readonly("max_frame_bytes", [](const ConnectionHandle& c) { return c.get().max_frame_bytes(); })
-      .def_property_readonly("healthy", [](const ConnectionHandle& c) { return c.get().healthy(); })
+      .def_property_readonly("protocol_version", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.protocol_version(); }); })
+      .def_property_readonly("server", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.server(); }); })
+      .def_property_readonly("max_frame_bytes", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.max_frame_bytes(); }); })
+      .def_property_readonly("healthy", [](const ConnectionHandle& c) {
+            return c.conn && call(c, [](Connection& conn) { return conn.healthy(); });
+          }, "False once the connection is broken (after a TransportError, or after the daemon "
+             "answered protocol_error / not_hello / unsupported_version) or closed.")
       .def("register_layout", [](const ConnectionHandle& c, const kernels::StateLayout& l) {
-             return c.get().register_layout(l);
-           }, py::arg("layout"), release_gil(),
+             return call(c, [&](Connection& conn) { return conn.register_layout(l); });
+           }, py::arg("layout"),
            "Registers (or finds) a layout; installs a stepquant layout's plan first if needed.")
       .def("install_plan", [](const ConnectionHandle& c, const kernels::stepquant::Plan& p) {
-             return c.get().install_plan(p);
-           }, py::arg("plan"), release_gil(), "Sends a STEPQuant plan (idempotent).")
+             return call(c, [&](Connection& conn) { return conn.install_plan(p); });
+           }, py::arg("plan"), "Sends a STEPQuant plan (idempotent).")
       .def("open_arena", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t pages) {
-             return ArenaHandle{std::make_shared<client::Arena>(c.get().open_arena(l, pages))};
-           }, py::arg("layout"), py::arg("pages") = 0, release_gil(), R"doc(
+             return ArenaHandle{call(c, [&](Connection& conn) {
+               return std::make_shared<client::Arena>(conn.open_arena(l, pages));
+             })};
+           }, py::arg("layout"), py::arg("pages") = 0, R"doc(
 Opens (or creates) an arena of the tenant for a layout with at least ``pages`` pages and maps
 it; 0 takes any existing one or the daemon's default size.)doc")
       .def("open_arena", [](const ConnectionHandle& c, client::LayoutId id, std::uint32_t pages) {
-             return ArenaHandle{std::make_shared<client::Arena>(c.get().open_arena(id, pages))};
-           }, py::arg("layout_id"), py::arg("pages") = 0, release_gil())
+             return ArenaHandle{call(c, [&](Connection& conn) {
+               return std::make_shared<client::Arena>(conn.open_arena(id, pages));
+             })};
+           }, py::arg("layout_id"), py::arg("pages") = 0)
       .def("open_staging", [](const ConnectionHandle& c, std::uint64_t bytes) {
-             return StagingHandle{std::make_shared<client::Staging>(c.get().open_staging(bytes))};
-           }, py::arg("bytes"), release_gil(), "Opens a staging buffer of at least ``bytes`` bytes.")
+             return StagingHandle{call(c, [&](Connection& conn) {
+               return std::make_shared<client::Staging>(conn.open_staging(bytes));
+             })};
+           }, py::arg("bytes"), "Opens a staging buffer of at least ``bytes`` bytes.")
       .def("allocate", [](const ConnectionHandle& c, const ArenaHandle& a, std::uint32_t count) {
-             std::vector<client::Slot> slots;
-             {
-               py::gil_scoped_release release;
-               slots = c.get().allocate(*a.arena, count);
-             }
+             std::vector<client::Slot> slots =
+                 call(c, [&](Connection& conn) { return conn.allocate(*a.arena, count); });
              py::list out;
              for (auto& s : slots) out.append(py::cast(new SlotHandle(std::move(s)), py::return_value_policy::take_ownership));
              return out;
            }, py::arg("arena"), py::arg("count") = 1,
            "Allocates ``count`` slots of an arena, all or none (PoolExhausted when full).")
       .def("adopt", [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot) {
-             return new SlotHandle(c.get().adopt(arena, slot));
+             return new SlotHandle(c.get()->adopt(arena, slot));  // sends nothing
            }, py::arg("arena_id"), py::arg("slot_id"), py::return_value_policy::take_ownership,
            "Takes ownership of a slot this lease holds (released, or back with a resumed lease).")
       .def("free", [](const ConnectionHandle& c, const std::vector<SlotHandle*>& slots) {
@@ -467,65 +501,61 @@ it; 0 takes any existing one or the daemon's default size.)doc")
              for (SlotHandle* s : slots) {
                if (s != nullptr && s->slot.valid()) batch.push_back(std::move(s->slot));
              }
-             py::gil_scoped_release release;
-             return c.get().free(batch);
+             return call(c, [&](Connection& conn) { return conn.free(batch); });
            }, py::arg("slots"), "Frees Slot objects, one request per arena; returns how many.")
       .def("free", [](const ConnectionHandle& c, client::ArenaId arena, const std::vector<client::SlotId>& ids) {
-             return c.get().free(arena, ids);
-           }, py::arg("arena_id"), py::arg("slot_ids"), release_gil(),
+             return call(c, [&](Connection& conn) { return conn.free(arena, ids); });
+           }, py::arg("arena_id"), py::arg("slot_ids"),
            "Frees slot ids of one arena (released ones).")
       .def("compress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
                           std::uint64_t offset, DType dtype) {
              const client::Slot& slot = slot_of(s);
              const client::Staging& staging = staging_of(st);
-             py::gil_scoped_release release;
-             return c.get().compress(slot, staging, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.compress(slot, staging, offset, dtype); });
            }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
            R"doc(
 page[slot] <- the state staged at staging[offset:]. Returns the page bytes written. NotFinite
 (the page unchanged) when the state holds NaN or Inf.)doc")
       .def("compress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
                           client::StagingId st, std::uint64_t offset, DType dtype) {
-             return c.get().compress(a, s, st, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.compress(a, s, st, offset, dtype); });
            }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32, release_gil())
+           py::arg("dtype") = DType::f32)
       .def("decompress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
                             std::uint64_t offset, DType dtype) {
              const client::Slot& slot = slot_of(s);
              const client::Staging& staging = staging_of(st);
-             py::gil_scoped_release release;
-             return c.get().decompress(slot, staging, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.decompress(slot, staging, offset, dtype); });
            }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
            "staging[offset:] <- the state of page[slot]. Returns the state bytes written.")
       .def("decompress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
                             client::StagingId st, std::uint64_t offset, DType dtype) {
-             return c.get().decompress(a, s, st, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.decompress(a, s, st, offset, dtype); });
            }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32, release_gil())
+           py::arg("dtype") = DType::f32)
       .def("copy", [](const ConnectionHandle& c, const SlotHandle& src, const SlotHandle& dst) {
              const client::Slot& from = slot_of(src);
              const client::Slot& to = slot_of(dst);
-             py::gil_scoped_release release;
-             c.get().copy(from, to);
+             call(c, [&](Connection& conn) { conn.copy(from, to); });
            }, py::arg("src"), py::arg("dst"), "Copies a whole page (both slots of one arena).")
       .def("copy", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
-             c.get().copy(a, src, dst);
-           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"), release_gil())
+             call(c, [&](Connection& conn) { conn.copy(a, src, dst); });
+           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
       .def("compress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
                                 client::StagingId st, std::uint64_t offset, DType dtype) {
-             return c.get().compress_async(a, s, st, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.compress_async(a, s, st, offset, dtype); });
            }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32, release_gil(),
+           py::arg("dtype") = DType::f32,
            "compress() without waiting for the device (cuda backend): see Pending.")
       .def("decompress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
                                   client::StagingId st, std::uint64_t offset, DType dtype) {
-             return c.get().decompress_async(a, s, st, offset, dtype);
+             return call(c, [&](Connection& conn) { return conn.decompress_async(a, s, st, offset, dtype); });
            }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32, release_gil())
+           py::arg("dtype") = DType::f32)
       .def("copy_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
-             return c.get().copy_async(a, src, dst);
-           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"), release_gil())
-      .def("stats", [](const ConnectionHandle& c) { return c.get().stats(); }, release_gil(),
+             return call(c, [&](Connection& conn) { return conn.copy_async(a, src, dst); });
+           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
+      .def("stats", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.stats(); }); },
            "The daemon's arenas, tenants, leases and pool.")
       .def("plan_capacity", [](const ConnectionHandle& c, const std::string& model_config,
                                std::uint32_t weight_bits, const std::string& kv,
@@ -535,11 +565,8 @@ page[slot] <- the state staged at staging[offset:]. Returns the page bytes writt
                                std::optional<std::uint64_t> concurrency) {
              client::PlanRequest r{model_config, weight_bits, kv, codecs, slots, context,
                                    gpu_memory, reserved, tp, concurrency};
-             std::string report;
-             {
-               py::gil_scoped_release release;
-               report = c.get().plan_capacity(r);
-             }
+             const std::string report =
+                 call(c, [&](Connection& conn) { return conn.plan_capacity(r); });
              return py::module_::import("json").attr("loads")(report);
            }, py::arg("model_config"), py::kw_only(), py::arg("weight_bits") = 0, py::arg("kv") = "",
            py::arg("codecs") = std::vector<kernels::CodecId>{}, py::arg("slots") = 0,
@@ -550,29 +577,25 @@ docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Ze
 arguments take the planner's defaults.)doc")
       .def("fits_now", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t slots,
                           const std::vector<kernels::CodecId>& codecs) {
-             return c.get().fits_now(l, slots, codecs);
+             return call(c, [&](Connection& conn) { return conn.fits_now(l, slots, codecs); });
            }, py::arg("layout"), py::arg("slots") = 1,
-           py::arg("codecs") = std::vector<kernels::CodecId>{}, release_gil(),
+           py::arg("codecs") = std::vector<kernels::CodecId>{},
            "How many more requests of this state shape fit now, per codec.")
       .def("ping", [](const ConnectionHandle& c) {
-             return std::chrono::duration<double>(c.get().ping()).count();
-           }, release_gil(), "One round trip; returns its duration in seconds.")
-      .def("drain", [](const ConnectionHandle& c) { c.get().drain(); }, release_gil(),
+             return std::chrono::duration<double>(
+                        call(c, [](Connection& conn) { return conn.ping(); })).count();
+           }, "One round trip; returns its duration in seconds.")
+      .def("drain", [](const ConnectionHandle& c) { call(c, [](Connection& conn) { conn.drain(); }); },
            "Asks the daemon to drain and exit (the daemon's uid or root only).")
-      .def("close", [](ConnectionHandle& c) {
-             py::gil_scoped_release release;
-             Connection closing(std::move(*c.conn));
-           }, R"doc(
-Closes the connection now (slots and staging buffers still alive keep the socket open until
-they go). Later calls raise TransportError(kind='closed'). Not to be called while another
-thread uses the connection.)doc")
+      .def("close", &ConnectionHandle::close, R"doc(
+Closes the connection (slots and staging buffers still alive keep the socket open until they
+go; a call in flight on another thread finishes first). Later calls raise
+TransportError(kind='closed').)doc")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](ConnectionHandle& c, const py::args&) {
-        py::gil_scoped_release release;
-        Connection closing(std::move(*c.conn));
-      })
+      .def("__exit__", [](ConnectionHandle& c, const py::args&) { c.close(); })
       .def("__repr__", [](const ConnectionHandle& c) {
-        return std::string("<statepool.Connection ") + (c.get().healthy() ? "healthy" : "closed") + ">";
+        const bool healthy = c.conn && call(c, [](Connection& conn) { return conn.healthy(); });
+        return std::string("<statepool.Connection ") + (healthy ? "healthy" : "closed") + ">";
       });
 
   auto make_options = [](std::string socket_path, std::string tenant, std::string lease_token,
@@ -596,7 +619,7 @@ thread uses the connection.)doc")
           client::Options o = make_options(std::move(socket_path), std::move(tenant),
                                            std::move(lease_token), std::move(client_name), timeout,
                                            max_reply_bytes, map_device_memory, legacy_ipc);
-          py::gil_scoped_release release;
+          ReleaseGil release;
           return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
         },
         py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(),
@@ -611,7 +634,7 @@ each call may take (0 waits forever). TransportError when the daemon cannot be r
                                      std::string client_name, double timeout) {
           client::Options o = make_options("", std::move(tenant), std::move(lease_token),
                                            std::move(client_name), timeout, 16u << 20, true, false);
-          py::gil_scoped_release release;
+          ReleaseGil release;
           return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
         },
         py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "gil.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "views.hpp"
@@ -225,7 +226,7 @@ as the daemon. Thread-safe; encode/decode release the GIL.)doc")
                         const py::object& page) {
              const Borrowed in(staged, false, "staged");
              const Borrowed out(page, true, "page");
-             py::gil_scoped_release release;
+             ReleaseGil release;
              c.encode(in.bytes(), dtype, out.bytes());
            }, py::arg("staged"), py::arg("dtype"), py::arg("page"),
            "page <- staged. NotFinite (page unchanged) for a NaN/Inf state; ValueError for "
@@ -234,7 +235,7 @@ as the daemon. Thread-safe; encode/decode release the GIL.)doc")
                         const py::object& staged) {
              const Borrowed in(page, false, "page");
              const Borrowed out(staged, true, "staged");
-             py::gil_scoped_release release;
+             ReleaseGil release;
              c.decode(in.bytes(), dtype, out.bytes());
            }, py::arg("page"), py::arg("dtype"), py::arg("staged"), "staged <- page.");
 }

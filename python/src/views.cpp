@@ -3,6 +3,7 @@
 #include <dlpack/dlpack.h>
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -229,7 +230,7 @@ Element parse_element(const py::object& dtype) {
 std::size_t View::count() const noexcept {
   std::size_t n = 1;
   for (const std::int64_t d : shape) n *= static_cast<std::size_t>(d);
-  return n;
+  return n;  // make_view checked that this neither overflows nor passes the region
 }
 
 View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t bytes,
@@ -257,11 +258,18 @@ View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t b
   } else {
     view.shape = shape.cast<std::vector<std::int64_t>>();
   }
+  std::size_t total = size;  // bytes, checked for overflow dimension by dimension
   for (const std::int64_t d : view.shape) {
     if (d < 0) throw py::value_error("a view's dimensions cannot be negative");
+    if (__builtin_mul_overflow(total, static_cast<std::size_t>(d), &total) ||
+        total > static_cast<std::size_t>(PY_SSIZE_T_MAX)) {
+      total = SIZE_MAX;
+      break;
+    }
   }
-  if (view.nbytes() > bytes - offset) {
-    throw py::value_error("a view of " + std::to_string(view.nbytes()) + " bytes at offset " +
+  if (total > bytes - offset) {
+    throw py::value_error("a view of shape " + py::repr(py::cast(view.shape)).cast<std::string>() +
+                          " " + to_string(view.element) + " at offset " +
                           std::to_string(offset) + " does not fit in the " +
                           std::to_string(bytes) + "-byte buffer");
   }
@@ -269,15 +277,25 @@ View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t b
   return view;
 }
 
+namespace {
+void delete_managed(void* tensor) {
+  auto* managed = static_cast<DLManagedTensor*>(tensor);
+  if (managed->deleter != nullptr) managed->deleter(managed);
+}
+}  // namespace
+
 Borrowed::Borrowed(const py::object& object, bool writable, const char* what) {
   const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  const bool has_dlpack = py::hasattr(object, "__dlpack__");
   if (PyObject_CheckBuffer(object.ptr()) != 0) {
-    if (PyObject_GetBuffer(object.ptr(), &buffer_, flags) != 0) throw py::error_already_set();
-    have_buffer_ = true;
-    bytes_ = {static_cast<std::byte*>(buffer_.buf), static_cast<std::size_t>(buffer_.len)};
-    return;
-  }
-  if (!py::hasattr(object, "__dlpack__")) {
+    if (PyObject_GetBuffer(object.ptr(), &buffer_, flags) == 0) {
+      have_buffer_ = true;
+      bytes_ = {static_cast<std::byte*>(buffer_.buf), static_cast<std::size_t>(buffer_.len)};
+      return;
+    }
+    if (!has_dlpack) throw py::error_already_set();
+    PyErr_Clear();  // e.g. a bfloat16 view or a non-contiguous array: try DLPack
+  } else if (!has_dlpack) {
     throw py::type_error(std::string(what) +
                          " must be a buffer (numpy array, bytearray, statepool.View) or a "
                          "DLPack tensor (torch.Tensor), got " +
@@ -288,7 +306,7 @@ Borrowed::Borrowed(const py::object& object, bool writable, const char* what) {
   if (tensor == nullptr) throw py::error_already_set();
   // From here on the tensor is ours: rename the capsule so that it does not delete it too.
   if (PyCapsule_SetName(capsule.ptr(), "used_dltensor") != 0) throw py::error_already_set();
-  dlpack_ = tensor;
+  dlpack_ = {tensor, delete_managed};
   const DLTensor& t = tensor->dl_tensor;
   if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
     throw py::type_error(std::string(what) + " must be in host memory (a CPU tensor)");
@@ -308,10 +326,6 @@ Borrowed::Borrowed(const py::object& object, bool writable, const char* what) {
 
 Borrowed::~Borrowed() {
   if (have_buffer_) PyBuffer_Release(&buffer_);
-  if (dlpack_ != nullptr) {
-    auto* tensor = static_cast<DLManagedTensor*>(dlpack_);
-    if (tensor->deleter != nullptr) tensor->deleter(tensor);
-  }
 }
 
 void bind_views(py::module_& m) {

@@ -60,6 +60,8 @@ struct View {
 /// through __dlpack__ (a CPU tensor). Released on destruction (needs the GIL).
 class Borrowed {
  public:
+  /// Buffer protocol first; when that fails (bfloat16 views, non-contiguous arrays) and
+  /// the object has __dlpack__, DLPack.
   /// Throws py::type_error when `object` offers neither or is not host memory, and
   /// ValueError (numpy's, or py::value_error) when it is not C-contiguous or is read-only
   /// while `writable` is asked for.
@@ -73,23 +75,13 @@ class Borrowed {
  private:
   Py_buffer buffer_{};
   bool have_buffer_ = false;
-  void* dlpack_ = nullptr;  // DLManagedTensor*, deleted on destruction
+  // The DLManagedTensor, deleted on destruction: a member, so that a constructor that
+  // refuses the tensor after taking it still deletes it.
+  std::unique_ptr<void, void (*)(void*)> dlpack_{nullptr, nullptr};
   std::span<std::byte> bytes_;
 };
 
 /// Registers statepool.View.
 void bind_views(py::module_& m);
-
-/// Runs `f` with the GIL released when this thread holds it (destructors that talk to the
-/// daemon run from Python's garbage collection with the GIL held).
-template <class F>
-void without_gil(F&& f) {
-  if (PyGILState_Check() != 0) {
-    py::gil_scoped_release release;
-    f();
-  } else {
-    f();
-  }
-}
 
 }  // namespace statepool::python

@@ -993,11 +993,9 @@ class Connection:
     def drain(self) -> None:
         """Asks the daemon to drain and exit (the daemon's uid or root only)."""
     def close(self) -> None:
-        """
-        Closes the connection now (slots and staging buffers still alive keep the socket open until
-        they go). Later calls raise TransportError(kind='closed'). Not to be called while another
-        thread uses the connection.
-        """
+        """Closes the connection (slots and staging buffers still alive keep the socket open until they
+go; a call in flight on another thread finishes first). Later calls raise
+TransportError(kind='closed')."""
     def __enter__(self) -> Self:
         """The connection itself."""
     def __exit__(self, *args: object) -> None:

@@ -58,8 +58,11 @@ class ParkedStates:
     which free the pages. Dropping the object frees them too.
     """
 
-    def __init__(self, slots: List[Slot], page_bytes: int, state_bytes: int) -> None:
+    def __init__(self, slots: List[Slot], page_bytes: int, state_bytes: int,
+                 arena_id: int, layout_id: int) -> None:
         self._slots = slots
+        self.arena_id = arena_id  #: the arena whose pages hold them
+        self.layout_id = layout_id  #: the layout they were parked with
         self.page_bytes = page_bytes  #: bytes of one parked state (one page)
         self.state_bytes = state_bytes  #: bytes of one state in the engine's dtypes
 
@@ -122,6 +125,7 @@ class _Parker:
         self._stride = -(-state_bytes // _STAGE_ALIGN) * _STAGE_ALIGN
         self._batch = batch
         self.staging = conn.open_staging(self._stride * batch)
+        self._device_staging = self.staging.memory_space == "device"
         self._rec: List[torch.Tensor] = []
         self._conv: List[Optional[torch.Tensor]] = []
         for i in range(batch):
@@ -130,6 +134,12 @@ class _Parker:
                                                                  self._rec_shape, offset)))
             self._conv.append(torch.from_dlpack(self.staging.view(
                 conv_dtype, self._conv_shape, offset + rec_bytes)) if l.conv_channels else None)
+
+    def _sync(self) -> None:
+        """Waits for the copies between the engine's tensors and device staging (the cuda
+        backend): the daemon works on its own stream, in its own process."""
+        if self._device_staging:
+            torch.cuda.current_stream(self._rec[0].device).synchronize()
 
     # Subclasses: copy request `index`'s state out of / into the engine's tensors (`conv` is
     # None for a layout without conv state; self._conv_parts are its channel ranges).
@@ -150,13 +160,15 @@ class _Parker:
                 chunk = indices[start:start + self._batch]
                 for j, index in enumerate(chunk):
                     self._read(index, self._rec[j], self._conv[j])
+                self._sync()  # the staged copies are complete before the daemon reads them
                 for j in range(len(chunk)):
                     self.conn.compress(slots[start + j], self.staging, j * self._stride,
                                        self.staged)
         except BaseException:
             self.conn.free(slots)
             raise
-        parked = ParkedStates(slots, self.info.page_bytes, self.info.state_bytes(self.staged))
+        parked = ParkedStates(slots, self.info.page_bytes, self.info.state_bytes(self.staged),
+                              self.arena.id, self.info.id)
         self._parked.add(parked)
         return parked
 
@@ -164,6 +176,10 @@ class _Parker:
         """Decompresses parked states into the engine's slots ``indices`` (one per parked
         state, in order) and frees their pages."""
         indices = _indices(indices)
+        if parked.layout_id != self.info.id or parked.arena_id != self.arena.id:
+            raise ValueError(f"these states were parked with layout {parked.layout_id} in arena "
+                             f"{parked.arena_id}; this pool has layout {self.info.id}, arena "
+                             f"{self.arena.id}")
         if len(indices) != len(parked):
             raise ValueError(f"{len(parked)} parked states, {len(indices)} indices")
         slots = parked._slots
@@ -174,6 +190,7 @@ class _Parker:
                                      self.staged)
             for j, index in enumerate(chunk):
                 self._write(index, self._rec[j], self._conv[j])
+            self._sync()  # ... and read out before the next round overwrites the staging
         self.conn.free(slots)
         parked._slots = []
 
@@ -207,10 +224,10 @@ class MambaPool(_Parker):
     kernels read and write them in place. ``get_cpu_copy(indices)`` parks those requests'
     states in statepool (compressed with the layout's codec) instead of copying them to
     host memory in full precision, and ``load_cpu_copy(parked, indices)`` brings them
-    back. ``capacity`` is how many states can at least be parked at once (default
-    ``size``; a scheduler that may park every waiting request needs their number): the
-    pages of the arena, which is the tenant's arena for this layout when one that large
-    exists.
+    back. ``capacity`` is the number of pages of the arena the pool parks into (default
+    ``size``; a scheduler that may park every waiting request needs their number). Pools
+    of one tenant and layout share the tenant's arena for it when one that large exists,
+    so they share its pages too: size it for all of them.
     ``conv_split`` gives the channels of each conv tensor when a layer has several (Kimi's
     KDA: separate q, k and v convolutions, ``(4096, 4096, 4096)``); they are stored one after
     the other in the page's conv state. Default: one conv tensor of all conv channels.

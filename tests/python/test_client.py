@@ -320,3 +320,73 @@ def test_nominal_plan_parks_stepquant_before_calibration(conn):
     assert info.page_bytes < statepool.PageCodec(base).page_bytes / 3
     with pytest.raises(ValueError, match="4 or 6"):
         statepool.Plan.nominal(base, 5)
+
+
+def test_close_while_another_thread_waits_on_the_daemon(tmp_path):
+    """close() drops the handle's reference only: the call in flight finishes."""
+    import os
+    import signal as signals
+
+    from conftest import Daemon
+    d = Daemon(tmp_path)
+    try:
+        conn = d.connect()
+        outcome = {}
+
+        def waiting_call():
+            try:
+                outcome["stats"] = conn.stats()
+            except statepool.StatepoolError as e:
+                outcome["error"] = e
+
+        os.kill(d.process.pid, signals.SIGSTOP)
+        worker = threading.Thread(target=waiting_call)
+        worker.start()
+        time.sleep(0.3)  # the request is sent; the reply cannot come
+        conn.close()
+        with pytest.raises(statepool.TransportError) as closed:
+            conn.ping()
+        assert closed.value.kind == "closed" and not conn.healthy
+        os.kill(d.process.pid, signals.SIGCONT)
+        worker.join(10)
+        assert not worker.is_alive()
+        assert "stats" in outcome, outcome  # answered on the connection it started on
+    finally:
+        os.kill(d.process.pid, signals.SIGCONT)
+        assert d.stop() == 0, d.log()
+
+
+def test_interpreter_exit_with_a_thread_inside_a_call(daemon):
+    """A daemon thread in a GIL-released call while the program exits: a clean exit 0."""
+    import subprocess
+    import sys
+    code = (
+        "import threading, statepool\n"
+        f"conn = statepool.connect({daemon.socket!r}, tenant='team-a')\n"
+        "info = conn.register_layout(statepool.StateLayout(num_layers=1, num_heads=1,\n"
+        "                                                  key_dim=8, value_dim=8))\n"
+        "arena = conn.open_arena(info, 2)\n"
+        "def loop():\n"
+        "    while True:\n"
+        "        conn.ping()\n"
+        "        conn.allocate(arena, 1)  # dropped at once: a slot freed by its destructor\n"
+        "threading.Thread(target=loop, daemon=True).start()\n"
+        "import time; time.sleep(0.2)\n")
+    for _ in range(5):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+
+
+def test_timeouts_in_seconds(tmp_path):
+    with pytest.raises(ValueError, match="nan"):
+        statepool.connect(str(tmp_path / "x.sock"), timeout=float("nan"))
+    path = str(tmp_path / "silent.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    started = time.monotonic()
+    with pytest.raises(statepool.TransportError) as error:
+        statepool.connect(path, timeout=0.0009)  # rounds up to 1 ms, never to "forever"
+    assert error.value.kind == "timed_out" and time.monotonic() - started < 5
+    server.close()

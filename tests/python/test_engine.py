@@ -95,7 +95,11 @@ def test_bfloat16_temporal_state(conn):
 def test_parking_is_all_or_nothing(conn):
     pool = MambaPool(conn, small_layout(statepool.CodecId.int8, name="engine-full"), size=16,
                      capacity=2)
-    used = pool.parked_pages
+
+    def arena_pages() -> int:  # what the daemon counts, not the pool's own bookkeeping
+        return next(a.pages_used for a in conn.stats().arenas if a.arena_id == pool.arena.id)
+
+    used = arena_pages()
     # The tenant's arena for this layout may be larger than asked for (it is shared).
     free = pool.arena.page_count - used
     live = pool.alloc(free + 1)
@@ -104,12 +108,12 @@ def test_parking_is_all_or_nothing(conn):
     pool.mamba_cache.temporal[1, 2, 0, 0, 0] = float("nan")
     with pytest.raises(statepool.NotFinite):
         pool.park(live[:2])
-    assert pool.parked_pages == used
+    assert arena_pages() == used and pool.parked_pages == 0
     parked = pool.park(live[2:3])
-    assert pool.parked_pages == used + 1
+    assert arena_pages() == used + 1 and pool.parked_pages == 1
     del parked
     gc.collect()
-    assert pool.parked_pages == used  # dropped parked states free their pages
+    assert arena_pages() == used  # dropped parked states free their pages
     with pytest.raises(ValueError, match="indices"):
         pool.resume(pool.park(live[:1]), live[:2])
 
@@ -168,3 +172,13 @@ def test_close_releases_staging_and_mapping(conn):
     assert len(parked) == 2  # still parked, freed when dropped
     del parked
     gc.collect()
+
+
+def test_parked_states_resume_only_into_their_own_pool(conn):
+    a = MambaPool(conn, small_layout(statepool.CodecId.fp32, name="cross-a"), size=2)
+    b = MambaPool(conn, small_layout(statepool.CodecId.fp32, num_heads=2, value_dim=36,
+                                     name="cross-b"), size=2)  # same staged size
+    parked = a.park(a.alloc(1))
+    with pytest.raises(ValueError, match="parked with layout"):
+        b.resume(parked, b.alloc(1))
+    a.resume(parked, [2])

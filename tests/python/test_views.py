@@ -123,3 +123,47 @@ def test_page_codec_round_trip_with_torch_and_numpy(setup):
         codec.decode(page, statepool.DType.f32, [0.0] * 10)
     with pytest.raises(ValueError, match="contiguous"):
         codec.decode(page, statepool.DType.f32, torch.zeros(2, back.size)[:, 0])
+
+
+def test_views_that_overflow_or_cross_arenas_are_refused(setup):
+    conn, info, arena = setup
+    staging = conn.open_staging(4096)
+    for shape, dtype in [((2**32, 2**32), "uint8"), ((2**62,), "float32"), ((2**63 - 1, 2), "uint8")]:
+        with pytest.raises(ValueError, match="does not fit"):
+            staging.view(dtype, shape)
+    other = conn.open_arena(conn.register_layout(small_layout(statepool.CodecId.int6,
+                                                              name="other")), 2)
+    slot = conn.allocate(other)[0]
+    with pytest.raises(ValueError, match="not of arena"):
+        arena.page(slot)
+    with pytest.raises(ValueError, match="not of arena"):
+        arena.decode(slot, np.zeros(info.state_bytes_f32, np.uint8))
+    gc.collect()
+    staging.close()
+
+
+def test_refused_buffers_are_released_and_bfloat16_views_go_through_dlpack(setup):
+    import sys
+    conn, info, arena = setup
+    codec = arena.codec
+    strided = np.zeros((2, codec.staged_bytes() // 4), np.float32)[:, ::2]  # not contiguous
+    before = sys.getrefcount(strided)
+    for _ in range(5):
+        with pytest.raises(ValueError, match="contiguous"):
+            codec.decode(np.zeros(codec.page_bytes, np.uint8), statepool.DType.f32, strided)
+    assert sys.getrefcount(strided) == before  # the DLPack export it made was deleted
+    with conn.open_staging(info.state_bytes_bf16) as staging, conn.allocate(arena)[0] as slot:
+        # A bfloat16 View has no buffer protocol; decode takes it through DLPack.
+        out = staging.view("bfloat16", info.state_bytes_bf16 // 2)
+        arena.decode(slot, out, statepool.DType.bf16)
+        del out
+
+
+def test_a_failing_with_block_keeps_its_exception(setup):
+    conn, _, _ = setup
+    with pytest.raises(KeyError):
+        with conn.open_staging(256) as staging:
+            view = staging.view()
+            raise KeyError("the engine's own error")
+    del view
+    gc.collect()
