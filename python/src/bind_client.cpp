@@ -50,8 +50,9 @@ struct ConnectionHandle {
   std::shared_ptr<Connection> conn;
   /// Needs the GIL.
   [[nodiscard]] std::shared_ptr<Connection> get() const {
-    if (!conn) throw client::ConnectionError(client::ConnectionError::Kind::closed,
-                                             "the connection is closed");
+    if (!conn)
+      throw client::ConnectionError(client::ConnectionError::Kind::closed,
+                                    "the connection is closed");
     return conn;
   }
   void close() { conn.reset(); }  // closes the socket when no slot or staging holds it
@@ -82,8 +83,7 @@ struct ArenaHandle {
   std::shared_ptr<client::Arena> arena;
 };
 
-// A DecodeStep keeps its arena mapped (it holds a view owner of it), so Arena.close()
-// refuses while one exists.
+// A DecodeStep shares its arena object, so Arena.close() refuses while one exists.
 struct DecodeStepHandle {
   std::shared_ptr<client::Arena> arena;
   std::unique_ptr<client::DecodeStep> step;
@@ -103,19 +103,23 @@ std::shared_ptr<const void> view_owner(const std::shared_ptr<T>& object) {
   return {object.get(), [keep = object](const void*) mutable { keep.reset(); }};
 }
 
-
 // __exit__(type, value, traceback): true when the with block raised.
-bool exception_pending(const py::args& exc) { return exc.size() > 0 && !exc[0].is_none(); }
+bool exception_pending(const py::args& exc) {
+  return exc.size() > 0 && !exc[0].is_none();
+}
 
 // A timeout in seconds: 0, negative or inf wait forever (the client's 0); otherwise at
 // least 1 ms, so that a small timeout never becomes "forever".
 std::chrono::milliseconds to_ms(double seconds) {
   if (std::isnan(seconds)) throw py::value_error("timeout must be a number of seconds, not nan");
   if (seconds <= 0 || std::isinf(seconds) || seconds > 1e12) return std::chrono::milliseconds(0);
-  return std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds * 1000.0))));
+  return std::chrono::milliseconds(
+      std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(seconds * 1000.0))));
 }
 
-std::string memory_space(const kernels::MemoryDescriptor& m) { return kernels::to_string(m.space); }
+std::string memory_space(const kernels::MemoryDescriptor& m) {
+  return kernels::to_string(m.space);
+}
 
 // A float32 buffer for the fused step: its bytes as floats (4-byte multiple and aligned).
 std::span<float> floats(const Borrowed& b, const char* what) {
@@ -174,8 +178,9 @@ void bind_client(py::module_& m) {
       .def_property_readonly("compression_ratio", &client::LayoutInfo::compression_ratio)
       .def("state_bytes", &client::LayoutInfo::state_bytes, py::arg("dtype") = DType::f32)
       .def("__repr__", [](const client::LayoutInfo& l) {
-        return "<statepool.LayoutInfo id=" + std::to_string(l.id) + " page_bytes=" +
-               std::to_string(l.page_bytes) + " fp32_bytes=" + std::to_string(l.fp32_bytes) + ">";
+        return "<statepool.LayoutInfo id=" + std::to_string(l.id) +
+               " page_bytes=" + std::to_string(l.page_bytes) +
+               " fp32_bytes=" + std::to_string(l.fp32_bytes) + ">";
       });
   py::class_<client::PlanInfo>(m, "PlanInfo", "A STEPQuant plan the daemon holds.")
       .def_readonly("digest", &client::PlanInfo::digest)
@@ -245,22 +250,26 @@ the object is garbage-collected, when a ``with`` block ends, or by free(); relea
 allocated (to adopt it again after a reconnect with the lease token).)doc")
       .def_property_readonly("id", [](const SlotHandle& s) { return s.slot.id(); })
       .def_property_readonly("arena_id", [](const SlotHandle& s) { return s.slot.arena_id(); })
-      .def_property_readonly("valid", [](const SlotHandle& s) { return s.slot.valid(); },
-                             "False once freed or released.")
-      .def("release", [](SlotHandle& s) { return s.slot.release(); },
-           "Gives up ownership without freeing; returns the slot id.")
-      .def("free", [](SlotHandle& s) { s.slot.free(); }, release_gil(),
-           "Frees the slot on the daemon now.")
+      .def_property_readonly(
+          "valid", [](const SlotHandle& s) { return s.slot.valid(); },
+          "False once freed or released.")
+      .def(
+          "release", [](SlotHandle& s) { return s.slot.release(); },
+          "Gives up ownership without freeing; returns the slot id.")
+      .def(
+          "free", [](SlotHandle& s) { s.slot.free(); }, release_gil(),
+          "Frees the slot on the daemon now.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](SlotHandle& s, const py::args&) {
-        if (s.slot.valid()) {
-          ReleaseGil release;
-          s.slot.free();
-        }
-      })
+      .def("__exit__",
+           [](SlotHandle& s, const py::args&) {
+             if (s.slot.valid()) {
+               ReleaseGil release;
+               s.slot.free();
+             }
+           })
       .def("__repr__", [](const SlotHandle& s) {
-        return "<statepool.Slot arena=" + std::to_string(s.slot.arena_id()) + " id=" +
-               std::to_string(s.slot.id()) + (s.slot.valid() ? "" : " (invalid)") + ">";
+        return "<statepool.Slot arena=" + std::to_string(s.slot.arena_id()) +
+               " id=" + std::to_string(s.slot.id()) + (s.slot.valid() ? "" : " (invalid)") + ">";
       });
 
   // --- staging ---------------------------------------------------------------------------
@@ -269,44 +278,53 @@ A staging buffer shared with the daemon: full-precision states are written here 
 compress() and read from here after decompress(). view() gives zero-copy numpy/PyTorch access.
 Closed on the daemon when garbage-collected, when a ``with`` block ends, or by close().)doc")
       .def_property_readonly("id", [](const StagingHandle& s) { return s.staging->id(); })
-      .def_property_readonly("size", [](const StagingHandle& s) { return s.staging->size(); },
-                             "Bytes (at least what was asked for).")
+      .def_property_readonly(
+          "size", [](const StagingHandle& s) { return s.staging->size(); },
+          "Bytes (at least what was asked for).")
       .def_property_readonly("fd", [](const StagingHandle& s) { return s.staging->fd(); })
       .def_property_readonly("valid", [](const StagingHandle& s) { return s.staging->valid(); })
-      .def_property_readonly("memory_space",
-                             [](const StagingHandle& s) { return memory_space(s.staging->memory()); },
-                             "'host' or 'device'.")
-      .def_property_readonly("device_ptr", [](const StagingHandle& s) {
+      .def_property_readonly(
+          "memory_space", [](const StagingHandle& s) { return memory_space(s.staging->memory()); },
+          "'host' or 'device'.")
+      .def_property_readonly(
+          "device_ptr",
+          [](const StagingHandle& s) {
             return reinterpret_cast<std::uintptr_t>(s.staging->device_data());
-          }, "Device address when device memory is mapped here, else 0.")
-      .def("view", [](const StagingHandle& s, const py::object& dtype, const py::object& shape,
-                      std::size_t offset) {
-             const client::Staging& st = staging_of(s);
-             if (st.device_data() != nullptr) {
-               return make_view(view_owner(s.staging), st.device_data(), st.size(), true,
-                                st.memory().device, dtype, shape, offset);
-             }
-             if (st.bytes().empty()) {
-               throw py::value_error("the staging buffer is not mapped into this process");
-             }
-             return make_view(view_owner(s.staging), st.bytes().data(), st.size(), false, -1,
-                              dtype, shape, offset);
-           }, py::arg("dtype") = py::none(), py::arg("shape") = py::none(),
-           py::arg("offset") = 0, R"doc(
+          },
+          "Device address when device memory is mapped here, else 0.")
+      .def(
+          "view",
+          [](const StagingHandle& s, const py::object& dtype, const py::object& shape,
+             std::size_t offset) {
+            const client::Staging& st = staging_of(s);
+            if (st.device_data() != nullptr) {
+              return make_view(view_owner(s.staging), st.device_data(), st.size(), true,
+                               st.memory().device, dtype, shape, offset);
+            }
+            if (st.bytes().empty()) {
+              throw py::value_error("the staging buffer is not mapped into this process");
+            }
+            return make_view(view_owner(s.staging), st.bytes().data(), st.size(), false, -1, dtype,
+                             shape, offset);
+          },
+          py::arg("dtype") = py::none(), py::arg("shape") = py::none(), py::arg("offset") = 0,
+          R"doc(
 A zero-copy view of the buffer: ``dtype`` elements (default uint8) in ``shape`` (default:
 the rest of the buffer) from byte ``offset``. numpy.asarray(view), torch.from_dlpack(view).)doc")
       .def("close", &StagingHandle::close,
            "Closes the buffer on the daemon now. BufferError while views of it are alive.")
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](StagingHandle& s, const py::args& exc) {
-        // With an exception on its way, views may be alive in its frames: leave the
-        // buffer to garbage collection rather than hide the exception behind BufferError.
-        if (exception_pending(exc) && s.staging.use_count() > 1) return;
-        s.close();
-      })
+      .def("__exit__",
+           [](StagingHandle& s, const py::args& exc) {
+             // With an exception on its way, views may be alive in its frames: leave the
+             // buffer to garbage collection rather than hide the exception behind BufferError.
+             if (exception_pending(exc) && s.staging.use_count() > 1) return;
+             s.close();
+           })
       .def("__repr__", [](const StagingHandle& s) {
-        return "<statepool.Staging id=" + std::to_string(s.staging->id()) + " size=" +
-               std::to_string(s.staging->size()) + (s.staging->valid() ? "" : " (closed)") + ">";
+        return "<statepool.Staging id=" + std::to_string(s.staging->id()) +
+               " size=" + std::to_string(s.staging->size()) +
+               (s.staging->valid() ? "" : " (closed)") + ">";
       });
 
   // --- arenas ----------------------------------------------------------------------------
@@ -316,74 +334,98 @@ descriptor and the mapping (close() or the end of a ``with`` block unmaps it loc
 live on in the daemon). page(slot) views one page; decode(slot, out) decodes it here.)doc")
       .def_property_readonly("id", [](const ArenaHandle& a) { return a.arena->id(); })
       .def_property_readonly("layout_id", [](const ArenaHandle& a) { return a.arena->layout_id(); })
-      .def_property_readonly("page_bytes", [](const ArenaHandle& a) { return a.arena->page_bytes(); })
-      .def_property_readonly("page_stride", [](const ArenaHandle& a) { return a.arena->page_stride(); })
-      .def_property_readonly("page_count", [](const ArenaHandle& a) { return a.arena->page_count(); })
+      .def_property_readonly("page_bytes",
+                             [](const ArenaHandle& a) { return a.arena->page_bytes(); })
+      .def_property_readonly("page_stride",
+                             [](const ArenaHandle& a) { return a.arena->page_stride(); })
+      .def_property_readonly("page_count",
+                             [](const ArenaHandle& a) { return a.arena->page_count(); })
       .def_property_readonly("bytes", [](const ArenaHandle& a) { return a.arena->bytes(); })
-      .def_property_readonly("backend", [](const ArenaHandle& a) { return a.arena->backend(); },
-                             "'host' or 'cuda'.")
-      .def_property_readonly("created", [](const ArenaHandle& a) { return a.arena->created(); },
-                             "False when an existing arena of the tenant was opened.")
-      .def_property_readonly("mapped", [](const ArenaHandle& a) { return a.arena->mapped(); },
-                             "True when host memory is mapped here.")
+      .def_property_readonly(
+          "backend", [](const ArenaHandle& a) { return a.arena->backend(); }, "'host' or 'cuda'.")
+      .def_property_readonly(
+          "created", [](const ArenaHandle& a) { return a.arena->created(); },
+          "False when an existing arena of the tenant was opened.")
+      .def_property_readonly(
+          "mapped", [](const ArenaHandle& a) { return a.arena->mapped(); },
+          "True when host memory is mapped here.")
       .def_property_readonly("fd", [](const ArenaHandle& a) { return a.arena->fd(); })
-      .def_property_readonly("memory_space",
-                             [](const ArenaHandle& a) { return memory_space(a.arena->memory()); },
-                             "'host' or 'device'.")
-      .def_property_readonly("device_ptr", [](const ArenaHandle& a) {
+      .def_property_readonly(
+          "memory_space", [](const ArenaHandle& a) { return memory_space(a.arena->memory()); },
+          "'host' or 'device'.")
+      .def_property_readonly(
+          "device_ptr",
+          [](const ArenaHandle& a) {
             return reinterpret_cast<std::uintptr_t>(a.arena->device_data());
-          }, "Device address when device memory is mapped here, else 0.")
+          },
+          "Device address when device memory is mapped here, else 0.")
       .def_property_readonly("has_codec", [](const ArenaHandle& a) { return a.arena->has_codec(); })
-      .def_property_readonly("codec", [](const ArenaHandle& a) {
+      .def_property_readonly(
+          "codec",
+          [](const ArenaHandle& a) {
             return std::make_shared<kernels::PageCodec>(a.arena->codec().layout());
-          }, "The arena's page format (a PageCodec).")
-      .def("page", [](const ArenaHandle& a, const py::object& slot) {
-             const client::Arena& arena = *a.arena;
-             const client::SlotId id = slot_in(arena, slot);
-             if (arena.device_data() != nullptr) {
-               std::byte* page = arena.device_page(id);
-               return make_view(view_owner(a.arena), page, arena.page_bytes(), true,
-                                arena.memory().device, py::none(), py::none(), 0);
-             }
-             const std::span<std::byte> page = arena.page(id);
-             return make_view(view_owner(a.arena), page.data(), page.size(), false, -1,
-                              py::none(), py::none(), 0);
-           }, py::arg("slot"), "A uint8 view of one page (a Slot or a slot id).")
-      .def("pages", [](const ArenaHandle& a) {
-             const client::Arena& arena = *a.arena;
-             py::object shape = py::make_tuple(arena.page_count(), arena.page_stride());
-             if (arena.device_data() != nullptr) {
-               return make_view(view_owner(a.arena), arena.device_data(), arena.bytes(), true,
-                                arena.memory().device, py::none(), shape, 0);
-             }
-             if (!arena.mapped()) throw py::value_error("the arena is not mapped into this process");
-             return make_view(view_owner(a.arena), arena.data().data(), arena.bytes(), false, -1,
-                              py::none(), shape, 0);
-           }, "A uint8 view of the whole mapping, shape (page_count, page_stride).")
-      .def("decode", [](const ArenaHandle& a, const py::object& slot, const py::object& out,
-                        DType dtype) {
-             const std::shared_ptr<client::Arena> keep = a.arena;  // close() refuses meanwhile
-             const std::span<std::byte> page = keep->page(slot_in(*keep, slot));
-             const Borrowed staged(out, true, "out");
-             ReleaseGil release;
-             keep->codec().decode(page, dtype, staged.bytes());
-           }, py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, R"doc(
+          },
+          "The arena's page format (a PageCodec).")
+      .def(
+          "page",
+          [](const ArenaHandle& a, const py::object& slot) {
+            const client::Arena& arena = *a.arena;
+            const client::SlotId id = slot_in(arena, slot);
+            if (arena.device_data() != nullptr) {
+              std::byte* page = arena.device_page(id);
+              return make_view(view_owner(a.arena), page, arena.page_bytes(), true,
+                               arena.memory().device, py::none(), py::none(), 0);
+            }
+            const std::span<std::byte> page = arena.page(id);
+            return make_view(view_owner(a.arena), page.data(), page.size(), false, -1, py::none(),
+                             py::none(), 0);
+          },
+          py::arg("slot"), "A uint8 view of one page (a Slot or a slot id).")
+      .def(
+          "pages",
+          [](const ArenaHandle& a) {
+            const client::Arena& arena = *a.arena;
+            py::object shape = py::make_tuple(arena.page_count(), arena.page_stride());
+            if (arena.device_data() != nullptr) {
+              return make_view(view_owner(a.arena), arena.device_data(), arena.bytes(), true,
+                               arena.memory().device, py::none(), shape, 0);
+            }
+            if (!arena.mapped()) throw py::value_error("the arena is not mapped into this process");
+            return make_view(view_owner(a.arena), arena.data().data(), arena.bytes(), false, -1,
+                             py::none(), shape, 0);
+          },
+          "A uint8 view of the whole mapping, shape (page_count, page_stride).")
+      .def(
+          "decode",
+          [](const ArenaHandle& a, const py::object& slot, const py::object& out, DType dtype) {
+            const std::shared_ptr<client::Arena> keep = a.arena;  // close() refuses meanwhile
+            const std::span<std::byte> page = keep->page(slot_in(*keep, slot));
+            const Borrowed staged(out, true, "out");
+            ReleaseGil release;
+            keep->codec().decode(page, dtype, staged.bytes());
+          },
+          py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, R"doc(
 Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
 tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
-      .def("close", [](ArenaHandle& a) {
+      .def(
+          "close",
+          [](ArenaHandle& a) {
+            refuse_if_viewed(a.arena.use_count(), "arena mapping");
+            *a.arena = client::Arena{};
+          },
+          "Unmaps the arena here (the daemon keeps it). BufferError while views are alive.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](ArenaHandle& a, const py::args& exc) {
+             if (exception_pending(exc) && a.arena.use_count() > 1) return;  // as Staging.__exit__
              refuse_if_viewed(a.arena.use_count(), "arena mapping");
              *a.arena = client::Arena{};
-           }, "Unmaps the arena here (the daemon keeps it). BufferError while views are alive.")
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](ArenaHandle& a, const py::args& exc) {
-        if (exception_pending(exc) && a.arena.use_count() > 1) return;  // as Staging.__exit__
-        refuse_if_viewed(a.arena.use_count(), "arena mapping");
-        *a.arena = client::Arena{};
-      })
+           })
       .def("__repr__", [](const ArenaHandle& a) {
-        return "<statepool.Arena id=" + std::to_string(a.arena->id()) + " pages=" +
-               std::to_string(a.arena->page_count()) + " page_bytes=" +
-               std::to_string(a.arena->page_bytes()) + " backend=" + a.arena->backend() + ">";
+        return "<statepool.Arena id=" + std::to_string(a.arena->id()) +
+               " pages=" + std::to_string(a.arena->page_count()) +
+               " page_bytes=" + std::to_string(a.arena->page_bytes()) +
+               " backend=" + a.arena->backend() + ">";
       });
 
   // --- the fused decode step --------------------------------------------------------------
@@ -408,31 +450,44 @@ Host arenas only (the host backend). Keeps the arena mapped while it exists.)doc
              h.step = std::make_unique<client::DecodeStep>(*a.arena,
                                                            client::DecodeStep::Options{threads});
              return h;
-           }), py::arg("arena"), py::arg("threads") = 0,
+           }),
+           py::arg("arena"), py::arg("threads") = 0,
            "``threads``: 0 = every core, 1 = the calling thread only. RuntimeError when the "
            "arena is not host memory mapped here, or was not opened from a registered layout.")
-      .def_property_readonly("threads", [](const DecodeStepHandle& h) { return h.step->threads(); },
-                             "Threads a call uses, the caller's included.")
-      .def_property_readonly("codec", [](const DecodeStepHandle& h) {
+      .def_property_readonly(
+          "threads", [](const DecodeStepHandle& h) { return h.step->threads(); },
+          "Threads a call uses, the caller's included.")
+      .def_property_readonly(
+          "codec",
+          [](const DecodeStepHandle& h) {
             return std::make_shared<kernels::PageCodec>(h.step->codec().layout());
-          }, "The arena's page format.")
-      .def("run", [](DecodeStepHandle& h, std::uint32_t layer, const std::vector<py::object>& slots,
-                     const py::object& q, const py::object& k, const py::object& v,
-                     const py::object& log_decay, const py::object& beta, const py::object& out,
-                     std::uint32_t qk_heads) {
-             std::vector<client::SlotId> ids;
-             ids.reserve(slots.size());
-             for (const py::object& slot : slots) ids.push_back(slot_in(*h.arena, slot));
-             const Borrowed bq(q, false, "q"), bk(k, false, "k"), bv(v, false, "v"),
-                 bg(log_decay, false, "log_decay"), bb(beta, false, "beta"), bo(out, true, "out");
-             kernels::StepInputs in{static_cast<std::uint32_t>(ids.size()), qk_heads,
-                                    floats(bq, "q"), floats(bk, "k"), floats(bv, "v"),
-                                    floats(bg, "log_decay"), floats(bb, "beta"), floats(bo, "out")};
-             ReleaseGil release;
-             return h.step->run(layer, ids, in);
-           }, py::arg("layer"), py::arg("slots"), py::arg("q"), py::arg("k"), py::arg("v"),
-           py::arg("log_decay"), py::arg("beta"), py::arg("out"), py::kw_only(),
-           py::arg("qk_heads") = 0, R"doc(
+          },
+          "The arena's page format.")
+      .def(
+          "run",
+          [](DecodeStepHandle& h, std::uint32_t layer, const std::vector<py::object>& slots,
+             const py::object& q, const py::object& k, const py::object& v,
+             const py::object& log_decay, const py::object& beta, const py::object& out,
+             std::uint32_t qk_heads) {
+            std::vector<client::SlotId> ids;
+            ids.reserve(slots.size());
+            for (const py::object& slot : slots) ids.push_back(slot_in(*h.arena, slot));
+            const Borrowed bq(q, false, "q"), bk(k, false, "k"), bv(v, false, "v"),
+                bg(log_decay, false, "log_decay"), bb(beta, false, "beta"), bo(out, true, "out");
+            kernels::StepInputs in{static_cast<std::uint32_t>(ids.size()),
+                                   qk_heads,
+                                   floats(bq, "q"),
+                                   floats(bk, "k"),
+                                   floats(bv, "v"),
+                                   floats(bg, "log_decay"),
+                                   floats(bb, "beta"),
+                                   floats(bo, "out")};
+            ReleaseGil release;
+            return h.step->run(layer, ids, in);
+          },
+          py::arg("layer"), py::arg("slots"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("log_decay"), py::arg("beta"), py::arg("out"), py::kw_only(),
+          py::arg("qk_heads") = 0, R"doc(
 One step of ``layer`` for the requests whose pages are ``slots`` (Slot objects or ids, in
 batch order). float32 C-contiguous buffers (numpy arrays, CPU tensors): q and k
 [batch][qk_heads][K] (L2-normalised, q scaled by 1/sqrt(K)), v [batch][H][V], log_decay
@@ -446,147 +501,253 @@ One connection to statepoold, with its lease (statepool.connect()). Every method
 the daemon releases the GIL; several threads may share one connection (its requests are
 serialized). Daemon refusals raise a statepool.DaemonError subclass (QuotaExceeded, ...);
 transport failures raise statepool.TransportError, after which the connection is unusable.)doc")
-      .def_property_readonly("lease_token", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.lease_token(); }); })
-      .def_property_readonly("lease_resumed", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.lease_resumed(); }); })
-      .def_property_readonly("resumed_slots", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.resumed_slots(); }); })
-      .def_property_readonly("grace_period", [](const ConnectionHandle& c) {
+      .def_property_readonly("lease_token",
+                             [](const ConnectionHandle& c) {
+                               return call(c, [&](Connection& conn) { return conn.lease_token(); });
+                             })
+      .def_property_readonly("lease_resumed",
+                             [](const ConnectionHandle& c) {
+                               return call(c,
+                                           [&](Connection& conn) { return conn.lease_resumed(); });
+                             })
+      .def_property_readonly("resumed_slots",
+                             [](const ConnectionHandle& c) {
+                               return call(c,
+                                           [&](Connection& conn) { return conn.resumed_slots(); });
+                             })
+      .def_property_readonly(
+          "grace_period",
+          [](const ConnectionHandle& c) {
             return std::chrono::duration<double>(c.get()->grace_period()).count();
-          }, "Seconds the daemon keeps this lease's slots after the connection drops.")
-      .def_property_readonly("protocol_version", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.protocol_version(); }); })
-      .def_property_readonly("server", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.server(); }); })
-      .def_property_readonly("max_frame_bytes", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.max_frame_bytes(); }); })
-      .def_property_readonly("healthy", [](const ConnectionHandle& c) {
+          },
+          "Seconds the daemon keeps this lease's slots after the connection drops.")
+      .def_property_readonly("protocol_version",
+                             [](const ConnectionHandle& c) {
+                               return call(
+                                   c, [&](Connection& conn) { return conn.protocol_version(); });
+                             })
+      .def_property_readonly("server",
+                             [](const ConnectionHandle& c) {
+                               return call(c, [&](Connection& conn) { return conn.server(); });
+                             })
+      .def_property_readonly("max_frame_bytes",
+                             [](const ConnectionHandle& c) {
+                               return call(
+                                   c, [&](Connection& conn) { return conn.max_frame_bytes(); });
+                             })
+      .def_property_readonly(
+          "healthy",
+          [](const ConnectionHandle& c) {
             return c.conn && call(c, [](Connection& conn) { return conn.healthy(); });
-          }, "False once the connection is broken (after a TransportError, or after the daemon "
-             "answered protocol_error / not_hello / unsupported_version) or closed.")
-      .def("register_layout", [](const ConnectionHandle& c, const kernels::StateLayout& l) {
-             return call(c, [&](Connection& conn) { return conn.register_layout(l); });
-           }, py::arg("layout"),
-           "Registers (or finds) a layout; installs a stepquant layout's plan first if needed.")
-      .def("install_plan", [](const ConnectionHandle& c, const kernels::stepquant::Plan& p) {
-             return call(c, [&](Connection& conn) { return conn.install_plan(p); });
-           }, py::arg("plan"), "Sends a STEPQuant plan (idempotent).")
-      .def("open_arena", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t pages) {
-             return ArenaHandle{call(c, [&](Connection& conn) {
-               return std::make_shared<client::Arena>(conn.open_arena(l, pages));
-             })};
-           }, py::arg("layout"), py::arg("pages") = 0, R"doc(
+          },
+          "False once the connection is broken (after a TransportError, or after the daemon "
+          "answered protocol_error / not_hello / unsupported_version) or closed.")
+      .def(
+          "register_layout",
+          [](const ConnectionHandle& c, const kernels::StateLayout& l) {
+            return call(c, [&](Connection& conn) { return conn.register_layout(l); });
+          },
+          py::arg("layout"),
+          "Registers (or finds) a layout; installs a stepquant layout's plan first if needed.")
+      .def(
+          "install_plan",
+          [](const ConnectionHandle& c, const kernels::stepquant::Plan& p) {
+            return call(c, [&](Connection& conn) { return conn.install_plan(p); });
+          },
+          py::arg("plan"), "Sends a STEPQuant plan (idempotent).")
+      .def(
+          "open_arena",
+          [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t pages) {
+            return ArenaHandle{call(c, [&](Connection& conn) {
+              return std::make_shared<client::Arena>(conn.open_arena(l, pages));
+            })};
+          },
+          py::arg("layout"), py::arg("pages") = 0, R"doc(
 Opens (or creates) an arena of the tenant for a layout with at least ``pages`` pages and maps
 it; 0 takes any existing one or the daemon's default size.)doc")
-      .def("open_arena", [](const ConnectionHandle& c, client::LayoutId id, std::uint32_t pages) {
-             return ArenaHandle{call(c, [&](Connection& conn) {
-               return std::make_shared<client::Arena>(conn.open_arena(id, pages));
-             })};
-           }, py::arg("layout_id"), py::arg("pages") = 0)
-      .def("open_staging", [](const ConnectionHandle& c, std::uint64_t bytes) {
-             return StagingHandle{call(c, [&](Connection& conn) {
-               return std::make_shared<client::Staging>(conn.open_staging(bytes));
-             })};
-           }, py::arg("bytes"), "Opens a staging buffer of at least ``bytes`` bytes.")
-      .def("allocate", [](const ConnectionHandle& c, const ArenaHandle& a, std::uint32_t count) {
-             std::vector<client::Slot> slots =
-                 call(c, [&](Connection& conn) { return conn.allocate(*a.arena, count); });
-             py::list out;
-             for (auto& s : slots) out.append(py::cast(new SlotHandle(std::move(s)), py::return_value_policy::take_ownership));
-             return out;
-           }, py::arg("arena"), py::arg("count") = 1,
-           "Allocates ``count`` slots of an arena, all or none (PoolExhausted when full).")
-      .def("adopt", [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot) {
-             return new SlotHandle(c.get()->adopt(arena, slot));  // sends nothing
-           }, py::arg("arena_id"), py::arg("slot_id"), py::return_value_policy::take_ownership,
-           "Takes ownership of a slot this lease holds (released, or back with a resumed lease).")
-      .def("free", [](const ConnectionHandle& c, const std::vector<SlotHandle*>& slots) {
-             std::vector<client::Slot> batch;
-             batch.reserve(slots.size());
-             for (SlotHandle* s : slots) {
-               if (s != nullptr && s->slot.valid()) batch.push_back(std::move(s->slot));
-             }
-             return call(c, [&](Connection& conn) { return conn.free(batch); });
-           }, py::arg("slots"), "Frees Slot objects, one request per arena; returns how many.")
-      .def("free", [](const ConnectionHandle& c, client::ArenaId arena, const std::vector<client::SlotId>& ids) {
-             return call(c, [&](Connection& conn) { return conn.free(arena, ids); });
-           }, py::arg("arena_id"), py::arg("slot_ids"),
-           "Frees slot ids of one arena (released ones).")
-      .def("compress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
-                          std::uint64_t offset, DType dtype) {
-             const client::Slot& slot = slot_of(s);
-             const client::Staging& staging = staging_of(st);
-             return call(c, [&](Connection& conn) { return conn.compress(slot, staging, offset, dtype); });
-           }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
-           R"doc(
+      .def(
+          "open_arena",
+          [](const ConnectionHandle& c, client::LayoutId id, std::uint32_t pages) {
+            return ArenaHandle{call(c, [&](Connection& conn) {
+              return std::make_shared<client::Arena>(conn.open_arena(id, pages));
+            })};
+          },
+          py::arg("layout_id"), py::arg("pages") = 0)
+      .def(
+          "open_staging",
+          [](const ConnectionHandle& c, std::uint64_t bytes) {
+            return StagingHandle{call(c, [&](Connection& conn) {
+              return std::make_shared<client::Staging>(conn.open_staging(bytes));
+            })};
+          },
+          py::arg("bytes"), "Opens a staging buffer of at least ``bytes`` bytes.")
+      .def(
+          "allocate",
+          [](const ConnectionHandle& c, const ArenaHandle& a, std::uint32_t count) {
+            std::vector<client::Slot> slots =
+                call(c, [&](Connection& conn) { return conn.allocate(*a.arena, count); });
+            py::list out;
+            for (auto& s : slots)
+              out.append(
+                  py::cast(new SlotHandle(std::move(s)), py::return_value_policy::take_ownership));
+            return out;
+          },
+          py::arg("arena"), py::arg("count") = 1,
+          "Allocates ``count`` slots of an arena, all or none (PoolExhausted when full).")
+      .def(
+          "adopt",
+          [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot) {
+            return new SlotHandle(c.get()->adopt(arena, slot));  // sends nothing
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::return_value_policy::take_ownership,
+          "Takes ownership of a slot this lease holds (released, or back with a resumed lease).")
+      .def(
+          "free",
+          [](const ConnectionHandle& c, const std::vector<SlotHandle*>& slots) {
+            std::vector<client::Slot> batch;
+            batch.reserve(slots.size());
+            for (SlotHandle* s : slots) {
+              if (s != nullptr && s->slot.valid()) batch.push_back(std::move(s->slot));
+            }
+            return call(c, [&](Connection& conn) { return conn.free(batch); });
+          },
+          py::arg("slots"), "Frees Slot objects, one request per arena; returns how many.")
+      .def(
+          "free",
+          [](const ConnectionHandle& c, client::ArenaId arena,
+             const std::vector<client::SlotId>& ids) {
+            return call(c, [&](Connection& conn) { return conn.free(arena, ids); });
+          },
+          py::arg("arena_id"), py::arg("slot_ids"), "Frees slot ids of one arena (released ones).")
+      .def(
+          "compress",
+          [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
+             std::uint64_t offset, DType dtype) {
+            const client::Slot& slot = slot_of(s);
+            const client::Staging& staging = staging_of(st);
+            return call(
+                c, [&](Connection& conn) { return conn.compress(slot, staging, offset, dtype); });
+          },
+          py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
+          R"doc(
 page[slot] <- the state staged at staging[offset:]. Returns the page bytes written. NotFinite
 (the page unchanged) when the state holds NaN or Inf.)doc")
-      .def("compress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
-                          client::StagingId st, std::uint64_t offset, DType dtype) {
-             return call(c, [&](Connection& conn) { return conn.compress(a, s, st, offset, dtype); });
-           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32)
-      .def("decompress", [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
-                            std::uint64_t offset, DType dtype) {
-             const client::Slot& slot = slot_of(s);
-             const client::Staging& staging = staging_of(st);
-             return call(c, [&](Connection& conn) { return conn.decompress(slot, staging, offset, dtype); });
-           }, py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
-           "staging[offset:] <- the state of page[slot]. Returns the state bytes written.")
-      .def("decompress", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
-                            client::StagingId st, std::uint64_t offset, DType dtype) {
-             return call(c, [&](Connection& conn) { return conn.decompress(a, s, st, offset, dtype); });
-           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32)
-      .def("copy", [](const ConnectionHandle& c, const SlotHandle& src, const SlotHandle& dst) {
-             const client::Slot& from = slot_of(src);
-             const client::Slot& to = slot_of(dst);
-             call(c, [&](Connection& conn) { conn.copy(from, to); });
-           }, py::arg("src"), py::arg("dst"), "Copies a whole page (both slots of one arena).")
-      .def("copy", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
-             call(c, [&](Connection& conn) { conn.copy(a, src, dst); });
-           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
-      .def("compress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
-                                client::StagingId st, std::uint64_t offset, DType dtype) {
-             return call(c, [&](Connection& conn) { return conn.compress_async(a, s, st, offset, dtype); });
-           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32,
-           "compress() without waiting for the device (cuda backend): see Pending.")
-      .def("decompress_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s,
-                                  client::StagingId st, std::uint64_t offset, DType dtype) {
-             return call(c, [&](Connection& conn) { return conn.decompress_async(a, s, st, offset, dtype); });
-           }, py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
-           py::arg("dtype") = DType::f32)
-      .def("copy_async", [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
-             return call(c, [&](Connection& conn) { return conn.copy_async(a, src, dst); });
-           }, py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
-      .def("stats", [](const ConnectionHandle& c) { return call(c, [&](Connection& conn) { return conn.stats(); }); },
-           "The daemon's arenas, tenants, leases and pool.")
-      .def("plan_capacity", [](const ConnectionHandle& c, const std::string& model_config,
-                               std::uint32_t weight_bits, const std::string& kv,
-                               const std::vector<kernels::CodecId>& codecs, std::uint32_t slots,
-                               std::uint64_t context, std::uint64_t gpu_memory,
-                               std::optional<double> reserved, std::uint32_t tp,
-                               std::optional<std::uint64_t> concurrency) {
-             client::PlanRequest r{model_config, weight_bits, kv, codecs, slots, context,
-                                   gpu_memory, reserved, tp, concurrency};
-             const std::string report =
-                 call(c, [&](Connection& conn) { return conn.plan_capacity(r); });
-             return py::module_::import("json").attr("loads")(report);
-           }, py::arg("model_config"), py::kw_only(), py::arg("weight_bits") = 0, py::arg("kv") = "",
-           py::arg("codecs") = std::vector<kernels::CodecId>{}, py::arg("slots") = 0,
-           py::arg("context") = 0, py::arg("gpu_memory") = 0, py::arg("reserved") = py::none(),
-           py::arg("tp") = 0, py::arg("concurrency") = py::none(), R"doc(
+      .def(
+          "compress",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s, client::StagingId st,
+             std::uint64_t offset, DType dtype) {
+            return call(c,
+                        [&](Connection& conn) { return conn.compress(a, s, st, offset, dtype); });
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+          py::arg("dtype") = DType::f32)
+      .def(
+          "decompress",
+          [](const ConnectionHandle& c, const SlotHandle& s, const StagingHandle& st,
+             std::uint64_t offset, DType dtype) {
+            const client::Slot& slot = slot_of(s);
+            const client::Staging& staging = staging_of(st);
+            return call(
+                c, [&](Connection& conn) { return conn.decompress(slot, staging, offset, dtype); });
+          },
+          py::arg("slot"), py::arg("staging"), py::arg("offset") = 0, py::arg("dtype") = DType::f32,
+          "staging[offset:] <- the state of page[slot]. Returns the state bytes written.")
+      .def(
+          "decompress",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s, client::StagingId st,
+             std::uint64_t offset, DType dtype) {
+            return call(c,
+                        [&](Connection& conn) { return conn.decompress(a, s, st, offset, dtype); });
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+          py::arg("dtype") = DType::f32)
+      .def(
+          "copy",
+          [](const ConnectionHandle& c, const SlotHandle& src, const SlotHandle& dst) {
+            const client::Slot& from = slot_of(src);
+            const client::Slot& to = slot_of(dst);
+            call(c, [&](Connection& conn) { conn.copy(from, to); });
+          },
+          py::arg("src"), py::arg("dst"), "Copies a whole page (both slots of one arena).")
+      .def(
+          "copy",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
+            call(c, [&](Connection& conn) { conn.copy(a, src, dst); });
+          },
+          py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
+      .def(
+          "compress_async",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s, client::StagingId st,
+             std::uint64_t offset, DType dtype) {
+            return call(
+                c, [&](Connection& conn) { return conn.compress_async(a, s, st, offset, dtype); });
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+          py::arg("dtype") = DType::f32,
+          "compress() without waiting for the device (cuda backend): see Pending.")
+      .def(
+          "decompress_async",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s, client::StagingId st,
+             std::uint64_t offset, DType dtype) {
+            return call(c, [&](Connection& conn) {
+              return conn.decompress_async(a, s, st, offset, dtype);
+            });
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
+          py::arg("dtype") = DType::f32)
+      .def(
+          "copy_async",
+          [](const ConnectionHandle& c, client::ArenaId a, client::SlotId src, client::SlotId dst) {
+            return call(c, [&](Connection& conn) { return conn.copy_async(a, src, dst); });
+          },
+          py::arg("arena_id"), py::arg("src_id"), py::arg("dst_id"))
+      .def(
+          "stats",
+          [](const ConnectionHandle& c) {
+            return call(c, [&](Connection& conn) { return conn.stats(); });
+          },
+          "The daemon's arenas, tenants, leases and pool.")
+      .def(
+          "plan_capacity",
+          [](const ConnectionHandle& c, const std::string& model_config, std::uint32_t weight_bits,
+             const std::string& kv, const std::vector<kernels::CodecId>& codecs,
+             std::uint32_t slots, std::uint64_t context, std::uint64_t gpu_memory,
+             std::optional<double> reserved, std::uint32_t tp,
+             std::optional<std::uint64_t> concurrency) {
+            client::PlanRequest r{model_config, weight_bits, kv,       codecs, slots,
+                                  context,      gpu_memory,  reserved, tp,     concurrency};
+            const std::string report =
+                call(c, [&](Connection& conn) { return conn.plan_capacity(r); });
+            return py::module_::import("json").attr("loads")(report);
+          },
+          py::arg("model_config"), py::kw_only(), py::arg("weight_bits") = 0, py::arg("kv") = "",
+          py::arg("codecs") = std::vector<kernels::CodecId>{}, py::arg("slots") = 0,
+          py::arg("context") = 0, py::arg("gpu_memory") = 0, py::arg("reserved") = py::none(),
+          py::arg("tp") = 0, py::arg("concurrency") = py::none(), R"doc(
 The daemon's capacity plan for a model (the text of its config.json), as the dict of
 docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
 arguments take the planner's defaults.)doc")
-      .def("fits_now", [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t slots,
-                          const std::vector<kernels::CodecId>& codecs) {
-             return call(c, [&](Connection& conn) { return conn.fits_now(l, slots, codecs); });
-           }, py::arg("layout"), py::arg("slots") = 1,
-           py::arg("codecs") = std::vector<kernels::CodecId>{},
-           "How many more requests of this state shape fit now, per codec.")
-      .def("ping", [](const ConnectionHandle& c) {
-             return std::chrono::duration<double>(
-                        call(c, [](Connection& conn) { return conn.ping(); })).count();
-           }, "One round trip; returns its duration in seconds.")
-      .def("drain", [](const ConnectionHandle& c) { call(c, [](Connection& conn) { conn.drain(); }); },
-           "Asks the daemon to drain and exit (the daemon's uid or root only).")
+      .def(
+          "fits_now",
+          [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t slots,
+             const std::vector<kernels::CodecId>& codecs) {
+            return call(c, [&](Connection& conn) { return conn.fits_now(l, slots, codecs); });
+          },
+          py::arg("layout"), py::arg("slots") = 1,
+          py::arg("codecs") = std::vector<kernels::CodecId>{},
+          "How many more requests of this state shape fit now, per codec.")
+      .def(
+          "ping",
+          [](const ConnectionHandle& c) {
+            return std::chrono::duration<double>(
+                       call(c, [](Connection& conn) { return conn.ping(); }))
+                .count();
+          },
+          "One round trip; returns its duration in seconds.")
+      .def(
+          "drain",
+          [](const ConnectionHandle& c) { call(c, [](Connection& conn) { conn.drain(); }); },
+          "Asks the daemon to drain and exit (the daemon's uid or root only).")
       .def("close", &ConnectionHandle::close, R"doc(
 Closes the connection (slots and staging buffers still alive keep the socket open until they
 go; a call in flight on another thread finishes first). Later calls raise
@@ -612,35 +773,38 @@ TransportError(kind='closed').)doc")
     o.legacy_ipc = legacy_ipc;
     return o;
   };
-  m.def("connect", [make_options](std::string socket_path, std::string tenant,
-                                  std::string lease_token, std::string client_name, double timeout,
-                                  std::uint32_t max_reply_bytes, bool map_device_memory,
-                                  bool legacy_ipc) {
-          client::Options o = make_options(std::move(socket_path), std::move(tenant),
-                                           std::move(lease_token), std::move(client_name), timeout,
-                                           max_reply_bytes, map_device_memory, legacy_ipc);
-          ReleaseGil release;
-          return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
-        },
-        py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(),
-        py::arg("tenant") = "", py::arg("lease_token") = "", py::arg("client_name") = "",
-        py::arg("timeout") = 10.0, py::arg("max_reply_bytes") = 16u << 20,
-        py::arg("map_device_memory") = true, py::arg("legacy_ipc") = false, R"doc(
+  m.def(
+      "connect",
+      [make_options](std::string socket_path, std::string tenant, std::string lease_token,
+                     std::string client_name, double timeout, std::uint32_t max_reply_bytes,
+                     bool map_device_memory, bool legacy_ipc) {
+        client::Options o = make_options(std::move(socket_path), std::move(tenant),
+                                         std::move(lease_token), std::move(client_name), timeout,
+                                         max_reply_bytes, map_device_memory, legacy_ipc);
+        ReleaseGil release;
+        return ConnectionHandle{std::make_shared<Connection>(Connection::connect(o))};
+      },
+      py::arg("socket_path") = client::kDefaultSocketPath, py::kw_only(), py::arg("tenant") = "",
+      py::arg("lease_token") = "", py::arg("client_name") = "", py::arg("timeout") = 10.0,
+      py::arg("max_reply_bytes") = 16u << 20, py::arg("map_device_memory") = true,
+      py::arg("legacy_ipc") = false, R"doc(
 Connects to statepoold and says Hello. ``socket_path``: the daemon's Unix socket ('@name' for an
 abstract one); ``tenant``: '' for the daemon's default; ``lease_token``: from an earlier
 connection's lease_token, to get its slots back within the grace period; ``timeout``: seconds
 each call may take (0 waits forever). TransportError when the daemon cannot be reached.)doc");
-  m.def("connect_fd", [make_options](int fd, std::string tenant, std::string lease_token,
-                                     std::string client_name, double timeout) {
-          client::Options o = make_options("", std::move(tenant), std::move(lease_token),
-                                           std::move(client_name), timeout, 16u << 20, true, false);
-          ReleaseGil release;
-          return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
-        },
-        py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",
-        py::arg("client_name") = "", py::arg("timeout") = 10.0,
-        "Says Hello on an already connected stream socket (e.g. socket.detach() of one end "
-        "of a socketpair); the descriptor is owned from then on.");
+  m.def(
+      "connect_fd",
+      [make_options](int fd, std::string tenant, std::string lease_token, std::string client_name,
+                     double timeout) {
+        client::Options o = make_options("", std::move(tenant), std::move(lease_token),
+                                         std::move(client_name), timeout, 16u << 20, true, false);
+        ReleaseGil release;
+        return ConnectionHandle{std::make_shared<Connection>(Connection::from_fd(fd, o))};
+      },
+      py::arg("fd"), py::kw_only(), py::arg("tenant") = "", py::arg("lease_token") = "",
+      py::arg("client_name") = "", py::arg("timeout") = 10.0,
+      "Says Hello on an already connected stream socket (e.g. socket.detach() of one end "
+      "of a socketpair); the descriptor is owned from then on.");
 }
 
 }  // namespace statepool::python

@@ -38,8 +38,9 @@ std::string layout_repr(const StateLayout& l) {
 }  // namespace
 
 void bind_kernels(py::module_& m) {
-  py::enum_<kernels::Arch>(m, "Arch", "Gated-delta-rule family: gdn (a gate per head) or kda "
-                                      "(a gate per key channel).")
+  py::enum_<kernels::Arch>(m, "Arch",
+                           "Gated-delta-rule family: gdn (a gate per head) or kda "
+                           "(a gate per key channel).")
       .value("gdn", kernels::Arch::gdn)
       .value("kda", kernels::Arch::kda);
   py::enum_<kernels::DType>(m, "DType", "Element type of full-precision data.")
@@ -90,26 +91,37 @@ impact factors for one model shape. Made by ``statepool-quant calibrate`` and lo
            "Builds a plan; ValueError names the first problem (docs/plans.md lists the rules). "
            "widths: one per unit (GDN: [layer][head], KDA: [layer][head][row]) in the "
            "budget's candidates or 16 (pivot); impact: one > 0 per key row.")
-      .def_static("load", [](const std::string& path) { return checked(sq::load(path)); },
-                  py::arg("path"), "Reads a plan file; ValueError for a bad file, OSError-like "
-                                   "RuntimeError for an I/O failure, both naming the path.")
-      .def_static("from_bytes", [](const py::bytes& data) {
+      .def_static(
+          "load", [](const std::string& path) { return checked(sq::load(path)); }, py::arg("path"),
+          "Reads a plan file; ValueError for a bad file, OSError-like "
+          "RuntimeError for an I/O failure, both naming the path.")
+      .def_static(
+          "from_bytes",
+          [](const py::bytes& data) {
             const std::string_view bytes = data;
             return checked(sq::from_bytes(std::as_bytes(std::span(bytes.data(), bytes.size()))));
-          }, py::arg("data"), "Parses a serialized plan (the contents of a plan file).")
-      .def_static("nominal", [](const StateLayout& layout, std::uint32_t budget_bits) {
+          },
+          py::arg("data"), "Parses a serialized plan (the contents of a plan file).")
+      .def_static(
+          "nominal",
+          [](const StateLayout& layout, std::uint32_t budget_bits) {
             return checked(sq::nominal_plan(layout, budget_bits));
-          }, py::arg("layout"), py::arg("budget_bits"), R"doc(
+          },
+          py::arg("layout"), py::arg("budget_bits"), R"doc(
 The nominal plan of a layout's shape (its codec is ignored): every unit at ``budget_bits``
 (6 or 4), the default share of FP16 pivots, impact factors 1 — what the capacity planner
 sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
 (``statepool-quant calibrate``) is what keeps the accuracy.)doc")
-      .def("to_bytes", [](const sq::Plan& p) {
+      .def(
+          "to_bytes",
+          [](const sq::Plan& p) {
             const std::vector<std::byte> bytes = sq::to_bytes(p);
             return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-          }, "The plan file's bytes.")
-      .def("save", [](const sq::Plan& p, const std::string& path) { sq::save(p, path); },
-           py::arg("path"), "Writes the plan file atomically (temporary file, fsync, rename).")
+          },
+          "The plan file's bytes.")
+      .def(
+          "save", [](const sq::Plan& p, const std::string& path) { sq::save(p, path); },
+          py::arg("path"), "Writes the plan file atomically (temporary file, fsync, rename).")
       .def_readonly("arch", &sq::Plan::arch)
       .def_readonly("num_layers", &sq::Plan::num_layers)
       .def_readonly("num_heads", &sq::Plan::num_heads)
@@ -119,16 +131,17 @@ sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
       .def_readonly("widths", &sq::Plan::widths, "Width per unit (a copy).")
       .def_readonly("impact", &sq::Plan::impact, "Impact factor per key row (a copy).")
       .def_readonly("source", &sq::Plan::source)
-      .def_property_readonly("digest", [](const sq::Plan& p) { return sq::digest(p); },
-                             "16 hex characters that layouts name the plan by.")
+      .def_property_readonly(
+          "digest", [](const sq::Plan& p) { return sq::digest(p); },
+          "16 hex characters that layouts name the plan by.")
       .def_property_readonly("units", &sq::Plan::units)
       .def_property_readonly("pivots", &sq::Plan::pivots)
       .def_property_readonly("average_width", &sq::Plan::average_width,
                              "Average nominal bits per value (pivots count 16).")
       .def("__repr__", [](const sq::Plan& p) {
         return "<statepool.Plan " + sq::digest(p) + " " + kernels::to_string(p.arch) + " " +
-               std::to_string(p.budget_bits) + "-bit, " + std::to_string(p.units()) +
-               " units, " + std::to_string(p.pivots()) + " pivots>";
+               std::to_string(p.budget_bits) + "-bit, " + std::to_string(p.units()) + " units, " +
+               std::to_string(p.pivots()) + " pivots>";
       });
 
   py::class_<StateLayout>(m, "StateLayout", R"doc(
@@ -137,9 +150,8 @@ that stores it; one arena page holds one such state. Staged (full-precision) sta
 ``[num_layers][num_heads][key_dim][value_dim]`` in float32 or bfloat16, followed by the conv
 state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
       .def(py::init([](kernels::Arch arch, std::uint32_t num_layers, std::uint32_t num_heads,
-                       std::uint32_t key_dim, std::uint32_t value_dim,
-                       std::uint32_t conv_channels, std::uint32_t conv_width,
-                       kernels::DType conv_dtype, kernels::CodecId codec,
+                       std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_t conv_channels,
+                       std::uint32_t conv_width, kernels::DType conv_dtype, kernels::CodecId codec,
                        std::uint32_t group_size, kernels::StepQuantVariant variant,
                        std::shared_ptr<sq::Plan> plan, std::string name) {
              StateLayout l;
@@ -162,10 +174,9 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
            py::kw_only(), py::arg("arch") = kernels::Arch::gdn, py::arg("num_layers"),
            py::arg("num_heads"), py::arg("key_dim"), py::arg("value_dim"),
            py::arg("conv_channels") = 0, py::arg("conv_width") = 0,
-           py::arg("conv_dtype") = kernels::DType::bf16,
-           py::arg("codec") = kernels::CodecId::fp32, py::arg("group_size") = 0,
-           py::arg("variant") = kernels::StepQuantVariant::full, py::arg("plan") = nullptr,
-           py::arg("name") = "",
+           py::arg("conv_dtype") = kernels::DType::bf16, py::arg("codec") = kernels::CodecId::fp32,
+           py::arg("group_size") = 0, py::arg("variant") = kernels::StepQuantVariant::full,
+           py::arg("plan") = nullptr, py::arg("name") = "",
            "Builds and validates a layout (ValueError names the field). stepquant4/6 need a "
            "plan of the same shape; group_size 0 means 128.")
       .def_readonly("name", &StateLayout::name)
@@ -180,23 +191,25 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
       .def_property_readonly("codec", [](const StateLayout& l) { return l.codec.id; })
       .def_property_readonly("group_size", [](const StateLayout& l) { return l.codec.group_size; })
       .def_property_readonly("variant", [](const StateLayout& l) { return l.codec.variant; })
-      .def_property_readonly("plan", [](const StateLayout& l) {
-            return std::const_pointer_cast<sq::Plan>(l.plan);
-          }, "The STEPQuant plan, or None.")
-      .def("with_codec", [](const StateLayout& l, kernels::CodecId codec,
-                            std::shared_ptr<sq::Plan> plan) {
-             StateLayout other = l;
-             other.codec = {codec, l.codec.group_size, l.codec.variant};
-             other.plan = std::move(plan);
-             if (const std::string problem = kernels::validate(other); !problem.empty()) {
-               throw py::value_error("invalid layout: " + problem);
-             }
-             return other;
-           }, py::arg("codec"), py::arg("plan") = nullptr,
-           "The same shape stored with another codec.")
-      .def("__eq__", [](const StateLayout& a, const StateLayout& b) {
-        return a.same_shape_and_codec(b);
-      }, py::is_operator())
+      .def_property_readonly(
+          "plan", [](const StateLayout& l) { return std::const_pointer_cast<sq::Plan>(l.plan); },
+          "The STEPQuant plan, or None.")
+      .def(
+          "with_codec",
+          [](const StateLayout& l, kernels::CodecId codec, std::shared_ptr<sq::Plan> plan) {
+            StateLayout other = l;
+            other.codec = {codec, l.codec.group_size, l.codec.variant};
+            other.plan = std::move(plan);
+            if (const std::string problem = kernels::validate(other); !problem.empty()) {
+              throw py::value_error("invalid layout: " + problem);
+            }
+            return other;
+          },
+          py::arg("codec"), py::arg("plan") = nullptr, "The same shape stored with another codec.")
+      .def(
+          "__eq__",
+          [](const StateLayout& a, const StateLayout& b) { return a.same_shape_and_codec(b); },
+          py::is_operator())
       .def("__repr__", &layout_repr);
 
   py::class_<PageCodec, std::shared_ptr<PageCodec>>(m, "PageCodec", R"doc(
@@ -209,35 +222,44 @@ as the daemon. Thread-safe; encode/decode release the GIL.)doc")
                              "Bytes of the same state with every value in float32.")
       .def_property_readonly("compression_ratio", &PageCodec::compression_ratio)
       .def_property_readonly("head_count", &PageCodec::head_count, "num_layers * num_heads.")
-      .def("head_offset", [](const PageCodec& c, std::uint32_t layer, std::uint32_t head) {
-             if (layer >= c.layout().num_layers || head >= c.layout().num_heads) {
-               throw py::index_error("no head " + std::to_string(head) + " of layer " +
-                                     std::to_string(layer) + " in this layout");
-             }
-             return c.head_offset(layer, head);
-           }, py::arg("layer"), py::arg("head"),
-           "Byte offset of the encoded head in a page (heads in layer-major order, then the "
-           "conv state at conv_offset).")
+      .def(
+          "head_offset",
+          [](const PageCodec& c, std::uint32_t layer, std::uint32_t head) {
+            if (layer >= c.layout().num_layers || head >= c.layout().num_heads) {
+              throw py::index_error("no head " + std::to_string(head) + " of layer " +
+                                    std::to_string(layer) + " in this layout");
+            }
+            return c.head_offset(layer, head);
+          },
+          py::arg("layer"), py::arg("head"),
+          "Byte offset of the encoded head in a page (heads in layer-major order, then the "
+          "conv state at conv_offset).")
       .def_property_readonly("conv_offset", &PageCodec::conv_offset,
                              "Byte offset of the conv state in a page.")
       .def("staged_bytes", &PageCodec::staged_bytes, py::arg("dtype") = kernels::DType::f32,
            "Bytes of a staged state whose recurrent part is in dtype (f32 or bf16).")
-      .def("encode", [](const PageCodec& c, const py::object& staged, kernels::DType dtype,
-                        const py::object& page) {
-             const Borrowed in(staged, false, "staged");
-             const Borrowed out(page, true, "page");
-             ReleaseGil release;
-             c.encode(in.bytes(), dtype, out.bytes());
-           }, py::arg("staged"), py::arg("dtype"), py::arg("page"),
-           "page <- staged. NotFinite (page unchanged) for a NaN/Inf state; ValueError for "
-           "wrong sizes. Buffers: numpy arrays, torch CPU tensors, statepool.View, bytearray.")
-      .def("decode", [](const PageCodec& c, const py::object& page, kernels::DType dtype,
-                        const py::object& staged) {
-             const Borrowed in(page, false, "page");
-             const Borrowed out(staged, true, "staged");
-             ReleaseGil release;
-             c.decode(in.bytes(), dtype, out.bytes());
-           }, py::arg("page"), py::arg("dtype"), py::arg("staged"), "staged <- page.");
+      .def(
+          "encode",
+          [](const PageCodec& c, const py::object& staged, kernels::DType dtype,
+             const py::object& page) {
+            const Borrowed in(staged, false, "staged");
+            const Borrowed out(page, true, "page");
+            ReleaseGil release;
+            c.encode(in.bytes(), dtype, out.bytes());
+          },
+          py::arg("staged"), py::arg("dtype"), py::arg("page"),
+          "page <- staged. NotFinite (page unchanged) for a NaN/Inf state; ValueError for "
+          "wrong sizes. Buffers: numpy arrays, torch CPU tensors, statepool.View, bytearray.")
+      .def(
+          "decode",
+          [](const PageCodec& c, const py::object& page, kernels::DType dtype,
+             const py::object& staged) {
+            const Borrowed in(page, false, "page");
+            const Borrowed out(staged, true, "staged");
+            ReleaseGil release;
+            c.decode(in.bytes(), dtype, out.bytes());
+          },
+          py::arg("page"), py::arg("dtype"), py::arg("staged"), "staged <- page.");
 }
 
 }  // namespace statepool::python

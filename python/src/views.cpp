@@ -162,14 +162,16 @@ extern "C" int view_getbuffer(PyObject* object, Py_buffer* buffer, int flags) {
     return -1;
   }
   if (view->device) {
-    PyErr_SetString(PyExc_BufferError, "device memory has no buffer protocol: use DLPack "
-                                       "(torch.from_dlpack) or __cuda_array_interface__");
+    PyErr_SetString(PyExc_BufferError,
+                    "device memory has no buffer protocol: use DLPack "
+                    "(torch.from_dlpack) or __cuda_array_interface__");
     return -1;
   }
   const char* format = buffer_format(view->element);
   if (format == nullptr) {
-    PyErr_SetString(PyExc_BufferError, "bfloat16 has no buffer-protocol format: use DLPack "
-                                       "(torch.from_dlpack(view))");
+    PyErr_SetString(PyExc_BufferError,
+                    "bfloat16 has no buffer-protocol format: use DLPack "
+                    "(torch.from_dlpack(view))");
     return -1;
   }
   auto dims = std::make_unique<BufferDims>();
@@ -233,8 +235,8 @@ std::size_t View::count() const noexcept {
   return n;  // make_view checked that this neither overflows nor passes the region
 }
 
-View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t bytes,
-               bool device, int device_id, const py::object& dtype, const py::object& shape,
+View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t bytes, bool device,
+               int device_id, const py::object& dtype, const py::object& shape,
                std::size_t offset) {
   View view;
   view.owner = std::move(owner);
@@ -248,8 +250,7 @@ View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t b
   }
   if (offset % size != 0) {
     throw py::value_error("offset " + std::to_string(offset) + " is not a multiple of the " +
-                          std::to_string(size) + "-byte " + to_string(view.element) +
-                          " element");
+                          std::to_string(size) + "-byte " + to_string(view.element) + " element");
   }
   if (shape.is_none()) {
     view.shape = {static_cast<std::int64_t>((bytes - offset) / size)};
@@ -269,9 +270,8 @@ View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t b
   }
   if (total > bytes - offset) {
     throw py::value_error("a view of shape " + py::repr(py::cast(view.shape)).cast<std::string>() +
-                          " " + to_string(view.element) + " at offset " +
-                          std::to_string(offset) + " does not fit in the " +
-                          std::to_string(bytes) + "-byte buffer");
+                          " " + to_string(view.element) + " at offset " + std::to_string(offset) +
+                          " does not fit in the " + std::to_string(bytes) + "-byte buffer");
   }
   view.data = data + offset;
   return view;
@@ -338,41 +338,55 @@ DLPack (``torch.from_dlpack(view)``, ``numpy.from_dlpack(view)``); device memory
 backend) offers DLPack and ``__cuda_array_interface__``. Whatever is made from a view keeps
 the memory mapped; the buffer it views cannot be closed while such objects exist.
 bfloat16 views have no numpy equivalent: use DLPack (PyTorch) for them.)doc")
-      .def_property_readonly("shape", [](const View& v) { return shape_tuple(v); },
-                             "Dimensions, C order.")
-      .def_property_readonly("dtype", [](const View& v) { return to_string(v.element); },
-                             "Element type: 'uint8', 'float32', 'float16' or 'bfloat16'.")
+      .def_property_readonly(
+          "shape", [](const View& v) { return shape_tuple(v); }, "Dimensions, C order.")
+      .def_property_readonly(
+          "dtype", [](const View& v) { return to_string(v.element); },
+          "Element type: 'uint8', 'float32', 'float16' or 'bfloat16'.")
       .def_property_readonly("nbytes", &View::nbytes, "Bytes viewed.")
-      .def_property_readonly("device", [](const View& v) {
+      .def_property_readonly(
+          "device",
+          [](const View& v) {
             return v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu");
-          }, "'cpu' or 'cuda:N'.")
-      .def_property_readonly("data_ptr", [](const View& v) {
-            return reinterpret_cast<std::uintptr_t>(v.data);
-          }, "Address of the first element (a device address for device memory).")
+          },
+          "'cpu' or 'cuda:N'.")
+      .def_property_readonly(
+          "data_ptr", [](const View& v) { return reinterpret_cast<std::uintptr_t>(v.data); },
+          "Address of the first element (a device address for device memory).")
       .def("__len__", [](const View& v) { return v.shape.empty() ? 0 : v.shape[0]; })
-      .def("__repr__", [](const View& v) {
-        std::string dims;
-        for (const std::int64_t d : v.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-        return "<statepool.View " + std::string(to_string(v.element)) + "[" + dims + "] on " +
-               (v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu")) + ">";
-      })
-      .def("__dlpack__", [](const View& v, const py::object& /*stream*/) { return to_dlpack(v); },
-           py::arg("stream") = py::none(), R"doc(
+      .def("__repr__",
+           [](const View& v) {
+             std::string dims;
+             for (const std::int64_t d : v.shape)
+               dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+             return "<statepool.View " + std::string(to_string(v.element)) + "[" + dims + "] on " +
+                    (v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu")) + ">";
+           })
+      .def(
+          "__dlpack__", [](const View& v, const py::object& /*stream*/) { return to_dlpack(v); },
+          py::arg("stream") = py::none(), R"doc(
 DLPack capsule of the view (zero-copy). ``stream`` is accepted and ignored: the daemon's
 work on this memory is complete when its reply arrives, so there is nothing to order.)doc")
-      .def("__dlpack_device__", [](const View& v) {
+      .def(
+          "__dlpack_device__",
+          [](const View& v) {
             return v.device ? py::make_tuple(static_cast<int>(kDLCUDA), v.device_id)
                             : py::make_tuple(static_cast<int>(kDLCPU), 0);
-          }, "(device type, device id) as DLPack numbers them: (1, 0) for host memory.")
-      .def_property_readonly("__cuda_array_interface__", [](const View& v) {
+          },
+          "(device type, device id) as DLPack numbers them: (1, 0) for host memory.")
+      .def_property_readonly(
+          "__cuda_array_interface__",
+          [](const View& v) {
             if (!v.device) {
-              throw py::attribute_error("host memory has no __cuda_array_interface__ (use "
-                                        "the buffer protocol or DLPack)");
+              throw py::attribute_error(
+                  "host memory has no __cuda_array_interface__ (use "
+                  "the buffer protocol or DLPack)");
             }
             const char* code = typestr(v.element);
             if (code == nullptr) {
-              throw py::attribute_error("bfloat16 has no __cuda_array_interface__ type: use "
-                                        "DLPack");
+              throw py::attribute_error(
+                  "bfloat16 has no __cuda_array_interface__ type: use "
+                  "DLPack");
             }
             py::dict cai;
             cai["shape"] = shape_tuple(v);
@@ -381,7 +395,8 @@ work on this memory is complete when its reply arrives, so there is nothing to o
             cai["strides"] = py::none();
             cai["version"] = 3;
             return cai;
-          }, "CUDA array interface (version 3) of device memory.");
+          },
+          "CUDA array interface (version 3) of device memory.");
 }
 
 }  // namespace statepool::python

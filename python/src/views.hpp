@@ -51,10 +51,9 @@ struct View {
 /// Makes a view of `bytes` bytes at `data`, owned by `owner`, as `dtype` elements in
 /// `shape` (None: one dimension over the whole region), starting `offset` bytes in.
 /// Throws py::value_error when it does not fit or is misaligned.
-[[nodiscard]] View make_view(std::shared_ptr<const void> owner, std::byte* data,
-                             std::size_t bytes, bool device, int device_id,
-                             const py::object& dtype, const py::object& shape,
-                             std::size_t offset);
+[[nodiscard]] View make_view(std::shared_ptr<const void> owner, std::byte* data, std::size_t bytes,
+                             bool device, int device_id, const py::object& dtype,
+                             const py::object& shape, std::size_t offset);
 
 /// A caller's host buffer, borrowed for one call: through the buffer protocol first, else
 /// through __dlpack__ (a CPU tensor). Released on destruction (needs the GIL).
