@@ -65,7 +65,7 @@ LayerAccumulator::LayerAccumulator(kernels::Arch arch, std::uint32_t layer, std:
   for (std::uint32_t h = 0; h < heads; ++h) {
     const std::uint64_t seed = mix_seed(options.seed ^ mix_seed((std::uint64_t{layer} << 32) | h));
     per_head_.push_back(
-        Head{0, std::vector<double>(units_per_head(), 0.0), std::vector<double>(key_dim, 0.0),
+        Head{0, std::vector<LogDecayStatistic>(units_per_head()), std::vector<double>(key_dim, 0.0),
              SnapshotReservoir(options.reservoir, std::size_t{key_dim} * value_dim, seed)});
   }
 }
@@ -92,7 +92,7 @@ void LayerAccumulator::add(std::uint32_t head, std::span<const float> q, std::sp
     kq += static_cast<double>(k[i]) * q[i];
   }
   for (std::size_t u = 0; u < log_decay.size(); ++u) {
-    h.log_decay_sum[u] += log_decay[u];
+    h.log_decay[u].add(log_decay[u]);
   }
   for (std::size_t i = 0; i < K; ++i) {
     const double g = log_decay.size() == 1 ? log_decay[0] : log_decay[i];
@@ -119,11 +119,11 @@ std::uint64_t LayerAccumulator::tokens(std::uint32_t head) const {
 
 double LayerAccumulator::mean_log_decay(std::uint32_t head, std::uint32_t unit) const {
   const Head& h = head_at(head);
-  if (unit >= h.log_decay_sum.size()) {
+  if (unit >= h.log_decay.size()) {
     throw std::out_of_range("accumulator: unit " + std::to_string(unit) + " of " +
-                            std::to_string(h.log_decay_sum.size()));
+                            std::to_string(h.log_decay.size()));
   }
-  return h.tokens == 0 ? 0.0 : h.log_decay_sum[unit] / static_cast<double>(h.tokens);
+  return h.log_decay[unit].value();
 }
 
 std::vector<double> LayerAccumulator::omega(std::uint32_t head) const {
@@ -153,7 +153,8 @@ std::size_t LayerAccumulator::memory_bytes() const noexcept {
   std::size_t bytes = 0;
   for (const Head& h : per_head_) {
     bytes +=
-        h.reservoir.stored_bytes() + (h.log_decay_sum.size() + h.omega_sum.size()) * sizeof(double);
+        h.reservoir.stored_bytes() + h.log_decay.size() * sizeof(LogDecayStatistic) +
+        h.omega_sum.size() * sizeof(double);
   }
   return bytes;
 }

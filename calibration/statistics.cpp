@@ -25,6 +25,38 @@ double lifetime_weight(double mean_log_decay, std::uint32_t horizon) noexcept {
   return std::expm1(x * horizon) / denominator;
 }
 
+void LogDecayStatistic::add(double log_decay) noexcept {
+  // x = -g in [0, kMaxLogDecay]; NaN (refused by the trace reader) counts as no decay.
+  const double x = log_decay < 0.0 ? std::min(-log_decay, kMaxLogDecay) : 0.0;
+  std::size_t bin = 0;
+  if (x >= kMaxLogDecay) {
+    bin = kBins - 1;
+  } else if (x >= std::pow(10.0, kLowestDecade)) {
+    const double position = (std::log10(x) - kLowestDecade) * kBinsPerDecade;
+    bin = 1 + std::min(static_cast<std::size_t>(position), kBins - 3);
+  }
+  ++counts_[bin];
+  sums_[bin] += x;
+  ++count_;
+}
+
+double LogDecayStatistic::value() const noexcept {
+  if (count_ == 0) return 0.0;
+  const double n = static_cast<double>(count_);
+  const double lo = kDecayTrim * n;
+  const double hi = n - lo;
+  double below = 0.0;  // tokens in the bins before this one
+  double total = 0.0;
+  for (std::size_t bin = 0; bin < kBins; ++bin) {
+    const double c = counts_[bin];
+    if (c == 0) continue;
+    const double overlap = std::min(hi, below + c) - std::max(lo, below);
+    if (overlap > 0.0) total += overlap * (sums_[bin] / c);
+    below += c;
+  }
+  return -total / (hi - lo);
+}
+
 void impact_factors(std::span<const double> omega, double gamma, std::span<float> out) {
   if (omega.size() != out.size()) {
     throw std::invalid_argument("impact_factors: " + std::to_string(omega.size()) +

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -149,6 +150,57 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
     // The plan file round-trips.
     sq::save(plan, dir.file("plan.spqp"));
     EXPECT_EQ(sq::load(dir.file("plan.spqp")), plan);
+  }
+}
+
+// A trace with one full reset (g = -inf) or one outlier gate (-80) in a slow head: the
+// calibration succeeds and gives the same widths as without it (the typical decay is a
+// trimmed mean, statistics.hpp), so one reset never costs a slow head its bits.
+TEST(PlanBuilder, OneResetDoesNotCostASlowHeadItsBits) {
+  constexpr std::uint32_t heads = 4, dim = 16, tokens = 512;
+  const auto plan_with = [&](float outlier) {
+    TempDir dir;
+    TraceManifest m;
+    m.arch = kernels::Arch::gdn;
+    m.layers = 1;
+    m.heads = heads;
+    m.key_dim = dim;
+    m.value_dim = dim;
+    m.tokens = tokens;
+    TraceWriter writer(dir.path(), m);
+    TokenBlock block;
+    block.count = tokens;
+    std::uint64_t x = 12345;
+    const auto next = [&x] {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      return static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5);
+    };
+    for (std::uint32_t t = 0; t < tokens; ++t) {
+      for (std::uint32_t h = 0; h < heads; ++h) {
+        for (std::uint32_t i = 0; i < dim; ++i) {
+          block.q.push_back(next());
+          block.k.push_back(next());
+          block.v.push_back(next());
+        }
+        // Heads 0, 1 slow (-1e-4), heads 2, 3 fast (-0.5); token 300 of head 0 is the outlier.
+        block.g.push_back(h == 0 && t == 300 ? outlier : (h < 2 ? -1e-4f : -0.5f));
+        block.beta.push_back(0.5f);
+      }
+    }
+    writer.begin_layer(0);
+    writer.append(block);
+    writer.end_layer();
+    writer.finish();
+    CalibrateOptions options;
+    options.plan.pivots = 0;
+    return calibrate_trace(TraceReader(dir.path()), options).plan;
+  };
+  const sq::Plan clean = plan_with(-1e-4f);
+  for (const float outlier : {-std::numeric_limits<float>::infinity(), -80.0f}) {
+    const sq::Plan plan = plan_with(outlier);  // used to fail: "mean_log_decay[0] is -inf"
+    EXPECT_NEAR(plan.mean_log_decay[0], -1e-4, 1e-6) << outlier;
+    EXPECT_EQ(plan.widths, clean.widths) << outlier;
+    EXPECT_GT(plan.width(0, 0), plan.width(0, 2)) << outlier;
   }
 }
 

@@ -64,6 +64,44 @@ double log_product(const std::vector<float>& w) {
   return sum;
 }
 
+TEST(LogDecayStatistic, EqualsTheMeanWithoutOutliers) {
+  LogDecayStatistic none;
+  EXPECT_EQ(none.value(), 0.0);
+  LogDecayStatistic same;
+  for (int i = 0; i < 1000; ++i) same.add(-1e-4);
+  EXPECT_NEAR(same.value(), -1e-4, 1e-12);
+  // Values spread over five decades: the trimmed mean of a symmetric sample is its mean.
+  LogDecayStatistic spread;
+  double sum = 0;
+  for (int i = 0; i < 2001; ++i) {
+    const double g = -(0.01 + 0.02 * std::sin(0.001 * i) * std::sin(0.001 * i));
+    spread.add(g);
+    sum += g;
+  }
+  EXPECT_NEAR(spread.value(), sum / 2001, 0.05 * std::fabs(sum / 2001));
+  LogDecayStatistic zero;
+  zero.add(0.0);
+  zero.add(-0.0);
+  EXPECT_EQ(zero.value(), 0.0);
+}
+
+// One reset (g = -inf, allowed in traces) or one outlier gate does not move a slow unit's
+// typical decay: the plain mean would be -inf or -0.156.
+TEST(LogDecayStatistic, OneResetOrOutlierCannotDominate) {
+  for (const double outlier : {-std::numeric_limits<double>::infinity(), -80.0, -1e30}) {
+    LogDecayStatistic s;
+    for (int i = 0; i < 511; ++i) s.add(-1e-4);
+    s.add(outlier);
+    EXPECT_TRUE(std::isfinite(s.value())) << outlier;
+    EXPECT_NEAR(s.value(), -1e-4, 1e-9) << outlier;
+  }
+  // Resets on most tokens are a short lifetime, and the value stays finite.
+  LogDecayStatistic resets;
+  for (int i = 0; i < 100; ++i) resets.add(-std::numeric_limits<double>::infinity());
+  EXPECT_EQ(resets.value(), -kMaxLogDecay);
+  EXPECT_EQ(lifetime_weight(resets.value(), 2048), 1.0);
+}
+
 TEST(ImpactFactors, GeometricMeanNormalisedAndMonotone) {
   const std::vector<double> omega = {0.01, 0.5, 2.0, 0.0003, 7.5, 0.02, 1.0, 0.2};
   std::vector<float> w(omega.size());

@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "statepool/calibration/statistics.hpp"
 #include "statepool/kernels/layout.hpp"
 
 namespace statepool::calibration {
@@ -80,20 +81,21 @@ class LayerAccumulator {
   [[nodiscard]] std::uint32_t units_per_head() const noexcept;
   /// Tokens seen by `head`.
   [[nodiscard]] std::uint64_t tokens(std::uint32_t head) const;
-  /// Mean log-decay of unit `unit` of `head` (unit 0 for GDN); 0 before any token.
+  /// Typical log-decay g_bar of unit `unit` of `head` (unit 0 for GDN): the trimmed mean of
+  /// LogDecayStatistic (statistics.hpp), which one reset cannot dominate; 0 before any token.
   [[nodiscard]] double mean_log_decay(std::uint32_t head, std::uint32_t unit = 0) const;
   /// omega of every key row of `head` (K values); zeros before any token.
   [[nodiscard]] std::vector<double> omega(std::uint32_t head) const;
   [[nodiscard]] const SnapshotReservoir& snapshots(std::uint32_t head) const;
   /// Snapshots stored over all heads.
   [[nodiscard]] std::size_t stored_snapshots() const noexcept;
-  /// Bytes held: snapshots plus the per-row sums.
+  /// Bytes held: snapshots plus the per-row statistics.
   [[nodiscard]] std::size_t memory_bytes() const noexcept;
 
  private:
   struct Head {
     std::uint64_t tokens = 0;
-    std::vector<double> log_decay_sum;  // units_per_head
+    std::vector<LogDecayStatistic> log_decay;  // units_per_head
     std::vector<double> omega_sum;      // key_dim
     SnapshotReservoir reservoir;
   };
