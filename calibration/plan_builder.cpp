@@ -249,20 +249,43 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return risk[a] > risk[b]; });
-  std::vector<bool> is_pivot(n, false);
-  for (std::uint32_t p = 0; p < pivots; ++p) {
-    is_pivot[order[p]] = true;
-  }
+  // Pivots are an option, not an obligation: with p of them (the p riskiest units) the
+  // others share nominal - 8 p bits, and a pivot that saves less than the bits it takes
+  // from the rest would raise the expected cost. So every p in [0, pivots] is allocated
+  // and the cheapest kept (ties: fewer pivots); adding pivots never raises the cost.
+  const auto allocate_with = [&](std::uint32_t p, std::vector<bool>& is_pivot,
+                                 std::vector<std::size_t>& rest) {
+    is_pivot.assign(n, false);
+    for (std::uint32_t i = 0; i < p; ++i) is_pivot[order[i]] = true;
+    rest.clear();
+    for (std::size_t u = 0; u < n; ++u) {
+      if (!is_pivot[u]) rest.push_back(u);
+    }
+    const CostTable sub = table.subset(rest);
+    const std::uint64_t bits = nominal - 8ull * p;
+    std::vector<std::uint8_t> chosen = gdn ? allocate_dp(sub, bits) : allocate_lagrangian(sub, bits);
+    double cost = 0.0;
+    for (std::size_t u = 0; u < n; ++u) {
+      if (is_pivot[u]) cost += pivot_cost[u];
+    }
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      cost += table.at(rest[i], table.index_of(chosen[i]));
+    }
+    return std::pair{cost, std::move(chosen)};
+  };
+  std::vector<bool> is_pivot;
   std::vector<std::size_t> rest;
-  rest.reserve(n - pivots);
-  for (std::size_t u = 0; u < n; ++u) {
-    if (!is_pivot[u]) {
-      rest.push_back(u);
+  std::uint32_t used = 0;
+  auto [best_cost, chosen] = allocate_with(0, is_pivot, rest);
+  for (std::uint32_t p = 1; p <= pivots; ++p) {
+    auto [cost, widths_p] = allocate_with(p, is_pivot, rest);
+    if (cost < best_cost) {
+      best_cost = cost;
+      chosen = std::move(widths_p);
+      used = p;
     }
   }
-  const CostTable sub = table.subset(rest);
-  const std::vector<std::uint8_t> chosen =
-      gdn ? allocate_dp(sub, nominal - charge) : allocate_lagrangian(sub, nominal - charge);
+  allocate_with(used, is_pivot, rest);
 
   PlanResult result;
   sq::Plan& plan = result.plan;
@@ -316,7 +339,8 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
     layer.average_width = sum / static_cast<double>(per_layer);
     report.layers.push_back(layer);
   }
-  for (std::uint32_t p = 0; p < pivots; ++p) {
+  report.pivots_requested = pivots;
+  for (std::uint32_t p = 0; p < used; ++p) {
     const std::size_t u = order[p];
     Report::Pivot pivot;
     pivot.layer = static_cast<std::uint32_t>(u / per_layer);
@@ -417,6 +441,10 @@ std::string format_report(const Report& r) {
       out << ", ... " << (r.pivots.size() - shown) << " more";
     }
     out << "\n";
+  }
+  if (r.pivots.size() < r.pivots_requested) {
+    out << "pivots: " << r.pivots.size() << " of the " << r.pivots_requested
+        << " allowed (more would raise the expected error)\n";
   }
   if (r.uniform_cost > 0.0) {
     out << "expected error on the calibration snapshots (lifetime-weighted): "

@@ -114,7 +114,8 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
     const PlanResult result =
         calibrate_trace(trace, options, [&](const std::string& line) { progress.push_back(line); });
     const sq::Plan& plan = result.plan;
-    const Checked c = check_plan(plan, budget, 2);
+    const auto used = static_cast<std::uint32_t>(result.report.pivots.size());
+    const Checked c = check_plan(plan, budget, used);
     EXPECT_GT(c.slow_width, c.fast_width) << "budget " << budget;
     EXPECT_EQ(plan.tokens, o.tokens);
     EXPECT_EQ(plan.horizon, 2048u);
@@ -131,14 +132,20 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
     // Pivots: GDN picks the heads with the highest cost after a first allocation: at a
     // 6-bit budget the slowest ones here (at 4 bits a medium head left at 2 bits can cost
     // more).
-    ASSERT_EQ(result.report.pivots.size(), 2u);
+    // At most the 2 pivots asked for: those that lower the expected cost.
+    ASSERT_LE(result.report.pivots.size(), 2u);
+    if (budget == 6) {
+      ASSERT_EQ(result.report.pivots.size(), 2u);
+    }
     for (const auto& p : result.report.pivots) {
       EXPECT_EQ(plan.width(p.layer, p.head), sq::kPivotWidth);
       if (budget == 6) {
         EXPECT_GT(p.mean_log_decay, -0.005);
       }
     }
-    EXPECT_GE(result.report.pivots[0].risk, result.report.pivots[1].risk);
+    if (result.report.pivots.size() == 2) {
+      EXPECT_GE(result.report.pivots[0].risk, result.report.pivots[1].risk);
+    }
     EXPECT_GE(progress.size(), o.layers) << "a progress line per layer";
     EXPECT_LT(result.report.expected_cost, result.report.uniform_cost);
     EXPECT_GE(result.report.bands.front().average_width, result.report.bands.back().average_width);
@@ -201,6 +208,32 @@ TEST(PlanBuilder, OneResetDoesNotCostASlowHeadItsBits) {
     EXPECT_NEAR(plan.mean_log_decay[0], -1e-4, 1e-6) << outlier;
     EXPECT_EQ(plan.widths, clean.widths) << outlier;
     EXPECT_GT(plan.width(0, 0), plan.width(0, 2)) << outlier;
+  }
+}
+
+// Pivots take 8 bits each from the other units; asking for more must never raise the
+// expected cost (it used to: 2 pivots raised it from 2.46 to 2.68 on a synthetic trace at
+// budget 4). The allocation uses only the pivots that pay for themselves.
+TEST(PlanBuilder, MorePivotsNeverRaiseTheExpectedCost) {
+  TempDir dir;
+  write_synthetic_trace(dir.path(), gdn_options());
+  const TraceReader trace(dir.path());
+  for (const std::uint32_t budget : {4u, 6u}) {
+    double previous = INFINITY;
+    for (std::uint32_t pivots = 0; pivots <= 4; ++pivots) {
+      CalibrateOptions options;
+      options.plan.budget_bits = budget;
+      options.plan.pivots = pivots;
+      const PlanResult result = calibrate_trace(trace, options);
+      EXPECT_LE(result.report.expected_cost, previous) << "budget " << budget << ", " << pivots
+                                                      << " pivots";
+      EXPECT_LE(result.report.pivots.size(), pivots);
+      EXPECT_EQ(result.report.pivots_requested, pivots);
+      previous = result.report.expected_cost;
+      const bool fewer = result.report.pivots.size() < pivots;
+      EXPECT_EQ(format_report(result.report).find("allowed (more would raise") != std::string::npos,
+                fewer);
+    }
   }
 }
 

@@ -19,13 +19,16 @@
 //     the all-rows-at-b fit does not see. Not impact-weighted (the specification weights
 //     GDN costs only).
 //   Pivot cost: the error of storing the unit as fp16 values, weighted the same way.
-// Pivots (P units stored as fp16): GDN: the P heads with the highest cost after a first
-// allocation (DP, budget B n, no pivots); KDA: the P rows with the highest
+// Pivots (at most P units stored as fp16), ranked by risk: GDN: the heads with the highest
+// cost after a first allocation (DP, budget B n, no pivots); KDA: the rows with the highest
 // cost(8) - cost(fp16). Default P: kernels::stepquant::default_pivot_count (plan.hpp).
-// Allocation of the other units: sum_u b_u <= B n - 8 P, n = all units of the model (each
+// Allocation of the other units: sum_u b_u <= B n - 8 p, n = all units of the model (each
 // pivot takes 8 bits of the nominal budget; the other 8 of its 16 are extra, so the
-// plan's average width, pivots counted at 16, is B + 8 P / n). GDN: allocate_dp; KDA:
-// allocate_lagrangian.
+// plan's average width, pivots counted at 16, is B + 8 p / n). GDN: allocate_dp; KDA:
+// allocate_lagrangian. This is done for every p in [0, P] (the p riskiest units as
+// pivots) and the p of least expected cost is kept (ties: fewer), so that asking for
+// more pivots never raises the expected cost (a pivot that saves less than the 8 bits it
+// takes from the others is not used).
 //
 // Thread-safety: pure functions (measure_layer may use `threads` worker threads).
 
@@ -118,7 +121,8 @@ struct Report {
   std::size_t units = 0;
   std::uint64_t tokens = 0;
   std::vector<Layer> layers;
-  std::vector<Pivot> pivots;
+  std::vector<Pivot> pivots;          ///< the pivots used (at most pivots_requested)
+  std::uint32_t pivots_requested = 0;  ///< P: the most the allocation could use
   std::vector<DecayBand> bands;
   /// Average nominal width, pivots at 16: B + 8 P / n at most.
   double average_width = 0.0;
