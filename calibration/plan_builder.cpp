@@ -156,20 +156,31 @@ LayerCosts measure_layer(const LayerAccumulator& accumulator, const PlanOptions&
         }
       }
     }
+    double energy = 0.0;  // E_h, weighted as the head's costs are
     for (std::size_t s = 0; s < reservoir.size(); ++s) {
       const std::span<const float> x = reservoir.snapshot(s);
       for (std::uint32_t i = 0; i < K; ++i) {
         double row_error = 0.0;
+        double row_energy = 0.0;
         for (std::uint32_t j = 0; j < V; ++j) {
           const float value = x[std::size_t{i} * V + j];
           const double d = static_cast<double>(value) - fp16_round(value);
           row_error += d * d;
+          row_energy += static_cast<double>(value) * value;
         }
+        const double scale = arch == kernels::Arch::gdn ? weight2[i] : 1.0;
+        energy += scale * row_energy / (static_cast<double>(K) * V) / count;
         if (arch == kernels::Arch::gdn) {
           out.pivot_mse[h] += weight2[i] * row_error / (static_cast<double>(K) * V) / count;
         } else {
           out.pivot_mse[h * K + i] += row_error / V / count;
         }
+      }
+    }
+    if (options.cost == CostModel::relative && energy > 0.0) {
+      for (std::uint32_t u = 0; u < per_head; ++u) {
+        for (std::size_t w = 0; w < W; ++w) out.mse[(h * per_head + u) * W + w] /= energy;
+        out.pivot_mse[h * per_head + u] /= energy;
       }
     }
   });
@@ -315,6 +326,7 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
   Report& report = result.report;
   report.shape = shape;
   report.budget_bits = options.budget_bits;
+  report.cost = options.cost;
   report.units = n;
   report.tokens = tokens;
   report.average_width = plan.average_width();
@@ -406,7 +418,8 @@ std::string format_report(const Report& r) {
       << s.heads << " heads, K=" << s.key_dim << " V=" << s.value_dim << ", budget "
       << r.budget_bits << " bits, " << r.units
       << (s.arch == kernels::Arch::gdn ? " heads" : " rows") << " (units), " << r.tokens
-      << " calibration tokens\n";
+      << " calibration tokens, "
+      << (r.cost == CostModel::relative ? "relative" : "absolute") << " costs\n";
   out << "average width " << fixed(r.average_width, 3) << " bits per value (pivots counted at 16), "
       << r.pivots.size() << " pivot" << (r.pivots.size() == 1 ? "" : "s") << "\n";
   char line[200];

@@ -62,6 +62,8 @@ constexpr const char* kCalibrateUsage =
                    round(0.625% of the key rows) for KDA
   --gamma G        impact exponent (0 = no spatial axis); default 0.25
   --horizon T      lifetime horizon in tokens; default 2048
+  --cost C         relative (a unit's error relative to its head's state energy; the
+                   default) or absolute (the paper's cost)
   --report FILE    also write the report to FILE
   --threads N      worker threads (heads in parallel); default 1
   --seed S         seed of the snapshot reservoirs; default 24301
@@ -107,6 +109,12 @@ using statepool::tools::UsageError;
 
 constexpr const char* kTool = "statepool-quant";
 
+cal::CostModel parse_cost(const std::string& text) {
+  if (text == "relative") return cal::CostModel::relative;
+  if (text == "absolute") return cal::CostModel::absolute;
+  throw UsageError("--cost must be relative or absolute, got '" + text + "'");
+}
+
 kn::Arch parse_arch(const std::string& text) {
   if (text == "gdn") return kn::Arch::gdn;
   if (text == "kda") return kn::Arch::kda;
@@ -141,6 +149,7 @@ int run_calibrate(int argc, const char* const* argv) {
       ("pivots", bounded(options.plan.pivots))
       ("gamma", statepool::tools::finite(options.plan.gamma))
       ("horizon", bounded(options.plan.horizon, 1))
+      ("cost", statepool::tools::parsed(options.plan.cost, parse_cost))
       ("report", statepool::tools::optional_value(report_file))
       ("threads", bounded(options.threads))
       ("seed", bounded(options.accumulator.seed))

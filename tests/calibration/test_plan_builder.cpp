@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -134,9 +135,6 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
     // more).
     // At most the 2 pivots asked for: those that lower the expected cost.
     ASSERT_LE(result.report.pivots.size(), 2u);
-    if (budget == 6) {
-      ASSERT_EQ(result.report.pivots.size(), 2u);
-    }
     for (const auto& p : result.report.pivots) {
       EXPECT_EQ(plan.width(p.layer, p.head), sq::kPivotWidth);
       if (budget == 6) {
@@ -163,44 +161,60 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
 // A trace with one full reset (g = -inf) or one outlier gate (-80) in a slow head: the
 // calibration succeeds and gives the same widths as without it (the typical decay is a
 // trimmed mean, statistics.hpp), so one reset never costs a slow head its bits.
-TEST(PlanBuilder, OneResetDoesNotCostASlowHeadItsBits) {
-  constexpr std::uint32_t heads = 4, dim = 16, tokens = 512;
-  const auto plan_with = [&](float outlier) {
-    TempDir dir;
-    TraceManifest m;
-    m.arch = kernels::Arch::gdn;
-    m.layers = 1;
-    m.heads = heads;
-    m.key_dim = dim;
-    m.value_dim = dim;
-    m.tokens = tokens;
-    TraceWriter writer(dir.path(), m);
-    TokenBlock block;
-    block.count = tokens;
-    std::uint64_t x = 12345;
-    const auto next = [&x] {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      return static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5);
-    };
-    for (std::uint32_t t = 0; t < tokens; ++t) {
-      for (std::uint32_t h = 0; h < heads; ++h) {
-        for (std::uint32_t i = 0; i < dim; ++i) {
-          block.q.push_back(next());
-          block.k.push_back(next());
-          block.v.push_back(next());
-        }
-        // Heads 0, 1 slow (-1e-4), heads 2, 3 fast (-0.5); token 300 of head 0 is the outlier.
-        block.g.push_back(h == 0 && t == 300 ? outlier : (h < 2 ? -1e-4f : -0.5f));
-        block.beta.push_back(0.5f);
+/// Calibrates a one-layer GDN trace of `heads` heads (K = V = 16, 512 tokens of seeded
+/// random q, k, v, beta 0.5) whose head h at token t has log-decay gate(h, t) and values
+/// scaled by value_scale(h).
+sq::Plan calibrate_gdn(std::uint32_t heads, const std::function<float(std::uint32_t, std::uint32_t)>& gate,
+                       const std::function<float(std::uint32_t)>& value_scale,
+                       PlanOptions plan_options) {
+  constexpr std::uint32_t dim = 16, tokens = 512;
+  TempDir dir;
+  TraceManifest m;
+  m.arch = kernels::Arch::gdn;
+  m.layers = 1;
+  m.heads = heads;
+  m.key_dim = dim;
+  m.value_dim = dim;
+  m.tokens = tokens;
+  TraceWriter writer(dir.path(), m);
+  TokenBlock block;
+  block.count = tokens;
+  std::uint64_t x = 12345;
+  const auto next = [&x] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 - 0.5);
+  };
+  for (std::uint32_t t = 0; t < tokens; ++t) {
+    for (std::uint32_t h = 0; h < heads; ++h) {
+      for (std::uint32_t i = 0; i < dim; ++i) {
+        block.q.push_back(next());
+        block.k.push_back(next());
+        block.v.push_back(next() * value_scale(h));
       }
+      block.g.push_back(gate(h, t));
+      block.beta.push_back(0.5f);
     }
-    writer.begin_layer(0);
-    writer.append(block);
-    writer.end_layer();
-    writer.finish();
-    CalibrateOptions options;
-    options.plan.pivots = 0;
-    return calibrate_trace(TraceReader(dir.path()), options).plan;
+  }
+  writer.begin_layer(0);
+  writer.append(block);
+  writer.end_layer();
+  writer.finish();
+  CalibrateOptions options;
+  options.plan = std::move(plan_options);
+  return calibrate_trace(TraceReader(dir.path()), options).plan;
+}
+
+TEST(PlanBuilder, OneResetDoesNotCostASlowHeadItsBits) {
+  const auto plan_with = [](float outlier) {
+    PlanOptions options;
+    options.pivots = 0;
+    // Heads 0, 1 slow (-1e-4), heads 2, 3 fast (-0.5); token 300 of head 0 is the outlier.
+    return calibrate_gdn(
+        4,
+        [outlier](std::uint32_t h, std::uint32_t t) {
+          return h == 0 && t == 300 ? outlier : (h < 2 ? -1e-4f : -0.5f);
+        },
+        [](std::uint32_t) { return 1.0f; }, options);
   };
   const sq::Plan clean = plan_with(-1e-4f);
   for (const float outlier : {-std::numeric_limits<float>::infinity(), -80.0f}) {
@@ -209,6 +223,26 @@ TEST(PlanBuilder, OneResetDoesNotCostASlowHeadItsBits) {
     EXPECT_EQ(plan.widths, clean.widths) << outlier;
     EXPECT_GT(plan.width(0, 0), plan.width(0, 2)) << outlier;
   }
+}
+
+// Two heads alike but for the size of their states (values x1 and x0.01): with relative
+// costs (the default) they get the same width, since each head's readout is normalised;
+// with the paper's absolute costs the small head is sent to 2 bits.
+TEST(PlanBuilder, RelativeCostsIgnoreAHeadsScale) {
+  const auto widths = [](CostModel cost) {
+    PlanOptions options;
+    options.budget_bits = 4;
+    options.pivots = 0;
+    options.cost = cost;
+    return calibrate_gdn(
+               2, [](std::uint32_t, std::uint32_t) { return -0.05f; },
+               [](std::uint32_t h) { return h == 0 ? 1.0f : 0.01f; }, options)
+        .widths;
+  };
+  const std::vector<std::uint8_t> relative = widths(CostModel::relative);
+  EXPECT_EQ(relative[0], relative[1]);
+  const std::vector<std::uint8_t> absolute = widths(CostModel::absolute);
+  EXPECT_GT(absolute[0], absolute[1]);
 }
 
 // Pivots take 8 bits each from the other units; asking for more must never raise the

@@ -19,6 +19,14 @@
 //     the all-rows-at-b fit does not see. Not impact-weighted (the specification weights
 //     GDN costs only).
 //   Pivot cost: the error of storing the unit as fp16 values, weighted the same way.
+//   Relative cost (CostModel::relative, the default): both are divided by the head's
+//     energy E_h = mean over snapshots of sum_ij w_i^2 x_ij^2 / (K V) (GDN; KDA without
+//     the weights), so a unit's cost is its error relative to its own head's state. A
+//     head's readout is RMS-normalised before the output projection (Qwen3-Next: a gated
+//     RMSNorm per head), so a small, fast-forgetting head turns the same absolute error
+//     into a larger output error than a large one; the absolute cost (the paper's) sends
+//     such heads to 2 bits. Measured on the trained models of eval/README.md. A head
+//     whose snapshots are all zero keeps its absolute costs.
 // Pivots (at most P units stored as fp16), ranked by risk: GDN: the heads with the highest
 // cost after a first allocation (DP, budget B n, no pivots); KDA: the rows with the highest
 // cost(8) - cost(fp16). Default P: kernels::stepquant::default_pivot_count (plan.hpp).
@@ -47,6 +55,16 @@
 
 namespace statepool::calibration {
 
+/// What a unit's reconstruction error is measured against (see the header comment).
+enum class CostModel : std::uint8_t {
+  /// Squared error relative to the mean energy of the unit's head (default, ours): every
+  /// model of the family normalises each head's readout (an RMSNorm per head), so what
+  /// reaches the output is a head's error relative to its own state.
+  relative = 0,
+  /// Absolute squared error (the paper's cost).
+  absolute = 1,
+};
+
 struct PlanOptions {
   /// Nominal bits per value: 6 (widths {4,6,8}) or 4 (widths {2,4,6,8}).
   std::uint32_t budget_bits = 6;
@@ -56,6 +74,7 @@ struct PlanOptions {
   double gamma = 0.25;
   /// Lifetime horizon T in tokens.
   std::uint32_t horizon = 2048;
+  CostModel cost = CostModel::relative;
   /// Free text stored in the plan (model, trace, tool version).
   std::string source;
   /// Worker threads for measure_layer (heads in parallel); 0 or 1 = the calling thread.
@@ -118,6 +137,7 @@ struct Report {
 
   PlanShape shape;
   std::uint32_t budget_bits = 0;
+  CostModel cost = CostModel::relative;
   std::size_t units = 0;
   std::uint64_t tokens = 0;
   std::vector<Layer> layers;
