@@ -71,8 +71,8 @@ CodecResult run_case(const std::shared_ptr<const Model>& model, std::span<const 
   CodecResult r;
   r.name = c.name;
   r.page_bytes = codec.page_bytes();
-  r.bits_per_value = 8.0 * static_cast<double>(r.page_bytes) /
-                     static_cast<double>(approx.state_values());
+  r.bits_per_value =
+      8.0 * static_cast<double>(r.page_bytes) / static_cast<double>(approx.state_values());
   std::vector<float> s_approx(approx.state_values());
   std::vector<float> s_exact(approx.state_values());
   std::vector<double> p_approx, p_exact;
@@ -112,7 +112,9 @@ void check_text(std::span<const std::uint8_t> text, std::uint64_t needed, const 
 
 }  // namespace
 
-double CodecResult::perplexity() const { return std::exp(nll); }
+double CodecResult::perplexity() const {
+  return std::exp(nll);
+}
 
 double CodecResult::mean_state_error(std::size_t first, std::size_t last) const {
   last = std::min(last, state_error.size());
@@ -138,7 +140,8 @@ std::vector<CodecResult> evaluate(std::shared_ptr<const Model> model,
   }
   const kn::PageCodec exact(model->layout(kn::CodecSpec{kn::CodecId::fp32}));
   Decoder reference(model, exact);
-  const std::vector<std::uint32_t> fp32_generated = greedy(reference, text, options, nullptr, nullptr);
+  const std::vector<std::uint32_t> fp32_generated =
+      greedy(reference, text, options, nullptr, nullptr);
 
   std::vector<CodecResult> results(cases.size());
   support::WorkerPool pool(std::max(1u, options.threads));
@@ -187,7 +190,8 @@ void record_trace(std::shared_ptr<const Model> model, std::span<const std::uint8
   manifest.value_dim = c.value_dim;
   manifest.tokens = sequences * sequence_length;
   manifest.sequence_starts.clear();
-  for (std::uint64_t s = 0; s < sequences; ++s) manifest.sequence_starts.push_back(s * sequence_length);
+  for (std::uint64_t s = 0; s < sequences; ++s)
+    manifest.sequence_starts.push_back(s * sequence_length);
   manifest.source = source;
   // Every layer's inputs for every token, then the layers one after the other (the
   // writer's order).

@@ -82,8 +82,8 @@ Manifest read_manifest(const std::string& dir) {
 
 ModelConfig parse_config(const Manifest& m) {
   static const std::set<std::string> known = {
-      "format", "arch", "vocab", "d_model", "layers", "heads", "key_dim", "value_dim",
-      "mlp_hidden", "gate_rank", "rms_eps", "tensors", "reference", "training"};
+      "format",    "arch",       "vocab",     "d_model", "layers",  "heads",     "key_dim",
+      "value_dim", "mlp_hidden", "gate_rank", "rms_eps", "tensors", "reference", "training"};
   for (const auto& entry : m.root) {
     if (known.count(std::string(entry.key())) == 0)
       m.fail("unknown key \"" + std::string(entry.key()) + "\"");
@@ -106,12 +106,12 @@ ModelConfig parse_config(const Manifest& m) {
   c.key_dim = m.number("key_dim", 1, 512);
   c.value_dim = m.number("value_dim", 1, 512);
   c.mlp_hidden = m.number("mlp_hidden", 1, 16384);
-  c.gate_rank = c.arch == kn::Arch::gdn ? m.number("gate_rank", 0, 0)
-                                        : m.number("gate_rank", 1, 1024);
+  c.gate_rank =
+      c.arch == kn::Arch::gdn ? m.number("gate_rank", 0, 0) : m.number("gate_rank", 1, 1024);
   const json::value& eps = m.at(m.root, "rms_eps", "");
   const double e = eps.is_double() ? eps.get_double() : -1.0;
-  if (!(e > 0.0 && e < 1.0)) m.fail("\"rms_eps\" must be a number in (0, 1), got " +
-                                     json::serialize(eps));
+  if (!(e > 0.0 && e < 1.0))
+    m.fail("\"rms_eps\" must be a number in (0, 1), got " + json::serialize(eps));
   c.rms_eps = static_cast<float>(e);
   return c;
 }
@@ -119,8 +119,7 @@ ModelConfig parse_config(const Manifest& m) {
 /// Reads one listed file: checks its CRC-32 against `entry` and returns its values after
 /// checking the .npy header against `shape`.
 std::vector<float> read_tensor(const Manifest& m, const std::string& dir, const std::string& name,
-                               const json::object& entry,
-                               const std::vector<std::uint64_t>& shape) {
+                               const json::object& entry, const std::vector<std::uint64_t>& shape) {
   const std::string where = "tensor \"" + name + "\": ";
   const std::string file = m.text(entry, "file", where);
   if (file.find('/') != std::string::npos || file.empty() || file[0] == '.')
@@ -197,9 +196,15 @@ void rms_norm(const float* x, std::size_t n, const std::vector<float>& weight, f
 }
 
 /// PyTorch's softplus (beta 1, threshold 20).
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-float silu(float x) { return x * sigmoid(x); }
+float softplus(float x) {
+  return x > 20.0f ? x : std::log1p(std::exp(x));
+}
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+float silu(float x) {
+  return x * sigmoid(x);
+}
 
 }  // namespace
 
@@ -251,8 +256,8 @@ std::shared_ptr<const Model> Model::load(const std::string& dir) {
   for (const TensorInfo& t : expected) names.insert(t.name);
   for (const auto& entry : tensors) {
     if (names.count(std::string(entry.key())) == 0)
-      m.fail("lists tensor \"" + std::string(entry.key()) + "\", which a " +
-             kn::to_string(c.arch) + " model of this configuration does not have");
+      m.fail("lists tensor \"" + std::string(entry.key()) + "\", which a " + kn::to_string(c.arch) +
+             " model of this configuration does not have");
   }
   std::map<std::string, std::vector<float>> values;
   for (const TensorInfo& t : expected) {

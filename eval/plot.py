@@ -3,8 +3,10 @@
 
     /usr/bin/python3 eval/plot.py --out eval/state-error.png GDN=gdn.csv KDA=kda.csv
 
-One panel per model (TITLE=FILE), log-log axes, one line per codec; the STEPQuant
-ablations are drawn thin and dashed. Needs matplotlib (Debian: python3-matplotlib).
+One panel per model (TITLE=FILE), log-log axes, one line per codec: the error after
+each token, smoothed by a trailing mean over the last t/10 tokens (the raw values swing
+with the text). The STEPQuant ablations are drawn thin and dashed. Needs matplotlib
+(Debian: python3-matplotlib).
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ def read(path: str) -> dict[str, list[float]]:
     return columns
 
 
+def smoothed(values: list[float]) -> list[float]:
+    """Trailing mean over the last max(1, t // 10) values at each t (1-based)."""
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    out = []
+    for t in range(1, len(values) + 1):
+        w = max(1, t // 10)
+        out.append((prefix[t] - prefix[t - w]) / w)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="PNG file to write")
@@ -56,7 +70,7 @@ def main() -> None:
                 continue  # zero error: nothing to draw on a log axis
             base = name.split("-")[0]
             ablation = name not in MAIN
-            ax.plot(t, [max(v, 1e-9) for v in values], label=name,
+            ax.plot(t, [max(v, 1e-9) for v in smoothed(values)], label=name,
                     color=COLOURS.get(base, "black"), linewidth=0.8 if ablation else 1.6,
                     linestyle="--" if ablation else "-", alpha=0.7 if ablation else 1.0)
         ax.set_xscale("log")
@@ -65,9 +79,11 @@ def main() -> None:
         ax.set_ylabel("relative state error ||S - S_fp32|| / ||S_fp32||")
         ax.set_title(title)
         ax.grid(True, which="major", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2, loc="lower right")
-    fig.suptitle("State re-encoded every token: error against the FP32-state run")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=8, fontsize=8, frameon=False)
+    fig.suptitle("State re-encoded every token: error against the FP32-state run "
+                 "(trailing mean over t/10 tokens)")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 

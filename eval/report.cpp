@@ -67,13 +67,14 @@ std::vector<Claim> claims(const Report& report) {
     const CodecResult* ra = report.find(a);
     const CodecResult* rb = report.find(b);
     if (ra == nullptr || rb == nullptr) return;
-    out.push_back({statement + format(" (%zu vs %zu page bytes)", ra->page_bytes, rb->page_bytes),
+    out.push_back({statement, format("(%zu vs %zu page bytes)", ra->page_bytes, rb->page_bytes),
                    closer(*ra, *rb), summary(*ra, *fp32) + "; " + summary(*rb, *fp32)});
   };
   const auto within = [&](const std::string& a, double percent, const std::string& statement) {
     const CodecResult* r = report.find(a);
     if (r == nullptr) return;
-    out.push_back({statement, perplexity_gap(*r, *fp32) <= percent / 100.0, summary(*r, *fp32)});
+    out.push_back(
+        {statement, "", perplexity_gap(*r, *fp32) <= percent / 100.0, summary(*r, *fp32)});
   };
   pair("stepquant6", "int6", "stepquant6 is closer to FP32 than int6");
   pair("stepquant4", "int4", "stepquant4 is closer to FP32 than int4");
@@ -81,12 +82,11 @@ std::vector<Claim> claims(const Report& report) {
   pair("stepquant4", "dsq4", "stepquant4 is closer to FP32 than dsq4");
   within("stepquant6", 1.0, "stepquant6 is within 1% of FP32 perplexity");
   within("stepquant4", 2.0, "stepquant4 is within 2% of FP32 perplexity");
-  if (const CodecResult *a = report.find("stepquant4"), *b = report.find("int6"); a && b) {
+  if (const CodecResult* a = report.find("stepquant4"), *b = report.find("int6"); a && b) {
     const bool holds = closer(*a, *b) && perplexity_gap(*a, *fp32) <= perplexity_gap(*b, *fp32) &&
                        a->agreement >= b->agreement && diverges_later_or_never(*a, *b);
-    out.push_back({format("stepquant4 is closer to FP32 than int6 on every measure "
-                          "(%zu vs %zu page bytes)", a->page_bytes, b->page_bytes),
-                   holds,
+    out.push_back({"stepquant4 is closer to FP32 than int6 on every measure",
+                   format("(%zu vs %zu page bytes)", a->page_bytes, b->page_bytes), holds,
                    summary(*a, *fp32) + ", divergence " + divergence_text(*a, report.options) +
                        "; " + summary(*b, *fp32) + ", divergence " +
                        divergence_text(*b, report.options)});
@@ -126,13 +126,13 @@ std::string markdown(const Report& report) {
   const ModelConfig& c = report.model->config();
   std::ostringstream os;
   os << "## " << report.title << "\n\n";
-  os << format("%s, %u layers x %u heads, K = %u, V = %u, d_model %u; %llu teacher-forced "
-               "bytes, greedy generation of %u bytes after a %u-byte prompt.\n\n",
-               c.arch == kernels::Arch::gdn ? "GDN (one gate per head)"
-                                            : "KDA (one gate per key channel)",
-               c.layers, c.heads, c.key_dim, c.value_dim, c.d_model,
-               static_cast<unsigned long long>(report.options.tokens), report.options.generate,
-               report.options.prompt);
+  os << format(
+      "%s, %u layers x %u heads, K = %u, V = %u, d_model %u; %llu teacher-forced "
+      "bytes, greedy generation of %u bytes after a %u-byte prompt.\n\n",
+      c.arch == kernels::Arch::gdn ? "GDN (one gate per head)" : "KDA (one gate per key channel)",
+      c.layers, c.heads, c.key_dim, c.value_dim, c.d_model,
+      static_cast<unsigned long long>(report.options.tokens), report.options.generate,
+      report.options.prompt);
   os << "| codec | page bytes | bits/value | perplexity | vs FP32 | next-byte agreement | "
         "output TV |";
   for (std::size_t t : columns) os << " state error t=" << t << " |";
@@ -155,10 +155,18 @@ std::string markdown(const Report& report) {
     os << "\nClaims on this model (closer = lower mean state error and lower output TV):\n\n";
     for (const Claim& claim : list) {
       os << "- **" << (claim.holds ? "holds" : "does not hold") << "**: " << claim.statement
-         << ". " << claim.numbers << ".\n";
+         << (claim.bytes.empty() ? "" : " ") << claim.bytes << ". " << claim.numbers << ".\n";
     }
   }
   os << "\n";
+  return os.str();
+}
+
+std::string claims_tsv(const Report& report) {
+  std::ostringstream os;
+  for (const Claim& claim : claims(report)) {
+    os << (claim.holds ? "holds" : "does not hold") << "\t" << claim.statement << "\n";
+  }
   return os.str();
 }
 

@@ -266,6 +266,28 @@ def export(model: Model, out: str, info: dict, reference_tokens: torch.Tensor) -
         f.write("\n")
 
 
+def load(directory: str) -> Model:
+    """The model of a directory that export() wrote (checksums verified)."""
+    with open(os.path.join(directory, "manifest.json")) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{directory}: not a {FORMAT} model directory")
+    cfg = {k: manifest[k] for k in ("arch", "vocab", "d_model", "layers", "heads", "key_dim",
+                                    "value_dim", "mlp_hidden", "gate_rank", "rms_eps")}
+    model = Model(cfg)
+    state = {}
+    for name in model.state_dict():
+        short = name.replace(".weight", "").replace("attn.", "")
+        entry = manifest["tensors"][short]
+        path = os.path.join(directory, entry["file"])
+        with open(path, "rb") as f:
+            if f"{zlib.crc32(f.read()):08x}" != entry["crc32"]:
+                raise ValueError(f"{path}: CRC-32 does not match manifest.json")
+        state[name] = torch.from_numpy(np.load(path))
+    model.load_state_dict(state)
+    return model.eval()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", choices=["gdn", "kda"], required=True)

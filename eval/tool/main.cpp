@@ -74,6 +74,7 @@ constexpr const char* kRunUsage =
   --title TEXT         heading of the markdown section; default: the model directory
   --markdown FILE      write the results as a markdown section (tables and claims)
   --csv FILE           write the state error over time: t, then one column per case
+  --claims FILE        write the claims checked, one per line: holds|does not hold TAB claim
 The table goes to stdout, progress to stderr.
 )";
 
@@ -90,12 +91,10 @@ int run_trace(int argc, char** argv) {
   std::string model_dir, text_file, out;
   std::uint64_t sequences = 8, length = 2048;
   statepool::tools::CommandLine cli(kTool, kTraceUsage);
-  cli.add_options()
-      ("model", po::value(&model_dir)->required())
-      ("text", po::value(&text_file)->required())
-      ("out", po::value(&out)->required())
-      ("sequences", bounded(sequences, 1, 1u << 20))
-      ("sequence-length", bounded(length, 1, 1u << 24));
+  cli.add_options()("model", po::value(&model_dir)->required())(
+      "text", po::value(&text_file)->required())("out", po::value(&out)->required())(
+      "sequences", bounded(sequences, 1, 1u << 20))("sequence-length",
+                                                    bounded(length, 1, 1u << 24));
   if (const auto exit_status = cli.parse(argc, argv)) return *exit_status;
   const auto model = ev::Model::load(model_dir);
   const std::vector<std::uint8_t> text = read_text(text_file);
@@ -107,7 +106,8 @@ int run_trace(int argc, char** argv) {
   return 0;
 }
 
-std::vector<ev::CodecCase> all_cases(const std::map<std::string, std::shared_ptr<const sq::Plan>>& plans) {
+std::vector<ev::CodecCase> all_cases(
+    const std::map<std::string, std::shared_ptr<const sq::Plan>>& plans) {
   std::vector<ev::CodecCase> cases;
   const auto add = [&](std::string name, kn::CodecId id,
                        kn::StepQuantVariant variant = kn::StepQuantVariant::full,
@@ -125,8 +125,8 @@ std::vector<ev::CodecCase> all_cases(const std::map<std::string, std::shared_ptr
   add("int4", kn::CodecId::int4);
   add("dsq6", kn::CodecId::dsq6);
   add("dsq4", kn::CodecId::dsq4);
-  for (const auto& [bits, id] : {std::pair{"6", kn::CodecId::stepquant6},
-                                 std::pair{"4", kn::CodecId::stepquant4}}) {
+  for (const auto& [bits, id] :
+       {std::pair{"6", kn::CodecId::stepquant6}, std::pair{"4", kn::CodecId::stepquant4}}) {
     const std::string base = std::string("stepquant") + bits;
     if (const auto it = plans.find(base); it != plans.end()) {
       add(base, id, kn::StepQuantVariant::full, it->second);
@@ -142,28 +142,27 @@ std::vector<ev::CodecCase> all_cases(const std::map<std::string, std::shared_ptr
 
 int run_run(int argc, char** argv) {
   std::string model_dir, text_file, codecs, title;
-  std::optional<std::string> markdown, csv;
-  std::map<std::string, std::optional<std::string>> plan_files{
-      {"stepquant6", {}}, {"stepquant6-nopivots", {}}, {"stepquant4", {}},
-      {"stepquant4-nopivots", {}}};
+  std::optional<std::string> markdown, csv, claims;
+  std::map<std::string, std::optional<std::string>> plan_files{{"stepquant6", {}},
+                                                               {"stepquant6-nopivots", {}},
+                                                               {"stepquant4", {}},
+                                                               {"stepquant4-nopivots", {}}};
   ev::FidelityOptions options;
   options.threads = 2;
   statepool::tools::CommandLine cli(kTool, kRunUsage);
-  cli.add_options()
-      ("model", po::value(&model_dir)->required())
-      ("text", po::value(&text_file)->required())
-      ("plan6", statepool::tools::optional_value(plan_files["stepquant6"]))
-      ("plan6-nopivots", statepool::tools::optional_value(plan_files["stepquant6-nopivots"]))
-      ("plan4", statepool::tools::optional_value(plan_files["stepquant4"]))
-      ("plan4-nopivots", statepool::tools::optional_value(plan_files["stepquant4-nopivots"]))
-      ("codecs", po::value(&codecs))
-      ("tokens", bounded(options.tokens, 1, 1u << 24))
-      ("prompt", bounded(options.prompt, 1, 1u << 20))
-      ("generate", bounded(options.generate, 1, 1u << 20))
-      ("threads", bounded(options.threads, 1, 256))
-      ("title", po::value(&title))
-      ("markdown", statepool::tools::optional_value(markdown))
-      ("csv", statepool::tools::optional_value(csv));
+  cli.add_options()("model", po::value(&model_dir)->required())("text",
+                                                                po::value(&text_file)->required())(
+      "plan6", statepool::tools::optional_value(plan_files["stepquant6"]))(
+      "plan6-nopivots", statepool::tools::optional_value(plan_files["stepquant6-nopivots"]))(
+      "plan4", statepool::tools::optional_value(plan_files["stepquant4"]))(
+      "plan4-nopivots", statepool::tools::optional_value(plan_files["stepquant4-nopivots"]))(
+      "codecs", po::value(&codecs))("tokens", bounded(options.tokens, 1, 1u << 24))(
+      "prompt", bounded(options.prompt, 1, 1u << 20))("generate",
+                                                      bounded(options.generate, 1, 1u << 20))(
+      "threads", bounded(options.threads, 1, 256))("title", po::value(&title))(
+      "markdown", statepool::tools::optional_value(markdown))(
+      "csv", statepool::tools::optional_value(csv))("claims",
+                                                    statepool::tools::optional_value(claims));
   if (const auto exit_status = cli.parse(argc, argv)) return *exit_status;
 
   const auto model = ev::Model::load(model_dir);
@@ -187,14 +186,15 @@ int run_run(int argc, char** argv) {
     cases = std::move(chosen);
   }
   const std::vector<std::uint8_t> text = read_text(text_file);
-  std::cerr << kTool << ": " << cases.size() << " cases, " << options.tokens
-            << " tokens each, on " << options.threads << " threads\n";
+  std::cerr << kTool << ": " << cases.size() << " cases, " << options.tokens << " tokens each, on "
+            << options.threads << " threads\n";
   const std::vector<ev::CodecResult> results = ev::evaluate(
       model, text, cases, options, [](const std::string& line) { std::cerr << line << "\n"; });
   const ev::Report report{title.empty() ? model_dir : title, model, options, results};
   std::cout << ev::results_table(report);
   if (markdown) write_text(*markdown, ev::markdown(report));
   if (csv) write_text(*csv, ev::state_error_csv(report));
+  if (claims) write_text(*claims, ev::claims_tsv(report));
   return 0;
 }
 

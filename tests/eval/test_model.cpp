@@ -25,9 +25,13 @@ namespace {
 
 const std::string kEval = STATEPOOL_EVAL_DIR;
 
-std::string model_dir(const std::string& arch) { return kEval + "/models/" + arch; }
+std::string model_dir(const std::string& arch) {
+  return kEval + "/models/" + arch;
+}
 
-std::string heldout() { return read_bytes(kEval + "/data/heldout.txt"); }
+std::string heldout() {
+  return read_bytes(kEval + "/data/heldout.txt");
+}
 
 class ModelTest : public ::testing::TestWithParam<std::string> {};
 
@@ -102,8 +106,8 @@ INSTANTIATE_TEST_SUITE_P(Models, ModelTest, ::testing::Values("gdn", "kda"));
 class DamagedModel : public ::testing::Test {
  protected:
   void SetUp() override {
-    fs::copy(model_dir("gdn"), dir_.path(), fs::copy_options::recursive |
-                                                 fs::copy_options::overwrite_existing);
+    fs::copy(model_dir("gdn"), dir_.path(),
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   }
   std::string file(const std::string& name) const { return dir_.file(name); }
   void edit_manifest(const std::function<void(boost::json::object&)>& edit) {
@@ -123,7 +127,9 @@ class DamagedModel : public ::testing::Test {
   TempDir dir_{(fs::temp_directory_path() / "statepool-eval-model").string()};
 };
 
-TEST_F(DamagedModel, UndamagedCopyLoads) { EXPECT_EQ(load_error(), ""); }
+TEST_F(DamagedModel, UndamagedCopyLoads) {
+  EXPECT_EQ(load_error(), "");
+}
 
 TEST_F(DamagedModel, FlippedByteFailsTheChecksum) {
   std::string bytes = read_bytes(file("layers.1.q.npy"));
@@ -163,7 +169,8 @@ TEST_F(DamagedModel, ShapeThatTheConfigurationDoesNotImply) {
 }
 
 TEST_F(DamagedModel, WrongDtype) {
-  edit_manifest([](auto& m) { m["tensors"].as_object()["embed"].as_object()["dtype"] = "float16"; });
+  edit_manifest(
+      [](auto& m) { m["tensors"].as_object()["embed"].as_object()["dtype"] = "float16"; });
   EXPECT_NE(load_error().find("tensor \"embed\": dtype is \"float16\""), std::string::npos)
       << load_error();
 }
@@ -186,9 +193,8 @@ TEST_F(DamagedModel, FileSwappedForAnotherOfTheSameSizeFailsTheChecksum) {
 }
 
 TEST_F(DamagedModel, PathOutsideTheDirectoryIsRefused) {
-  edit_manifest([](auto& m) {
-    m["tensors"].as_object()["embed"].as_object()["file"] = "../gdn/embed.npy";
-  });
+  edit_manifest(
+      [](auto& m) { m["tensors"].as_object()["embed"].as_object()["file"] = "../gdn/embed.npy"; });
   EXPECT_NE(load_error().find("must be a plain file name"), std::string::npos) << load_error();
 }
 

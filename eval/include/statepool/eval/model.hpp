@@ -42,14 +42,14 @@ inline constexpr const char* kModelFormat = "statepool-eval-model-1";
 
 struct ModelConfig {
   kernels::Arch arch = kernels::Arch::gdn;
-  std::uint32_t vocab = 0;       ///< 256: byte-level
+  std::uint32_t vocab = 0;  ///< 256: byte-level
   std::uint32_t d_model = 0;
-  std::uint32_t layers = 0;      ///< all layers are linear-attention layers
+  std::uint32_t layers = 0;  ///< all layers are linear-attention layers
   std::uint32_t heads = 0;
   std::uint32_t key_dim = 0;
   std::uint32_t value_dim = 0;
   std::uint32_t mlp_hidden = 0;
-  std::uint32_t gate_rank = 0;   ///< KDA: rank of the gate projection; GDN: 0
+  std::uint32_t gate_rank = 0;  ///< KDA: rank of the gate projection; GDN: 0
   float rms_eps = 1e-6f;
 };
 

@@ -31,6 +31,7 @@ struct Report {
 /// One statement of the method, checked on one model.
 struct Claim {
   std::string statement;
+  std::string bytes;  ///< "(39936 vs 37632 page bytes)" where two codecs are compared
   bool holds = false;
   std::string numbers;  ///< the measurements it rests on
 };
@@ -46,5 +47,8 @@ struct Claim {
 [[nodiscard]] std::string results_table(const Report& report);
 [[nodiscard]] std::string markdown(const Report& report);
 [[nodiscard]] std::string state_error_csv(const Report& report);
+/// One line per claim: "holds<TAB>statement" or "does not hold<TAB>statement" (eval/run
+/// tabulates the models side by side).
+[[nodiscard]] std::string claims_tsv(const Report& report);
 
 }  // namespace statepool::eval
