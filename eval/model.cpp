@@ -208,34 +208,52 @@ float silu(float x) {
 
 }  // namespace
 
-std::vector<TensorInfo> Model::expected_tensors(const ModelConfig& c) {
+namespace {
+
+/// One tensor of a layer: its name after "layers.{l}.", its shape, where it goes.
+struct LayerTensor {
+  const char* name;
+  std::vector<std::uint64_t> shape;
+  std::vector<float> Model::Layer::*member;
+};
+
+/// The tensors of one layer of a model of `c`, in manifest order.
+std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
+  using L = Model::Layer;
   const std::uint64_t d = c.d_model, h = c.heads, k = c.key_dim, v = c.value_dim;
-  const bool kda = c.arch == kn::Arch::kda;
-  std::vector<TensorInfo> out{{"embed", {c.vocab, d}}};
-  for (std::uint32_t l = 0; l < c.layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    out.push_back({p + "attn_norm", {d}});
-    out.push_back({p + "q", {h * k, d}});
-    out.push_back({p + "k", {h * k, d}});
-    out.push_back({p + "v", {h * v, d}});
-    out.push_back({p + "b", {h, d}});
-    out.push_back({p + "b.bias", {h}});
-    out.push_back({p + "A_log", {h}});
-    if (kda) {
-      out.push_back({p + "a_down", {c.gate_rank, d}});
-      out.push_back({p + "a", {h * k, c.gate_rank}});
-      out.push_back({p + "dt_bias", {h * k}});
-    } else {
-      out.push_back({p + "a", {h, d}});
-      out.push_back({p + "dt_bias", {h}});
-    }
-    out.push_back({p + "o_norm", {v}});
-    out.push_back({p + "o", {d, h * v}});
-    out.push_back({p + "mlp_norm", {d}});
-    out.push_back({p + "up", {c.mlp_hidden, d}});
-    out.push_back({p + "down", {d, c.mlp_hidden}});
+  std::vector<LayerTensor> out{
+      {"attn_norm", {d}, &L::attn_norm}, {"q", {h * k, d}, &L::q}, {"k", {h * k, d}, &L::k},
+      {"v", {h * v, d}, &L::v},          {"b", {h, d}, &L::b},     {"b.bias", {h}, &L::b_bias},
+      {"A_log", {h}, &L::A_log}};
+  if (c.arch == kn::Arch::kda) {
+    out.push_back({"a_down", {c.gate_rank, d}, &L::a_down});
+    out.push_back({"a", {h * k, c.gate_rank}, &L::a});
+    out.push_back({"dt_bias", {h * k}, &L::dt_bias});
+  } else {
+    out.push_back({"a", {h, d}, &L::a});
+    out.push_back({"dt_bias", {h}, &L::dt_bias});
   }
-  out.push_back({"final_norm", {d}});
+  out.push_back({"o_norm", {v}, &L::o_norm});
+  out.push_back({"o", {d, h * v}, &L::o});
+  out.push_back({"mlp_norm", {d}, &L::mlp_norm});
+  out.push_back({"up", {c.mlp_hidden, d}, &L::up});
+  out.push_back({"down", {d, c.mlp_hidden}, &L::down});
+  return out;
+}
+
+std::string layer_prefix(std::uint32_t layer) {
+  return "layers." + std::to_string(layer) + ".";
+}
+
+}  // namespace
+
+std::vector<TensorInfo> Model::expected_tensors(const ModelConfig& c) {
+  std::vector<TensorInfo> out{{"embed", {c.vocab, c.d_model}}};
+  for (std::uint32_t l = 0; l < c.layers; ++l) {
+    for (const LayerTensor& t : layer_tensors(c))
+      out.push_back({layer_prefix(l) + t.name, t.shape});
+  }
+  out.push_back({"final_norm", {c.d_model}});
   return out;
 }
 
@@ -270,23 +288,8 @@ std::shared_ptr<const Model> Model::load(const std::string& dir) {
   model->embed_ = take("embed");
   model->final_norm_ = take("final_norm");
   for (std::uint32_t l = 0; l < c.layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
     Layer layer;
-    layer.attn_norm = take(p + "attn_norm");
-    layer.q = take(p + "q");
-    layer.k = take(p + "k");
-    layer.v = take(p + "v");
-    layer.b = take(p + "b");
-    layer.b_bias = take(p + "b.bias");
-    layer.A_log = take(p + "A_log");
-    layer.a = take(p + "a");
-    if (c.arch == kn::Arch::kda) layer.a_down = take(p + "a_down");
-    layer.dt_bias = take(p + "dt_bias");
-    layer.o_norm = take(p + "o_norm");
-    layer.o = take(p + "o");
-    layer.mlp_norm = take(p + "mlp_norm");
-    layer.up = take(p + "up");
-    layer.down = take(p + "down");
+    for (const LayerTensor& t : layer_tensors(c)) layer.*t.member = take(layer_prefix(l) + t.name);
     model->layers_.push_back(std::move(layer));
   }
   return model;
