@@ -136,6 +136,11 @@ std::string daemon_path() {
 Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
   std::vector<std::string> argv = {daemon_path()};
   argv.insert(argv.end(), args.begin(), args.end());
+  return run_program(argv, dir);
+}
+
+Exit run_program(const std::vector<std::string>& program_argv, const std::string& dir) {
+  std::vector<std::string> argv = program_argv;
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -3,11 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,10 +11,9 @@
 #include <vector>
 
 #include "statepool/calibration/npy.hpp"
+#include "statepool/testing/daemon.hpp"
 #include "statepool/testing/synthetic_state.hpp"
 #include "statepool/testing/temp_dir.hpp"
-
-extern char** environ;
 
 namespace statepool::calibration {
 namespace {
@@ -33,32 +27,10 @@ struct Result {
 };
 
 Result run(const TempDir& dir, std::vector<std::string> args) {
-  const std::string out_path = dir.file("stdout.txt");
-  const std::string err_path = dir.file("stderr.txt");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
   args.insert(args.begin(), STATEPOOL_QUANT_PATH);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  Result r;
-  const int rc = posix_spawn(&pid, STATEPOOL_QUANT_PATH, &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) {
-    ADD_FAILURE() << "cannot start " << STATEPOOL_QUANT_PATH;
-    return r;
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = testing::read_bytes(out_path);
-  r.err = testing::read_bytes(err_path);
-  return r;
+  const testing::Exit e = testing::run_program(args, dir.path());
+  if (e.code < 0) ADD_FAILURE() << "cannot run " << STATEPOOL_QUANT_PATH;
+  return {e.code, e.stdout_text, e.stderr_text};
 }
 
 #define EXPECT_FAILS_WITH(result, code, text)                                \

@@ -85,6 +85,11 @@ struct Exit {
   std::string stderr_text;
 };
 
+/// Runs the program argv[0] with arguments argv[1..] to completion, capturing its output in
+/// files under `dir` (stdout.txt, stderr.txt). code is -1 when it could not be started or
+/// was killed by a signal.
+Exit run_program(const std::vector<std::string>& argv, const std::string& dir);
+
 /// Runs statepoold with `args` to completion (for runs that must exit by themselves, such
 /// as configuration errors or --print-config), capturing its output in files under `dir`.
 Exit run_daemon(const std::vector<std::string>& args, const std::string& dir);
