@@ -288,7 +288,12 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
   std::vector<std::size_t> rest;
   std::uint32_t used = 0;
   auto [best_cost, chosen] = allocate_with(0, is_pivot, rest);
-  for (std::uint32_t p = 1; p <= pivots; ++p) {
+  // Every p up to kPivotSteps; beyond, kPivotSteps evenly spaced counts ending at P (a
+  // Kimi-sized plan allows 512 pivot rows; 512 allocations of 81,920 rows would dominate
+  // the calibration time).
+  const std::uint32_t steps = std::min(pivots, kPivotSteps);
+  for (std::uint32_t step = 1; step <= steps; ++step) {
+    const auto p = static_cast<std::uint32_t>(std::uint64_t{pivots} * step / steps);
     auto [cost, widths_p] = allocate_with(p, is_pivot, rest);
     if (cost < best_cost) {
       best_cost = cost;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <stdexcept>
 
 #include "statepool/calibration/trace.hpp"
@@ -39,7 +40,8 @@ double relative_error(std::span<const float> approx, std::span<const float> exac
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
 }
 
-/// The FP32 model's greedy continuation of text[0, prompt): `generate` bytes.
+/// The decoder's greedy continuation of text[0, prompt): `generate` bytes, or up to the
+/// first byte that differs from `reference` (then `divergence` is its 1-based position).
 std::vector<std::uint32_t> greedy(Decoder& decoder, std::span<const std::uint8_t> text,
                                   const FidelityOptions& o,
                                   const std::vector<std::uint32_t>* reference,
@@ -144,8 +146,8 @@ std::vector<CodecResult> evaluate(std::shared_ptr<const Model> model,
       greedy(reference, text, options, nullptr, nullptr);
 
   std::vector<CodecResult> results(cases.size());
-  support::WorkerPool pool(std::max(1u, options.threads));
-  pool.parallel_for(cases.size(), 1, [&](std::size_t first, std::size_t last) {
+  std::mutex progress_mutex;  // `progress` is called from every worker
+  const auto run = [&](std::size_t first, std::size_t last) {
     for (std::size_t i = first; i < last; ++i) {
       results[i] = run_case(model, text, cases[i], options, fp32_generated);
       if (progress) {
@@ -154,25 +156,18 @@ std::vector<CodecResult> evaluate(std::shared_ptr<const Model> model,
                       results[i].name.c_str(), results[i].perplexity(),
                       results[i].state_error.size(), results[i].state_error.back(),
                       results[i].seconds);
+        const std::lock_guard lock(progress_mutex);
         progress(line);
       }
     }
-  });
-  return results;
-}
-
-double fp32_nll(std::shared_ptr<const Model> model, std::span<const std::uint8_t> text,
-                std::uint64_t tokens) {
-  check_text(text, tokens + 1, "fp32_nll");
-  const kn::PageCodec exact(model->layout(kn::CodecSpec{kn::CodecId::fp32}));
-  Decoder decoder(model, exact);
-  std::vector<double> p;
-  double nll = 0;
-  for (std::uint64_t t = 0; t < tokens; ++t) {
-    softmax(decoder.step(text[t]), p);
-    nll -= std::log(p[text[t + 1]]);
+  };
+  if (options.threads <= 1) {
+    run(0, cases.size());
+  } else {  // parallel_for runs chunks on the calling thread too
+    support::WorkerPool pool(options.threads - 1);
+    pool.parallel_for(cases.size(), 1, run);
   }
-  return nll / static_cast<double>(tokens);
+  return results;
 }
 
 void record_trace(std::shared_ptr<const Model> model, std::span<const std::uint8_t> text,

@@ -34,9 +34,11 @@
 // pivot takes 8 bits of the nominal budget; the other 8 of its 16 are extra, so the
 // plan's average width, pivots counted at 16, is B + 8 p / n). GDN: allocate_dp; KDA:
 // allocate_lagrangian. This is done for every p in [0, P] (the p riskiest units as
-// pivots) and the p of least expected cost is kept (ties: fewer), so that asking for
-// more pivots never raises the expected cost (a pivot that saves less than the 8 bits it
-// takes from the others is not used).
+// pivots; for P > kPivotSteps, for 0 and kPivotSteps evenly spaced counts up to P) and the
+// p of least expected cost is kept (ties: fewer), so that the plan's expected cost is
+// never above that of no pivots or of all P of them, and for P <= kPivotSteps asking for
+// more pivots never raises it (a pivot that saves less than the 8 bits it takes from the
+// others is not used).
 //
 // Thread-safety: pure functions (measure_layer may use `threads` worker threads).
 
@@ -54,6 +56,9 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::calibration {
+
+/// Pivot counts build_plan tries beyond 0 (see the header comment).
+inline constexpr std::uint32_t kPivotSteps = 64;
 
 /// What a unit's reconstruction error is measured against (see the header comment).
 enum class CostModel : std::uint8_t {

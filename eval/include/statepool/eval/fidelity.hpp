@@ -13,7 +13,8 @@
 // and greedy generation from the first `prompt` bytes for `generate` bytes: the first
 // generated position (1-based) where the codec's byte differs from FP32's, if any.
 //
-// Thread-safety: evaluate() runs the codecs on `threads` threads; call it from one thread.
+// Thread-safety: evaluate() runs the codecs on `threads` threads (and calls `progress` from
+// them, one call at a time); call it from one thread.
 
 #include <cstddef>
 #include <cstdint>
@@ -69,10 +70,6 @@ using ProgressFn = std::function<void(const std::string& line)>;
                                                 std::span<const CodecCase> cases,
                                                 const FidelityOptions& options,
                                                 const ProgressFn& progress = {});
-
-/// The FP32-state run's perplexity alone (eval/README.md compares it with PyTorch's).
-[[nodiscard]] double fp32_nll(std::shared_ptr<const Model> model,
-                              std::span<const std::uint8_t> text, std::uint64_t tokens);
 
 /// Writes a calibration trace (calibration/trace.hpp) of the FP32-state model reading
 /// `text`: `sequences` sequences of `sequence_length` bytes each, taken one after the
