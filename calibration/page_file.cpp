@@ -77,7 +77,8 @@ PageFileHeader parse_page_file(std::span<const std::byte> file, const std::strin
         "'statepool-quant codec encode')");
   }
   const std::byte* p = file.data();
-  if (const std::uint32_t version = get_u32(p + 8); version != kPageFileVersion) {
+  const std::uint32_t version = get_u32(p + 8);
+  if (version != kPageFileVersion && version != 1) {
     fail("page file version " + std::to_string(version) + " is not supported");
   }
   PageFileHeader h;
@@ -96,6 +97,15 @@ PageFileHeader parse_page_file(std::span<const std::byte> file, const std::strin
   h.codec = static_cast<kernels::CodecId>(codec);
   h.arch = static_cast<kernels::Arch>(arch);
   h.variant = static_cast<kernels::StepQuantVariant>(variant);
+  // Version 1 pages hold 2-bit GDN heads in the format of the paper (fp16 scales per 32
+  // values, levels {-3,-1,1,3}), which this build no longer reads; every other page of
+  // version 1 is the same as of version 2.
+  if (version == 1 && h.codec == kernels::CodecId::stepquant4 && h.arch == kernels::Arch::gdn &&
+      h.variant == kernels::StepQuantVariant::full) {
+    fail(
+        "a version 1 stepquant4 GDN page may hold 2-bit heads in the format before "
+        "2026-12-01, which this build does not read; encode the state again");
+  }
   h.rank = std::to_integer<std::uint8_t>(p[15]);
   if (h.rank != 3 && h.rank != 4) {
     fail("rank " + std::to_string(h.rank) + " is not 3 or 4");

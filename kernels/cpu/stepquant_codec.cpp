@@ -82,18 +82,12 @@ class Writer {
     }
     pos_ += 2 * n;
   }
-  // Signed codes z (offset binary u = z + qmax), or 2-bit levels (u = (L + 3) / 2).
-  void codes(const std::int32_t* z, std::size_t n, std::uint32_t bits, bool levels,
+  // Signed codes z (offset binary u = z + qmax).
+  void codes(const std::int32_t* z, std::size_t n, std::uint32_t bits,
              std::vector<std::uint8_t>& u) {
     u.resize(n);
     const auto offset = static_cast<std::int32_t>(code_qmax(bits));
-    if (levels) {
-      for (std::size_t i = 0; i < n; ++i) {
-        u[i] = static_cast<std::uint8_t>(stepquant::two_bit_index(z[i]));
-      }
-    } else {
-      narrow_codes(z, n, offset, u.data());
-    }
+    narrow_codes(z, n, offset, u.data());
     pack_any(bits, u.data(), n, dst_.data() + pos_);
     pos_ += packed_bytes(n, bits);
   }
@@ -113,18 +107,11 @@ class Reader {
     }
     pos_ += 2 * n;
   }
-  void codes(std::int32_t* z, std::size_t n, std::uint32_t bits, bool levels,
-             std::vector<std::uint8_t>& u) {
+  void codes(std::int32_t* z, std::size_t n, std::uint32_t bits, std::vector<std::uint8_t>& u) {
     u.resize(n);
     unpack_any(bits, src_.data() + pos_, n, u.data());
     const auto offset = static_cast<std::int32_t>(code_qmax(bits));
-    if (levels) {
-      for (std::size_t i = 0; i < n; ++i) {
-        z[i] = stepquant::two_bit_level(u[i]);
-      }
-    } else {
-      widen_codes(u.data(), n, offset, z);
-    }
+    widen_codes(u.data(), n, offset, z);
     pos_ += packed_bytes(n, bits);
   }
 
@@ -147,7 +134,7 @@ void write_head(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> wid
     } else {
       w.halves(fit.row_scale.data(), fit.row_scale.size());
       w.halves(fit.col_scale.data(), fit.col_scale.size());  // empty unless dual axis
-      w.codes(fit.codes.data(), K * V, bits, fit.kind == FitKind::two_bit_groups, u);
+      w.codes(fit.codes.data(), K * V, bits, u);
     }
   } else {
     w.halves(fit.row_scale.data(), K);
@@ -158,7 +145,7 @@ void write_head(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> wid
         w.halves(pivot, V);
         pivot += V;
       } else {
-        w.codes(fit.codes.data() + i * V, V, widths[i], false, u);
+        w.codes(fit.codes.data() + i * V, V, widths[i], u);
       }
     }
   }
@@ -174,8 +161,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
   fit.kind = kind;
   fit.key_dim = key_dim;
   fit.value_dim = value_dim;
-  fit.row_scale.assign(
-      kind == FitKind::two_bit_groups ? K * stepquant::two_bit_groups(value_dim) : K, 0.0f);
+  fit.row_scale.assign(K, 0.0f);
   fit.col_scale.assign(dual ? V : 0, 0.0f);
   fit.codes.resize(K * V);  // every code is read below; pivot rows are zeroed
   const auto pivots =
@@ -191,7 +177,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
     } else {
       r.halves(fit.row_scale.data(), fit.row_scale.size());
       r.halves(fit.col_scale.data(), fit.col_scale.size());
-      r.codes(fit.codes.data(), K * V, bits, kind == FitKind::two_bit_groups, u);
+      r.codes(fit.codes.data(), K * V, bits, u);
     }
     return;
   }
@@ -204,7 +190,7 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
       pivot += V;
       std::fill_n(fit.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
     } else {
-      r.codes(fit.codes.data() + i * V, V, widths[i], false, u);
+      r.codes(fit.codes.data() + i * V, V, widths[i], u);
     }
   }
 }
@@ -252,7 +238,7 @@ class StepQuantCodec final : public Codec {
     check(layer, head, dst.size(), src.size());
     Scratch& s = scratch();
     row_widths(layer, head, s.widths);
-    read_head(arch_, kind(s.widths[0]), key_dim_, value_dim_, s.widths, src, s.fit, s.u);
+    read_head(arch_, kind(), key_dim_, value_dim_, s.widths, src, s.fit, s.u);
     stepquant::reconstruct(arch_, s.fit, s.widths, dst);
   }
 
@@ -273,14 +259,14 @@ class StepQuantCodec final : public Codec {
     }
   }
 
-  [[nodiscard]] FitKind kind(std::uint8_t first_width) const noexcept {
+  [[nodiscard]] FitKind kind() const noexcept {
     if (variant_ == StepQuantVariant::temporal_only) {
       return FitKind::row_absmax;
     }
     if (arch_ == Arch::kda) {
       return FitKind::dual_axis_grid8;
     }
-    return first_width == 2 ? FitKind::two_bit_groups : FitKind::dual_axis;
+    return FitKind::dual_axis;
   }
 
   CodecId id_;

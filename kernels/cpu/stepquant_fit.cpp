@@ -228,34 +228,6 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   encode();
 }
 
-void fit_two_bit(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
-                 HeadFit& out) {
-  const std::size_t K = key_dim;
-  const std::size_t V = value_dim;
-  const std::size_t G = two_bit_groups(value_dim);
-  out.kind = FitKind::two_bit_groups;
-  out.key_dim = key_dim;
-  out.value_dim = value_dim;
-  out.row_scale.assign(K * G, 0.0f);
-  out.col_scale.clear();
-  out.codes.assign(K * V, 0);
-  out.pivot_values.clear();
-
-  for (std::size_t i = 0; i < K; ++i) {
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::size_t begin = g * kTwoBitGroup;
-      const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(kTwoBitGroup, V - begin));
-      const float* x = head.data() + i * V + begin;
-      const float s = two_bit_group_scale(x, n);
-      out.row_scale[i * G + g] = s;
-      std::int32_t* levels = out.codes.data() + i * V + begin;
-      for (std::uint32_t j = 0; j < n; ++j) {
-        levels[j] = two_bit_level_for(x[j], s);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
@@ -264,10 +236,6 @@ void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
   check_shape(head, key_dim, value_dim);
   check_widths(arch, row_widths, key_dim);
   check_impact(impact, key_dim);
-  if (arch == Arch::gdn && row_widths[0] == 2) {
-    fit_two_bit(head, key_dim, value_dim, out);
-    return;
-  }
   fit_dual(head, key_dim, value_dim, row_widths, impact,
            {.grid8 = arch == Arch::kda, .refit = true}, out);
 }
@@ -335,8 +303,7 @@ void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> ro
   }
   const auto pivot_rows =
       static_cast<std::size_t>(std::count(row_widths.begin(), row_widths.end(), kPivotWidth));
-  const std::size_t scales =
-      fit.kind == FitKind::two_bit_groups ? K * two_bit_groups(fit.value_dim) : K;
+  const std::size_t scales = K;
   const bool dual = fit.kind == FitKind::dual_axis || fit.kind == FitKind::dual_axis_grid8;
   if (fit.row_scale.size() != scales || (dual && fit.col_scale.size() != V) ||
       fit.pivot_values.size() != pivot_rows * V) {
@@ -345,16 +312,6 @@ void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> ro
         "row widths");
   }
 
-  if (fit.kind == FitKind::two_bit_groups) {
-    const std::size_t G = two_bit_groups(fit.value_dim);
-    for (std::size_t i = 0; i < K; ++i) {
-      for (std::size_t j = 0; j < V; ++j) {
-        out[i * V + j] =
-            fit.row_scale[i * G + j / kTwoBitGroup] * static_cast<float>(fit.codes[i * V + j]);
-      }
-    }
-    return;
-  }
   const float* pivot = fit.pivot_values.data();
   for (std::size_t i = 0; i < K; ++i) {
     float* x = out.data() + i * V;

@@ -124,7 +124,6 @@ std::size_t unpadded_head_bytes(const StateLayout& l, std::uint32_t layer, std::
     const std::uint32_t b = row_width(l, layer, head, 0);
     if (b == kPivotWidth) return 2 * n;
     if (temporal) return 2 * K + packed(n, b);
-    if (b == 2) return 2 * K * ceil_div(V, 32) + packed(n, 2);
     return 2 * K + 2 * V + packed(n, b);
   }
   std::size_t bytes = temporal ? 2 * K : 2 * K + 2 * V;
@@ -222,13 +221,6 @@ class HeadBound {
             static_cast<double>(fit_.row_scale[i]) * fit_.col_scale[j] * stepquant::grid_factor(b);
         top = step * qmax;
         break;
-      case FitKind::two_bit_groups: {
-        const double s = fit_.row_scale[i * stepquant::two_bit_groups(layout_.value_dim) +
-                                        j / stepquant::kTwoBitGroup];
-        step = 2.0 * s;  // levels -3, -1, 1, 3
-        top = 3.0 * s;
-        break;
-      }
       case FitKind::row_absmax:
         step = fit_.row_scale[i];
         top = step * qmax;

@@ -84,22 +84,22 @@ TEST(StepQuantCodec, GdnPageBytesByHand) {
 
 TEST(StepQuantCodec, GdnBudget4PageBytesByHand) {
   const Plan plan = gdn_plan4();
-  // 2-bit: 128 rows x 4 groups x 2 B = 1,024 + 4,096 codes = 5,120.
-  const std::size_t full[] = {5120, 8704, 12800, 16896, 32768, 5120};
+  // 2-bit: 256 B row scales + 256 B column scales + 4,096 B codes = 4,608.
+  const std::size_t full[] = {4608, 8704, 12800, 16896, 32768, 4608};
   const PageCodec page(plan_layout(plan, CodecId::stepquant4));
   for (std::uint32_t h = 0; h < 6; ++h) {
     EXPECT_EQ(page.codec().head_bytes(0, h), full[h]);
   }
-  EXPECT_EQ(page.page_bytes(), 81408u);
+  EXPECT_EQ(page.page_bytes(), 80384u);
   // spatial_only: every non-pivot head at 4 bits (never 2).
   const PageCodec spatial(plan_layout(plan, CodecId::stepquant4, StepQuantVariant::spatial_only));
   EXPECT_EQ(spatial.page_bytes(), 5 * 8704u + 32768u);
   // temporal_only 2-bit head: 256 B of row scales + 4,096 B of codes.
   const PageCodec temporal(plan_layout(plan, CodecId::stepquant4, StepQuantVariant::temporal_only));
   EXPECT_EQ(temporal.codec().head_bytes(0, 0), 4352u);
-  // An odd 2-bit head: 3 x 33 -> 2 groups per row: 12 B of scales, ceil(99 * 2 / 8) = 25 B
-  // of codes, 37 -> 40.
-  EXPECT_EQ(stepquant::gdn_head_bytes(3, 33, 2), 40u);
+  // An odd 2-bit head: 3 x 33 -> 6 B of row scales, 66 B of column scales, ceil(99 * 2 /
+  // 8) = 25 B of codes, 97 -> 100.
+  EXPECT_EQ(stepquant::gdn_head_bytes(3, 33, 2), 100u);
 }
 
 TEST(StepQuantCodec, KdaPageBytesByHand) {
@@ -171,12 +171,11 @@ std::vector<std::byte> expected_head(Arch arch, StepQuantVariant variant, const 
   const std::size_t K = fit.key_dim;
   const std::size_t V = fit.value_dim;
   Bytes out(size);
-  const auto offset_codes = [&](std::size_t begin, std::size_t n, std::uint32_t bits, bool levels) {
+  const auto offset_codes = [&](std::size_t begin, std::size_t n, std::uint32_t bits) {
     std::vector<std::uint32_t> u(n);
     for (std::size_t k = 0; k < n; ++k) {
       const int z = fit.codes[begin + k];
-      u[k] = levels ? static_cast<std::uint32_t>((z + 3) / 2)
-                    : static_cast<std::uint32_t>(z + static_cast<int>(code_qmax(bits)));
+      u[k] = static_cast<std::uint32_t>(z + static_cast<int>(code_qmax(bits)));
     }
     out.codes(u, bits);
   };
@@ -191,12 +190,12 @@ std::vector<std::byte> expected_head(Arch arch, StepQuantVariant variant, const 
     for (const float s : fit.row_scale) {
       out.half(s);
     }
-    if (variant != StepQuantVariant::temporal_only && b != 2) {
+    if (variant != StepQuantVariant::temporal_only) {
       for (const float c : fit.col_scale) {
         out.half(c);
       }
     }
-    offset_codes(0, K * V, b, variant != StepQuantVariant::temporal_only && b == 2);
+    offset_codes(0, K * V, b);
     return out.bytes();
   }
   for (const float s : fit.row_scale) {
@@ -214,7 +213,7 @@ std::vector<std::byte> expected_head(Arch arch, StepQuantVariant variant, const 
         out.half(fit.pivot_values[pivot++]);
       }
     } else {
-      offset_codes(i * V, V, widths[i], false);
+      offset_codes(i * V, V, widths[i]);
     }
   }
   return out.bytes();

@@ -421,8 +421,6 @@ TEST(StepQuantFit, EveryScaleIsAnFp16ValueAndCodesAreInRange) {
             const int z = fit.codes[i * V + j];
             if (bits == kPivotWidth) {
               ASSERT_EQ(z, 0);
-            } else if (arch == Arch::gdn && bits == 2) {
-              ASSERT_TRUE(z == -3 || z == -1 || z == 1 || z == 3) << z;
             } else {
               ASSERT_LE(std::abs(z), static_cast<int>(code_qmax(bits)));
             }
@@ -521,70 +519,56 @@ TEST(StepQuantFit, KdaRowsShareOneColumnGrid) {
   }
 }
 
-TEST(StepQuantFit, TwoBitGdnHeadsUseFourLevelsAndPer32Scales) {
+// A 2-bit GDN head is the dual-axis fit at qmax = 1 (ternary codes), with the refit: the
+// same reconstruction as a KDA head whose rows are all 2-bit (there the codes sit on the
+// 8-bit grid, times 64, and the column scales are 64 times smaller: both exact in fp16).
+TEST(StepQuantFit, TwoBitGdnHeadsAreTernaryDualAxis) {
   const std::uint32_t K = 5;
-  const std::uint32_t V = 70;  // groups of 32, 32, 6
+  const std::uint32_t V = 70;
   const auto x = heavy_tailed(K * V, 12, 1.0f);
   const std::vector<std::uint8_t> widths(K, 2);
-  const std::vector<float> w(K, 1.0f);
-  HeadFit fit;
-  fit_head(Arch::gdn, x, K, V, widths, w, fit);
-  EXPECT_EQ(fit.kind, FitKind::two_bit_groups);
-  ASSERT_EQ(fit.row_scale.size(), K * 3u);
-  EXPECT_TRUE(fit.col_scale.empty());
-  std::vector<float> out(x.size());
-  reconstruct(Arch::gdn, fit, widths, out);
-  for (std::size_t i = 0; i < K; ++i) {
-    for (std::size_t g = 0; g < 3; ++g) {
-      const std::size_t begin = g * 32;
-      const std::size_t end = std::min<std::size_t>(V, begin + 32);
-      const float s = fit.row_scale[i * 3 + g];
-      ASSERT_TRUE(is_fp16_exact(s));
-      double sse = 0.0;
-      double sse_absmax = 0.0;
-      float absmax = 0.0f;
-      for (std::size_t j = begin; j < end; ++j) {
-        absmax = std::max(absmax, std::fabs(x[i * V + j]));
-      }
-      const float s0 = fp16(absmax / 3.0f);
-      for (std::size_t j = begin; j < end; ++j) {
-        const std::size_t k = i * V + j;
-        const int level = fit.codes[k];
-        ASSERT_TRUE(level == -3 || level == -1 || level == 1 || level == 3);
-        ASSERT_EQ(out[k], s * static_cast<float>(level));
-        // The level is the nearest one to x / s.
-        for (const float other : {-3.0f, -1.0f, 1.0f, 3.0f}) {
-          ASSERT_LE(std::fabs(x[k] - s * static_cast<float>(level)),
-                    std::fabs(x[k] - s * other) * (1 + 1e-6f));
-        }
-        sse += std::pow(static_cast<double>(x[k]) - out[k], 2);
-        // The plain absmax/3 candidate with its nearest levels.
-        double best = 1e300;
-        for (const float other : {-3.0f, -1.0f, 1.0f, 3.0f}) {
-          best = std::min(best, std::fabs(static_cast<double>(x[k]) - s0 * other));
-        }
-        sse_absmax += best * best;
-      }
-      // The stored scale is never worse than the absmax/3 candidate.
-      EXPECT_LE(sse, sse_absmax * (1 + 1e-9));
-    }
-  }
+  const std::vector<float> w = {1.0f, 2.0f, 0.5f, 1.0f, 1.5f};
+  HeadFit gdn, kda;
+  fit_head(Arch::gdn, x, K, V, widths, w, gdn);
+  fit_head(Arch::kda, x, K, V, widths, w, kda);
+  EXPECT_EQ(gdn.kind, FitKind::dual_axis);
+  ASSERT_EQ(gdn.row_scale.size(), K);
+  ASSERT_EQ(gdn.col_scale.size(), V);
+  for (const std::int32_t z : gdn.codes) ASSERT_TRUE(z == -1 || z == 0 || z == 1) << z;
+  std::vector<float> a(x.size()), b(x.size());
+  reconstruct(Arch::gdn, gdn, widths, a);
+  reconstruct(Arch::kda, kda, widths, b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(gdn.row_scale, kda.row_scale);
+  for (std::size_t j = 0; j < V; ++j) EXPECT_EQ(gdn.col_scale[j], 64.0f * kda.col_scale[j]) << j;
 }
 
-TEST(StepQuantFit, TwoBitWorkedExample) {
-  // One group of 4 values: absmax 3 -> s0 = 1, levels [-3, -1, 1, 3] fit exactly.
-  const std::vector<float> x = {-3.0f, -0.5f, 0.4f, 3.0f};
+// One outlier in an N(0, 1)-like head: x[17][33] = 1000. The format of the paper (one
+// scale per 32 values of a row, levels {-3,-1,1,3} without zero) decoded its 31 row
+// neighbours to about +-76; with row and column scales and a zero level they stay near
+// their values, and the outlier itself is kept.
+TEST(StepQuantFit, TwoBitOutlierSpoilsNoNeighbours) {
+  const std::uint32_t K = 64;
+  const std::uint32_t V = 64;
+  std::vector<float> x = gdn_head(K, V, 5);
+  x[17 * V + 33] = 1000.0f;
+  const std::vector<std::uint8_t> widths(K, 2);
   HeadFit fit;
-  fit_head(Arch::gdn, x, 1, 4, std::vector<std::uint8_t>{2}, std::vector<float>{1.0f}, fit);
-  EXPECT_EQ(fit.codes, (std::vector<std::int32_t>{-3, -1, 1, 3}));
-  // LS scale for those levels: (9 + 0.5 + 0.4 + 9) / 20 = 0.945 -> fp16 0.94482421875,
-  // whose squared error (0.549) beats s0 = 1 (0.61): the refined scale is kept.
-  EXPECT_EQ(fit.row_scale[0], fp16(0.945f));
-  // Zeros: scale 0, level +1, value 0.
-  fit_head(Arch::gdn, std::vector<float>(4, 0.0f), 1, 4, std::vector<std::uint8_t>{2},
-           std::vector<float>{1.0f}, fit);
-  EXPECT_EQ(fit.row_scale[0], 0.0f);
-  EXPECT_EQ(fit.codes, (std::vector<std::int32_t>{1, 1, 1, 1}));
+  fit_head(Arch::gdn, x, K, V, widths, std::vector<float>(K, 1.0f), fit);
+  std::vector<float> out(x.size());
+  reconstruct(Arch::gdn, fit, widths, out);
+  double row_error = 0, column_error = 0, scale = 0;
+  for (std::uint32_t j = 0; j < V; ++j) {
+    if (j != 33) row_error += std::fabs(out[17 * V + j] - x[17 * V + j]);
+  }
+  for (std::uint32_t i = 0; i < K; ++i) {
+    if (i != 17) column_error += std::fabs(out[i * V + 33] - x[i * V + 33]);
+  }
+  for (std::size_t k = 0; k < x.size(); ++k) scale += k == 17 * V + 33 ? 0 : std::fabs(x[k]);
+  scale /= static_cast<double>(x.size() - 1);  // mean |x| of the ordinary values
+  EXPECT_LT(row_error / (V - 1), 2 * scale);
+  EXPECT_LT(column_error / (K - 1), 2 * scale);
+  EXPECT_NEAR(out[17 * V + 33], 1000.0f, 50.0f);
 }
 
 TEST(StepQuantFit, ImportantRowsGetFinerSteps) {

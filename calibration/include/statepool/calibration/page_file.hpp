@@ -4,7 +4,7 @@
 //
 //   offset size
 //   0      8    magic "SPQPAGE\0"
-//   8      4    version (1), little-endian u32
+//   8      4    version (2; 1 is read, see kPageFileVersion), little-endian u32
 //   12     1    codec id (kernels::CodecId)
 //   13     1    arch (kernels::Arch)
 //   14     1    stepquant variant (kernels::StepQuantVariant; 0 for other codecs)
@@ -30,7 +30,10 @@
 namespace statepool::calibration {
 
 inline constexpr std::size_t kPageFileHeaderBytes = 64;
-inline constexpr std::uint32_t kPageFileVersion = 1;
+/// 2 since 2026-12-01 (2-bit GDN heads became ternary dual-axis, docs/codecs.md); version
+/// 1 files are read except stepquant4 GDN pages of the full variant, which may hold
+/// 2-bit heads in the old format.
+inline constexpr std::uint32_t kPageFileVersion = 2;
 
 struct PageFileHeader {
   kernels::CodecId codec = kernels::CodecId::fp32;

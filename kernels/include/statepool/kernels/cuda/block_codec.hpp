@@ -307,8 +307,7 @@ STATEPOOL_HD void decode_uniform_head(const Team& t, const PageFormatView& f,
 
 enum class SqKind : std::uint8_t {
   pivot_head,  // GDN head of pivots: fp16 x[K V]
-  dual,        // fp16 r[K], fp16 c[V], codes (GDN 4/6/8, KDA, dsq)
-  two_bit,     // fp16 s[K][ceil(V/32)], codes of levels (2-bit GDN)
+  dual,        // fp16 r[K], fp16 c[V], codes (GDN 2/4/6/8, KDA, dsq)
   absmax,      // fp16 s[K], codes (temporal_only)
 };
 
@@ -369,9 +368,6 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   } else if (temporal) {
     h.kind = SqKind::absmax;
     h.codes_offset = 2u * std::uint64_t{K};
-  } else if (h.bits == 2) {
-    h.kind = SqKind::two_bit;
-    h.codes_offset = 2u * std::uint64_t{K} * stepquant::two_bit_groups(V);
   } else {
     h.kind = SqKind::dual;
     h.refit = true;
@@ -557,25 +553,6 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
     }
     return;
   }
-  if (h.kind == SqKind::two_bit) {
-    const auto groups = static_cast<std::uint32_t>(stepquant::two_bit_groups(V));
-    const std::uint64_t items = std::uint64_t{K} * groups;
-    for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
-      const auto i = static_cast<std::uint32_t>(item / groups);
-      const auto begin = static_cast<std::uint32_t>(item % groups) * stepquant::kTwoBitGroup;
-      const std::uint32_t count =
-          V - begin < stepquant::kTwoBitGroup ? V - begin : stepquant::kTwoBitGroup;
-      const StagedRun<Staged> run{x.base, x.first + std::uint64_t{i} * V + begin};
-      store_half(out + 2 * item, float_to_half_bits(stepquant::two_bit_group_scale(run, count)));
-    }
-    t.sync();
-    write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t) {
-      const float s =
-          load_half_float(out + 2 * (std::uint64_t{i} * groups + j / stepquant::kTwoBitGroup));
-      return stepquant::two_bit_index(stepquant::two_bit_level_for(x.at(i, j), s));
-    });
-    return;
-  }
   write_row_scales(t, f, h, x, out);
   t.sync();
   if (h.kind == SqKind::absmax) {
@@ -609,16 +586,6 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
       for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
         y.store(i, load_half_float(in + 2 * i));
       }
-      break;
-    }
-    case SqKind::two_bit: {
-      const auto groups = static_cast<std::uint32_t>(stepquant::two_bit_groups(V));
-      read_codes(
-          t, f, h, in, y, [&](std::uint32_t i, std::uint32_t j, std::uint32_t, std::uint32_t u) {
-            const float s =
-                load_half_float(in + 2 * (std::uint64_t{i} * groups + j / stepquant::kTwoBitGroup));
-            return s * static_cast<float>(stepquant::two_bit_level(u));
-          });
       break;
     }
     case SqKind::absmax:

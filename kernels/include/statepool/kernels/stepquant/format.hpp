@@ -7,9 +7,8 @@
 // packed(n, b) = packed_bytes(n, b) of packing.hpp (offset binary u = z + qmax_b, quads of
 // four codes, little-endian), every head zero-padded to a multiple of 4 bytes:
 //
-//   GDN head, b in {4,6,8}     fp16 r[K], fp16 c[V], packed(K*V, b)
-//   GDN head, b = 2            fp16 s[K][ceil(V/32)], packed(K*V, 2) of level indices
-//                              (u = (level + 3) / 2 for the levels {-3,-1,1,3})
+//   GDN head, b in {2,4,6,8}   fp16 r[K], fp16 c[V], packed(K*V, b) (2 bits: ternary codes
+//                              {-1,0,1}, as the 2-bit rows of KDA heads)
 //   GDN head, pivot (16)       fp16 x[K*V]
 //   KDA head                   fp16 r[K], fp16 c[V], then per row i in order:
 //                              packed(V, b_i) for b_i in {2,4,6,8}, or fp16 x[V] (pivot)
@@ -32,8 +31,6 @@ namespace statepool::kernels::stepquant {
 
 /// Width value that marks a pivot unit, stored as fp16 values.
 inline constexpr std::uint8_t kPivotWidth = 16;
-/// Values per scale of a 2-bit GDN head (consecutive values of one row).
-inline constexpr std::uint32_t kTwoBitGroup = 32;
 /// Width of the shared column grid of KDA heads: a b-bit row's codes are multiplied by
 /// 2^(kGridBits - b).
 inline constexpr std::uint32_t kGridBits = 8;
@@ -54,10 +51,6 @@ STATEPOOL_HD constexpr std::uint32_t grid_qmax(std::uint32_t bits) noexcept {
   return code_qmax(bits) * grid_factor(bits);
 }
 
-/// Scales per row of a 2-bit GDN head: ceil(V / 32).
-STATEPOOL_HD constexpr std::size_t two_bit_groups(std::uint32_t value_dim) noexcept {
-  return (value_dim + kTwoBitGroup - 1u) / kTwoBitGroup;
-}
 
 /// Bytes of one KDA row: packed(V, b), or 2V for a pivot row.
 STATEPOOL_HD constexpr std::size_t row_bytes(std::uint32_t value_dim, std::uint32_t bits) noexcept {
@@ -70,9 +63,6 @@ STATEPOOL_HD constexpr std::size_t gdn_head_bytes(std::uint32_t key_dim, std::ui
   const std::size_t n = std::size_t{key_dim} * value_dim;
   if (bits == kPivotWidth) {
     return round_up4(2u * n);
-  }
-  if (bits == 2) {
-    return round_up4(2u * std::size_t{key_dim} * two_bit_groups(value_dim) + packed_bytes(n, 2));
   }
   return round_up4(2u * std::size_t{key_dim} + 2u * std::size_t{value_dim} + packed_bytes(n, bits));
 }
@@ -120,20 +110,10 @@ STATEPOOL_HD inline float dual_axis_value(float r, float c, std::int32_t z) noex
   return (r * c) * static_cast<float>(z);
 }
 
-/// Level of a 2-bit GDN code index u in {0,1,2,3}: -3, -1, 1, 3.
-STATEPOOL_HD constexpr std::int32_t two_bit_level(std::uint32_t u) noexcept {
-  return 2 * static_cast<std::int32_t>(u) - 3;
-}
-
-/// Code index of a 2-bit GDN level in {-3,-1,1,3}.
-STATEPOOL_HD constexpr std::uint32_t two_bit_index(std::int32_t level) noexcept {
-  return static_cast<std::uint32_t>((level + 3) / 2);
-}
-
 static_assert(gdn_head_bytes(128, 128, 6) == 12800);  // 256 + 256 + 12,288 (STEPQUANT.md)
 static_assert(gdn_head_bytes(128, 128, 4) == 8704);   // 256 + 256 + 8,192
 static_assert(gdn_head_bytes(128, 128, 8) == 16896);  // 256 + 256 + 16,384
-static_assert(gdn_head_bytes(128, 128, 2) == 5120);   // 1,024 + 4,096
+static_assert(gdn_head_bytes(128, 128, 2) == 4608);   // 256 + 256 + 4,096
 static_assert(gdn_head_bytes(128, 128, kPivotWidth) == 32768);
 static_assert(dsq_head_bytes(7, 5, 6) == gdn_head_bytes(7, 5, 6));
 static_assert(grid_qmax(8) == 127 && grid_qmax(6) == 124 && grid_qmax(4) == 112 &&
