@@ -303,9 +303,8 @@ void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> ro
   }
   const auto pivot_rows =
       static_cast<std::size_t>(std::count(row_widths.begin(), row_widths.end(), kPivotWidth));
-  const std::size_t scales = K;
   const bool dual = fit.kind == FitKind::dual_axis || fit.kind == FitKind::dual_axis_grid8;
-  if (fit.row_scale.size() != scales || (dual && fit.col_scale.size() != V) ||
+  if (fit.row_scale.size() != K || (dual && fit.col_scale.size() != V) ||
       fit.pivot_values.size() != pivot_rows * V) {
     throw std::invalid_argument(
         "stepquant reconstruct: the fit does not match its shape or "
