@@ -1,8 +1,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -504,21 +504,20 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
   Impl& i = impl();
   Arena arena;
   UniqueFd fd;
-  i.call<wire::OpenArena>([&](auto& b) {
-                            return wire::CreateOpenArena(b, layout_id, pages, i.legacy_ipc);
-                          },
-                          [&](const wire::OpenArenaReply* r) {
-                            arena.id_ = r->arena_id();
-                            arena.layout_id_ = layout_id;
-                            arena.page_bytes_ = r->page_bytes();
-                            arena.page_stride_ = r->page_stride();
-                            arena.page_count_ = r->page_count();
-                            arena.bytes_ = r->bytes();
-                            arena.backend_ = str(r->backend());
-                            arena.created_ = r->created();
-                            arena.memory_ = memory_descriptor(r->memory(), "arena");
-                          },
-                          &fd);
+  i.call<wire::OpenArena>(
+      [&](auto& b) { return wire::CreateOpenArena(b, layout_id, pages, i.legacy_ipc); },
+      [&](const wire::OpenArenaReply* r) {
+        arena.id_ = r->arena_id();
+        arena.layout_id_ = layout_id;
+        arena.page_bytes_ = r->page_bytes();
+        arena.page_stride_ = r->page_stride();
+        arena.page_count_ = r->page_count();
+        arena.bytes_ = r->bytes();
+        arena.backend_ = str(r->backend());
+        arena.created_ = r->created();
+        arena.memory_ = memory_descriptor(r->memory(), "arena");
+      },
+      &fd);
   arena.fd_ = fd.release();  // owned by the arena from here on, also if a check throws
   if (arena.memory_.handle_is_fd() && arena.fd_ < 0) {
     inconsistent("open_arena's reply carries no file descriptor for a " +
@@ -554,13 +553,14 @@ Staging Connection::open_staging(std::uint64_t bytes) {
   Impl& i = impl();
   Staging staging;
   UniqueFd fd;
-  i.call<wire::OpenStaging>([&](auto& b) { return wire::CreateOpenStaging(b, bytes, i.legacy_ipc); },
-                            [&](const wire::OpenStagingReply* r) {
-                              staging.id_ = r->staging_id();
-                              staging.size_ = r->bytes();
-                              staging.memory_ = memory_descriptor(r->memory(), "staging buffer");
-                            },
-                            &fd);
+  i.call<wire::OpenStaging>(
+      [&](auto& b) { return wire::CreateOpenStaging(b, bytes, i.legacy_ipc); },
+      [&](const wire::OpenStagingReply* r) {
+        staging.id_ = r->staging_id();
+        staging.size_ = r->bytes();
+        staging.memory_ = memory_descriptor(r->memory(), "staging buffer");
+      },
+      &fd);
   // From here the Staging object owns the daemon-side buffer: if mapping fails, its
   // destructor closes the buffer on the daemon (the lock is no longer held).
   staging.impl_ = impl_;
@@ -573,8 +573,7 @@ Staging Connection::open_staging(std::uint64_t bytes) {
     inconsistent("staging buffer of " + std::to_string(staging.size_) + " bytes for a request of " +
                  std::to_string(bytes));
   }
-  if (host_mappable(staging.memory_) ||
-      (device_memory(staging.memory_) && i.map_device_memory)) {
+  if (host_mappable(staging.memory_) || (device_memory(staging.memory_) && i.map_device_memory)) {
     staging.map();
   }
   return staging;
@@ -726,7 +725,9 @@ Pending Connection::compress_async(ArenaId arena, SlotId slot, StagingId staging
         return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
                                     /*event=*/true);
       },
-      [](const wire::CompressReply* r) { return Pending{r->page_bytes(), event_of(r->event())}; });
+      [](const wire::CompressReply* r) {
+        return Pending{r->page_bytes(), event_of(r->event())};
+      });
 }
 
 Pending Connection::decompress_async(ArenaId arena, SlotId slot, StagingId staging,
@@ -746,6 +747,108 @@ Pending Connection::copy_async(ArenaId arena, SlotId src, SlotId dst) {
       [&](auto& b) { return wire::CreateCopy(b, arena, src, dst, /*event=*/true); },
       [](const wire::CopyReply* r) {
         return Pending{0, r == nullptr ? std::nullopt : event_of(r->event())};
+      });
+}
+
+namespace {
+
+flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> bytes_to_wire(
+    flatbuffers::FlatBufferBuilder& b, std::string_view bytes) {
+  return b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
+}
+
+flatbuffers::Offset<wire::SnapshotKey> key_to_wire(flatbuffers::FlatBufferBuilder& b,
+                                                   const SnapshotKey& key) {
+  const auto prefix = bytes_to_wire(b, key.prefix);
+  return wire::CreateSnapshotKey(b, prefix, key.position);
+}
+
+std::string bytes_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
+  if (bytes == nullptr) return {};
+  return {reinterpret_cast<const char*>(bytes->data()), bytes->size()};
+}
+
+}  // namespace
+
+SnapshotPut Connection::put_snapshot(const Slot& slot, const SnapshotKey& key) {
+  return put_snapshot(slot.arena_id(), slot.id(), key);
+}
+
+SnapshotPut Connection::put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key) {
+  return impl().call<wire::PutSnapshot>(
+      [&](auto& b) {
+        const auto k = key_to_wire(b, key);
+        return wire::CreatePutSnapshot(b, arena, slot, k);
+      },
+      [](const wire::PutSnapshotReply* r) {
+        return SnapshotPut{r->created(), r->evicted(), r->page_bytes()};
+      });
+}
+
+SnapshotGet Connection::get_snapshot(const SnapshotKey& key, const Slot& slot) {
+  return get_snapshot(key, slot.arena_id(), slot.id());
+}
+
+SnapshotGet Connection::get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot) {
+  return impl().call<wire::GetSnapshot>(
+      [&](auto& b) {
+        const auto k = key_to_wire(b, key);
+        return wire::CreateGetSnapshot(b, arena, slot, k);
+      },
+      [](const wire::GetSnapshotReply* r) {
+        return SnapshotGet{r->hit(), r->other_layouts(), r->page_bytes()};
+      });
+}
+
+std::uint32_t Connection::delete_snapshot(const SnapshotKey& key) {
+  return impl().call<wire::DeleteSnapshot>(
+      [&](auto& b) {
+        const auto k = key_to_wire(b, key);
+        return wire::CreateDeleteSnapshot(b, k);
+      },
+      [](const wire::DeleteSnapshotReply* r) { return r->deleted(); });
+}
+
+std::uint32_t Connection::pin_snapshot(const SnapshotKey& key, bool pinned) {
+  return impl().call<wire::PinSnapshot>(
+      [&](auto& b) {
+        const auto k = key_to_wire(b, key);
+        return wire::CreatePinSnapshot(b, k, pinned);
+      },
+      [](const wire::PinSnapshotReply* r) { return r->changed(); });
+}
+
+SnapshotList Connection::list_snapshots(std::string_view prefix, std::uint32_t limit) {
+  return impl().call<wire::ListSnapshots>(
+      [&](auto& b) {
+        const auto p = bytes_to_wire(b, prefix);
+        return wire::CreateListSnapshots(b, p, limit);
+      },
+      [](const wire::ListSnapshotsReply* r) {
+        SnapshotList out;
+        out.truncated = r->truncated();
+        out.snapshot_namespace = str(r->snapshot_namespace());
+        if (const auto* entries = r->snapshots()) {
+          out.snapshots.reserve(entries->size());
+          for (const auto* e : *entries) {
+            SnapshotInfo info;
+            if (const auto* k = e->key())
+              info.key = SnapshotKey{bytes_of(k->prefix()), k->position()};
+            info.layout_id = e->layout_id();
+            info.layout_name = str(e->layout_name());
+            info.codec = reply_codec(e->codec());
+            info.tenant = str(e->tenant());
+            info.arena_id = e->arena_id();
+            info.page_bytes = e->page_bytes();
+            info.fp32_bytes = e->fp32_bytes();
+            info.pinned = e->pinned();
+            info.hits = e->hits();
+            info.age_seconds = e->age_seconds();
+            info.idle_seconds = e->idle_seconds();
+            out.snapshots.push_back(std::move(info));
+          }
+        }
+        return out;
       });
 }
 
@@ -821,6 +924,7 @@ Stats Connection::stats() {
                                         s.pages_used = a->pages_used();
                                         s.bytes_total = a->bytes_total();
                                         s.fp32_bytes_used = a->fp32_bytes_used();
+                                        s.snapshot_pages = a->snapshot_pages();
                                         out.arenas.push_back(std::move(s));
                                       }
                                     }
@@ -834,6 +938,12 @@ Stats Connection::stats() {
                                         s.pages_used = t->pages_used();
                                         s.stored_bytes = t->stored_bytes();
                                         s.fp32_bytes = t->fp32_bytes();
+                                        s.snapshots = t->snapshots();
+                                        s.snapshot_bytes = t->snapshot_bytes();
+                                        s.pinned_snapshots = t->pinned_snapshots();
+                                        s.snapshot_hits = t->snapshot_hits();
+                                        s.snapshot_misses = t->snapshot_misses();
+                                        s.snapshot_evictions = t->snapshot_evictions();
                                         out.tenants.push_back(std::move(s));
                                       }
                                     }

@@ -130,6 +130,11 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::InstallPlan: return "install_plan";
     case wire::RequestBody::PlanCapacity: return "plan_capacity";
     case wire::RequestBody::FitsNow: return "fits_now";
+    case wire::RequestBody::PutSnapshot: return "put_snapshot";
+    case wire::RequestBody::GetSnapshot: return "get_snapshot";
+    case wire::RequestBody::DeleteSnapshot: return "delete_snapshot";
+    case wire::RequestBody::PinSnapshot: return "pin_snapshot";
+    case wire::RequestBody::ListSnapshots: return "list_snapshots";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

@@ -115,7 +115,7 @@ bool valid_tenant_name(const std::string& name) {
 
 /// A [tenant.NAME] section's max-* keys; unset ones take the --tenant-max-* defaults.
 struct LimitOverrides {
-  std::optional<std::uint64_t> layouts, plans, arenas, connections, staging;
+  std::optional<std::uint64_t> layouts, plans, arenas, connections, staging, pinned;
 };
 using Overrides = std::map<std::string, LimitOverrides>;
 
@@ -127,7 +127,7 @@ TenantConfig& tenant_entry(std::vector<TenantConfig>& tenants, const std::string
   }
   for (auto& t : tenants)
     if (t.name == name) return t;
-  tenants.push_back(TenantConfig{name, 0, {}, {}, {}});
+  tenants.push_back(TenantConfig{name, 0, {}, {}, {}, {}});
   return tenants.back();
 }
 
@@ -164,10 +164,19 @@ void parse_tenant_key(const std::string& key, const std::string& value,
     overrides[name].connections = parse_count(value, what);
   } else if (field == "max-staging-bytes") {
     overrides[name].staging = parse_size(value, what);
+  } else if (field == "max-pinned-snapshots") {
+    overrides[name].pinned = parse_count(value, what);
+  } else if (field == "snapshot-namespace") {
+    if (!valid_tenant_name(value)) {
+      throw ConfigError(what + " must be 1-64 letters, digits, '_', '-' or '.', got '" + value +
+                        "'");
+    }
+    tenant.snapshot_namespace = value;
   } else {
     throw ConfigError("unknown key '" + field + "' in section [tenant." + name + "] of " + file +
                       " (known: quota, uids, gids, max-layouts, max-plans, max-arenas, "
-                      "max-connections, max-staging-bytes)");
+                      "max-connections, max-staging-bytes, max-pinned-snapshots, "
+                      "snapshot-namespace)");
   }
 }
 
@@ -194,6 +203,10 @@ void resolve_limits(const TenantLimits& defaults, const Overrides& overrides,
     if (o.arenas) t.limits.max_arenas = count_limit(*o.arenas, 65536, section + "max-arenas");
     if (o.connections)
       t.limits.max_connections = count_limit(*o.connections, 65536, section + "max-connections");
+    if (o.pinned) {
+      t.limits.max_pinned_snapshots =
+          count_limit(*o.pinned, 1u << 20, section + "max-pinned-snapshots");
+    }
     if (o.staging) {
       if (*o.staging == 0) throw ConfigError(section + "max-staging-bytes must be positive");
       t.limits.max_staging_bytes = *o.staging;
@@ -328,7 +341,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0,
                 max_unattached = 0, tenant_layouts = 0, tenant_plans = 0, tenant_arenas = 0,
-                tenant_connections = 0;
+                tenant_connections = 0, tenant_pinned = 0;
   Overrides overrides;
 
   // clang-format off
@@ -421,7 +434,12 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "connections attached to one tenant at once (max-connections)")
       ("tenant-max-staging-bytes",
        po::value<std::string>(&tenant_staging)->default_value("8GiB"),
-       "staging memory all connections of one tenant may hold together (max-staging-bytes)");
+       "staging memory all connections of one tenant may hold together (max-staging-bytes)")
+      ("tenant-max-pinned-snapshots",
+       po::value<std::uint64_t>(&tenant_pinned)
+           ->default_value(limit_defaults.max_pinned_snapshots),
+       "pinned prefix-state snapshots one tenant's publications may hold "
+       "(max-pinned-snapshots)");
   // clang-format on
   po::options_description all;
   all.add(general).add(server).add(pool).add(limits);
@@ -537,6 +555,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     d.max_plans = count_limit(tenant_plans, 4096, "--tenant-max-plans");
     d.max_arenas = count_limit(tenant_arenas, 65536, "--tenant-max-arenas");
     d.max_connections = count_limit(tenant_connections, 65536, "--tenant-max-connections");
+    d.max_pinned_snapshots = count_limit(tenant_pinned, 1u << 20, "--tenant-max-pinned-snapshots");
     d.max_staging_bytes = parse_size(tenant_staging, "--tenant-max-staging-bytes");
     if (d.max_staging_bytes == 0) throw ConfigError("--tenant-max-staging-bytes must be positive");
     resolve_limits(d, overrides, config.pool.tenants);
@@ -646,7 +665,8 @@ std::string describe(const Config& config) {
   const auto describe_limits = [&out](const TenantLimits& l) {
     out << "; at most " << l.max_layouts << " layouts, " << l.max_plans << " plans, "
         << l.max_arenas << " arenas, " << l.max_connections << " connections, "
-        << format_bytes(l.max_staging_bytes) << " staging";
+        << format_bytes(l.max_staging_bytes) << " staging, " << l.max_pinned_snapshots
+        << " pinned snapshots";
   };
   if (config.pool.tenants.empty()) {
     out << "tenants: default (no quota";
@@ -659,6 +679,7 @@ std::string describe(const Config& config) {
       if (!t.uids.empty() || !t.gids.empty())
         out << ", " << t.uids.size() << " uids, " << t.gids.size() << " gids allowed";
       describe_limits(t.limits);
+      if (!t.snapshot_namespace.empty()) out << "; snapshot namespace " << t.snapshot_namespace;
       out << "\n";
     }
   }

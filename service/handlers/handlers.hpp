@@ -7,6 +7,8 @@
 //   memory.cpp     OpenArena, OpenStaging, CloseStaging, Allocate, Free
 //   data.cpp       Compress, Decompress, Copy            (on the Executor)
 //   capacity.cpp   PlanCapacity, FitsNow
+//   snapshots.cpp  PutSnapshot, GetSnapshot (copies on the Executor), DeleteSnapshot,
+//                  PinSnapshot, ListSnapshots
 //   dispatch.cpp   handle_request(): verified Request in, Reply (and maybe a descriptor) out
 //
 // Handlers are coroutines on the connection's strand. Anything heavy leaves the I/O
@@ -120,6 +122,11 @@ Handled handle(Call& call, const wire::Decompress& request);
 Handled handle(Call& call, const wire::Copy& request);
 Handled handle(Call& call, const wire::PlanCapacity& request);
 Handled handle(Call& call, const wire::FitsNow& request);
+Handled handle(Call& call, const wire::PutSnapshot& request);
+Handled handle(Call& call, const wire::GetSnapshot& request);
+Handled handle(Call& call, const wire::DeleteSnapshot& request);
+Handled handle(Call& call, const wire::PinSnapshot& request);
+Handled handle(Call& call, const wire::ListSnapshots& request);
 
 /// Handles one verified request. Never throws: errors become error replies (internal ones
 /// logged). Requests other than Hello before Hello are refused (not_hello) and close the

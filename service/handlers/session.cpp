@@ -100,14 +100,16 @@ Handled handle(Call& call, const wire::Stats& /*in*/) {
         b, a.id, b.CreateString(a.tenant), a.layout, b.CreateString(a.layout_name),
         protocol::to_wire(a.codec), b.CreateString(a.backend), a.page_bytes, a.page_stride,
         a.page_count, a.pages_used, a.bytes,
-        static_cast<std::uint64_t>(a.pages_used) * a.fp32_page_bytes));
+        static_cast<std::uint64_t>(a.pages_used) * a.fp32_page_bytes, a.snapshot_pages));
   }
   std::vector<flatbuffers::Offset<wire::TenantStats>> tenants;
   tenants.reserve(stats.tenants.size());
   for (const auto& t : stats.tenants) {
     tenants.push_back(wire::CreateTenantStats(b, b.CreateString(t.name), t.quota_bytes,
                                               t.reserved_bytes, t.pages_used, t.stored_bytes,
-                                              t.fp32_bytes));
+                                              t.fp32_bytes, t.snapshots, t.snapshot_bytes,
+                                              t.pinned_snapshots, t.snapshot_hits,
+                                              t.snapshot_misses, t.snapshot_evictions));
   }
   const double uptime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();

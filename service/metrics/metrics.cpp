@@ -210,6 +210,55 @@ class PoolCollector final : public prometheus::Collectable {
     out.push_back(std::move(quota));
     out.push_back(std::move(tenant_reserved));
 
+    // Prefix-state snapshots (docs/prefix-store.md), per publishing tenant and tier; the
+    // counters per tenant that looked up / published / lost them. The hit ratio is
+    // rate(hits) / rate(lookups) (the recording rule in charts/prometheus).
+    auto snapshots =
+        family("statepool_snapshots", "Prefix-state snapshots a tenant published, per tier.",
+               MetricType::Gauge);
+    auto snapshot_bytes = family("statepool_snapshot_bytes",
+                                 "Bytes of the snapshots a tenant published, per tier (pool: "
+                                 "page bytes, inside the tenant's arenas).",
+                                 MetricType::Gauge);
+    auto pinned = family("statepool_snapshots_pinned",
+                         "Pinned snapshots a tenant published (never evicted).", MetricType::Gauge);
+    auto lookups =
+        family("statepool_snapshot_lookups_total",
+               "GetSnapshot lookups by a tenant, by result (hit or miss).", MetricType::Counter);
+    auto puts = family("statepool_snapshot_puts_total",
+                       "PutSnapshot requests by a tenant, by result (created, or existing: the "
+                       "key had a snapshot for the layout already).",
+                       MetricType::Counter);
+    auto evictions = family("statepool_snapshot_evictions_total",
+                            "Snapshots of a tenant evicted to make room for slots or newer "
+                            "snapshots.",
+                            MetricType::Counter);
+    for (const auto& t : stats.tenants) {
+      const auto count = [](std::uint64_t v) { return static_cast<double>(v); };
+      snapshots.metric.push_back(
+          sample({{"tenant", t.name}, {"tier", "pool"}}, count(t.snapshots), MetricType::Gauge));
+      snapshot_bytes.metric.push_back(sample({{"tenant", t.name}, {"tier", "pool"}},
+                                             count(t.snapshot_bytes), MetricType::Gauge));
+      pinned.metric.push_back(
+          sample({{"tenant", t.name}}, count(t.pinned_snapshots), MetricType::Gauge));
+      lookups.metric.push_back(sample({{"tenant", t.name}, {"result", "hit"}},
+                                      count(t.snapshot_hits), MetricType::Counter));
+      lookups.metric.push_back(sample({{"tenant", t.name}, {"result", "miss"}},
+                                      count(t.snapshot_misses), MetricType::Counter));
+      puts.metric.push_back(sample({{"tenant", t.name}, {"result", "created"}},
+                                   count(t.snapshot_puts_created), MetricType::Counter));
+      puts.metric.push_back(sample({{"tenant", t.name}, {"result", "existing"}},
+                                   count(t.snapshot_puts_existing), MetricType::Counter));
+      evictions.metric.push_back(
+          sample({{"tenant", t.name}}, count(t.snapshot_evictions), MetricType::Counter));
+    }
+    out.push_back(std::move(snapshots));
+    out.push_back(std::move(snapshot_bytes));
+    out.push_back(std::move(pinned));
+    out.push_back(std::move(lookups));
+    out.push_back(std::move(puts));
+    out.push_back(std::move(evictions));
+
     auto leases = family("statepool_leases",
                          "Client leases by state (active: attached to a connection; orphaned: "
                          "disconnected, inside the grace period).",

@@ -33,7 +33,8 @@ struct Arena {
   std::size_t page_stride = 0;
   std::shared_ptr<Allocation> memory;
   SlotAllocator slots;
-  std::vector<LeaseId> owner;  ///< per slot; 0 = free
+  std::vector<LeaseId> owner;  ///< per slot; 0 = free, kSnapshotOwner = a snapshot's page
+  std::uint32_t snapshot_pages = 0;  ///< slots whose owner is kSnapshotOwner
 
   explicit Arena(std::uint32_t pages) : slots(pages), owner(pages, 0) {}
   [[nodiscard]] std::uint32_t page_count() const noexcept { return slots.capacity(); }

@@ -59,7 +59,7 @@ Pool::Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory)
                     "pool: grace_period must not be negative");
   if (config_.tenants.empty()) {
     config_.tenants.push_back(
-        TenantConfig{std::string(kDefaultTenant), 0, {}, {}, config_.default_limits});
+        TenantConfig{std::string(kDefaultTenant), 0, {}, {}, config_.default_limits, {}});
   }
   tenants_.reserve(config_.tenants.size());
   for (const TenantConfig& tenant : config_.tenants) {
@@ -69,10 +69,16 @@ Pool::Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory)
       STATEPOOL_EXPECTS(other.config->name != tenant.name, Status::invalid_argument,
                         "pool: tenant " + quoted(tenant.name) + " is configured twice");
     }
-    tenants_.push_back(Tenant{
-        &tenant, std::make_unique<LimitingResource>(
-                     capacity_, tenant.quota_bytes, Status::quota_exceeded,
-                     LimitText{"tenant " + quoted(tenant.name) + " quota", "reserved", " quota"})});
+    const std::string& space =
+        tenant.snapshot_namespace.empty() ? tenant.name : tenant.snapshot_namespace;
+    auto known = std::find(spaces_.begin(), spaces_.end(), space);
+    if (known == spaces_.end()) known = spaces_.insert(spaces_.end(), space);
+    Tenant t{&tenant,
+             std::make_unique<LimitingResource>(
+                 capacity_, tenant.quota_bytes, Status::quota_exceeded,
+                 LimitText{"tenant " + quoted(tenant.name) + " quota", "reserved", " quota"})};
+    t.space = static_cast<std::size_t>(known - spaces_.begin());
+    tenants_.push_back(std::move(t));
   }
 }
 
@@ -169,6 +175,7 @@ ArenaInfo Pool::info(const Arena& arena) const {
   out.pages_used = arena.slots.used();
   out.bytes = arena.memory->size();
   out.fp32_page_bytes = arena.codec->fp32_bytes();
+  out.snapshot_pages = arena.snapshot_pages;
   out.memory = arena.memory;
   out.fd = arena.memory->info().fd;
   return out;
@@ -347,10 +354,22 @@ std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint
   Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);
   STATEPOOL_EXPECTS(count >= 1, Status::invalid_argument, "allocate: count must be at least 1");
-  STATEPOOL_EXPECTS(count <= arena.slots.available(), Status::pool_exhausted,
-                    arena_label(arena) + ": " + std::to_string(arena.slots.available()) + " of " +
-                        std::to_string(arena.slots.capacity()) + " pages free, " +
-                        std::to_string(count) + " requested");
+  if (count > arena.slots.available()) {
+    // Live slots come first: make room by evicting snapshots, all or nothing.
+    const std::size_t needed = count - arena.slots.available();
+    const std::vector<SnapshotId> victims = snapshots_.evictable(arena.id, needed);
+    STATEPOOL_EXPECTS(
+        victims.size() == needed, Status::pool_exhausted,
+        arena_label(arena) + ": " + std::to_string(arena.slots.available()) + " of " +
+            std::to_string(arena.slots.capacity()) + " pages free, " + std::to_string(count) +
+            " requested" +
+            (arena.snapshot_pages == 0
+                 ? std::string()
+                 : " (" + std::to_string(arena.snapshot_pages) + " pages hold snapshots, " +
+                       std::to_string(victims.size()) + " of them evictable: the rest are " +
+                       "pinned or being read)"));
+    evict(victims);
+  }
 
   std::vector<SlotId> out;
   out.reserve(count);
@@ -427,6 +446,11 @@ PoolStats Pool::stats() const {
     usage.name = t.config->name;
     usage.quota_bytes = t.config->quota_bytes;
     usage.reserved_bytes = t.quota->used();
+    usage.snapshot_hits = t.hits;
+    usage.snapshot_misses = t.misses;
+    usage.snapshot_puts_created = t.puts_created;
+    usage.snapshot_puts_existing = t.puts_existing;
+    usage.snapshot_evictions = t.evictions;
     out.tenants.push_back(std::move(usage));
   }
   out.arenas.reserve(arenas_.all().size());
@@ -437,6 +461,13 @@ PoolStats Pool::stats() const {
     usage.pages_used += used;
     usage.stored_bytes += used * arena->codec->page_bytes();
     usage.fp32_bytes += used * arena->codec->fp32_bytes();
+    usage.snapshot_bytes += std::uint64_t{arena->snapshot_pages} * arena->codec->page_bytes();
+  }
+  for (const auto& [id, snapshot] : snapshots_.all()) {
+    if (!snapshot.visible) continue;
+    TenantUsage& usage = out.tenants[snapshot.tenant];
+    ++usage.snapshots;
+    usage.pinned_snapshots += snapshot.pinned ? 1 : 0;
   }
   for (const auto& [id, lease] : leases_.all()) {
     if (lease.attached) {
@@ -485,7 +516,7 @@ std::vector<std::string> Pool::check() const {
                (arena.slots.is_allocated(slot) ? "allocated" : "free") + ", owner is " +
                std::to_string(owner));
       }
-      if (owner == 0) continue;
+      if (owner == 0 || owner == kSnapshotOwner) continue;
       ++owned;
       const Lease* lease = leases_.find(owner);
       if (lease == nullptr) {
@@ -497,11 +528,12 @@ std::vector<std::string> Pool::check() const {
       }
       if (lease->tenant != arena.tenant) report(where + ": owned by a lease of another tenant");
     }
-    if (owned != arena.slots.used()) {
-      report(name + ": " + std::to_string(owned) + " owned slots but allocator has " +
+    if (owned + arena.snapshot_pages != arena.slots.used()) {
+      report(name + ": " + std::to_string(owned) + " owned slots and " +
+             std::to_string(arena.snapshot_pages) + " snapshot pages but allocator has " +
              std::to_string(arena.slots.used()) + " used");
     }
-    total_used += arena.slots.used();
+    total_used += arena.slots.used() - std::min(arena.slots.used(), arena.snapshot_pages);
   }
 
   // Leases: every listed slot is owned by that lease (so no slot sits in two leases),
@@ -525,9 +557,10 @@ std::vector<std::string> Pool::check() const {
     }
   }
   for (std::string& line : leases_.check()) report(std::move(line));
+  for (std::string& line : check_snapshots()) report(std::move(line));
   if (listed != total_used) {
     report("leases list " + std::to_string(listed) + " slots, allocators have " +
-           std::to_string(total_used) + " used");
+           std::to_string(total_used) + " used by leases");
   }
 
   // Bytes: each tenant's quota adaptor, the capacity adaptor and the tracking adaptor

@@ -4,6 +4,7 @@
 //   LayoutRegistry  layouts (id -> page format) and STEPQuant plans     layout_registry.hpp
 //   LeaseTable      leases (token, grace period) and the slots they hold lease_table.hpp
 //   ArenaTable      arenas of each (tenant, layout): memory, slots, owners arena_table.hpp
+//   SnapshotTable   prefix-state snapshots: pages no lease owns, by key    snapshot_table.hpp
 //   memory          tenant quota -> pool capacity -> tracking -> backend  ../memory/
 //
 // Every operation validates everything before changing anything, so a failed call
@@ -37,6 +38,7 @@
 #include "pool/ids.hpp"
 #include "pool/layout_registry.hpp"
 #include "pool/lease_table.hpp"
+#include "pool/snapshot_table.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
@@ -52,6 +54,7 @@ struct TenantLimits {
   std::uint32_t max_arenas = 64;        ///< arenas it opened
   std::uint32_t max_connections = 128;  ///< connections attached to it at once
   std::uint64_t max_staging_bytes = 8ull << 30;  ///< staging of all its connections together
+  std::uint32_t max_pinned_snapshots = 256;      ///< pinned snapshots it published
 };
 
 struct TenantConfig {
@@ -60,6 +63,9 @@ struct TenantConfig {
   std::vector<uid_t> uids;        ///< peers allowed by uid; empty uids and gids = anyone
   std::vector<gid_t> gids;        ///< peers allowed by gid
   TenantLimits limits;
+  /// Tenants with the same namespace share one snapshot key space (docs/prefix-store.md);
+  /// empty = the tenant's own name (shares with nobody).
+  std::string snapshot_namespace;
 };
 
 struct PoolConfig {
@@ -86,6 +92,7 @@ struct ArenaInfo {
   /// granularity (what the quota and the capacity are charged).
   std::size_t bytes = 0;
   std::size_t fp32_page_bytes = 0;
+  std::uint32_t snapshot_pages = 0;  ///< of pages_used, those holding snapshots
   /// The arena's memory: where it lives and how a peer maps it (info().where).
   std::shared_ptr<const Allocation> memory;
   /// The share descriptor (memfd / CUDA VMM fd), borrowed from `memory`; -1 when the
@@ -101,6 +108,16 @@ struct TenantUsage {
   std::uint64_t pages_used = 0;
   std::uint64_t stored_bytes = 0;  ///< page_bytes * pages used, over the tenant's arenas
   std::uint64_t fp32_bytes = 0;    ///< FP32-equivalent bytes of those pages
+  // Snapshots it published (their pages count in pages_used and stored_bytes too).
+  std::uint64_t snapshots = 0;
+  std::uint64_t snapshot_bytes = 0;  ///< page bytes of its snapshots
+  std::uint64_t pinned_snapshots = 0;
+  // Counters since start: lookups by this tenant, puts by it, evictions of its snapshots.
+  std::uint64_t snapshot_hits = 0;
+  std::uint64_t snapshot_misses = 0;
+  std::uint64_t snapshot_puts_created = 0;
+  std::uint64_t snapshot_puts_existing = 0;
+  std::uint64_t snapshot_evictions = 0;
 };
 
 /// A plain snapshot; one field per metric (service/metrics maps it one-to-one).
@@ -113,6 +130,74 @@ struct PoolStats {
   std::uint32_t leases_orphaned = 0;  ///< waiting for their grace period to end
   std::uint64_t pages_reclaimed_total = 0;
   MemoryUsage memory;  ///< what the backend holds for arenas (the tracking adaptor)
+};
+
+/// A snapshot's name: the engine's prefix hash (1..kMaxSnapshotPrefixBytes bytes, any
+/// values) and the token position the state is at.
+struct SnapshotKey {
+  std::string prefix;
+  std::uint64_t position = 0;
+};
+
+/// One snapshot as list_snapshots() reports it.
+struct SnapshotInfo {
+  SnapshotKey key;
+  LayoutId layout = 0;
+  std::string layout_name;
+  kernels::CodecId codec = kernels::CodecId::fp32;
+  std::string tenant;  ///< the publisher
+  ArenaId arena = 0;
+  std::size_t page_bytes = 0;
+  std::size_t fp32_bytes = 0;
+  bool pinned = false;
+  std::uint64_t hits = 0;
+  double age_seconds = 0;   ///< since it was published
+  double idle_seconds = 0;  ///< since it was last published or read
+};
+
+class Pool;
+
+/// The page copy of a snapshot put or get, to run outside the pool's lock (on the
+/// Executor): copy `source` to `target`, then call done(). Destroyed without done(), a
+/// put is abandoned (the snapshot is forgotten) and a get's read ends. Move-only.
+class SnapshotCopy {
+ public:
+  SnapshotCopy(SnapshotCopy&& other) noexcept;
+  SnapshotCopy& operator=(SnapshotCopy&&) = delete;
+  SnapshotCopy(const SnapshotCopy&) = delete;
+  SnapshotCopy& operator=(const SnapshotCopy&) = delete;
+  ~SnapshotCopy();
+
+  kernels::BufferRef source;
+  kernels::BufferRef target;
+  /// The memory of both pages (kept alive while the copy runs).
+  std::vector<std::shared_ptr<const Allocation>> keep_alive;
+
+  /// The copy is complete: a put's snapshot becomes visible, a get's read ends. Never
+  /// throws; a second call does nothing.
+  void done() noexcept;
+
+ private:
+  friend class Pool;
+  SnapshotCopy(SnapshotId id, bool write) noexcept : id_(id), write_(write) {}
+  Pool* pool_ = nullptr;  // null: unarmed (its end does nothing)
+  SnapshotId id_ = 0;
+  bool write_ = false;
+};
+
+struct SnapshotPut {
+  bool created = false;       ///< false: the key had a snapshot for this layout already
+  std::uint32_t evicted = 0;  ///< snapshots evicted to make room for this one
+  std::size_t page_bytes = 0;
+  std::optional<SnapshotCopy> copy;  ///< created only
+};
+
+struct SnapshotGet {
+  bool hit = false;
+  /// Miss only: snapshots under the same key for other layouts (a hint for operators).
+  std::uint32_t other_layouts = 0;
+  std::size_t page_bytes = 0;
+  std::optional<SnapshotCopy> copy;  ///< hit only
 };
 
 struct LeaseGrant {
@@ -230,6 +315,36 @@ class Pool {
   std::uint32_t free(LeaseId lease, ArenaId arena, std::span<const SlotId> slots);
   /// The page of a slot the lease owns. Throws like free().
   [[nodiscard]] PageRef page(LeaseId lease, ArenaId arena, SlotId slot) const;
+  // allocate() makes room by evicting the arena's least recently used snapshots that are
+  // neither pinned nor being read, when its free pages are too few.
+
+  // --- snapshots (pool_snapshots.cpp, docs/prefix-store.md) ------------------------
+  // Keys live in the caller's tenant's snapshot namespace; an entry is bound to the layout
+  // of the arena it was published from and serves only slots of arenas of that layout.
+  // A bad key (empty prefix, or longer than kMaxSnapshotPrefixBytes) is invalid_argument.
+  /// Publishes the state of a slot the lease owns: a page of the same arena is taken
+  /// (evicting the arena's least recently used unpinned snapshot when none is free;
+  /// pool_exhausted when every page holds a slot or a pinned or busy snapshot) and
+  /// returned as the target of `copy`; the snapshot is visible once copy->done(). A key
+  /// that has a snapshot for the layout (visible or being published) is left as it is
+  /// (created = false, no copy).
+  SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// Looks the key up for the layout of the arena of `slot` (a slot the lease owns); a
+  /// hit returns the copy of the snapshot's page into the slot's page. A miss is no error.
+  SnapshotGet get_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// Deletes the key's snapshots under every layout (pinned ones too); pages being read
+  /// are freed when the read ends. Returns how many.
+  std::uint32_t delete_snapshot(std::string_view tenant, const SnapshotKey& key);
+  /// Pins (never evicted) or unpins the key's snapshots under every layout. Returns how
+  /// many changed. quota_exceeded when a publisher would pass max_pinned_snapshots.
+  std::uint32_t pin_snapshot(std::string_view tenant, const SnapshotKey& key, bool pinned);
+  /// Snapshots of the tenant's namespace whose prefix starts with `start` (all when
+  /// empty), in key order, at most `limit`; `more` tells whether others follow.
+  [[nodiscard]] std::vector<SnapshotInfo> list_snapshots(std::string_view tenant,
+                                                         std::string_view start, std::size_t limit,
+                                                         bool& more) const;
+  /// The namespace the tenant's snapshot keys live in.
+  [[nodiscard]] const std::string& snapshot_namespace(std::string_view tenant) const;
 
   // --- accounting ----------------------------------------------------------------
   [[nodiscard]] PoolStats stats() const;
@@ -242,6 +357,13 @@ class Pool {
   struct Tenant {
     const TenantConfig* config = nullptr;     // into config_.tenants (never resized)
     std::unique_ptr<LimitingResource> quota;  // over capacity_
+    std::size_t space = 0;                    // snapshot namespace (index into spaces_)
+    // Snapshot counters (TenantUsage), under mutex_.
+    std::uint64_t hits = 0;
+    std::uint64_t misses = 0;
+    std::uint64_t puts_created = 0;
+    std::uint64_t puts_existing = 0;
+    std::uint64_t evictions = 0;
   };
 
   [[nodiscard]] std::size_t tenant_index(std::string_view name) const;
@@ -254,6 +376,16 @@ class Pool {
   [[nodiscard]] ArenaInfo info(const Arena& arena) const;
   /// Frees every slot of the lease and forgets it. Caller holds mutex_.
   std::uint64_t drop_lease(LeaseId id) noexcept;
+  // Snapshot pages (pool_snapshots.cpp); caller holds mutex_.
+  void free_snapshot_page(ArenaId arena, SlotId slot) noexcept;
+  /// Evicts the entries (idle: erase() frees at once) and frees their pages.
+  void evict(std::span<const SnapshotId> victims) noexcept;
+  [[nodiscard]] SnapshotCopy snapshot_copy(const Snapshot& s, const Arena& other, SlotId slot,
+                                           bool write);
+  [[nodiscard]] std::vector<std::string> check_snapshots() const;
+  // SnapshotCopy's ends.
+  friend class SnapshotCopy;
+  void end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept;
 
   PoolConfig config_;
   std::shared_ptr<MemoryResource> memory_;
@@ -266,6 +398,8 @@ class Pool {
   mutable std::condition_variable created_;  // an arena creation ended
   LeaseTable leases_;
   ArenaTable arenas_;
+  SnapshotTable snapshots_;
+  std::vector<std::string> spaces_;  // snapshot namespace names (never change)
   std::uint64_t pages_reclaimed_total_ = 0;
 };
 

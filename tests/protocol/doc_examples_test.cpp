@@ -211,6 +211,12 @@ void put_codec_request(Fields& f, const CodecRequest& b) {
   f["event"] = boolean(b.event());
 }
 
+void put_snapshot_key(Fields& f, const wire::SnapshotKey* key) {
+  if (key == nullptr) return;
+  f["key.prefix"] = list(key->prefix());
+  f["key.position"] = std::to_string(key->position());
+}
+
 /// Every field of a request, named as in the schema ("layout.key_dim" for nested tables).
 Fields request_fields(const wire::Request& r) {
   Fields f;
@@ -287,6 +293,33 @@ Fields request_fields(const wire::Request& r) {
       f["layout_id"] = std::to_string(b->layout_id());
       f["slots"] = std::to_string(b->slots());
       f["codecs"] = list(b->codecs());
+      break;
+    }
+    case B::PutSnapshot: {
+      const auto* b = r.body_as_PutSnapshot();
+      f["arena_id"] = std::to_string(b->arena_id());
+      f["slot"] = std::to_string(b->slot());
+      put_snapshot_key(f, b->key());
+      break;
+    }
+    case B::GetSnapshot: {
+      const auto* b = r.body_as_GetSnapshot();
+      f["arena_id"] = std::to_string(b->arena_id());
+      f["slot"] = std::to_string(b->slot());
+      put_snapshot_key(f, b->key());
+      break;
+    }
+    case B::DeleteSnapshot: put_snapshot_key(f, r.body_as_DeleteSnapshot()->key()); break;
+    case B::PinSnapshot: {
+      const auto* b = r.body_as_PinSnapshot();
+      put_snapshot_key(f, b->key());
+      f["pinned"] = boolean(b->pinned());
+      break;
+    }
+    case B::ListSnapshots: {
+      const auto* b = r.body_as_ListSnapshots();
+      f["prefix"] = list(b->prefix());
+      f["limit"] = std::to_string(b->limit());
       break;
     }
     case B::Stats:
@@ -397,6 +430,34 @@ Fields reply_fields(const wire::Reply& r) {
       f["quota_free_bytes"] = std::to_string(b->quota_free_bytes());
       f["max_arena_pages"] = std::to_string(b->max_arena_pages());
       f["fits.length"] = std::to_string(b->fits() == nullptr ? 0 : b->fits()->size());
+      break;
+    }
+    case B::PutSnapshotReply: {
+      const auto* b = r.body_as_PutSnapshotReply();
+      f["created"] = boolean(b->created());
+      f["evicted"] = std::to_string(b->evicted());
+      f["page_bytes"] = std::to_string(b->page_bytes());
+      break;
+    }
+    case B::GetSnapshotReply: {
+      const auto* b = r.body_as_GetSnapshotReply();
+      f["hit"] = boolean(b->hit());
+      f["other_layouts"] = std::to_string(b->other_layouts());
+      f["page_bytes"] = std::to_string(b->page_bytes());
+      break;
+    }
+    case B::DeleteSnapshotReply:
+      f["deleted"] = std::to_string(r.body_as_DeleteSnapshotReply()->deleted());
+      break;
+    case B::PinSnapshotReply:
+      f["changed"] = std::to_string(r.body_as_PinSnapshotReply()->changed());
+      break;
+    case B::ListSnapshotsReply: {
+      const auto* b = r.body_as_ListSnapshotsReply();
+      f["snapshots.length"] =
+          std::to_string(b->snapshots() == nullptr ? 0 : b->snapshots()->size());
+      f["truncated"] = boolean(b->truncated());
+      f["snapshot_namespace"] = text(b->snapshot_namespace());
       break;
     }
     case B::CloseStagingReply:

@@ -44,14 +44,15 @@
 //   Arena objects own only the received file descriptor and its mapping; destroying one
 //   unmaps it locally and changes nothing on the daemon (arenas live as long as the daemon).
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <array>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -172,6 +173,7 @@ struct ArenaStats {
   std::uint32_t pages_used = 0;
   std::uint64_t bytes_total = 0;      ///< mapping size, page_count * page_stride
   std::uint64_t fp32_bytes_used = 0;  ///< FP32-equivalent bytes of the used pages
+  std::uint32_t snapshot_pages = 0;   ///< of pages_used, those holding snapshots
 
   /// Page bytes of the used pages.
   [[nodiscard]] std::uint64_t stored_bytes_used() const noexcept { return page_bytes * pages_used; }
@@ -187,6 +189,13 @@ struct TenantStats {
   std::uint64_t pages_used = 0;
   std::uint64_t stored_bytes = 0;  ///< page bytes of used pages
   std::uint64_t fp32_bytes = 0;    ///< FP32-equivalent bytes of used pages
+  // Prefix-state snapshots it published (their pages count above too), and counters.
+  std::uint64_t snapshots = 0;
+  std::uint64_t snapshot_bytes = 0;
+  std::uint64_t pinned_snapshots = 0;
+  std::uint64_t snapshot_hits = 0;    ///< get_snapshot hits by the tenant
+  std::uint64_t snapshot_misses = 0;  ///< get_snapshot misses by the tenant
+  std::uint64_t snapshot_evictions = 0;
 
   /// fp32_bytes / stored_bytes (0 when nothing is stored).
   [[nodiscard]] double compression_ratio() const noexcept;
@@ -239,6 +248,51 @@ struct Fits {
   std::optional<std::uint64_t> quota_free_bytes;  ///< unset: the tenant has no quota
   std::uint32_t max_arena_pages = 0;
   std::vector<CodecFit> codecs;
+};
+
+/// The name of a prefix-state snapshot (docs/prefix-store.md): the engine's prefix hash,
+/// 1..256 bytes of any values (a hex digest, raw hash bytes, a readable name), and the
+/// token position the state is at.
+struct SnapshotKey {
+  std::string prefix;
+  std::uint64_t position = 0;
+};
+
+/// What put_snapshot did.
+struct SnapshotPut {
+  bool created = false;       ///< false: the key had a snapshot for this layout already
+  std::uint32_t evicted = 0;  ///< older snapshots evicted from the arena to make room
+  std::uint64_t page_bytes = 0;
+};
+
+/// What get_snapshot found.
+struct SnapshotGet {
+  bool hit = false;                 ///< true: the slot now holds the snapshot's state
+  std::uint32_t other_layouts = 0;  ///< miss only: snapshots of the key for other layouts
+  std::uint64_t page_bytes = 0;
+  explicit operator bool() const noexcept { return hit; }
+};
+
+/// One snapshot in a list_snapshots reply (mirrors wire::SnapshotEntry).
+struct SnapshotInfo {
+  SnapshotKey key;
+  LayoutId layout_id = 0;
+  std::string layout_name;
+  kernels::CodecId codec = kernels::CodecId::fp32;
+  std::string tenant;  ///< the publisher
+  ArenaId arena_id = 0;
+  std::uint64_t page_bytes = 0;
+  std::uint64_t fp32_bytes = 0;
+  bool pinned = false;
+  std::uint64_t hits = 0;
+  double age_seconds = 0;   ///< since it was published
+  double idle_seconds = 0;  ///< since it was published or last read
+};
+
+struct SnapshotList {
+  std::vector<SnapshotInfo> snapshots;
+  bool truncated = false;          ///< more matched than the limit
+  std::string snapshot_namespace;  ///< the namespace this tenant's keys live in
 };
 
 /// The 64 bytes of a cudaIpcEventHandle_t.
@@ -541,6 +595,28 @@ class Connection {
                                          std::uint64_t offset,
                                          kernels::DType dtype = kernels::DType::f32);
   [[nodiscard]] Pending copy_async(ArenaId arena, SlotId src, SlotId dst);
+
+  // --- prefix-state snapshots (docs/prefix-store.md) -----------------------------------
+  /// Publishes the state in `slot` under `key`: the daemon copies the page into a page of
+  /// the same arena that no lease owns (immutable; evicted least recently used when the
+  /// arena needs room, unless pinned). Idempotent: a key that has a snapshot for this
+  /// arena's layout keeps it (created = false). Error(pool_exhausted) when every page of
+  /// the arena holds a slot or a pinned snapshot.
+  SnapshotPut put_snapshot(const Slot& slot, const SnapshotKey& key);
+  SnapshotPut put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// Copies the key's snapshot for the slot's layout into `slot` (any client of the
+  /// tenant's snapshot namespace may have published it). A miss is no error: hit = false
+  /// and the slot is unchanged.
+  SnapshotGet get_snapshot(const SnapshotKey& key, const Slot& slot);
+  SnapshotGet get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot);
+  /// Deletes the key's snapshots (every layout, pinned ones too). Returns how many.
+  std::uint32_t delete_snapshot(const SnapshotKey& key);
+  /// Pins (never evicted) or unpins the key's snapshots. Returns how many changed.
+  /// Error(quota_exceeded) past the publisher's max-pinned-snapshots.
+  std::uint32_t pin_snapshot(const SnapshotKey& key, bool pinned = true);
+  /// Snapshots of the namespace whose prefix starts with `prefix` (every one when empty),
+  /// in key order, at most `limit` (0 = 1000; at most 10000).
+  [[nodiscard]] SnapshotList list_snapshots(std::string_view prefix = {}, std::uint32_t limit = 0);
 
   // --- operations ----------------------------------------------------------------------
   [[nodiscard]] Stats stats();

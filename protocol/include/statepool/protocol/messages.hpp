@@ -36,6 +36,11 @@ STATEPOOL_PAIR(Drain)
 STATEPOOL_PAIR(InstallPlan)
 STATEPOOL_PAIR(PlanCapacity)
 STATEPOOL_PAIR(FitsNow)
+STATEPOOL_PAIR(PutSnapshot)
+STATEPOOL_PAIR(GetSnapshot)
+STATEPOOL_PAIR(DeleteSnapshot)
+STATEPOOL_PAIR(PinSnapshot)
+STATEPOOL_PAIR(ListSnapshots)
 #undef STATEPOOL_PAIR
 
 template <class Request>
@@ -49,8 +54,8 @@ inline constexpr wire::ReplyBody kReplyType = wire::ReplyBodyTraits<Reply>::enum
 // The two unions list the same messages in the same order, so every request's value is
 // its reply's value; a union member added to one and not the other fails here.
 static_assert(static_cast<int>(wire::RequestBody::MAX) == static_cast<int>(wire::ReplyBody::MAX));
-static_assert(static_cast<int>(kRequestType<wire::FitsNow>) ==
-              static_cast<int>(kReplyType<ReplyFor<wire::FitsNow>>));
+static_assert(static_cast<int>(kRequestType<wire::ListSnapshots>) ==
+              static_cast<int>(kReplyType<ReplyFor<wire::ListSnapshots>>));
 
 /// Calls f.template operator()<Request>() for every request table, in union order.
 template <class F>
@@ -71,6 +76,11 @@ constexpr void for_each_request(F&& f) {
   f.template operator()<wire::InstallPlan>();
   f.template operator()<wire::PlanCapacity>();
   f.template operator()<wire::FitsNow>();
+  f.template operator()<wire::PutSnapshot>();
+  f.template operator()<wire::GetSnapshot>();
+  f.template operator()<wire::DeleteSnapshot>();
+  f.template operator()<wire::PinSnapshot>();
+  f.template operator()<wire::ListSnapshots>();
 }
 
 }  // namespace statepool::protocol

@@ -82,7 +82,7 @@ inline bool same_stats(const service::PoolStats& a, const service::PoolStats& b)
     const service::ArenaInfo& y = b.arenas[i];
     if (x.id != y.id || x.tenant != y.tenant || x.layout != y.layout ||
         x.page_count != y.page_count || x.pages_used != y.pages_used || x.bytes != y.bytes ||
-        x.fd != y.fd) {
+        x.fd != y.fd || x.snapshot_pages != y.snapshot_pages) {
       return false;
     }
   }
@@ -90,7 +90,9 @@ inline bool same_stats(const service::PoolStats& a, const service::PoolStats& b)
     const service::TenantUsage& x = a.tenants[i];
     const service::TenantUsage& y = b.tenants[i];
     if (x.name != y.name || x.reserved_bytes != y.reserved_bytes || x.pages_used != y.pages_used ||
-        x.stored_bytes != y.stored_bytes || x.fp32_bytes != y.fp32_bytes) {
+        x.stored_bytes != y.stored_bytes || x.fp32_bytes != y.fp32_bytes ||
+        x.snapshots != y.snapshots || x.snapshot_bytes != y.snapshot_bytes ||
+        x.pinned_snapshots != y.pinned_snapshots || x.snapshot_evictions != y.snapshot_evictions) {
       return false;
     }
   }

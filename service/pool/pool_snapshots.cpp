@@ -1,0 +1,308 @@
+// The pool's snapshot operations (docs/prefix-store.md): pages no lease owns, published
+// under a key, copied into slots on a hit, evicted least recently used when an arena
+// needs the room.
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "pool/pool.hpp"
+#include "statepool/protocol/status.hpp"
+
+namespace statepool::service {
+namespace {
+
+void expect_key(const SnapshotKey& key) {
+  STATEPOOL_EXPECTS(!key.prefix.empty(), Status::invalid_argument,
+                    "a snapshot key needs a prefix of at least 1 byte");
+  STATEPOOL_EXPECTS(key.prefix.size() <= kMaxSnapshotPrefixBytes, Status::invalid_argument,
+                    "a snapshot prefix is at most " + std::to_string(kMaxSnapshotPrefixBytes) +
+                        " bytes, got " + std::to_string(key.prefix.size()));
+}
+
+double seconds_between(Clock::time_point from, Clock::time_point to) noexcept {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+// --- SnapshotCopy --------------------------------------------------------------------
+
+SnapshotCopy::SnapshotCopy(SnapshotCopy&& other) noexcept
+    : source(other.source),
+      target(other.target),
+      keep_alive(std::move(other.keep_alive)),
+      pool_(std::exchange(other.pool_, nullptr)),
+      id_(other.id_),
+      write_(other.write_) {}
+
+SnapshotCopy::~SnapshotCopy() {
+  if (pool_ != nullptr) pool_->end_snapshot_copy(id_, write_, false);
+}
+
+void SnapshotCopy::done() noexcept {
+  if (pool_ != nullptr) std::exchange(pool_, nullptr)->end_snapshot_copy(id_, write_, true);
+}
+
+// --- pages (caller holds mutex_) -----------------------------------------------------
+
+void Pool::free_snapshot_page(ArenaId arena_id, SlotId slot) noexcept {
+  if (arena_id < 1 || arena_id > arenas_.all().size()) return;
+  Arena& arena = *arenas_.all()[arena_id - 1];
+  if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) return;
+  arena.owner[slot] = 0;
+  --arena.snapshot_pages;
+  (void)arena.slots.free(slot);
+}
+
+void Pool::evict(std::span<const SnapshotId> victims) noexcept {
+  for (const SnapshotId id : victims) {
+    const Snapshot* s = snapshots_.get(id);
+    if (s == nullptr) continue;
+    const ArenaId arena = s->arena;
+    const SlotId slot = s->slot;
+    const std::size_t tenant = s->tenant;
+    if (snapshots_.erase(id)) {
+      free_snapshot_page(arena, slot);
+      ++tenants_[tenant].evictions;
+    }
+  }
+}
+
+SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena& other, SlotId slot, bool write) {
+  const Arena& home = arenas_.get(s.arena);
+  SnapshotCopy copy(s.id, write);  // unarmed: the caller arms it once nothing can fail
+  const kernels::BufferRef snapshot = home.page(s.slot);
+  const kernels::BufferRef page = other.page(slot);
+  copy.source = write ? page : snapshot;
+  copy.target = write ? snapshot : page;
+  copy.keep_alive = {home.memory, other.memory};
+  return copy;
+}
+
+void Pool::end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept {
+  const std::lock_guard lock(mutex_);
+  const Snapshot* s = snapshots_.get(id);
+  if (s == nullptr) return;
+  const ArenaId arena = s->arena;
+  const SlotId slot = s->slot;
+  bool free_page = false;
+  if (!write) {
+    free_page = snapshots_.release(id);
+  } else if (ok) {
+    try {
+      free_page = snapshots_.commit(id);
+    } catch (...) {  // out of memory for the LRU node: forget the snapshot instead
+      snapshots_.abort(id);
+      free_page = true;
+    }
+  } else {
+    snapshots_.abort(id);
+    free_page = true;
+  }
+  if (free_page) free_snapshot_page(arena, slot);
+}
+
+// --- operations ----------------------------------------------------------------------
+
+const std::string& Pool::snapshot_namespace(std::string_view tenant) const {
+  return spaces_[tenants_[tenant_index(tenant)].space];
+}
+
+SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
+                               const SnapshotKey& key) {
+  expect_key(key);
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard lock(mutex_);
+  const Lease& lease = leases_.attached(lease_id);
+  Arena& arena = arena_for_tenant(lease.tenant, arena_id);
+  expect_owned(lease, arena, slot);
+  Tenant& tenant = tenants_[lease.tenant];
+  SnapshotPut out;
+  out.page_bytes = arena.codec->page_bytes();
+  if (snapshots_.find(tenant.space, key.prefix, key.position, arena.layout) != nullptr) {
+    ++tenant.puts_existing;
+    return out;  // idempotent: the first publication stands
+  }
+  if (arena.slots.available() == 0) {
+    const std::vector<SnapshotId> victims = snapshots_.evictable(arena.id, 1);
+    STATEPOOL_EXPECTS(!victims.empty(), Status::pool_exhausted,
+                      arena_label(arena) + ": no page for the snapshot: all " +
+                          std::to_string(arena.page_count()) + " pages hold slots (" +
+                          std::to_string(arena.snapshot_pages) +
+                          " of them snapshots that are pinned or being read)");
+    evict(victims);
+    out.evicted = 1;
+  }
+  std::vector<SlotId> page;
+  const bool ok = arena.slots.allocate_n(1, page);
+  STATEPOOL_EXPECTS(ok, Status::internal, "put_snapshot: slot allocator refused after check");
+  arena.owner[page[0]] = kSnapshotOwner;
+  ++arena.snapshot_pages;
+  try {
+    Snapshot entry;
+    entry.space = tenant.space;
+    entry.prefix = key.prefix;
+    entry.position = key.position;
+    entry.layout = arena.layout;
+    entry.tenant = lease.tenant;
+    entry.arena = arena.id;
+    entry.slot = page[0];
+    const Snapshot& s = snapshots_.put(std::move(entry), now);
+    try {
+      out.copy.emplace(snapshot_copy(s, arena, slot, true));
+    } catch (...) {
+      snapshots_.abort(s.id);
+      throw;
+    }
+    out.copy->pool_ = this;  // armed: from here on its end commits or aborts
+  } catch (...) {
+    free_snapshot_page(arena.id, page[0]);
+    throw;
+  }
+  out.created = true;
+  ++tenant.puts_created;
+  return out;
+}
+
+SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
+                               const SnapshotKey& key) {
+  expect_key(key);
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard lock(mutex_);
+  const Lease& lease = leases_.attached(lease_id);
+  const Arena& arena = arena_for_tenant(lease.tenant, arena_id);
+  expect_owned(lease, arena, slot);
+  Tenant& tenant = tenants_[lease.tenant];
+  SnapshotGet out;
+  out.page_bytes = arena.codec->page_bytes();
+  const Snapshot* s = snapshots_.find(tenant.space, key.prefix, key.position, arena.layout);
+  if (s == nullptr || !s->visible) {
+    ++tenant.misses;
+    out.other_layouts = static_cast<std::uint32_t>(
+        snapshots_.with_key(tenant.space, key.prefix, key.position).size());
+    return out;
+  }
+  out.copy.emplace(snapshot_copy(*s, arena, slot, false));
+  (void)snapshots_.acquire(s->id, now);
+  out.copy->pool_ = this;  // armed: its end releases the read
+  out.hit = true;
+  ++tenant.hits;
+  return out;
+}
+
+std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const SnapshotKey& key) {
+  expect_key(key);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const std::lock_guard lock(mutex_);
+  std::uint32_t deleted = 0;
+  for (const SnapshotId id :
+       snapshots_.with_key(tenants_[tenant].space, key.prefix, key.position)) {
+    const Snapshot* s = snapshots_.get(id);
+    const ArenaId arena = s->arena;
+    const SlotId slot = s->slot;
+    if (snapshots_.erase(id)) free_snapshot_page(arena, slot);
+    ++deleted;
+  }
+  return deleted;
+}
+
+std::uint32_t Pool::pin_snapshot(std::string_view tenant_name, const SnapshotKey& key,
+                                 bool pinned) {
+  expect_key(key);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const std::lock_guard lock(mutex_);
+  const std::vector<SnapshotId> ids =
+      snapshots_.with_key(tenants_[tenant].space, key.prefix, key.position);
+  if (pinned) {
+    // All or nothing: check every publisher's limit first.
+    std::map<std::size_t, std::uint32_t> adding;
+    for (const SnapshotId id : ids) {
+      const Snapshot& s = *snapshots_.get(id);
+      if (!s.pinned) ++adding[s.tenant];
+    }
+    for (const auto& [publisher, count] : adding) {
+      const TenantConfig& t = *tenants_[publisher].config;
+      const std::uint32_t held = snapshots_.pinned_count(publisher);
+      STATEPOOL_EXPECTS(held + count <= t.limits.max_pinned_snapshots, Status::quota_exceeded,
+                        "tenant '" + t.name + "' has " + std::to_string(held) +
+                            " pinned snapshots, its limit (max-pinned-snapshots, default "
+                            "--tenant-max-pinned-snapshots); unpin or delete some first");
+    }
+  }
+  std::uint32_t changed = 0;
+  for (const SnapshotId id : ids) changed += snapshots_.set_pinned(id, pinned) ? 1 : 0;
+  return changed;
+}
+
+std::vector<SnapshotInfo> Pool::list_snapshots(std::string_view tenant_name, std::string_view start,
+                                               std::size_t limit, bool& more) const {
+  const std::size_t tenant = tenant_index(tenant_name);
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard lock(mutex_);
+  std::vector<SnapshotInfo> out;
+  for (const SnapshotId id : snapshots_.starting_with(tenants_[tenant].space, start, limit, more)) {
+    const Snapshot& s = *snapshots_.get(id);
+    const Arena& arena = arenas_.get(s.arena);
+    SnapshotInfo info;
+    info.key = SnapshotKey{s.prefix, s.position};
+    info.layout = s.layout;
+    info.layout_name = arena.codec->layout().name;
+    info.codec = arena.codec->layout().codec.id;
+    info.tenant = tenants_[s.tenant].config->name;
+    info.arena = s.arena;
+    info.page_bytes = arena.codec->page_bytes();
+    info.fp32_bytes = arena.codec->fp32_bytes();
+    info.pinned = s.pinned;
+    info.hits = s.hits;
+    info.age_seconds = seconds_between(s.created, now);
+    info.idle_seconds = seconds_between(s.used, now);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// --- consistency (caller holds mutex_) -----------------------------------------------
+
+std::vector<std::string> Pool::check_snapshots() const {
+  std::vector<std::string> problems = snapshots_.check();
+  std::set<std::pair<ArenaId, SlotId>> pages;
+  for (const auto& [id, s] : snapshots_.all()) {
+    const std::string name = "snapshot " + std::to_string(id);
+    if (s.arena < 1 || s.arena > arenas_.all().size()) {
+      problems.push_back(name + ": in arena " + std::to_string(s.arena) + " that does not exist");
+      continue;
+    }
+    const Arena& arena = *arenas_.all()[s.arena - 1];
+    if (s.slot >= arena.owner.size() || arena.owner[s.slot] != kSnapshotOwner) {
+      problems.push_back(name + ": arena " + std::to_string(s.arena) + " slot " +
+                         std::to_string(s.slot) + " is not a snapshot page");
+    }
+    if (arena.tenant != s.tenant) problems.push_back(name + ": in another tenant's arena");
+    if (arena.layout != s.layout) problems.push_back(name + ": in an arena of another layout");
+    if (s.space != tenants_[s.tenant].space) {
+      problems.push_back(name + ": not in its publisher's namespace");
+    }
+    if (!pages.insert({s.arena, s.slot}).second) {
+      problems.push_back(name + ": shares its page with another snapshot");
+    }
+  }
+  for (const auto& arena : arenas_.all()) {
+    std::uint32_t held = 0;
+    for (SlotId slot = 0; slot < arena->owner.size(); ++slot) {
+      if (arena->owner[slot] != kSnapshotOwner) continue;
+      ++held;
+      if (!pages.contains({arena->id, slot})) {
+        problems.push_back("arena " + std::to_string(arena->id) + " slot " + std::to_string(slot) +
+                           ": a snapshot page no snapshot holds");
+      }
+    }
+    if (held != arena->snapshot_pages) {
+      problems.push_back("arena " + std::to_string(arena->id) + ": counts " +
+                         std::to_string(arena->snapshot_pages) + " snapshot pages, holds " +
+                         std::to_string(held));
+    }
+  }
+  return problems;
+}
+
+}  // namespace statepool::service

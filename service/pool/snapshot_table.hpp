@@ -1,0 +1,120 @@
+#pragma once
+// SnapshotTable: the prefix-state snapshots the pool holds (docs/prefix-store.md).
+//
+// A snapshot is one page of an arena that no lease owns: an immutable copy of a slot's
+// state published under a key (the engine's prefix hash and the token position), bound to
+// the layout it was published with, in a namespace of tenants that share snapshots.
+// Entries are found by (namespace, prefix, position, layout); a key may have one entry per
+// layout.
+//
+// Life of an entry: put() adds it "busy" (its page is being written), commit() makes it
+// visible, abort() forgets it. acquire() / release() bracket every read of its page. An
+// entry that is erased (delete, eviction) while busy leaves the index at once and keeps
+// its page until its last reader or writer is done; release()/commit()/abort() then
+// report that the page is the caller's to free.
+//
+// Eviction order: least recently used first (a monotonic use counter, bumped by
+// commit() and by every acquire()), per arena, among the visible, unpinned, idle entries.
+//
+// Thread-safety: none; the Pool serializes every call.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pool/ids.hpp"
+
+namespace statepool::service {
+
+using SnapshotId = std::uint64_t;  ///< 0 never names a snapshot
+
+/// Largest prefix (key) of a snapshot, in bytes.
+inline constexpr std::size_t kMaxSnapshotPrefixBytes = 256;
+
+struct Snapshot {
+  SnapshotId id = 0;
+  std::size_t space = 0;  ///< namespace index (the pool's)
+  std::string prefix;     ///< the engine's prefix hash (bytes)
+  std::uint64_t position = 0;
+  LayoutId layout = 0;
+  std::size_t tenant = 0;  ///< the publisher, whose arena (and quota) holds the page
+  ArenaId arena = 0;
+  SlotId slot = 0;
+  bool visible = false;  ///< committed and not erased
+  bool erased = false;   ///< out of the index, page freed when idle
+  bool pinned = false;
+  std::uint32_t busy = 0;  ///< the writer until commit, then readers
+  std::uint64_t last_use = 0;
+  std::uint64_t hits = 0;
+  Clock::time_point created{};
+  Clock::time_point used{};
+};
+
+class SnapshotTable {
+ public:
+  /// The entry for the exact key, visible or being written; nullptr when none.
+  [[nodiscard]] const Snapshot* find(std::size_t space, std::string_view prefix,
+                                     std::uint64_t position, LayoutId layout) const;
+  /// Visible entries of the namespace whose key is (prefix, position) under any layout.
+  [[nodiscard]] std::vector<SnapshotId> with_key(std::size_t space, std::string_view prefix,
+                                                 std::uint64_t position) const;
+  /// Visible entries of the namespace whose prefix starts with `start`, in key order, at
+  /// most `limit`; `more` tells whether others follow.
+  [[nodiscard]] std::vector<SnapshotId> starting_with(std::size_t space, std::string_view start,
+                                                      std::size_t limit, bool& more) const;
+
+  /// Adds a busy, invisible entry for a page the caller has allocated. The key must not
+  /// be in the index. Strong guarantee.
+  const Snapshot& put(Snapshot entry, Clock::time_point now);
+  /// The writer is done: the entry becomes visible (unless erased meanwhile). Returns true
+  /// when the page is now the caller's to free (the entry was erased and is gone).
+  bool commit(SnapshotId id);
+  /// The write failed: the entry is forgotten; its page is the caller's to free.
+  void abort(SnapshotId id) noexcept;
+  /// A reader starts: counts a hit and makes the entry the most recently used.
+  const Snapshot& acquire(SnapshotId id, Clock::time_point now);
+  /// A reader is done. Returns true when the page is now the caller's to free.
+  bool release(SnapshotId id) noexcept;
+  /// Takes the entry out of the index. Returns true when it was idle and is gone (its
+  /// page is the caller's to free); false when it stays until its last reader is done.
+  bool erase(SnapshotId id) noexcept;
+  /// Pins or unpins a visible entry. Returns true when that changed it.
+  bool set_pinned(SnapshotId id, bool pinned) noexcept;
+
+  /// The least recently used visible, unpinned, idle entries of the arena, oldest first,
+  /// at most `count`.
+  [[nodiscard]] std::vector<SnapshotId> evictable(ArenaId arena, std::size_t count) const;
+
+  [[nodiscard]] const Snapshot* get(SnapshotId id) const noexcept;
+  [[nodiscard]] const std::unordered_map<SnapshotId, Snapshot>& all() const noexcept {
+    return entries_;
+  }
+  /// Pinned visible entries published by the tenant.
+  [[nodiscard]] std::uint32_t pinned_count(std::size_t tenant) const noexcept;
+  /// Cross-checks the index, the LRU order and the pin counts; one line per problem.
+  [[nodiscard]] std::vector<std::string> check() const;
+
+ private:
+  using Key = std::tuple<std::size_t, std::string, std::uint64_t, LayoutId>;
+  using Use = std::pair<std::uint64_t, SnapshotId>;  // (last_use, id)
+
+  Snapshot& entry(SnapshotId id);
+  void unlist(const Snapshot& s) noexcept;  // out of the LRU order
+  void list(Snapshot& s);                   // into it, as the most recent use
+
+  std::unordered_map<SnapshotId, Snapshot> entries_;
+  std::map<Key, SnapshotId> index_;                        // visible and being written
+  std::map<ArenaId, std::set<Use>> lru_;                   // visible and unpinned, per arena
+  std::unordered_map<std::size_t, std::uint32_t> pinned_;  // per publishing tenant
+  SnapshotId next_id_ = 1;
+  std::uint64_t clock_ = 0;
+};
+
+}  // namespace statepool::service
