@@ -1,5 +1,6 @@
-// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain), and plan
-// capacity offline from a model's config.json (plan; no daemon needed).
+// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain, the
+// prefix-state snapshots), and plan capacity offline from a model's config.json (plan; no
+// daemon needed).
 // Exit status: 0 success; 1 (kFailureExit) the daemon refused or could not be reached, or an
 // input file (--model, install-plan FILE) could not be read or is not valid; 2
 // (kUsageExit) a bad command line. A bad command line is reported with the usage; every
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/algorithm/hex.hpp>
 #include <boost/json.hpp>
 
 #include "common.hpp"
@@ -48,6 +50,16 @@ commands:
             GPU and the concurrency where the state pool passes the weights
   fits      what fits now: how many more requests of a model's state (--model, --tp,
             --slots, --state-codec) the running daemon can take for --tenant, per codec
+  snapshots [PREFIX]
+            the prefix-state snapshots of --tenant's namespace whose key starts with
+            PREFIX (all when left out), at most --limit (docs/prefix-store.md)
+  snapshot-pin KEY POSITION, snapshot-unpin KEY POSITION
+            pin (never evicted) or unpin the snapshots of a key, under every layout
+  snapshot-delete KEY POSITION
+            delete the snapshots of a key, under every layout (pinned ones too)
+  Keys are bytes: KEY and PREFIX are taken as text, or as hex digits with --hex.
+  Engines publish and fetch snapshots of their own slots (put_snapshot / get_snapshot in
+  the client library, docs/client.md).
 
 plan and fits options (fits takes --model, --tp, --slots and --state-codec):
   --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
@@ -71,7 +83,10 @@ options:
   --tenant NAME    tenant to connect as (default: the daemon's "default" tenant)
   --timeout MS     per-call timeout in milliseconds (default 10000)
   --count N        ping: number of round trips (default 1)
-  --json           machine-readable output (ping, stats, install-plan, plan, fits)
+  --limit N        snapshots: at most N entries, 1-10000 (default 1000)
+  --hex            snapshot commands: KEY and PREFIX are hex digits (e.g. 9f86d081)
+  --json           machine-readable output (ping, stats, install-plan, plan, fits,
+                   snapshots, snapshot-*)
   -h, --help       this text
 
 exit status: 0 success, 1 daemon error or daemon unreachable, or an unreadable or
@@ -84,6 +99,10 @@ struct Args {
   std::string command;
   std::string plan_file;  ///< install-plan
   std::uint64_t count = 1;
+  // snapshots, snapshot-*
+  statepool::client::SnapshotKey key;  ///< prefix only for `snapshots`
+  std::uint64_t limit = 1000;
+  bool hex = false;
   // plan
   std::string model;
   statepool::planner::PlanInputs plan;
@@ -107,6 +126,34 @@ bool takes_plan_input(const std::string& command, std::string_view name) {
   return false;
 }
 
+bool is_snapshot_command(const std::string& command) {
+  return command == "snapshots" || command == "snapshot-pin" || command == "snapshot-unpin" ||
+         command == "snapshot-delete";
+}
+
+/// A KEY or PREFIX operand: its bytes as given, or decoded from hex digits.
+std::string key_bytes(const std::string& operand, bool hex, const char* what) {
+  if (!hex) return operand;
+  std::string out;
+  try {
+    boost::algorithm::unhex(operand, std::back_inserter(out));
+  } catch (const boost::algorithm::hex_decode_error&) {
+    throw UsageError(std::string(what) + " '" + operand +
+                     "' is not an even number of hex digits (--hex)");
+  }
+  return out;
+}
+
+/// A key for people: as text when every byte is printable ASCII, else "hex:" and digits.
+std::string printable_key(const std::string& bytes) {
+  const bool text = !bytes.empty() && std::all_of(bytes.begin(), bytes.end(),
+                                                  [](char c) { return c >= 0x20 && c < 0x7f; });
+  if (text) return bytes;
+  std::string out = "hex:";
+  boost::algorithm::hex_lower(bytes, std::back_inserter(out));
+  return out;
+}
+
 /// Reads the command line into `args`; returns the exit status to leave with now (--help,
 /// a usage error), or nullopt to go on.
 std::optional<int> parse(int argc, char** argv, Args& args) {
@@ -128,6 +175,8 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
                            " (leave it out for the daemon's default tenant)"))
       ("timeout", bounded(timeout_ms, 1, 3600 * 1000))
       ("count", bounded(args.count, 1, 1000000))
+      ("limit", bounded(args.limit, 1, 10000))
+      ("hex", po::bool_switch(&args.hex))
       ("model", non_empty(args.model, "model", ""));
   // clang-format on
   // --NAME VALUE for every planner input, read by the planner's own parser (as the
@@ -147,7 +196,8 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
   const auto check = [&](const po::variables_map& given) {
     if (args.command.empty()) throw UsageError("no command given");
     if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
-        args.command != "install-plan" && args.command != "plan" && args.command != "fits") {
+        args.command != "install-plan" && args.command != "plan" && args.command != "fits" &&
+        !is_snapshot_command(args.command)) {
       throw UsageError("unknown command '" + args.command + "'");
     }
     // An option the command does not read is refused rather than ignored.
@@ -163,11 +213,34 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
       throw UsageError("--model applies to plan and fits only");
     if (given.count("count") != 0 && args.command != "ping")
       throw UsageError("--count applies to ping only");
+    if (given.count("limit") != 0 && args.command != "snapshots")
+      throw UsageError("--limit applies to snapshots only");
+    if (args.hex && !is_snapshot_command(args.command))
+      throw UsageError("--hex applies to the snapshot commands only");
     auto operand = operands.begin();
     if (args.command == "install-plan") {
       if (operand == operands.end()) throw UsageError("install-plan needs a plan file");
       if (operand->empty()) throw UsageError("install-plan: the plan file name is empty");
       args.plan_file = *operand++;
+    }
+    if (args.command == "snapshots" && operand != operands.end()) {
+      args.key.prefix = key_bytes(*operand++, args.hex, "PREFIX");
+    } else if (is_snapshot_command(args.command) && args.command != "snapshots") {
+      if (operands.end() - operand < 2) throw UsageError(args.command + " needs KEY and POSITION");
+      args.key.prefix = key_bytes(*operand++, args.hex, "KEY");
+      if (args.key.prefix.empty()) throw UsageError(args.command + ": KEY must not be empty");
+      const std::string& position = *operand++;
+      std::size_t used = 0;
+      try {
+        if (position.empty() || position[0] == '-') throw std::invalid_argument(position);
+        args.key.position = std::stoull(position, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != position.size()) {
+        throw UsageError(args.command + ": POSITION must be a token position (0 or more), got '" +
+                         position + "'");
+      }
     }
     if (operand != operands.end())
       throw UsageError("unexpected argument '" + *operand + "' (one command at a time)");
@@ -328,6 +401,71 @@ void fits_command(statepool::client::Connection& conn, const Args& args,
   std::cout << (args.json ? planner::format_json(out) : planner::format_text(out));
 }
 
+/// statepoolctl snapshots: one line per snapshot (or the reply as JSON).
+void snapshots_command(statepool::client::Connection& conn, const Args& args) {
+  using statepool::support::format_bytes;
+  const auto list = conn.list_snapshots(args.key.prefix, static_cast<std::uint32_t>(args.limit));
+  if (args.json) {
+    boost::json::array rows;
+    for (const auto& s : list.snapshots) {
+      std::string hex;
+      boost::algorithm::hex_lower(s.key.prefix, std::back_inserter(hex));
+      rows.push_back(boost::json::object{{"key", printable_key(s.key.prefix)},
+                                         {"key_hex", hex},
+                                         {"position", s.key.position},
+                                         {"layout_id", s.layout_id},
+                                         {"layout_name", s.layout_name},
+                                         {"codec", statepool::kernels::to_string(s.codec)},
+                                         {"tenant", s.tenant},
+                                         {"arena_id", s.arena_id},
+                                         {"page_bytes", s.page_bytes},
+                                         {"fp32_bytes", s.fp32_bytes},
+                                         {"pinned", s.pinned},
+                                         {"hits", s.hits},
+                                         {"age_seconds", json_number(s.age_seconds)},
+                                         {"idle_seconds", json_number(s.idle_seconds)}});
+    }
+    const boost::json::object out{{"snapshot_namespace", list.snapshot_namespace},
+                                  {"truncated", list.truncated},
+                                  {"snapshots", std::move(rows)}};
+    std::cout << boost::json::serialize(out) << '\n';
+    return;
+  }
+  using statepool::tools::format_fixed;
+  std::cout << list.snapshots.size() << (list.truncated ? "+" : "") << " snapshots in namespace '"
+            << list.snapshot_namespace << "'"
+            << (list.truncated ? " (more match: raise --limit or give a longer PREFIX)" : "")
+            << "\n";
+  if (list.snapshots.empty()) return;
+  statepool::tools::Table table(
+      {"key", "position", "layout", "codec", "tenant", "page", "pinned", "hits", "idle"},
+      {false, true, false, false, false, true, false, true, true});
+  for (const auto& s : list.snapshots) {
+    table.add({printable_key(s.key.prefix), std::to_string(s.key.position), s.layout_name,
+               statepool::kernels::to_string(s.codec), s.tenant, format_bytes(s.page_bytes),
+               s.pinned ? "yes" : "no", std::to_string(s.hits),
+               format_fixed(s.idle_seconds, 1) + " s"});
+  }
+  table.print(std::cout, "  ");
+}
+
+/// snapshot-pin, snapshot-unpin, snapshot-delete.
+void snapshot_change_command(statepool::client::Connection& conn, const Args& args) {
+  const bool remove = args.command == "snapshot-delete";
+  const std::uint32_t count = remove ? conn.delete_snapshot(args.key)
+                                     : conn.pin_snapshot(args.key, args.command == "snapshot-pin");
+  if (args.json) {
+    std::cout << boost::json::serialize(
+                     boost::json::object{{remove ? "deleted" : "changed", count}})
+              << '\n';
+    return;
+  }
+  const char* verb = remove ? "deleted" : args.command == "snapshot-pin" ? "pinned" : "unpinned";
+  std::cout << count << " snapshot" << (count == 1 ? "" : "s") << " of "
+            << printable_key(args.key.prefix) << " at position " << args.key.position << " " << verb
+            << (count == 0 && !remove ? " (none found, or all were already)" : "") << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -389,6 +527,10 @@ int main(int argc, char** argv) {
       }
     } else if (args.command == "fits") {
       fits_command(conn, args, *report);
+    } else if (args.command == "snapshots") {
+      snapshots_command(conn, args);
+    } else if (is_snapshot_command(args.command)) {
+      snapshot_change_command(conn, args);
     } else {
       conn.drain();
       if (!args.json) std::cout << "statepoold at " << args.options.socket_path << " is draining\n";

@@ -1,7 +1,8 @@
 // Prefix-state snapshots through a running daemon (docs/prefix-store.md): one engine
 // publishes, an engine of another tenant in the same snapshot namespace resumes from it
 // bit for bit, a tenant outside the namespace misses; eviction for live slots, pins,
-// list and delete, the snapshot outliving its publisher, and the metrics.
+// list and delete, the snapshot outliving its publisher, the metrics, and statepoolctl's
+// snapshot commands.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -13,8 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <boost/json.hpp>
+
 #include "statepool/client.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepoolctl_run.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -233,5 +237,54 @@ TEST_F(Snapshots, ASnapshotOutlivesItsPublisherAndBadKeysAreClearErrors) {
     EXPECT_EQ(e.status(), Status::invalid_argument);
   }
   EXPECT_TRUE(carol.conn.healthy());
+  EXPECT_EQ(daemon_->stop(SIGTERM, 10s), 0);
+}
+
+TEST_F(Snapshots, StatepoolctlListsPinsAndDeletesByTextOrHexKey) {
+  Engine alice(daemon_->socket_path(), "alice", 4);
+  std::vector<client::Slot> slot = alice.conn.allocate(alice.arena, 1);
+  alice.stage(5);
+  alice.conn.compress(slot[0], alice.staging, 0);
+  alice.conn.put_snapshot(slot[0], {"chat/system", 12});
+  alice.conn.put_snapshot(slot[0], {std::string("\x9f\x86\xd0", 3), 40});
+  const std::string ctl = "--socket " + daemon_->socket_path() + " --tenant carol ";
+  using statepool::testing::statepoolctl;
+
+  const auto text = statepoolctl(ctl + "snapshots");
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("2 snapshots in namespace 'team'"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("chat/system"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("hex:9f86d0"), std::string::npos) << text.output;
+
+  const auto json = statepoolctl(ctl + "snapshots --json --hex 9f86");
+  ASSERT_EQ(json.code, 0) << json.output;
+  const boost::json::object v = boost::json::parse(json.output).as_object();
+  EXPECT_EQ(v.at("snapshot_namespace").as_string(), "team");
+  const boost::json::array& rows = v.at("snapshots").as_array();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].at("key_hex").as_string(), "9f86d0");
+  EXPECT_EQ(rows[0].at("position").to_number<std::uint64_t>(), 40u);
+  EXPECT_EQ(rows[0].at("tenant").as_string(), "alice");
+  EXPECT_EQ(rows[0].at("codec").as_string(), "int8");
+
+  const auto pin = statepoolctl(ctl + "snapshot-pin chat/system 12");
+  EXPECT_EQ(pin.code, 0) << pin.output;
+  EXPECT_EQ(pin.output, "1 snapshot of chat/system at position 12 pinned\n");
+  bool pinned = false;
+  for (const auto& s : alice.conn.list_snapshots("chat/").snapshots) pinned = s.pinned;
+  EXPECT_TRUE(pinned);
+  EXPECT_EQ(statepoolctl(ctl + "snapshot-unpin chat/system 12").code, 0);
+  const auto gone = statepoolctl(ctl + "snapshot-delete --json --hex 9f86d0 40");
+  EXPECT_EQ(gone.code, 0) << gone.output;
+  EXPECT_EQ(gone.output, "{\"deleted\":1}\n");
+  EXPECT_EQ(alice.conn.list_snapshots().snapshots.size(), 1u);
+
+  // Bad command lines are usage errors (exit 2) and reach no daemon.
+  for (const std::string bad :
+       {"snapshot-pin chat/system", "snapshot-pin chat/system -1", "snapshot-delete --hex 9f8 40",
+        "snapshots --limit 0", "snapshot-pin '' 3", "stats --hex"}) {
+    const auto run = statepoolctl(ctl + bad);
+    EXPECT_EQ(run.code, 2) << bad << ": " << run.output;
+  }
   EXPECT_EQ(daemon_->stop(SIGTERM, 10s), 0);
 }
