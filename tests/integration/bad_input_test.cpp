@@ -269,6 +269,24 @@ TEST_F(BadConfig, TenantLimitsAreCheckedAndNamed) {
   expect_rejected({"--config", file}, "[tenant.alice] max-arenas must be between 1 and");
   std::ofstream(file) << "[tenant.alice]\nmax-plans = many\n";
   expect_rejected({"--config", file}, "[tenant.alice] max-plans");
+  expect_rejected({"--tenant-max-pinned-snapshots", "0"}, "--tenant-max-pinned-snapshots");
+  std::ofstream(file) << "[tenant.alice]\nsnapshot-namespace = two words\n";
+  expect_rejected({"--config", file},
+                  "[tenant.alice] snapshot-namespace must be 1-64 letters, digits, '_', '-' or "
+                  "'.', got 'two words'");
+}
+
+TEST_F(BadConfig, SnapshotNamespacesAndPinLimitsArePrinted) {
+  const std::string file = dir_ + "/statepool.conf";
+  std::ofstream(file) << "[tenant.alice]\nsnapshot-namespace = team\nmax-pinned-snapshots = 7\n"
+                         "[tenant.bob]\n";
+  const Exit e = run_daemon({"--config", file, "--print-config", "--socket", socket_}, dir_);
+  EXPECT_EQ(e.code, 0) << e.stderr_text;
+  EXPECT_NE(e.stdout_text.find("8.0 GiB staging, 7 pinned snapshots; snapshot namespace team\n"),
+            std::string::npos)
+      << e.stdout_text;
+  EXPECT_NE(e.stdout_text.find("8.0 GiB staging, 256 pinned snapshots\n"), std::string::npos)
+      << e.stdout_text;
 }
 
 TEST_F(BadConfig, TenantLimitsComeFromTheFlagsAndEachSectionMayOverrideThem) {
