@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <pybind11/pybind11.h>
@@ -137,6 +138,14 @@ py::object pending_event(const client::Pending& p) {
 }
 
 // The slot an argument names: a Slot object or (arena, id) through the other overload.
+/// A snapshot key's prefix as Python gives it: bytes as they are, str as its UTF-8 bytes.
+using PrefixArg = std::variant<py::bytes, std::string>;
+
+std::string prefix_bytes(const PrefixArg& prefix) {
+  if (const auto* b = std::get_if<py::bytes>(&prefix)) return std::string(*b);
+  return std::get<std::string>(prefix);
+}
+
 const client::Slot& slot_of(const SlotHandle& s) {
   if (!s.slot.valid()) throw py::value_error("the slot was freed, released or closed");
   return s.slot;
@@ -201,6 +210,8 @@ void bind_client(py::module_& m) {
       .def_readonly("pages_used", &client::ArenaStats::pages_used)
       .def_readonly("bytes_total", &client::ArenaStats::bytes_total)
       .def_readonly("fp32_bytes_used", &client::ArenaStats::fp32_bytes_used)
+      .def_readonly("snapshot_pages", &client::ArenaStats::snapshot_pages,
+                    "Of pages_used, those holding prefix-state snapshots.")
       .def_property_readonly("stored_bytes_used", &client::ArenaStats::stored_bytes_used)
       .def_property_readonly("compression_ratio", &client::ArenaStats::compression_ratio);
   py::class_<client::TenantStats>(m, "TenantStats", "One tenant in stats().")
@@ -210,6 +221,17 @@ void bind_client(py::module_& m) {
       .def_readonly("pages_used", &client::TenantStats::pages_used)
       .def_readonly("stored_bytes", &client::TenantStats::stored_bytes)
       .def_readonly("fp32_bytes", &client::TenantStats::fp32_bytes)
+      .def_readonly("snapshots", &client::TenantStats::snapshots,
+                    "Prefix-state snapshots it published.")
+      .def_readonly("snapshot_bytes", &client::TenantStats::snapshot_bytes,
+                    "Page bytes of those snapshots.")
+      .def_readonly("pinned_snapshots", &client::TenantStats::pinned_snapshots)
+      .def_readonly("snapshot_hits", &client::TenantStats::snapshot_hits,
+                    "get_snapshot hits by the tenant since the daemon started.")
+      .def_readonly("snapshot_misses", &client::TenantStats::snapshot_misses,
+                    "get_snapshot misses by the tenant since the daemon started.")
+      .def_readonly("snapshot_evictions", &client::TenantStats::snapshot_evictions,
+                    "Its snapshots evicted to make room, since the daemon started.")
       .def_property_readonly("compression_ratio", &client::TenantStats::compression_ratio);
   py::class_<client::Stats>(m, "Stats", "The daemon's state (the Stats request).")
       .def_readonly("arenas", &client::Stats::arenas)
@@ -237,6 +259,52 @@ void bind_client(py::module_& m) {
       .def_readonly("quota_free_bytes", &client::Fits::quota_free_bytes, "None: no quota.")
       .def_readonly("max_arena_pages", &client::Fits::max_arena_pages)
       .def_readonly("codecs", &client::Fits::codecs);
+  py::class_<client::SnapshotPut>(m, "SnapshotPut", "What put_snapshot() did.")
+      .def_readonly("created", &client::SnapshotPut::created,
+                    "False: the key had a snapshot for this layout already (nothing copied).")
+      .def_readonly("evicted", &client::SnapshotPut::evicted,
+                    "Older snapshots evicted from the arena to make room.")
+      .def_readonly("page_bytes", &client::SnapshotPut::page_bytes)
+      .def("__repr__", [](const client::SnapshotPut& p) {
+        return "SnapshotPut(created=" + std::string(p.created ? "True" : "False") +
+               ", evicted=" + std::to_string(p.evicted) + ")";
+      });
+  py::class_<client::SnapshotGet>(m, "SnapshotGet", "What get_snapshot() found; true on a hit.")
+      .def_readonly("hit", &client::SnapshotGet::hit,
+                    "True: the slot now holds the snapshot's state.")
+      .def_readonly("other_layouts", &client::SnapshotGet::other_layouts,
+                    "On a miss: snapshots of the key for other layouts.")
+      .def_readonly("page_bytes", &client::SnapshotGet::page_bytes)
+      .def(
+          "__bool__", [](const client::SnapshotGet& g) { return g.hit; }, "hit.")
+      .def("__repr__", [](const client::SnapshotGet& g) {
+        return "SnapshotGet(hit=" + std::string(g.hit ? "True" : "False") + ")";
+      });
+  py::class_<client::SnapshotInfo>(m, "SnapshotInfo", "One snapshot in list_snapshots().")
+      .def_property_readonly(
+          "prefix", [](const client::SnapshotInfo& i) { return py::bytes(i.key.prefix); },
+          "The key's prefix bytes.")
+      .def_property_readonly(
+          "position", [](const client::SnapshotInfo& i) { return i.key.position; },
+          "The key's token position.")
+      .def_readonly("layout_id", &client::SnapshotInfo::layout_id)
+      .def_readonly("layout_name", &client::SnapshotInfo::layout_name)
+      .def_readonly("codec", &client::SnapshotInfo::codec)
+      .def_readonly("tenant", &client::SnapshotInfo::tenant, "The publisher.")
+      .def_readonly("arena_id", &client::SnapshotInfo::arena_id,
+                    "The publisher's arena that holds the page.")
+      .def_readonly("page_bytes", &client::SnapshotInfo::page_bytes)
+      .def_readonly("fp32_bytes", &client::SnapshotInfo::fp32_bytes)
+      .def_readonly("pinned", &client::SnapshotInfo::pinned)
+      .def_readonly("hits", &client::SnapshotInfo::hits)
+      .def_readonly("age_seconds", &client::SnapshotInfo::age_seconds, "Since it was published.")
+      .def_readonly("idle_seconds", &client::SnapshotInfo::idle_seconds,
+                    "Since it was published or last read.");
+  py::class_<client::SnapshotList>(m, "SnapshotList", "What list_snapshots() returns.")
+      .def_readonly("snapshots", &client::SnapshotList::snapshots)
+      .def_readonly("truncated", &client::SnapshotList::truncated, "More matched than the limit.")
+      .def_readonly("snapshot_namespace", &client::SnapshotList::snapshot_namespace,
+                    "The namespace this tenant's keys live in.");
   py::class_<client::Pending>(m, "Pending", "An operation the daemon may still run on its device.")
       .def_readonly("bytes", &client::Pending::bytes)
       .def_property_readonly("event", &pending_event,
@@ -727,6 +795,55 @@ page[slot] <- the state staged at staging[offset:]. Returns the page bytes writt
 The daemon's capacity plan for a model (the text of its config.json), as the dict of
 docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
 arguments take the planner's defaults.)doc")
+      .def(
+          "put_snapshot",
+          [](const ConnectionHandle& c, const SlotHandle& slot, const PrefixArg& prefix,
+             std::uint64_t position) {
+            const client::Slot& s = slot_of(slot);
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(c, [&](Connection& conn) { return conn.put_snapshot(s, key); });
+          },
+          py::arg("slot"), py::arg("prefix"), py::arg("position"), R"doc(
+Publishes the state in ``slot`` under the key (prefix: the engine's prefix hash, 1..256 bytes,
+str or bytes; position: the token position). Idempotent: a key that has a snapshot for this
+layout keeps it (created is False). docs/prefix-store.md.)doc")
+      .def(
+          "get_snapshot",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
+             const SlotHandle& slot) {
+            const client::Slot& s = slot_of(slot);
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(c, [&](Connection& conn) { return conn.get_snapshot(key, s); });
+          },
+          py::arg("prefix"), py::arg("position"), py::arg("slot"),
+          "Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) "
+          "leaves it unchanged.")
+      .def(
+          "delete_snapshot",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position) {
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(c, [&](Connection& conn) { return conn.delete_snapshot(key); });
+          },
+          py::arg("prefix"), py::arg("position"),
+          "Deletes the key's snapshots (every layout, pinned ones too); returns how many.")
+      .def(
+          "pin_snapshot",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
+             bool pinned) {
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(c, [&](Connection& conn) { return conn.pin_snapshot(key, pinned); });
+          },
+          py::arg("prefix"), py::arg("position"), py::arg("pinned") = true,
+          "Pins (never evicted) or unpins the key's snapshots; returns how many changed.")
+      .def(
+          "list_snapshots",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint32_t limit) {
+            const std::string start = prefix_bytes(prefix);
+            return call(c, [&](Connection& conn) { return conn.list_snapshots(start, limit); });
+          },
+          py::arg("prefix") = py::bytes(), py::arg("limit") = 0,
+          "Snapshots of the namespace whose prefix starts with ``prefix``, in key order, at most "
+          "``limit`` (0 = 1000).")
       .def(
           "fits_now",
           [](const ConnectionHandle& c, const client::LayoutInfo& l, std::uint32_t slots,

@@ -41,6 +41,10 @@ from ._core import (
     Plan,
     PlanInfo,
     Slot,
+    SnapshotGet,
+    SnapshotInfo,
+    SnapshotList,
+    SnapshotPut,
     Staging,
     StateLayout,
     Stats,
@@ -78,6 +82,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_SOCKET_PATH", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId", "Connection",
     "DType", "DecodeStep", "Fits", "LayoutInfo", "PageCodec", "Pending", "Plan", "PlanInfo", "Slot",
+    "SnapshotGet", "SnapshotInfo", "SnapshotList", "SnapshotPut",
     "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "StepResult", "TenantStats", "View",
     "connect", "connect_fd", "errors",
     # statepool.errors

@@ -530,6 +530,9 @@ class ArenaStats:
     def fp32_bytes_used(self) -> int:
         """FP32-equivalent bytes of the used pages."""
     @property
+    def snapshot_pages(self) -> int:
+        """Of pages_used, those holding prefix-state snapshots."""
+    @property
     def stored_bytes_used(self) -> int:
         """Page bytes of the used pages."""
     @property
@@ -557,6 +560,24 @@ class TenantStats:
     @property
     def fp32_bytes(self) -> int:
         """FP32-equivalent bytes of the used pages."""
+    @property
+    def snapshots(self) -> int:
+        """Prefix-state snapshots it published."""
+    @property
+    def snapshot_bytes(self) -> int:
+        """Page bytes of those snapshots."""
+    @property
+    def pinned_snapshots(self) -> int:
+        """Pinned snapshots it published."""
+    @property
+    def snapshot_hits(self) -> int:
+        """get_snapshot hits by the tenant since the daemon started."""
+    @property
+    def snapshot_misses(self) -> int:
+        """get_snapshot misses by the tenant since the daemon started."""
+    @property
+    def snapshot_evictions(self) -> int:
+        """Its snapshots evicted to make room, since the daemon started."""
     @property
     def compression_ratio(self) -> float:
         """fp32_bytes / stored_bytes (0 when nothing is stored)."""
@@ -638,6 +659,94 @@ class Fits:
     @property
     def codecs(self) -> list[CodecFit]:
         """One entry per codec asked about."""
+
+class SnapshotPut:
+    """What put_snapshot() did."""
+
+    @property
+    def created(self) -> bool:
+        """False: the key had a snapshot for this layout already (nothing copied)."""
+    @property
+    def evicted(self) -> int:
+        """Older snapshots evicted from the arena to make room."""
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of the page copied."""
+    def __repr__(self) -> str:
+        """SnapshotPut(created=..., evicted=...)."""
+
+class SnapshotGet:
+    """What get_snapshot() found; true on a hit."""
+
+    @property
+    def hit(self) -> bool:
+        """True: the slot now holds the snapshot's state."""
+    @property
+    def other_layouts(self) -> int:
+        """On a miss: snapshots of the key for other layouts."""
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of the slot's page."""
+    def __bool__(self) -> bool:
+        """hit."""
+    def __repr__(self) -> str:
+        """SnapshotGet(hit=...)."""
+
+class SnapshotInfo:
+    """One snapshot in list_snapshots()."""
+
+    @property
+    def prefix(self) -> bytes:
+        """The key's prefix bytes."""
+    @property
+    def position(self) -> int:
+        """The key's token position."""
+    @property
+    def layout_id(self) -> int:
+        """The layout it is bound to."""
+    @property
+    def layout_name(self) -> str:
+        """That layout's name."""
+    @property
+    def codec(self) -> CodecId:
+        """That layout's codec."""
+    @property
+    def tenant(self) -> str:
+        """The publisher."""
+    @property
+    def arena_id(self) -> int:
+        """The publisher's arena that holds the page."""
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of its page."""
+    @property
+    def fp32_bytes(self) -> int:
+        """The same state with every value in FP32."""
+    @property
+    def pinned(self) -> bool:
+        """Never evicted."""
+    @property
+    def hits(self) -> int:
+        """get_snapshot hits on it."""
+    @property
+    def age_seconds(self) -> float:
+        """Since it was published."""
+    @property
+    def idle_seconds(self) -> float:
+        """Since it was published or last read."""
+
+class SnapshotList:
+    """What list_snapshots() returns."""
+
+    @property
+    def snapshots(self) -> list[SnapshotInfo]:
+        """The snapshots found, in key order."""
+    @property
+    def truncated(self) -> bool:
+        """More matched than the limit."""
+    @property
+    def snapshot_namespace(self) -> str:
+        """The namespace this tenant's keys live in."""
 
 class Pending:
     """An operation the daemon may still run on its device."""
@@ -986,6 +1095,20 @@ class Connection:
         docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
         arguments take the planner's defaults.
         """
+    def put_snapshot(self, slot: Slot, prefix: bytes | str, position: int) -> SnapshotPut:
+        """
+        Publishes the state in ``slot`` under the key (prefix: the engine's prefix hash, 1..256 bytes,
+        str or bytes; position: the token position). Idempotent: a key that has a snapshot for this
+        layout keeps it (created is False). docs/prefix-store.md.
+        """
+    def get_snapshot(self, prefix: bytes | str, position: int, slot: Slot) -> SnapshotGet:
+        """Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) leaves it unchanged."""
+    def delete_snapshot(self, prefix: bytes | str, position: int) -> int:
+        """Deletes the key's snapshots (every layout, pinned ones too); returns how many."""
+    def pin_snapshot(self, prefix: bytes | str, position: int, pinned: bool = True) -> int:
+        """Pins (never evicted) or unpins the key's snapshots; returns how many changed."""
+    def list_snapshots(self, prefix: bytes | str = b"", limit: int = 0) -> SnapshotList:
+        """Snapshots of the namespace whose prefix starts with ``prefix``, in key order, at most ``limit`` (0 = 1000)."""
     def fits_now(self, layout: LayoutInfo, slots: int = 1, codecs: Sequence[CodecId] = []) -> Fits:
         """How many more requests of this state shape fit now, per codec."""
     def ping(self) -> float:
