@@ -92,11 +92,6 @@ void check_inputs(const PlanInputs& in) {
   if (in.concurrency) check_range("concurrency", *in.concurrency, 0, kMaxConcurrency);
 }
 
-/// Bytes of one 32-value group at `bits` with an fp16 scale and offset.
-std::uint64_t group_bytes(std::uint32_t bits) {
-  return kKvGroup * bits / 8 + 4;
-}
-
 /// The per-GPU state shape: linear heads divided by tp.
 kernels::StateLayout rank_layout(const ModelSpec& m, std::uint32_t tp) {
   kernels::StateLayout layout = m.state_layout();
@@ -122,45 +117,35 @@ void detail::check_slots(std::uint64_t slots) {
   check_range("slots", slots, 1, kMaxSlots);
 }
 
+// KvDtype and kernels::KvCodecId list the same codecs in the same order (kv.hpp); the
+// names are the kernels'.
+static_assert(static_cast<int>(KvDtype::bf16) == static_cast<int>(kernels::KvCodecId::bf16) &&
+              static_cast<int>(KvDtype::fp8) == static_cast<int>(kernels::KvCodecId::fp8) &&
+              static_cast<int>(KvDtype::kivi2) == static_cast<int>(kernels::KvCodecId::kivi2) &&
+              static_cast<int>(KvDtype::kivi4) == static_cast<int>(kernels::KvCodecId::kivi4) &&
+              static_cast<int>(KvDtype::flexgen4) ==
+                  static_cast<int>(kernels::KvCodecId::flexgen4));
+
 const char* to_string(KvDtype kv) noexcept {
-  switch (kv) {
-    case KvDtype::bf16: return "bf16";
-    case KvDtype::fp8: return "fp8";
-    case KvDtype::kivi2: return "kivi2";
-    case KvDtype::kivi4: return "kivi4";
-    case KvDtype::flexgen4: return "flexgen4";
-  }
-  return "?";
+  return kernels::to_string(kv_codec(kv));
 }
 
 bool parse_kv_dtype(std::string_view text, KvDtype& out) noexcept {
-  for (const KvDtype kv :
-       {KvDtype::bf16, KvDtype::fp8, KvDtype::kivi2, KvDtype::kivi4, KvDtype::flexgen4}) {
-    if (text == to_string(kv)) {
-      out = kv;
-      return true;
-    }
-  }
-  return false;
+  kernels::KvCodecId codec{};
+  if (!kernels::parse_kv_codec(text, codec)) return false;
+  out = static_cast<KvDtype>(codec);
+  return true;
+}
+
+kernels::KvCodecId kv_codec(KvDtype kv) noexcept {
+  return static_cast<kernels::KvCodecId>(kv);  // kv_encoded_bytes: 0 bytes outside the enum
 }
 
 std::uint64_t kv_stream_bytes(KvDtype kv, std::uint64_t channels, std::uint64_t tokens,
                               bool per_channel) noexcept {
-  switch (kv) {
-    case KvDtype::bf16: return channels * tokens * 2;
-    case KvDtype::fp8: return channels * tokens;
-    case KvDtype::flexgen4: return tokens * ceil_div(channels, kKvGroup) * group_bytes(4);
-    case KvDtype::kivi2:
-    case KvDtype::kivi4: {
-      const std::uint64_t g = group_bytes(kv == KvDtype::kivi2 ? 2 : 4);
-      const std::uint64_t residual = std::min(tokens, kKiviResidualTokens);
-      const std::uint64_t quantized = tokens - residual;
-      const std::uint64_t q = per_channel ? channels * ceil_div(quantized, kKvGroup) * g
-                                          : quantized * ceil_div(channels, kKvGroup) * g;
-      return q + residual * channels * 2;
-    }
-  }
-  return 0;
+  return kernels::kv_encoded_bytes(kv_codec(kv),
+                                   per_channel ? kernels::KvRole::keys : kernels::KvRole::values,
+                                   tokens, channels);
 }
 
 const std::vector<CodecId>& planner_codecs() {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -117,6 +118,31 @@ TEST(Planner, FlexGenAndKiviMatchStepquantMd) {
   // Values: 32 tokens x 4 groups x 20 B + residual.
   EXPECT_EQ(kv_stream_bytes(KvDtype::kivi4, 128, 160, false), 32u * 4 * 20 + 128u * 128 * 2);
   EXPECT_EQ(kv_stream_bytes(KvDtype::fp8, 128, 10, false), 1280u);
+}
+
+// One source of truth: the planner's KV bytes are what kernels::kv_encode writes (keys
+// for per_channel, values otherwise), for every dtype, names matching the kernels' codecs.
+TEST(Planner, KvStreamBytesAreTheKernelsEncodedSizes) {
+  for (const KvDtype kv :
+       {KvDtype::bf16, KvDtype::fp8, KvDtype::kivi2, KvDtype::kivi4, KvDtype::flexgen4}) {
+    EXPECT_STREQ(to_string(kv), kernels::to_string(kv_codec(kv)));
+    for (const std::uint64_t tokens : {1ull, 100ull, 129ull, 161ull, 10000ull}) {
+      for (const std::uint64_t channels : {1ull, 33ull, 128ull, 576ull}) {
+        for (const bool per_channel : {true, false}) {
+          const std::vector<float> x(tokens * channels, 0.25f);
+          const kernels::KvStream s{kv_codec(kv),
+                                    per_channel ? kernels::KvRole::keys : kernels::KvRole::values,
+                                    tokens, channels};
+          std::vector<std::byte> out(kv_stream_bytes(kv, channels, tokens, per_channel));
+          EXPECT_NO_THROW(kernels::kv_encode(s, x, out))
+              << to_string(kv) << " " << tokens << "x" << channels << " " << per_channel;
+        }
+      }
+    }
+  }
+  // KIVI keys and values differ (per channel vs per token) once tokens pass the window.
+  EXPECT_NE(kv_stream_bytes(KvDtype::kivi2, 33, 200, true),
+            kv_stream_bytes(KvDtype::kivi2, 33, 200, false));
 }
 
 // 4 layers: 3 GDN + 1 full; one 16x16 linear head; one KV head of 16.

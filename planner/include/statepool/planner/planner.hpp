@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/planner/fits.hpp"
@@ -33,7 +34,9 @@ namespace statepool::planner {
 /// (checked by the tests).
 inline constexpr std::uint64_t kPageAlignment = 256;
 
-/// KV-cache storage of the full-attention layers (STEPQUANT.md, "KV-cache codecs").
+/// KV-cache storage of the full-attention layers (STEPQUANT.md, "KV-cache codecs"); the
+/// codecs themselves are kernels::KvCodecId (statepool/kernels/kv.hpp, same names and
+/// order), whose encoded sizes these are:
 ///   bf16      2 B per element
 ///   fp8       1 B per element (per-tensor scales ignored)
 ///   flexgen4  4-bit asymmetric, groups of 32 along each token's vector, fp16 scale and
@@ -47,11 +50,16 @@ enum class KvDtype : std::uint8_t { bf16, fp8, kivi2, kivi4, flexgen4 };
 [[nodiscard]] const char* to_string(KvDtype kv) noexcept;
 [[nodiscard]] bool parse_kv_dtype(std::string_view text, KvDtype& out) noexcept;
 
-inline constexpr std::uint32_t kKvGroup = 32;
-inline constexpr std::uint64_t kKiviResidualTokens = 128;
+inline constexpr std::uint32_t kKvGroup = kernels::kKvGroupSize;
+inline constexpr std::uint64_t kKiviResidualTokens = kernels::kKvResidualTokens;
+
+/// The kernels' codec of `kv`.
+[[nodiscard]] kernels::KvCodecId kv_codec(KvDtype kv) noexcept;
 
 /// Bytes of one KV stream of `channels` values per token over `tokens` tokens.
 /// `per_channel`: KIVI keys layout (groups along tokens); otherwise per token.
+/// kernels::kv_encoded_bytes of that stream (keys when per_channel, else values): the
+/// exact size of what kernels::kv_encode writes.
 [[nodiscard]] std::uint64_t kv_stream_bytes(KvDtype kv, std::uint64_t channels,
                                             std::uint64_t tokens, bool per_channel) noexcept;
 
