@@ -3,6 +3,7 @@
 #include <string>
 #include <string_view>
 
+#include "fnv1a.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
@@ -61,6 +62,26 @@ bool StateLayout::same_shape_and_codec(const StateLayout& other) const noexcept 
          conv_dtype == other.conv_dtype && codec.id == other.codec.id &&
          identity_group_size(codec) == identity_group_size(other.codec) &&
          identity_variant(codec) == identity_variant(other.codec) && same_plan(plan, other.plan);
+}
+
+std::string layout_digest(const StateLayout& layout) {
+  Fnv1a h;
+  constexpr std::string_view kTag = "statepool.layout/1";
+  h.bytes(kTag.data(), kTag.size());
+  h.u8(static_cast<std::uint8_t>(layout.arch));
+  h.u32(layout.num_layers);
+  h.u32(layout.num_heads);
+  h.u32(layout.key_dim);
+  h.u32(layout.value_dim);
+  h.u32(layout.conv_channels);
+  h.u32(layout.conv_width);
+  h.u8(static_cast<std::uint8_t>(layout.conv_dtype));
+  h.u8(static_cast<std::uint8_t>(layout.codec.id));
+  h.u32(identity_group_size(layout.codec));
+  h.u8(static_cast<std::uint8_t>(identity_variant(layout.codec)));
+  h.u8(layout.plan != nullptr ? 1 : 0);
+  h.u64(layout.plan != nullptr ? stepquant::digest_value(*layout.plan) : 0);
+  return hex64(h.value());
 }
 
 std::size_t dtype_bytes(DType dtype) noexcept {

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <utility>
 
+#include "fnv1a.hpp"
 #include "plan_generated.h"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/numeric.hpp"
@@ -66,33 +67,6 @@ std::string allowed_widths(std::uint32_t budget) {
   }
   return out + " or 16 (pivot)";
 }
-
-// --- digest ------------------------------------------------------------------------
-
-class Fnv1a {
- public:
-  void bytes(const void* data, std::size_t n) noexcept {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) {
-      h_ = (h_ ^ p[i]) * 0x100000001B3ull;
-    }
-  }
-  void u8(std::uint8_t v) noexcept { bytes(&v, 1); }
-  void u32(std::uint32_t v) noexcept {
-    const unsigned char b[4] = {static_cast<unsigned char>(v), static_cast<unsigned char>(v >> 8),
-                                static_cast<unsigned char>(v >> 16),
-                                static_cast<unsigned char>(v >> 24)};
-    bytes(b, 4);
-  }
-  void u64(std::uint64_t v) noexcept {
-    u32(static_cast<std::uint32_t>(v));
-    u32(static_cast<std::uint32_t>(v >> 32));
-  }
-  [[nodiscard]] std::uint64_t value() const noexcept { return h_; }
-
- private:
-  std::uint64_t h_ = 0xCBF29CE484222325ull;
-};
 
 // --- file I/O ----------------------------------------------------------------------
 
@@ -322,13 +296,7 @@ std::uint64_t digest_value(const Plan& plan) noexcept {
 }
 
 std::string digest(const Plan& plan) {
-  const std::uint64_t v = digest_value(plan);
-  std::string out(16, '0');
-  constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 16; ++i) {
-    out[static_cast<std::size_t>(15 - i)] = kHex[(v >> (4 * i)) & 0xFu];
-  }
-  return out;
+  return hex64(digest_value(plan));
 }
 
 std::vector<std::byte> to_bytes(const Plan& plan) {

@@ -2,13 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -190,6 +193,54 @@ TEST(Layout, DsqNeedsNoPlanAndTakesNone) {
   other.codec.variant = StepQuantVariant::temporal_only;
   EXPECT_EQ(validate(other), "");
   EXPECT_TRUE(layout.same_shape_and_codec(other));
+}
+
+TEST(Layout, DigestNamesThePageFormatAndNothingElse) {
+  const StateLayout base = qwen3_next_layout(CodecId::int6);
+  const std::string digest = layout_digest(base);
+  ASSERT_EQ(digest.size(), 16u);
+  EXPECT_EQ(digest.find_first_not_of("0123456789abcdef"), std::string::npos) << digest;
+  // The name is not identity, a defaulted parameter equals its default, and parameters
+  // that do not apply to the codec are ignored: as same_shape_and_codec.
+  StateLayout same = base;
+  same.name = "another name";
+  same.codec.group_size = kDefaultGroupSize;
+  same.codec.variant = StepQuantVariant::spatial_only;
+  EXPECT_TRUE(base.same_shape_and_codec(same));
+  EXPECT_EQ(layout_digest(same), digest);
+  // Every field of identity changes it.
+  std::vector<StateLayout> others(9, base);
+  others[0].arch = Arch::kda;
+  others[1].num_layers += 1;
+  others[2].num_heads += 1;
+  others[3].key_dim += 1;
+  others[4].value_dim += 1;
+  others[5].conv_channels += 1;
+  others[6].conv_dtype = DType::f32;
+  others[7].codec.id = CodecId::int8;
+  others[8].codec.group_size = 64;
+  std::set<std::string> seen{digest};
+  for (const StateLayout& other : others) {
+    EXPECT_FALSE(base.same_shape_and_codec(other));
+    EXPECT_TRUE(seen.insert(layout_digest(other)).second) << layout_digest(other);
+  }
+  // Stable across builds and machines: a remote tier keys pages by it.
+  EXPECT_EQ(layout_digest(base), "b87543779cfdf95e");
+  // A stepquant layout is its plan too.
+  StateLayout a;
+  a.num_layers = 1;
+  a.num_heads = 2;
+  a.key_dim = 4;
+  a.value_dim = 4;
+  a.codec.id = CodecId::stepquant6;
+  StateLayout b = a;
+  a.plan = std::make_shared<stepquant::Plan>(testing::uniform_plan(Arch::gdn, 1, 2, 4, 4, 6));
+  b.plan = std::make_shared<stepquant::Plan>(testing::make_plan(
+      Arch::gdn, 1, 2, 4, 4, 6, [](std::size_t unit) { return unit == 0 ? 16 : 6; }));
+  EXPECT_NE(layout_digest(a), layout_digest(b));
+  StateLayout a2 = a;
+  a2.plan = std::make_shared<stepquant::Plan>(*a.plan);  // another object, the same plan
+  EXPECT_EQ(layout_digest(a2), layout_digest(a));
 }
 
 }  // namespace

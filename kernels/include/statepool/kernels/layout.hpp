@@ -97,4 +97,11 @@ inline constexpr std::uint64_t kMaxPageBytes = 4ull << 30;
 /// (e.g. "key_dim must be between 1 and 4096, got 0").
 [[nodiscard]] std::string validate(const StateLayout& layout);
 
+/// Content digest of a layout's identity (everything same_shape_and_codec compares: the
+/// shape, the conv state, the codec with its defaulted parameters, and the plan's digest),
+/// as 16 lowercase hex characters: FNV-1a 64 over a canonical little-endian encoding. Equal
+/// for layouts that store the same page format, in any process and on any machine; what a
+/// stored page is bound to outside one daemon (prefix-state snapshots in remote tiers).
+[[nodiscard]] std::string layout_digest(const StateLayout& layout);
+
 }  // namespace statepool::kernels
