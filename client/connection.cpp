@@ -796,7 +796,7 @@ SnapshotGet Connection::get_snapshot(const SnapshotKey& key, ArenaId arena, Slot
         return wire::CreateGetSnapshot(b, arena, slot, k);
       },
       [](const wire::GetSnapshotReply* r) {
-        return SnapshotGet{r->hit(), r->other_layouts(), r->page_bytes()};
+        return SnapshotGet{r->hit(), r->other_layouts(), r->page_bytes(), str(r->tier())};
       });
 }
 
@@ -944,6 +944,9 @@ Stats Connection::stats() {
                                         s.snapshot_hits = t->snapshot_hits();
                                         s.snapshot_misses = t->snapshot_misses();
                                         s.snapshot_evictions = t->snapshot_evictions();
+                                        s.snapshot_demotions = t->snapshot_demotions();
+                                        s.snapshot_hits_host = t->snapshot_hits_host();
+                                        s.snapshot_hits_remote = t->snapshot_hits_remote();
                                         out.tenants.push_back(std::move(s));
                                       }
                                     }

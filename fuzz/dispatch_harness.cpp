@@ -185,7 +185,8 @@ struct DispatchHarness::State {
                                   [&draining](const std::string&) { draining = true; },
                                   [this](const std::string& tenant) -> service::MemoryResource& {
                                     return *tenant_staging.at(tenant);
-                                  }};
+                                  },
+                                  nullptr};  // no snapshot tiers below the pool
     service::ConnectionState connection;
     connection.id = 1;
     connection.pid = ::getpid();

@@ -17,6 +17,8 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/size.hpp"
 #include "statepool/support/worker_pool.hpp"
+#include "store/redis_store.hpp"
+#include "store/tiers.hpp"
 
 namespace {
 /// Worker threads run at this nice increment: codec work fills the cores, and the I/O
@@ -71,7 +73,22 @@ int main(int argc, char** argv) {
       std::getline(lines, line);
       if (!line.empty()) LOG_INFO("config", line);
     }
-    // Workers first, the server last: everything the server's sessions await outlives it.
+    // The snapshot tiers before the workers (which finish their publications), the
+    // workers before the server: everything the server's sessions await outlives it.
+    std::unique_ptr<SnapshotTiers> tiers;
+    if (config.snapshot_host_capacity > 0 || !config.snapshot_remote.empty()) {
+      std::unique_ptr<RemoteStore> remote;
+      if (!config.snapshot_remote.empty()) {
+        RedisOptions redis = parse_redis_url(config.snapshot_remote);  // checked by the config
+        redis.timeout = config.snapshot_remote_timeout;
+        redis.ttl = config.snapshot_remote_ttl;
+        remote = make_redis_store(std::move(redis));
+      }
+      tiers = std::make_unique<SnapshotTiers>(
+          TiersConfig{config.snapshot_host_capacity, TiersConfig{}.max_pending_writes},
+          std::move(remote));
+      LOG_INFO("store", "snapshot tiers below the pool: ", tiers->describe());
+    }
     statepool::support::WorkerPool workers(config.workers, kWorkerNice);
     Backend backend = make_backend(config, workers);
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
@@ -89,8 +106,8 @@ int main(int argc, char** argv) {
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
                " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
     }
-    Metrics metrics(pool, &staging_memory);
-    Server server(config, pool, &metrics, staging_memory, workers, *backend.executor);
+    Metrics metrics(pool, &staging_memory, tiers.get());
+    Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
     server.bind();
     if (!config.metrics_address.empty()) {
       metrics.start_exporter(config.metrics_address);

@@ -232,6 +232,12 @@ void bind_client(py::module_& m) {
                     "get_snapshot misses by the tenant since the daemon started.")
       .def_readonly("snapshot_evictions", &client::TenantStats::snapshot_evictions,
                     "Its snapshots evicted to make room, since the daemon started.")
+      .def_readonly("snapshot_demotions", &client::TenantStats::snapshot_demotions,
+                    "Its snapshots evicted from the pool while lower tiers keep them.")
+      .def_readonly("snapshot_hits_host", &client::TenantStats::snapshot_hits_host,
+                    "Of snapshot_hits, those the host tier served.")
+      .def_readonly("snapshot_hits_remote", &client::TenantStats::snapshot_hits_remote,
+                    "Of snapshot_hits, those the remote store served.")
       .def_property_readonly("compression_ratio", &client::TenantStats::compression_ratio);
   py::class_<client::Stats>(m, "Stats", "The daemon's state (the Stats request).")
       .def_readonly("arenas", &client::Stats::arenas)
@@ -275,6 +281,8 @@ void bind_client(py::module_& m) {
       .def_readonly("other_layouts", &client::SnapshotGet::other_layouts,
                     "On a miss: snapshots of the key for other layouts.")
       .def_readonly("page_bytes", &client::SnapshotGet::page_bytes)
+      .def_readonly("tier", &client::SnapshotGet::tier,
+                    "On a hit: the tier that served it, pool, host or remote.")
       .def(
           "__bool__", [](const client::SnapshotGet& g) { return g.hit; }, "hit.")
       .def("__repr__", [](const client::SnapshotGet& g) {

@@ -579,6 +579,15 @@ class TenantStats:
     def snapshot_evictions(self) -> int:
         """Its snapshots evicted to make room, since the daemon started."""
     @property
+    def snapshot_demotions(self) -> int:
+        """Its snapshots evicted from the pool while lower tiers keep them."""
+    @property
+    def snapshot_hits_host(self) -> int:
+        """Of snapshot_hits, those the host tier served."""
+    @property
+    def snapshot_hits_remote(self) -> int:
+        """Of snapshot_hits, those the remote store served."""
+    @property
     def compression_ratio(self) -> float:
         """fp32_bytes / stored_bytes (0 when nothing is stored)."""
 
@@ -687,6 +696,9 @@ class SnapshotGet:
     @property
     def page_bytes(self) -> int:
         """Bytes of the slot's page."""
+    @property
+    def tier(self) -> str:
+        """On a hit: the tier that served it, pool, host or remote."""
     def __bool__(self) -> bool:
         """hit."""
     def __repr__(self) -> str:

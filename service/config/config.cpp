@@ -1,6 +1,7 @@
 #include "config/config.hpp"
 
 #include "backend.hpp"
+#include "store/redis_store.hpp"
 
 #include "statepool/support/read_file.hpp"
 #include "statepool/support/size.hpp"
@@ -337,7 +338,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   ParsedArgs result;
   Config& config = result.config;
   std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
-      log_level, allow_uids, hello_timeout, staging_capacity, tenant_staging;
+      log_level, allow_uids, hello_timeout, staging_capacity, tenant_staging, snapshot_host,
+      snapshot_timeout, snapshot_ttl;
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0,
                 max_unattached = 0, tenant_layouts = 0, tenant_plans = 0, tenant_arenas = 0,
@@ -440,9 +442,23 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
            ->default_value(limit_defaults.max_pinned_snapshots),
        "pinned prefix-state snapshots one tenant's publications may hold "
        "(max-pinned-snapshots)");
+  po::options_description store("Prefix-state store (docs/prefix-store.md)");
+  store.add_options()
+      ("snapshot-host-capacity",
+       po::value<std::string>(&snapshot_host)->default_value("0"),
+       "host memory for a tier of snapshots below the pool (every publication is written "
+       "through to it; least recently used out first); 0 = none")
+      ("snapshot-remote", po::value<std::string>(&config.snapshot_remote),
+       "a Redis or Redis Cluster to share snapshots across daemons and machines: "
+       "redis://[:PASSWORD@]HOST:PORT[,HOST:PORT...]; default none")
+      ("snapshot-remote-timeout",
+       po::value<std::string>(&snapshot_timeout)->default_value("250ms"),
+       "bound on connecting to the remote store and on each command")
+      ("snapshot-remote-ttl", po::value<std::string>(&snapshot_ttl)->default_value("0"),
+       "expiry of the values written to the remote store (e.g. 1h); 0 = none");
   // clang-format on
   po::options_description all;
-  all.add(general).add(server).add(pool).add(limits);
+  all.add(general).add(server).add(pool).add(limits).add(store);
 
   po::variables_map vm;
   std::vector<TenantConfig> tenants;
@@ -563,6 +579,26 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.io_timeout = parse_duration(io_timeout, "--io-timeout");
   if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
   config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
+  config.snapshot_host_capacity = parse_size(snapshot_host, "--snapshot-host-capacity");
+  config.snapshot_remote_timeout = parse_duration(snapshot_timeout, "--snapshot-remote-timeout");
+  if (config.snapshot_remote_timeout.count() < 1 || config.snapshot_remote_timeout.count() > 60000)
+    throw ConfigError("--snapshot-remote-timeout must be between 1ms and 60s");
+  config.snapshot_remote_ttl = std::chrono::duration_cast<std::chrono::seconds>(
+      parse_duration(snapshot_ttl, "--snapshot-remote-ttl"));
+  if (!config.snapshot_remote.empty()) {
+    try {
+      (void)parse_redis_url(config.snapshot_remote);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(std::string("--snapshot-remote: ") + e.what());
+    }
+    if (!redis_available()) {
+      throw ConfigError(
+          "--snapshot-remote: this statepoold was built without hiredis (Debian package "
+          "libhiredis-dev), so it has no remote snapshot tier");
+    }
+  }
+  config.pool.snapshot_lower_tiers =
+      config.snapshot_host_capacity > 0 || !config.snapshot_remote.empty();
 
   config.metrics_address =
       validate_listen_address(config.metrics_address, "--metrics-address", false);
@@ -660,7 +696,12 @@ std::string describe(const Config& config) {
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
       << ", api " << (config.api_address.empty() ? "disabled" : config.api_address)
       << (config.api_token.empty() ? "" : " (bearer token required)") << ", threads "
-      << config.threads << ", workers " << config.workers << "\n";
+      << config.threads << ", workers " << config.workers << "\n"
+      << "snapshot tiers: host "
+      << (config.snapshot_host_capacity == 0 ? std::string("none")
+                                             : format_bytes(config.snapshot_host_capacity))
+      << ", remote "
+      << (config.snapshot_remote.empty() ? std::string("none") : config.snapshot_remote) << "\n";
   for (const auto& plan : config.plan_files) out << "plan " << plan << "\n";
   const auto describe_limits = [&out](const TenantLimits& l) {
     out << "; at most " << l.max_layouts << " layouts, " << l.max_plans << " plans, "

@@ -58,6 +58,11 @@ struct Config {
   std::vector<uid_t> allow_uids;        ///< empty = any peer uid (socket mode rules)
   std::string config_file;              ///< the file read, if any
   std::vector<std::string> plan_files;  ///< STEPQuant plan files loaded at start
+  // The prefix-state store's tiers below the pool (docs/prefix-store.md, "Tiers").
+  std::uint64_t snapshot_host_capacity = 0;  ///< host tier bytes; 0 = none
+  std::string snapshot_remote;               ///< redis://host:port[,...]; "" = none
+  std::chrono::milliseconds snapshot_remote_timeout{250};  ///< connect and each command
+  std::chrono::seconds snapshot_remote_ttl{0};             ///< expiry of remote values; 0 = none
   std::string plan_dir;                 ///< every *.spqp file in it is loaded too
 };
 

@@ -186,7 +186,10 @@ void CudaExecutor::launch_loop() {
 void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_any) {
   const Operation& op = job.op;
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
-    if (buffer->data != nullptr && !can_access(buffer->space, buffer->device)) {
+    // A copy may have one end in the daemon's host memory (prefix-state snapshots moving
+    // between the pool and its host and remote tiers): cudaMemcpyDefault handles that.
+    const bool host_copy = op.kind == OperationKind::copy && buffer->space == MemorySpace::host;
+    if (buffer->data != nullptr && !host_copy && !can_access(buffer->space, buffer->device)) {
       throw StatusError(
           Status::invalid_argument,
           std::string("the cuda executor (device ") + std::to_string(device_) + ") cannot " +
@@ -204,8 +207,8 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
                             " bytes, destination of " + std::to_string(op.page.size));
     }
     if (op.page.data != op.source.data && op.page.size != 0) {
-      check_op(cudaMemcpyAsync(op.page.data, op.source.data, op.page.size,
-                               cudaMemcpyDeviceToDevice, stream),
+      check_op(cudaMemcpyAsync(op.page.data, op.source.data, op.page.size, cudaMemcpyDefault,
+                               stream),
                "cudaMemcpyAsync", op.kind);
       launched_any = true;
     }

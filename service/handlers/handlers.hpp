@@ -33,6 +33,7 @@
 #include "memory/limiting.hpp"
 #include "memory/resource.hpp"
 #include "pool/pool.hpp"
+#include "store/tiers.hpp"
 #include "statepool/protocol/messages.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "statepool_generated.h"
@@ -70,6 +71,8 @@ struct ServerContext {
   /// The staging budget all connections of a tenant share (max-staging-bytes), over the
   /// daemon's (--staging-capacity). The tenant must exist.
   std::function<MemoryResource&(const std::string& tenant)> tenant_staging;
+  /// The prefix-state store's tiers below the pool; null when none is configured.
+  SnapshotTiers* tiers = nullptr;
 };
 
 /// Staging buffers one connection may hold at once: each holds a descriptor in the

@@ -109,7 +109,9 @@ Handled handle(Call& call, const wire::Stats& /*in*/) {
                                               t.reserved_bytes, t.pages_used, t.stored_bytes,
                                               t.fp32_bytes, t.snapshots, t.snapshot_bytes,
                                               t.pinned_snapshots, t.snapshot_hits,
-                                              t.snapshot_misses, t.snapshot_evictions));
+                                              t.snapshot_misses, t.snapshot_evictions,
+                                              t.snapshot_demotions, t.snapshot_hits_host,
+                                              t.snapshot_hits_remote));
   }
   const double uptime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();

@@ -1,6 +1,10 @@
-// PutSnapshot, GetSnapshot (the page copy on the Executor, replied to when it is done),
-// DeleteSnapshot, PinSnapshot, ListSnapshots (the pool's tables only: inline).
+// PutSnapshot, GetSnapshot (the page copies on the Executor, the tiers below the pool on a
+// worker; replied to when they are done), DeleteSnapshot, PinSnapshot, ListSnapshots (the
+// pool's tables only: inline). docs/prefix-store.md.
 #include <algorithm>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -10,6 +14,7 @@
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/status.hpp"
+#include "store/snapshot_value.hpp"
 
 namespace statepool::service {
 namespace {
@@ -34,40 +39,106 @@ flatbuffers::Offset<wire::SnapshotKey> to_wire(flatbuffers::FlatBufferBuilder& b
   return wire::CreateSnapshotKey(b, prefix, key.position);
 }
 
-/// Runs the page copy of a put or a get on the Executor and ends it.
-boost::asio::awaitable<void> run_copy(Call& call, SnapshotCopy& copy) {
+/// Copies `source` to `target` (one page) on the Executor.
+boost::asio::awaitable<void> copy_page(Call& call, kernels::BufferRef source,
+                                       kernels::BufferRef target,
+                                       std::vector<std::shared_ptr<const Allocation>> keep_alive) {
   Operation op;
   op.kind = OperationKind::copy;
-  op.source = copy.source;
-  op.page = copy.target;
-  op.keep_alive = copy.keep_alive;
+  op.source = source;
+  op.page = target;
+  op.keep_alive = std::move(keep_alive);
   co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-  copy.done();
+}
+
+kernels::BufferRef host_buffer(std::span<std::byte> bytes) {
+  return kernels::BufferRef{bytes.data(), bytes.size(), kernels::MemorySpace::host, -1};
+}
+
+/// A published snapshot into the tiers below the pool: its page is copied into a value
+/// while the snapshot is still being written (so its page cannot go meanwhile); the
+/// checksum and the tiers' work run on a worker, the remote write later.
+boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
+                                           const SnapshotKey& key) {
+  ServerContext& s = call.server;
+  SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
+  auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes));
+  co_await copy_page(call, put.copy->target, host_buffer(snapshot_value_page(*value)),
+                     put.copy->keep_alive);
+  const std::string tenant = call.connection.tenant;
+  s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value)] {
+    seal_snapshot_value(*value);
+    tiers->publish(name, tenant, value);
+  });
 }
 
 }  // namespace
 
 Handled handle(Call& call, const wire::PutSnapshot& in) {
-  SnapshotPut put = call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(),
-                                                  key_of(in.key()));
-  if (put.copy) co_await run_copy(call, *put.copy);  // an error forgets the snapshot
+  const SnapshotKey key = key_of(in.key());
+  SnapshotPut put =
+      call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(), key);
+  if (put.copy) {  // an error below forgets the snapshot
+    co_await copy_page(call, put.copy->source, put.copy->target, put.copy->keep_alive);
+    if (call.server.tiers != nullptr) co_await write_through(call, put, key);
+    put.copy->done();
+  }
   call.reply<wire::PutSnapshot>(
       wire::CreatePutSnapshotReply(call.builder(), put.created, put.evicted, put.page_bytes));
 }
 
 Handled handle(Call& call, const wire::GetSnapshot& in) {
-  SnapshotGet get = call.server.pool.get_snapshot(call.connection.lease, in.arena_id(), in.slot(),
-                                                  key_of(in.key()));
-  if (get.copy) co_await run_copy(call, *get.copy);
+  ServerContext& s = call.server;
+  const SnapshotKey key = key_of(in.key());
+  SnapshotGet get = s.pool.get_snapshot(call.connection.lease, in.arena_id(), in.slot(), key);
+  std::string tier;  // the tier that served a hit
+  if (get.hit) tier = "pool";
+  if (get.copy) {
+    co_await copy_page(call, get.copy->source, get.copy->target, get.copy->keep_alive);
+    get.copy->done();
+  } else if (s.tiers != nullptr && s.tiers->enabled()) {
+    const SnapshotName name{get.space, key.prefix, key.position, get.layout_digest};
+    std::optional<SnapshotTiers::Found> found;
+    const std::string tenant = call.connection.tenant;
+    co_await async_run(
+        s.workers, [&] { found = s.tiers->find(name, get.page_bytes, tenant); },
+        boost::asio::use_awaitable);
+    if (found) {
+      // The slot is looked up again: it may have been freed while the tiers were asked.
+      const PageRef page = s.pool.page(call.connection.lease, in.arena_id(), in.slot());
+      const std::span<std::byte> bytes(const_cast<std::byte*>(found->page.data()),   // NOLINT
+                                       found->page.size());                          // read only
+      std::vector<std::shared_ptr<const Allocation>> keep{page.memory};              // (GCC 12: no
+      co_await copy_page(call, host_buffer(bytes), page.buffer(), std::move(keep));  // {} here)
+      s.pool.count_lower_tier_hit(tenant, found->tier);
+      get.hit = true;
+      get.other_layouts = 0;
+      tier = found->tier;
+    }
+  }
+  auto& b = call.builder();
+  const auto tier_text = get.hit ? b.CreateString(tier) : 0;
   call.reply<wire::GetSnapshot>(
-      wire::CreateGetSnapshotReply(call.builder(), get.hit, get.other_layouts, get.page_bytes));
+      wire::CreateGetSnapshotReply(b, get.hit, get.other_layouts, get.page_bytes, tier_text));
 }
 
 Handled handle(Call& call, const wire::DeleteSnapshot& in) {
-  const std::uint32_t deleted =
-      call.server.pool.delete_snapshot(call.connection.tenant, key_of(in.key()));
+  ServerContext& s = call.server;
+  const SnapshotKey key = key_of(in.key());
+  std::vector<std::string> digests;
+  const std::uint32_t deleted = s.pool.delete_snapshot(call.connection.tenant, key, &digests);
+  if (s.tiers != nullptr && s.tiers->enabled()) {
+    std::vector<SnapshotName> names;
+    const std::string& space = s.pool.snapshot_namespace(call.connection.tenant);
+    for (std::string& digest : digests) {
+      names.push_back(SnapshotName{space, key.prefix, key.position, std::move(digest)});
+    }
+    // The host tier's index is scanned: on a worker.
+    co_await async_run(
+        s.workers, [&] { s.tiers->remove(space, key.prefix, key.position, names); },
+        boost::asio::use_awaitable);
+  }
   call.reply<wire::DeleteSnapshot>(wire::CreateDeleteSnapshotReply(call.builder(), deleted));
-  co_return;
 }
 
 Handled handle(Call& call, const wire::PinSnapshot& in) {

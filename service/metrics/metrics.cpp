@@ -19,6 +19,7 @@
 #include <prometheus/text_serializer.h>
 
 #include "statepool/protocol/frame.hpp"
+#include "store/tiers.hpp"
 
 namespace statepool::service {
 namespace {
@@ -56,8 +57,8 @@ MetricFamily family(std::string name, std::string help, MetricType type) {
 // Reads the pool at scrape time.
 class PoolCollector final : public prometheus::Collectable {
  public:
-  PoolCollector(const Pool& pool, const TrackingResource* staging)
-      : pool_(pool), staging_(staging) {}
+  PoolCollector(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
+      : pool_(pool), staging_(staging), tiers_(tiers) {}
 
   std::vector<MetricFamily> Collect() const override {
     const PoolStats stats = pool_.stats();
@@ -230,11 +231,20 @@ class PoolCollector final : public prometheus::Collectable {
                        "key had a snapshot for the layout already).",
                        MetricType::Counter);
     auto evictions = family("statepool_snapshot_evictions_total",
-                            "Snapshots of a tenant evicted to make room for slots or newer "
-                            "snapshots.",
+                            "Snapshots of a tenant a tier let go for room, per tier (pool: for "
+                            "slots or newer snapshots, with no lower tier; host: least "
+                            "recently used past --snapshot-host-capacity).",
                             MetricType::Counter);
+    auto demotions = family("statepool_snapshot_demotions_total",
+                            "Snapshots of a tenant evicted from the pool while lower tiers "
+                            "keep them (written through at publication).",
+                            MetricType::Counter);
+    auto tier_hits = family("statepool_snapshot_tier_hits_total",
+                            "GetSnapshot hits of a tenant, per tier that served them (pool, "
+                            "host, remote).",
+                            MetricType::Counter);
+    const auto count = [](std::uint64_t v) { return static_cast<double>(v); };
     for (const auto& t : stats.tenants) {
-      const auto count = [](std::uint64_t v) { return static_cast<double>(v); };
       snapshots.metric.push_back(
           sample({{"tenant", t.name}, {"tier", "pool"}}, count(t.snapshots), MetricType::Gauge));
       snapshot_bytes.metric.push_back(sample({{"tenant", t.name}, {"tier", "pool"}},
@@ -249,8 +259,35 @@ class PoolCollector final : public prometheus::Collectable {
                                    count(t.snapshot_puts_created), MetricType::Counter));
       puts.metric.push_back(sample({{"tenant", t.name}, {"result", "existing"}},
                                    count(t.snapshot_puts_existing), MetricType::Counter));
-      evictions.metric.push_back(
-          sample({{"tenant", t.name}}, count(t.snapshot_evictions), MetricType::Counter));
+      evictions.metric.push_back(sample({{"tenant", t.name}, {"tier", "pool"}},
+                                        count(t.snapshot_evictions), MetricType::Counter));
+      demotions.metric.push_back(
+          sample({{"tenant", t.name}}, count(t.snapshot_demotions), MetricType::Counter));
+      const std::uint64_t below = t.snapshot_hits_host + t.snapshot_hits_remote;
+      tier_hits.metric.push_back(sample(
+          {{"tenant", t.name}, {"tier", "pool"}},
+          count(t.snapshot_hits >= below ? t.snapshot_hits - below : 0), MetricType::Counter));
+      if (tiers_ != nullptr && tiers_->has_host()) {
+        tier_hits.metric.push_back(sample({{"tenant", t.name}, {"tier", "host"}},
+                                          count(t.snapshot_hits_host), MetricType::Counter));
+      }
+      if (tiers_ != nullptr && tiers_->has_remote()) {
+        tier_hits.metric.push_back(sample({{"tenant", t.name}, {"tier", "remote"}},
+                                          count(t.snapshot_hits_remote), MetricType::Counter));
+      }
+    }
+    if (tiers_ != nullptr && tiers_->has_host()) {
+      const auto host = tiers_->host_usage();
+      for (const auto& t : stats.tenants) {
+        const auto it = host.find(t.name);
+        const TierUsage u = it == host.end() ? TierUsage{} : it->second;
+        snapshots.metric.push_back(
+            sample({{"tenant", t.name}, {"tier", "host"}}, count(u.snapshots), MetricType::Gauge));
+        snapshot_bytes.metric.push_back(
+            sample({{"tenant", t.name}, {"tier", "host"}}, count(u.bytes), MetricType::Gauge));
+        evictions.metric.push_back(sample({{"tenant", t.name}, {"tier", "host"}},
+                                          count(u.evictions), MetricType::Counter));
+      }
     }
     out.push_back(std::move(snapshots));
     out.push_back(std::move(snapshot_bytes));
@@ -258,6 +295,39 @@ class PoolCollector final : public prometheus::Collectable {
     out.push_back(std::move(lookups));
     out.push_back(std::move(puts));
     out.push_back(std::move(evictions));
+    out.push_back(std::move(demotions));
+    out.push_back(std::move(tier_hits));
+    if (tiers_ != nullptr && tiers_->has_remote()) {
+      const RemoteCounters r = tiers_->remote_counters();
+      auto writes = family("statepool_remote_store_writes_total",
+                           "Snapshot writes to the remote store (--snapshot-remote), by result: "
+                           "ok, failed (unreachable or refused), dropped (queue full).",
+                           MetricType::Counter);
+      auto reads = family("statepool_remote_store_reads_total",
+                          "Snapshot lookups in the remote store, by result: hit, missing, "
+                          "failed (unreachable or an error reply), rejected (corrupted, "
+                          "truncated, or another layout's or key's value).",
+                          MetricType::Counter);
+      auto pending = family("statepool_remote_store_pending_writes",
+                            "Snapshot writes waiting for the remote store.", MetricType::Gauge);
+      const auto c = [](std::uint64_t v) { return static_cast<double>(v); };
+      writes.metric.push_back(sample({{"result", "ok"}}, c(r.writes_ok), MetricType::Counter));
+      writes.metric.push_back(
+          sample({{"result", "failed"}}, c(r.writes_failed), MetricType::Counter));
+      writes.metric.push_back(
+          sample({{"result", "dropped"}}, c(r.writes_dropped), MetricType::Counter));
+      reads.metric.push_back(sample({{"result", "hit"}}, c(r.reads_hit), MetricType::Counter));
+      reads.metric.push_back(
+          sample({{"result", "missing"}}, c(r.reads_missing), MetricType::Counter));
+      reads.metric.push_back(
+          sample({{"result", "failed"}}, c(r.reads_failed), MetricType::Counter));
+      reads.metric.push_back(
+          sample({{"result", "rejected"}}, c(r.reads_rejected), MetricType::Counter));
+      pending.metric.push_back(sample({}, c(r.pending), MetricType::Gauge));
+      out.push_back(std::move(writes));
+      out.push_back(std::move(reads));
+      out.push_back(std::move(pending));
+    }
 
     auto leases = family("statepool_leases",
                          "Client leases by state (active: attached to a connection; orphaned: "
@@ -301,6 +371,7 @@ class PoolCollector final : public prometheus::Collectable {
  private:
   const Pool& pool_;
   const TrackingResource* staging_;
+  const SnapshotTiers* tiers_;
 };
 
 /// Reasons a connection is refused (statepool_connections_refused_total), pre-created.
@@ -310,9 +381,9 @@ constexpr const char* kRefusalReasons[] = {"uid", "connection_limit", "unattache
 }  // namespace
 
 struct Metrics::Impl {
-  Impl(const Pool& pool, const TrackingResource* staging)
+  Impl(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
       : registry(std::make_shared<prometheus::Registry>()),
-        collector(std::make_shared<PoolCollector>(pool, staging)),
+        collector(std::make_shared<PoolCollector>(pool, staging, tiers)),
         requests(prometheus::BuildCounter()
                      .Name("statepool_requests_total")
                      .Help("Requests handled, by request type.")
@@ -390,8 +461,8 @@ struct Metrics::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
 };
 
-Metrics::Metrics(const Pool& pool, const TrackingResource* staging)
-    : impl_(std::make_unique<Impl>(pool, staging)) {}
+Metrics::Metrics(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
+    : impl_(std::make_unique<Impl>(pool, staging, tiers)) {}
 Metrics::~Metrics() = default;
 
 void Metrics::start_exporter(const std::string& address) {

@@ -28,11 +28,15 @@ class Exposer;
 
 namespace statepool::service {
 
+class SnapshotTiers;
+
 class Metrics {
  public:
   /// `staging`, when given, is the tracking adaptor the connections' staging buffers are
   /// allocated through (statepool_memory_bytes{use="staging"}); both must outlive this.
-  explicit Metrics(const Pool& pool, const TrackingResource* staging = nullptr);
+  /// `tiers`, when given, is the prefix-state store below the pool (its tiers' series).
+  explicit Metrics(const Pool& pool, const TrackingResource* staging = nullptr,
+                   const SnapshotTiers* tiers = nullptr);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

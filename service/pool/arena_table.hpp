@@ -30,6 +30,7 @@ struct Arena {
   std::size_t tenant = 0;  ///< index into the pool's tenants
   LayoutId layout = 0;
   std::shared_ptr<const kernels::PageCodec> codec;
+  std::string layout_digest;  ///< kernels::layout_digest of codec->layout()
   std::size_t page_stride = 0;
   std::shared_ptr<Allocation> memory;
   SlotAllocator slots;

@@ -221,6 +221,7 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std
     arena->tenant = tenant;
     arena->layout = layout_id;
     arena->codec = codec;
+    arena->layout_digest = kernels::layout_digest(codec->layout());
     arena->page_stride = stride;
     const Tenant& t = tenants_[tenant];
     try {
@@ -451,6 +452,9 @@ PoolStats Pool::stats() const {
     usage.snapshot_puts_created = t.puts_created;
     usage.snapshot_puts_existing = t.puts_existing;
     usage.snapshot_evictions = t.evictions;
+    usage.snapshot_demotions = t.demotions;
+    usage.snapshot_hits_host = t.hits_host;
+    usage.snapshot_hits_remote = t.hits_remote;
     out.tenants.push_back(std::move(usage));
   }
   out.arenas.reserve(arenas_.all().size());

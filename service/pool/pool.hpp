@@ -75,6 +75,9 @@ struct PoolConfig {
   std::chrono::milliseconds grace_period{30000};
   std::vector<TenantConfig> tenants;  ///< empty -> a "default" tenant without quota
   TenantLimits default_limits;        ///< the "default" tenant's limits
+  /// Snapshots are written through to tiers below the pool (host, remote): a snapshot
+  /// evicted from the pool is counted as demoted, not as evicted.
+  bool snapshot_lower_tiers = false;
 };
 
 struct ArenaInfo {
@@ -118,6 +121,9 @@ struct TenantUsage {
   std::uint64_t snapshot_puts_created = 0;
   std::uint64_t snapshot_puts_existing = 0;
   std::uint64_t snapshot_evictions = 0;
+  std::uint64_t snapshot_demotions = 0;    ///< evicted from the pool, kept by lower tiers
+  std::uint64_t snapshot_hits_host = 0;    ///< of snapshot_hits, found in the host tier
+  std::uint64_t snapshot_hits_remote = 0;  ///< of snapshot_hits, found in the remote store
 };
 
 /// A plain snapshot; one field per metric (service/metrics maps it one-to-one).
@@ -189,6 +195,8 @@ struct SnapshotPut {
   bool created = false;       ///< false: the key had a snapshot for this layout already
   std::uint32_t evicted = 0;  ///< snapshots evicted to make room for this one
   std::size_t page_bytes = 0;
+  std::string space;                 ///< the namespace, and the arena's layout digest: the
+  std::string layout_digest;         ///< snapshot's name in lower tiers
   std::optional<SnapshotCopy> copy;  ///< created only
 };
 
@@ -197,6 +205,8 @@ struct SnapshotGet {
   /// Miss only: snapshots under the same key for other layouts (a hint for operators).
   std::uint32_t other_layouts = 0;
   std::size_t page_bytes = 0;
+  std::string space;  ///< as SnapshotPut: where a miss may be looked up below
+  std::string layout_digest;
   std::optional<SnapshotCopy> copy;  ///< hit only
 };
 
@@ -334,7 +344,12 @@ class Pool {
   SnapshotGet get_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
   /// Deletes the key's snapshots under every layout (pinned ones too); pages being read
   /// are freed when the read ends. Returns how many.
-  std::uint32_t delete_snapshot(std::string_view tenant, const SnapshotKey& key);
+  /// `layout_digests` (optional) receives the deleted entries' layout digests.
+  std::uint32_t delete_snapshot(std::string_view tenant, const SnapshotKey& key,
+                                std::vector<std::string>* layout_digests = nullptr);
+  /// A pool miss of the tenant was found in a lower tier ("host" or "remote"): counted as
+  /// a hit from there.
+  void count_lower_tier_hit(std::string_view tenant, std::string_view tier);
   /// Pins (never evicted) or unpins the key's snapshots under every layout. Returns how
   /// many changed. quota_exceeded when a publisher would pass max_pinned_snapshots.
   std::uint32_t pin_snapshot(std::string_view tenant, const SnapshotKey& key, bool pinned);
@@ -364,6 +379,9 @@ class Pool {
     std::uint64_t puts_created = 0;
     std::uint64_t puts_existing = 0;
     std::uint64_t evictions = 0;
+    std::uint64_t demotions = 0;
+    std::uint64_t hits_host = 0;
+    std::uint64_t hits_remote = 0;
   };
 
   [[nodiscard]] std::size_t tenant_index(std::string_view name) const;

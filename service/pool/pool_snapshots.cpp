@@ -63,7 +63,11 @@ void Pool::evict(std::span<const SnapshotId> victims) noexcept {
     const std::size_t tenant = s->tenant;
     if (snapshots_.erase(id)) {
       free_snapshot_page(arena, slot);
-      ++tenants_[tenant].evictions;
+      if (config_.snapshot_lower_tiers) {
+        ++tenants_[tenant].demotions;
+      } else {
+        ++tenants_[tenant].evictions;
+      }
     }
   }
 }
@@ -119,6 +123,8 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
   Tenant& tenant = tenants_[lease.tenant];
   SnapshotPut out;
   out.page_bytes = arena.codec->page_bytes();
+  out.space = spaces_[tenant.space];
+  out.layout_digest = arena.layout_digest;
   if (snapshots_.find(tenant.space, key.prefix, key.position, arena.layout) != nullptr) {
     ++tenant.puts_existing;
     return out;  // idempotent: the first publication stands
@@ -175,6 +181,8 @@ SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
   Tenant& tenant = tenants_[lease.tenant];
   SnapshotGet out;
   out.page_bytes = arena.codec->page_bytes();
+  out.space = spaces_[tenant.space];
+  out.layout_digest = arena.layout_digest;
   const Snapshot* s = snapshots_.find(tenant.space, key.prefix, key.position, arena.layout);
   if (s == nullptr || !s->visible) {
     ++tenant.misses;
@@ -190,7 +198,8 @@ SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
   return out;
 }
 
-std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const SnapshotKey& key) {
+std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const SnapshotKey& key,
+                                    std::vector<std::string>* layout_digests) {
   expect_key(key);
   const std::size_t tenant = tenant_index(tenant_name);
   const std::lock_guard lock(mutex_);
@@ -200,10 +209,24 @@ std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const Snapshot
     const Snapshot* s = snapshots_.get(id);
     const ArenaId arena = s->arena;
     const SlotId slot = s->slot;
+    if (layout_digests != nullptr) layout_digests->push_back(arenas_.get(arena).layout_digest);
     if (snapshots_.erase(id)) free_snapshot_page(arena, slot);
     ++deleted;
   }
   return deleted;
+}
+
+void Pool::count_lower_tier_hit(std::string_view tenant_name, std::string_view tier) {
+  const std::size_t tenant = tenant_index(tenant_name);
+  const std::lock_guard lock(mutex_);
+  Tenant& t = tenants_[tenant];
+  if (t.misses > 0) --t.misses;
+  ++t.hits;
+  if (tier == "host") {
+    ++t.hits_host;
+  } else {
+    ++t.hits_remote;
+  }
 }
 
 std::uint32_t Pool::pin_snapshot(std::string_view tenant_name, const SnapshotKey& key,

@@ -44,7 +44,7 @@ bool socket_is_live(const std::string& path) {
 }  // namespace
 
 Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
-               support::WorkerPool& workers, Executor& executor)
+               support::WorkerPool& workers, Executor& executor, SnapshotTiers* tiers)
     : config_(config),
       pool_(pool),
       metrics_(metrics),
@@ -63,7 +63,8 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
                [this](const std::string& why) { drain(why); },
                [this](const std::string& tenant) -> MemoryResource& {
                  return *tenant_staging_.at(tenant);
-               }},
+               },
+               tiers},
       control_(asio::make_strand(io_)),
       acceptor_(control_),
       reclaim_timer_(control_),

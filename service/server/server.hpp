@@ -45,9 +45,10 @@ class Server {
  public:
   /// `staging_memory` gives the connections' staging buffers (each through its own
   /// --max-staging-bytes limit); `workers` run blocking calls, `executor` codec work.
-  /// All must outlive the server.
+  /// `tiers`: the prefix-state store below the pool, or null. All must outlive the server
+  /// (and `tiers` the workers, which finish its publications).
   Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResource& staging_memory,
-         support::WorkerPool& workers, Executor& executor);
+         support::WorkerPool& workers, Executor& executor, SnapshotTiers* tiers = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

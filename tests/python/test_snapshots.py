@@ -34,7 +34,7 @@ def test_a_second_engine_resumes_from_a_published_prefix(daemon):
         arena2 = second.open_arena(info2, 4)
         with second.allocate(arena2)[0] as mine:
             got = second.get_snapshot(b"\x9f\x86prompt", 512, mine)
-            assert got and got.hit
+            assert got and got.hit and got.tier == "pool"
             assert np.array_equal(np.asarray(arena2.page(mine)), published)
             miss = second.get_snapshot(b"\x9f\x86prompt", 513, mine)
             assert not miss and miss.other_layouts == 0

@@ -196,6 +196,9 @@ struct TenantStats {
   std::uint64_t snapshot_hits = 0;    ///< get_snapshot hits by the tenant
   std::uint64_t snapshot_misses = 0;  ///< get_snapshot misses by the tenant
   std::uint64_t snapshot_evictions = 0;
+  std::uint64_t snapshot_demotions = 0;    ///< evicted from the pool, kept by lower tiers
+  std::uint64_t snapshot_hits_host = 0;    ///< of snapshot_hits, from the host tier
+  std::uint64_t snapshot_hits_remote = 0;  ///< of snapshot_hits, from the remote store
 
   /// fp32_bytes / stored_bytes (0 when nothing is stored).
   [[nodiscard]] double compression_ratio() const noexcept;
@@ -270,6 +273,7 @@ struct SnapshotGet {
   bool hit = false;                 ///< true: the slot now holds the snapshot's state
   std::uint32_t other_layouts = 0;  ///< miss only: snapshots of the key for other layouts
   std::uint64_t page_bytes = 0;
+  std::string tier;  ///< hit only: "pool", "host" or "remote" (docs/prefix-store.md, "Tiers")
   explicit operator bool() const noexcept { return hit; }
 };
 

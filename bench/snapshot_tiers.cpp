@@ -1,0 +1,203 @@
+// Prefix-state snapshots per tier (docs/prefix-store.md): the latency and throughput of a
+// GetSnapshot hit served by the pool, the host tier and the remote store (Redis), for a
+// Qwen3-Next-sized state stored compressed (int6, 6 bits like stepquant6) and as FP32,
+// beside the CPU recurrence that recomputes the state token by token without a hit, all in
+// one run.
+//
+//   bench_snapshot_tiers --publisher SOCKET --reader SOCKET [--layers N] [--heads N]
+//                        [--iters N] [--tokens N]
+//
+// --publisher: a daemon with a host tier and a remote store (--snapshot-host-capacity,
+// --snapshot-remote); --reader: another daemon with the same remote store and no host
+// tier, so each of its lookups goes to Redis. scripts/bench starts all three.
+//
+// Tiers are measured as a client sees them: one GetSnapshot round trip, copy into the
+// slot included. Host: the publisher's pool copy is evicted (a live slot takes its page),
+// so its lookups are served by its host tier. Recompute: the gated delta rule of every
+// layer and head for --tokens tokens on one core (the linear-attention layers only: no
+// attention, no MLP, no projections), so the break-even prefix length it prints is a
+// lower bound of what a hit saves.
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.hpp"
+#include "statepool/client.hpp"
+#include "statepool/kernels/recurrence.hpp"
+#include "statepool/tools/cli.hpp"
+
+namespace {
+
+namespace sc = statepool::client;
+namespace kernels = statepool::kernels;
+
+struct Args {
+  std::string publisher;
+  std::string reader;
+  std::uint32_t layers = 36;  // Qwen3-Next-80B-A3B: 36 of its 48 layers are GDN
+  std::uint32_t heads = 32;   // value heads, 128 x 128 each
+  std::uint32_t iters = 5;
+  std::uint32_t tokens = 8;
+};
+
+constexpr const char* kUsage =
+    "usage: bench_snapshot_tiers --publisher SOCKET --reader SOCKET [--layers N] [--heads N]\n"
+    "                            [--iters N] [--tokens N]\n"
+    "  --publisher SOCKET  a statepoold with --snapshot-host-capacity and --snapshot-remote\n"
+    "  --reader SOCKET     another statepoold with the same --snapshot-remote, no host tier\n"
+    "  --layers N          GDN layers of the state (default 36: Qwen3-Next-80B)\n"
+    "  --heads N           heads per layer, 128 x 128 each (default 32)\n"
+    "  --iters N           timed lookups per tier (median; default 5)\n"
+    "  --tokens N          tokens the recurrence runs to time one token (default 8)\n";
+
+sc::Options options(const std::string& socket) {
+  sc::Options o;
+  o.socket_path = socket;
+  o.timeout = std::chrono::milliseconds(120000);
+  return o;
+}
+
+kernels::StateLayout layout(const Args& args, kernels::CodecId codec) {
+  kernels::StateLayout l;
+  l.name = std::string("bench-tiers-") + kernels::to_string(codec);
+  l.num_layers = args.layers;
+  l.num_heads = args.heads;
+  l.key_dim = 128;
+  l.value_dim = 128;
+  l.codec.id = codec;
+  return l;
+}
+
+struct Row {
+  std::string codec;
+  std::string tier;
+  double page_mb = 0;
+  double seconds = 0;
+};
+
+/// Median seconds of `iters` hits of `key` into `slot`, each checked to come from `tier`.
+double time_hits(sc::Connection& conn, const sc::SnapshotKey& key, const sc::Slot& slot,
+                 const std::string& tier, std::uint32_t iters) {
+  return statepool::bench::median_seconds(iters, [&] {
+    const sc::SnapshotGet got = conn.get_snapshot(key, slot);
+    if (!got.hit || got.tier != tier) {
+      throw std::runtime_error("expected a hit from the " + tier + " tier, got " +
+                               (got.hit ? "one from " + got.tier : std::string("a miss")));
+    }
+  });
+}
+
+void measure(const Args& args, kernels::CodecId codec, std::vector<Row>& rows) {
+  sc::Connection pub = sc::Connection::connect(options(args.publisher));
+  sc::Connection rd = sc::Connection::connect(options(args.reader));
+  const sc::LayoutInfo info = pub.register_layout(layout(args, codec));
+  const sc::LayoutInfo rinfo = rd.register_layout(layout(args, codec));
+  sc::Arena arena = pub.open_arena(info, 3);  // a slot, the snapshot, a reader slot
+  sc::Arena rarena = rd.open_arena(rinfo, 1);
+  sc::Staging staging = pub.open_staging(info.state_bytes_f32);
+  std::vector<sc::Slot> slots = pub.allocate(arena, 2);
+  std::vector<sc::Slot> rslot = rd.allocate(rarena, 1);
+
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  auto* values = reinterpret_cast<float*>(staging.bytes().data());
+  for (std::size_t i = 0; i < info.state_bytes_f32 / 4; ++i) values[i] = normal(rng);
+  pub.compress(slots[0], staging, 0);
+  const sc::SnapshotKey key{std::string("bench/") + kernels::to_string(codec), 4096};
+  pub.delete_snapshot(key);  // a clean start if an earlier run left it
+  if (!pub.put_snapshot(slots[0], key).created) throw std::runtime_error("put did not create");
+  const double mb = static_cast<double>(info.page_bytes) / 1e6;
+  const char* name = kernels::to_string(codec);
+
+  rows.push_back({name, "pool", mb, time_hits(pub, key, slots[1], "pool", args.iters)});
+  // The remote write is asynchronous: wait for it on the reader.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!rd.get_snapshot(key, rslot[0]).hit) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("the reader never found the snapshot in the remote store");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  rows.push_back({name, "remote", mb, time_hits(rd, key, rslot[0], "remote", args.iters)});
+  // A live slot takes the snapshot's page: it is demoted to the host tier.
+  std::vector<sc::Slot> third = pub.allocate(arena, 1);
+  rows.push_back({name, "host", mb, time_hits(pub, key, slots[1], "host", args.iters)});
+  pub.delete_snapshot(key);
+}
+
+/// Seconds per token of the recurrence over the whole state (every layer and head), on one
+/// core.
+double recompute_seconds_per_token(const Args& args) {
+  constexpr std::uint32_t K = 128, V = 128;
+  std::vector<float> state(std::size_t{args.layers} * args.heads * K * V, 0.0f);
+  std::vector<float> q(K, 0.1f), k(K, 0.1f), v(V, 0.5f), residual(V), out(V);
+  kernels::normalize_qk(q, k);
+  const double seconds = statepool::bench::median_seconds(3, [&] {
+    for (std::uint32_t t = 0; t < args.tokens; ++t) {
+      for (std::size_t h = 0; h < std::size_t{args.layers} * args.heads; ++h) {
+        kernels::gdn_step(std::span<float>(state).subspan(h * K * V, K * V), K, V, q, k, v, -0.05f,
+                          0.5f, residual, out);
+      }
+    }
+  });
+  return seconds / args.tokens;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  using statepool::tools::bounded;
+  namespace po = statepool::tools::po;
+  statepool::tools::CommandLine cli("bench_snapshot_tiers", kUsage);
+  // clang-format off
+  cli.add_options()
+      ("publisher", po::value(&args.publisher))
+      ("reader", po::value(&args.reader))
+      ("layers", bounded(args.layers, 1, 1024))
+      ("heads", bounded(args.heads, 1, 1024))
+      ("iters", bounded(args.iters, 1, 1000))
+      ("tokens", bounded(args.tokens, 1, 100000));
+  // clang-format on
+  if (const auto exit_status = cli.parse(argc, argv, [&](const po::variables_map&) {
+        if (args.publisher.empty() || args.reader.empty()) {
+          throw statepool::tools::UsageError("--publisher and --reader are both needed");
+        }
+      })) {
+    return *exit_status;
+  }
+  try {
+    std::vector<Row> rows;
+    for (const kernels::CodecId codec : {kernels::CodecId::int6, kernels::CodecId::fp32}) {
+      measure(args, codec, rows);
+    }
+    const double per_token = recompute_seconds_per_token(args);
+    std::printf("state: %u GDN layers x %u heads x 128 x 128 (%.1f MB in FP32)\n", args.layers,
+                args.heads, static_cast<double>(args.layers) * args.heads * 128 * 128 * 4 / 1e6);
+    std::printf("%-6s %-7s %10s %10s %10s %14s\n", "codec", "tier", "page MB", "get ms", "GB/s",
+                "vs fp32 same tier");
+    for (const Row& r : rows) {
+      double fp32 = 0;
+      for (const Row& o : rows) {
+        if (o.codec == "fp32" && o.tier == r.tier) fp32 = o.seconds;
+      }
+      std::printf("%-6s %-7s %10.1f %10.2f %10.2f %13.2fx\n", r.codec.c_str(), r.tier.c_str(),
+                  r.page_mb, r.seconds * 1e3, r.page_mb / 1e3 / r.seconds, fp32 / r.seconds);
+    }
+    std::printf("recompute (CPU recurrence, 1 core): %.2f ms per token of prefix\n",
+                per_token * 1e3);
+    for (const Row& r : rows) {
+      if (r.codec != "int6") continue;
+      std::printf("  an int6 %-6s hit costs as much as recomputing %.1f tokens\n", r.tier.c_str(),
+                  r.seconds / per_token);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_snapshot_tiers: %s\n", e.what());
+    return 1;
+  }
+}
