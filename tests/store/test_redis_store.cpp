@@ -416,7 +416,7 @@ TEST_F(StandaloneTest, HungServerTimesOut) {
 }
 
 TEST_F(StandaloneTest, DownAtConstructionThenUp) {
-  const int port = statepool::testing::free_loopback_port();
+  const int port = statepool::testing::free_tcp_port();
   const auto remote = make_redis_store(options_for("redis://127.0.0.1:" + std::to_string(port)));
   EXPECT_EQ(remote->describe(), "redis 127.0.0.1:" + std::to_string(port) + " (not reached yet)");
   std::string what;

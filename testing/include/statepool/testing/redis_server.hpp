@@ -1,8 +1,8 @@
 #pragma once
-// Real redis-server processes for tests (header-only; no GoogleTest, no hiredis): a
-// standalone server or a Redis Cluster of N masters on free loopback ports, each in a
-// private temporary directory, and a minimal RESP client (redis_query) to look at them
-// from the side.
+// Real redis-server processes for tests (header-only over statepool::testing; no
+// GoogleTest, no hiredis): a standalone server or a Redis Cluster of N masters on free
+// loopback ports, each in a private temporary directory, and a minimal RESP client
+// (redis_query) to look at them from the side.
 //
 //   if (!redis_tools_available()) GTEST_SKIP() << redis_tools_missing();
 //   RedisServer server;                      // started, PING answered
@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "statepool/testing/daemon.hpp"  // free_tcp_port
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::testing {
@@ -62,22 +63,6 @@ inline std::string redis_tools_missing() {
          " is not installed (scripts/deps --test installs redis-server and redis-tools)";
 }
 
-/// A TCP port that was free a moment ago on 127.0.0.1.
-inline int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot find a free TCP port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 /// One RESP value as redis_query read it.
 struct RespValue {
@@ -276,14 +261,14 @@ class RedisServer {
     }
     if (options_.port != 0) {
       port_ = options_.port;
-      if (options_.cluster) bus_port_ = free_loopback_port();
+      if (options_.cluster) bus_port_ = free_tcp_port();
       start();
       return;
     }
     std::string failure;
     for (int attempt = 0; attempt < 5; ++attempt) {
-      port_ = free_loopback_port();
-      if (options_.cluster) bus_port_ = free_loopback_port();
+      port_ = free_tcp_port();
+      if (options_.cluster) bus_port_ = free_tcp_port();
       try {
         start();
         return;
