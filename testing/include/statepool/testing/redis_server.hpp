@@ -63,7 +63,6 @@ inline std::string redis_tools_missing() {
          " is not installed (scripts/deps --test installs redis-server and redis-tools)";
 }
 
-
 /// One RESP value as redis_query read it.
 struct RespValue {
   char type = 0;          ///< '+' status, '-' error, ':' integer, '$' bulk, '*' array, 0 none
