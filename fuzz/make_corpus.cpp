@@ -152,6 +152,33 @@ std::vector<Step> session_steps(const std::string& model_config) {
   add(frame<wire::Decompress>(
       id, [](auto& b) { return wire::CreateDecompress(b, 2, 0, 1, 0, wire::DType::bf16); }));
   add(frame<wire::Copy>(id, [](auto& b) { return wire::CreateCopy(b, 1, 0, 1); }));
+  const auto key = [](auto& b) {
+    const std::string prefix = "seed/system-prompt";
+    return wire::CreateSnapshotKey(
+        b, b.CreateVector(reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()),
+        128);
+  };
+  add(frame<wire::PutSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreatePutSnapshot(b, 1, 0, k);
+  }));
+  add(frame<wire::GetSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreateGetSnapshot(b, 1, 1, k);
+  }));
+  add(frame<wire::PinSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreatePinSnapshot(b, k, true);
+  }));
+  add(frame<wire::ListSnapshots>(id, [](auto& b) {
+    const std::string start = "seed/";
+    return wire::CreateListSnapshots(
+        b, b.CreateVector(reinterpret_cast<const std::uint8_t*>(start.data()), start.size()), 10);
+  }));
+  add(frame<wire::DeleteSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreateDeleteSnapshot(b, k);
+  }));
   add(frame<wire::FitsNow>(id, [](auto& b) {
     const std::vector<wire::CodecId> codecs = {wire::CodecId::int8, wire::CodecId::fp32,
                                                wire::CodecId::stepquant6};
