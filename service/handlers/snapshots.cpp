@@ -90,27 +90,33 @@ Handled handle(Call& call, const wire::PutSnapshot& in) {
 Handled handle(Call& call, const wire::GetSnapshot& in) {
   ServerContext& s = call.server;
   const SnapshotKey key = key_of(in.key());
-  SnapshotGet get = s.pool.get_snapshot(call.connection.lease, in.arena_id(), in.slot(), key);
+  const bool below = s.tiers != nullptr && s.tiers->enabled();
+  SnapshotGet get =
+      s.pool.get_snapshot(call.connection.lease, in.arena_id(), in.slot(), key, below);
   std::string tier;  // the tier that served a hit
   if (get.hit) tier = "pool";
   if (get.copy) {
     co_await copy_page(call, get.copy->source, get.copy->target, get.copy->keep_alive);
     get.copy->done();
-  } else if (s.tiers != nullptr && s.tiers->enabled()) {
+  } else if (below) {
     const SnapshotName name{get.space, key.prefix, key.position, get.layout_digest};
     std::optional<SnapshotTiers::Found> found;
     const std::string tenant = call.connection.tenant;
     co_await async_run(
         s.workers, [&] { found = s.tiers->find(name, get.page_bytes, tenant); },
         boost::asio::use_awaitable);
-    if (found) {
+    if (!found) {
+      s.pool.count_lower_tier_lookup(tenant, "");  // a miss in every tier
+    } else {
       // The slot is looked up again: it may have been freed while the tiers were asked.
       const PageRef page = s.pool.page(call.connection.lease, in.arena_id(), in.slot());
-      const std::span<std::byte> bytes(const_cast<std::byte*>(found->page.data()),   // NOLINT
-                                       found->page.size());                          // read only
-      std::vector<std::shared_ptr<const Allocation>> keep{page.memory};              // (GCC 12: no
-      co_await copy_page(call, host_buffer(bytes), page.buffer(), std::move(keep));  // {} here)
-      s.pool.count_lower_tier_hit(tenant, found->tier);
+      // Read only: the executor's buffers are mutable in general.
+      const std::span<std::byte> bytes(const_cast<std::byte*>(found->page.data()),  // NOLINT
+                                       found->page.size());
+      // A named vector: GCC 12 rejects a braced list inside this co_await.
+      std::vector<std::shared_ptr<const Allocation>> keep{page.memory};
+      co_await copy_page(call, host_buffer(bytes), page.buffer(), std::move(keep));
+      s.pool.count_lower_tier_lookup(tenant, found->tier);
       get.hit = true;
       get.other_layouts = 0;
       tier = found->tier;

@@ -340,16 +340,19 @@ class Pool {
   /// (created = false, no copy).
   SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
   /// Looks the key up for the layout of the arena of `slot` (a slot the lease owns); a
-  /// hit returns the copy of the snapshot's page into the slot's page. A miss is no error.
-  SnapshotGet get_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// hit returns the copy of the snapshot's page into the slot's page. A miss is no error;
+  /// it is counted unless `lower_tiers` (the caller asks the tiers below and reports the
+  /// outcome with count_lower_tier_lookup).
+  SnapshotGet get_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key,
+                           bool lower_tiers = false);
   /// Deletes the key's snapshots under every layout (pinned ones too); pages being read
   /// are freed when the read ends. Returns how many.
   /// `layout_digests` (optional) receives the deleted entries' layout digests.
   std::uint32_t delete_snapshot(std::string_view tenant, const SnapshotKey& key,
                                 std::vector<std::string>* layout_digests = nullptr);
-  /// A pool miss of the tenant was found in a lower tier ("host" or "remote"): counted as
-  /// a hit from there.
-  void count_lower_tier_hit(std::string_view tenant, std::string_view tier);
+  /// The outcome of a pool miss of the tenant looked up in the tiers below: a hit from
+  /// `tier` ("host" or "remote"), or a miss when `tier` is empty.
+  void count_lower_tier_lookup(std::string_view tenant, std::string_view tier);
   /// Pins (never evicted) or unpins the key's snapshots under every layout. Returns how
   /// many changed. quota_exceeded when a publisher would pass max_pinned_snapshots.
   std::uint32_t pin_snapshot(std::string_view tenant, const SnapshotKey& key, bool pinned);

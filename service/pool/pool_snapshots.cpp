@@ -171,7 +171,7 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
 }
 
 SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
-                               const SnapshotKey& key) {
+                               const SnapshotKey& key, bool lower_tiers) {
   expect_key(key);
   const Clock::time_point now = Clock::now();
   const std::lock_guard lock(mutex_);
@@ -185,7 +185,7 @@ SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
   out.layout_digest = arena.layout_digest;
   const Snapshot* s = snapshots_.find(tenant.space, key.prefix, key.position, arena.layout);
   if (s == nullptr || !s->visible) {
-    ++tenant.misses;
+    if (!lower_tiers) ++tenant.misses;
     out.other_layouts = static_cast<std::uint32_t>(
         snapshots_.with_key(tenant.space, key.prefix, key.position).size());
     return out;
@@ -216,11 +216,14 @@ std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const Snapshot
   return deleted;
 }
 
-void Pool::count_lower_tier_hit(std::string_view tenant_name, std::string_view tier) {
+void Pool::count_lower_tier_lookup(std::string_view tenant_name, std::string_view tier) {
   const std::size_t tenant = tenant_index(tenant_name);
   const std::lock_guard lock(mutex_);
   Tenant& t = tenants_[tenant];
-  if (t.misses > 0) --t.misses;
+  if (tier.empty()) {
+    ++t.misses;
+    return;
+  }
   ++t.hits;
   if (tier == "host") {
     ++t.hits_host;

@@ -202,6 +202,10 @@ TEST_F(SnapshotTiers, ACorruptedRemoteValueIsAMiss) {
   EXPECT_FALSE(got.hit);
   EXPECT_EQ(b.page(), before);  // unchanged
   EXPECT_EQ(metric(*second, "statepool_remote_store_reads_total{result=\"rejected\"}"), 1);
+  // One lookup that missed the pool and every tier below: one miss, counted once.
+  const auto stats = b.conn.stats().tenants.at(0);
+  EXPECT_EQ(stats.snapshot_misses, 1u);
+  EXPECT_EQ(stats.snapshot_hits, 0u);
   EXPECT_NE(second->log().find("checksum mismatch"), std::string::npos) << second->log();
   EXPECT_EQ(first->stop(SIGTERM, 10s), 0);
   EXPECT_EQ(second->stop(SIGTERM, 10s), 0);
