@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/kv_math.hpp"
@@ -224,6 +225,112 @@ void kv_decode(const KvStream& s, std::span<const std::byte> in, DType out_dtype
 
 void kv_decode(const KvStream& s, std::span<const std::byte> in, std::span<float> out) {
   kv_decode(s, in, DType::f32, std::as_writable_bytes(out));
+}
+
+// --- KV blocks ---------------------------------------------------------------------
+
+const char* kv_blocks_problem(const KvBlocks& b) noexcept {
+  if (!valid_codec(b.codec)) return "unknown KV codec";
+  if (b.layers == 0) return "KV blocks need at least 1 layer";
+  if (b.layers > kKvMaxLayers) return "KV blocks have at most 1024 layers";
+  if (b.key_channels == 0) return "KV blocks need at least 1 key channel";
+  if (b.key_channels > kKvMaxChannels || b.value_channels > kKvMaxChannels) {
+    return "KV blocks have at most 1048576 channels per stream";
+  }
+  if (b.tokens == 0) return "KV blocks need at least 1 token";
+  if (b.tokens > kKvMaxTokens) return "KV blocks have at most 2^32 tokens";
+  return nullptr;
+}
+
+std::vector<KvBlockStream> kv_block_streams(const KvBlocks& b, DType plain) {
+  if (const char* problem = kv_blocks_problem(b)) fail("kv_block_streams", problem);
+  const std::uint64_t width = dtype_bytes(plain);
+  if (width == 0) fail("kv_block_streams", "plain values are f32, bf16 or f16");
+  std::vector<KvBlockStream> out;
+  out.reserve(std::size_t{b.layers} * kv_streams_per_layer(b));
+  std::uint64_t plain_at = 0;
+  std::uint64_t encoded_at = 0;
+  for (std::uint32_t layer = 0; layer < b.layers; ++layer) {
+    for (std::uint32_t r = 0; r < kv_streams_per_layer(b); ++r) {
+      KvBlockStream s;
+      s.layer = layer;
+      s.stream.codec = b.codec;
+      s.stream.role = r == 0 ? KvRole::keys : KvRole::values;
+      s.stream.tokens = b.tokens;
+      s.stream.channels = r == 0 ? b.key_channels : b.value_channels;
+      // Bounded by the limits above: 2^10 layers * 2^32 tokens * 2^20 channels * 4 B.
+      s.plain_offset = plain_at;
+      s.plain_bytes = s.stream.tokens * s.stream.channels * width;
+      s.encoded_offset = encoded_at;
+      s.encoded_bytes = kv_encoded_bytes(s.stream);
+      plain_at += s.plain_bytes;
+      encoded_at += s.encoded_bytes;
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+std::uint64_t kv_blocks_encoded_bytes(const KvBlocks& b) noexcept {
+  if (kv_blocks_problem(b) != nullptr) return 0;
+  std::uint64_t total = kv_encoded_bytes(b.codec, KvRole::keys, b.tokens, b.key_channels);
+  if (b.value_channels != 0) {
+    total += kv_encoded_bytes(b.codec, KvRole::values, b.tokens, b.value_channels);
+  }
+  return total * b.layers;
+}
+
+std::uint64_t kv_blocks_plain_bytes(const KvBlocks& b, DType plain) noexcept {
+  if (kv_blocks_problem(b) != nullptr) return 0;
+  const std::uint64_t width = dtype_bytes(plain);
+  return std::uint64_t{b.layers} * b.tokens * (std::uint64_t{b.key_channels} + b.value_channels) *
+         width;
+}
+
+std::string describe(const KvBlocks& b) {
+  std::string out = std::string(to_string(b.codec)) + " KV blocks: " + std::to_string(b.layers) +
+                    " layers x " + std::to_string(b.tokens) + " tokens, keys " +
+                    std::to_string(b.key_channels);
+  if (b.value_channels == 0) return out + " channels, no values";
+  return out + " / values " + std::to_string(b.value_channels) + " channels";
+}
+
+namespace {
+
+void check_blocks(const char* fn, const KvBlocks& b, DType plain, std::uint64_t plain_size,
+                  std::uint64_t encoded_size) {
+  if (const char* problem = kv_blocks_problem(b)) fail(fn, problem);
+  const std::uint64_t want_plain = kv_blocks_plain_bytes(b, plain);
+  if (want_plain == 0) fail(fn, "plain values are f32, bf16 or f16");
+  if (plain_size != want_plain) {
+    fail(fn, describe(b) + ": the values must be " + std::to_string(want_plain) + " bytes, got " +
+                 std::to_string(plain_size));
+  }
+  const std::uint64_t want_encoded = kv_blocks_encoded_bytes(b);
+  if (encoded_size != want_encoded) {
+    fail(fn, describe(b) + ": the encoded blocks must be " + std::to_string(want_encoded) +
+                 " bytes, got " + std::to_string(encoded_size));
+  }
+}
+
+}  // namespace
+
+void kv_encode_blocks(const KvBlocks& b, DType in_dtype, std::span<const std::byte> in,
+                      std::span<std::byte> out) {
+  check_blocks("kv_encode_blocks", b, in_dtype, in.size(), out.size());
+  for (const KvBlockStream& s : kv_block_streams(b, in_dtype)) {
+    kv_encode(s.stream, in_dtype, in.subspan(s.plain_offset, s.plain_bytes),
+              out.subspan(s.encoded_offset, s.encoded_bytes));
+  }
+}
+
+void kv_decode_blocks(const KvBlocks& b, std::span<const std::byte> in, DType out_dtype,
+                      std::span<std::byte> out) {
+  check_blocks("kv_decode_blocks", b, out_dtype, out.size(), in.size());
+  for (const KvBlockStream& s : kv_block_streams(b, out_dtype)) {
+    kv_decode(s.stream, in.subspan(s.encoded_offset, s.encoded_bytes), out_dtype,
+              out.subspan(s.plain_offset, s.plain_bytes));
+  }
 }
 
 }  // namespace statepool::kernels

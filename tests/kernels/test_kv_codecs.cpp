@@ -816,5 +816,112 @@ TEST(KvNames, ToStringAndParse) {
   EXPECT_STREQ(to_string(KvRole::values), "values");
 }
 
+// KV blocks: the streams of every attention layer, back to back, each exactly the bytes
+// kv_encode writes for it alone.
+TEST(KvBlocks, StreamsAreBackToBackAndEncodeLikeSingleStreams) {
+  const KvBlocks b{KvCodecId::kivi2, 3, 96, 64, 150};
+  const std::vector<KvBlockStream> streams = kv_block_streams(b, DType::bf16);
+  ASSERT_EQ(streams.size(), 6u);
+  std::uint64_t plain = 0;
+  std::uint64_t encoded = 0;
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    const KvBlockStream& s = streams[i];
+    EXPECT_EQ(s.layer, i / 2);
+    EXPECT_EQ(s.stream.role, i % 2 == 0 ? KvRole::keys : KvRole::values);
+    EXPECT_EQ(s.stream.channels, i % 2 == 0 ? 96u : 64u);
+    EXPECT_EQ(s.plain_offset, plain);
+    EXPECT_EQ(s.encoded_offset, encoded);
+    EXPECT_EQ(s.plain_bytes, 150u * s.stream.channels * 2);
+    EXPECT_EQ(s.encoded_bytes, kv_encoded_bytes(s.stream));
+    plain += s.plain_bytes;
+    encoded += s.encoded_bytes;
+  }
+  EXPECT_EQ(kv_blocks_plain_bytes(b, DType::bf16), plain);
+  EXPECT_EQ(kv_blocks_encoded_bytes(b), encoded);
+
+  // f32 values, encoded as blocks, then stream by stream: the same bytes.
+  std::vector<float> values(kv_blocks_plain_bytes(b, DType::f32) / 4);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  for (float& v : values) v = normal(rng);
+  std::vector<std::byte> blocks(encoded);
+  kv_encode_blocks(b, DType::f32, std::as_bytes(std::span(values)), blocks);
+  std::vector<std::byte> one(encoded, std::byte{0x5a});
+  for (const KvBlockStream& s : kv_block_streams(b, DType::f32)) {
+    kv_encode(s.stream, DType::f32,
+              std::as_bytes(std::span(values)).subspan(s.plain_offset, s.plain_bytes),
+              std::span(one).subspan(s.encoded_offset, s.encoded_bytes));
+  }
+  EXPECT_EQ(blocks, one);
+
+  std::vector<float> back(values.size());
+  kv_decode_blocks(b, blocks, DType::f32, std::as_writable_bytes(std::span(back)));
+  for (const KvBlockStream& s : kv_block_streams(b, DType::f32)) {
+    std::vector<float> alone(s.plain_bytes / 4);
+    kv_decode(s.stream, std::span(blocks).subspan(s.encoded_offset, s.encoded_bytes), alone);
+    ASSERT_TRUE(std::equal(alone.begin(), alone.end(), back.begin() + s.plain_offset / 4));
+  }
+}
+
+TEST(KvBlocks, KeysOnlyHaveOneStreamPerLayer) {
+  const KvBlocks b{KvCodecId::flexgen4, 2, 512, 0, 33};
+  const std::vector<KvBlockStream> streams = kv_block_streams(b, DType::f16);
+  ASSERT_EQ(streams.size(), 2u);
+  EXPECT_EQ(streams[1].layer, 1u);
+  EXPECT_EQ(streams[1].stream.role, KvRole::keys);
+  EXPECT_EQ(kv_blocks_encoded_bytes(b),
+            2 * kv_encoded_bytes(KvCodecId::flexgen4, KvRole::keys, 33, 512));
+  EXPECT_NE(describe(b).find("no values"), std::string::npos);
+}
+
+TEST(KvBlocks, IllFormedBlocksAreRefusedWithTheReason) {
+  const KvBlocks good{KvCodecId::kivi4, 1, 128, 128, 10};
+  EXPECT_EQ(kv_blocks_problem(good), nullptr);
+  const auto problem = [&](auto mutate) {
+    KvBlocks b = good;
+    mutate(b);
+    const char* why = kv_blocks_problem(b);
+    EXPECT_NE(why, nullptr);
+    EXPECT_EQ(kv_blocks_encoded_bytes(b), 0u);
+    EXPECT_EQ(kv_blocks_plain_bytes(b, DType::f32), 0u);
+    EXPECT_THROW((void)kv_block_streams(b, DType::f32), std::invalid_argument);
+    return std::string(why == nullptr ? "" : why);
+  };
+  EXPECT_EQ(problem([](KvBlocks& b) { b.layers = 0; }), "KV blocks need at least 1 layer");
+  EXPECT_EQ(problem([](KvBlocks& b) { b.layers = kKvMaxLayers + 1; }),
+            "KV blocks have at most 1024 layers");
+  EXPECT_EQ(problem([](KvBlocks& b) { b.key_channels = 0; }),
+            "KV blocks need at least 1 key channel");
+  EXPECT_EQ(problem([](KvBlocks& b) { b.value_channels = kKvMaxChannels + 1; }),
+            "KV blocks have at most 1048576 channels per stream");
+  EXPECT_EQ(problem([](KvBlocks& b) { b.tokens = 0; }), "KV blocks need at least 1 token");
+  EXPECT_EQ(problem([](KvBlocks& b) { b.codec = static_cast<KvCodecId>(7); }), "unknown KV codec");
+
+  // Wrong buffer sizes: refused before anything is written.
+  std::vector<std::byte> plain(kv_blocks_plain_bytes(good, DType::bf16));
+  std::vector<std::byte> out(kv_blocks_encoded_bytes(good) + 1, std::byte{0x33});
+  EXPECT_THROW(kv_encode_blocks(good, DType::bf16, plain, out), std::invalid_argument);
+  EXPECT_TRUE(
+      std::all_of(out.begin(), out.end(), [](std::byte x) { return x == std::byte{0x33}; }));
+  out.resize(out.size() - 1);
+  EXPECT_THROW(kv_encode_blocks(good, DType::f32, plain, out), std::invalid_argument);
+  EXPECT_THROW(kv_decode_blocks(good, out, DType::bf16, std::span(plain).first(plain.size() - 2)),
+               std::invalid_argument);
+}
+
+// The ratios, from KV blocks of a whole model: 10,000 tokens, keys and values of
+// 128 channels, against FP16.
+TEST(KvBlocks, RatiosAtTenThousandTokens) {
+  const auto ratio = [](KvCodecId codec) {
+    const KvBlocks b{codec, 4, 128, 128, 10000};
+    return static_cast<double>(kv_blocks_plain_bytes(b, DType::f16)) /
+           static_cast<double>(kv_blocks_encoded_bytes(b));
+  };
+  EXPECT_NEAR(ratio(KvCodecId::kivi2), 5.05, 0.005);
+  EXPECT_NEAR(ratio(KvCodecId::kivi4), 3.11, 0.005);
+  EXPECT_NEAR(ratio(KvCodecId::flexgen4), 3.20, 0.005);
+  EXPECT_DOUBLE_EQ(ratio(KvCodecId::fp8), 2.0);
+}
+
 }  // namespace
 }  // namespace statepool::kernels

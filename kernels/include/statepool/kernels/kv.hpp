@@ -37,7 +37,9 @@
 #include <cstdint>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/numeric.hpp"
@@ -192,5 +194,68 @@ void kv_decode(const KvStream& stream, std::span<const std::byte> in, DType out_
                std::span<std::byte> out);
 /// The same into FP32 values.
 void kv_decode(const KvStream& stream, std::span<const std::byte> in, std::span<float> out);
+
+// --- KV blocks: every full-attention layer of one prefix ------------------------------
+//
+// What a hybrid prefix snapshot carries beside the recurrent state (docs/prefix-store.md,
+// "Hybrid entries"): the keys and values of `layers` attention layers over `tokens`
+// tokens, all under one codec. Streams are in this order, both in the plain buffer (values
+// of one dtype) and in the encoded one (each stream's kv_encode bytes), back to back with
+// no padding:
+//   layer 0 keys, layer 0 values, layer 1 keys, layer 1 values, ...
+// Keys have `key_channels` channels (kv_heads * head_dim), values `value_channels`; 0
+// value channels means keys only (an MLA latent), one stream per layer.
+
+/// Largest KV-block dimensions accepted (a bound on buffer sizes, far above real models).
+inline constexpr std::uint32_t kKvMaxLayers = 1024;
+inline constexpr std::uint32_t kKvMaxChannels = 1u << 20;
+inline constexpr std::uint64_t kKvMaxTokens = 1ull << 32;
+
+struct KvBlocks {
+  KvCodecId codec = KvCodecId::bf16;
+  std::uint32_t layers = 0;
+  std::uint32_t key_channels = 0;
+  std::uint32_t value_channels = 0;  ///< 0: keys only
+  std::uint64_t tokens = 0;
+
+  friend bool operator==(const KvBlocks&, const KvBlocks&) = default;
+};
+
+/// Where one stream of a KvBlocks lies.
+struct KvBlockStream {
+  KvStream stream;
+  std::uint32_t layer = 0;
+  std::uint64_t plain_offset = 0;  ///< in the plain buffer, bytes
+  std::uint64_t plain_bytes = 0;
+  std::uint64_t encoded_offset = 0;  ///< in the encoded buffer, bytes
+  std::uint64_t encoded_bytes = 0;
+};
+
+/// Null when `blocks` is well formed (known codec, 1..kKvMaxLayers layers, 1..kKvMaxChannels
+/// key channels, at most kKvMaxChannels value channels, 1..kKvMaxTokens tokens); else why
+/// not ("KV blocks need at least 1 token", ...).
+[[nodiscard]] const char* kv_blocks_problem(const KvBlocks& blocks) noexcept;
+/// Streams per layer: 2, or 1 for keys only.
+[[nodiscard]] constexpr std::uint32_t kv_streams_per_layer(const KvBlocks& b) noexcept {
+  return b.value_channels == 0 ? 1u : 2u;
+}
+/// Every stream, in order, with its offsets for plain values of `plain` (f32, bf16, f16).
+/// Throws std::invalid_argument when kv_blocks_problem(blocks) is not null.
+[[nodiscard]] std::vector<KvBlockStream> kv_block_streams(const KvBlocks& blocks, DType plain);
+/// Bytes of every stream encoded (every byte of metadata included); 0 if ill formed.
+[[nodiscard]] std::uint64_t kv_blocks_encoded_bytes(const KvBlocks& blocks) noexcept;
+/// Bytes of the plain values in `plain`; 0 if ill formed or `plain` is not f32/bf16/f16.
+[[nodiscard]] std::uint64_t kv_blocks_plain_bytes(const KvBlocks& blocks, DType plain) noexcept;
+/// "kivi2 KV blocks: 12 layers x 10000 tokens, keys 512 / values 512 channels".
+[[nodiscard]] std::string describe(const KvBlocks& blocks);
+
+/// Every stream of `blocks`, one after the other: kv_encode / kv_decode per stream, with
+/// their errors, except that a non-finite value leaves the streams before its own written
+/// (sizes are checked first, writing nothing). An executor may run the streams in
+/// parallel instead (kv_block_streams has their offsets).
+void kv_encode_blocks(const KvBlocks& blocks, DType in_dtype, std::span<const std::byte> in,
+                      std::span<std::byte> out);
+void kv_decode_blocks(const KvBlocks& blocks, std::span<const std::byte> in, DType out_dtype,
+                      std::span<std::byte> out);
 
 }  // namespace statepool::kernels
