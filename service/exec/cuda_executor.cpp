@@ -86,18 +86,18 @@ CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_uni
     // Interprocess (so that an early reply can hand the event to its client), which
     // requires disabling timing.
     // Blocking sync: the completer sleeps in cudaEventSynchronize instead of spinning.
-    setup(cudaEventCreateWithFlags(&cuda->events[i], cudaEventDisableTiming |
-                                                         cudaEventInterprocess |
-                                                         cudaEventBlockingSync),
-          "creating events", device);
+    setup(
+        cudaEventCreateWithFlags(&cuda->events[i], cudaEventDisableTiming | cudaEventInterprocess |
+                                                       cudaEventBlockingSync),
+        "creating events", device);
     cudaIpcEventHandle_t handle{};
     setup(cudaIpcGetEventHandle(&handle, cuda->events[i]), "exporting events", device);
     static_assert(sizeof(handle) == sizeof(IpcEventBytes));
     std::memcpy(cuda->event_handles[i].data(), &handle, sizeof(handle));
   }
   void* results = nullptr;
-  setup(cudaMalloc(&results, sizeof(unsigned long long) * kMaxInFlight),
-        "allocating check results", device);
+  setup(cudaMalloc(&results, sizeof(unsigned long long) * kMaxInFlight), "allocating check results",
+        device);
   cuda->first_bad = static_cast<unsigned long long*>(results);
   setup(cudaMallocHost(&results, sizeof(unsigned long long) * kMaxInFlight),
         "allocating pinned check results", device);
@@ -190,13 +190,12 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
     // between the pool and its host and remote tiers): cudaMemcpyDefault handles that.
     const bool host_copy = op.kind == OperationKind::copy && buffer->space == MemorySpace::host;
     if (buffer->data != nullptr && !host_copy && !can_access(buffer->space, buffer->device)) {
-      throw StatusError(
-          Status::invalid_argument,
-          std::string("the cuda executor (device ") + std::to_string(device_) + ") cannot " +
-              to_string(op.kind) + " " +
-              (buffer->space == MemorySpace::host
-                   ? std::string("host memory")
-                   : "memory on CUDA device " + std::to_string(buffer->device)));
+      throw StatusError(Status::invalid_argument,
+                        std::string("the cuda executor (device ") + std::to_string(device_) +
+                            ") cannot " + to_string(op.kind) + " " +
+                            (buffer->space == MemorySpace::host
+                                 ? std::string("host memory")
+                                 : "memory on CUDA device " + std::to_string(buffer->device)));
     }
   }
   cudaStream_t stream = cuda_->stream;
@@ -207,20 +206,25 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
                             " bytes, destination of " + std::to_string(op.page.size));
     }
     if (op.page.data != op.source.data && op.page.size != 0) {
-      check_op(cudaMemcpyAsync(op.page.data, op.source.data, op.page.size, cudaMemcpyDefault,
-                               stream),
-               "cudaMemcpyAsync", op.kind);
+      check_op(
+          cudaMemcpyAsync(op.page.data, op.source.data, op.page.size, cudaMemcpyDefault, stream),
+          "cudaMemcpyAsync", op.kind);
       launched_any = true;
     }
     check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
     return;
   }
 
+  if (op.kind == OperationKind::kv_encode || op.kind == OperationKind::kv_decode) {
+    // The device kernels exist (kernels/cuda/kv_kernels.hpp, byte-identical to the CPU's);
+    // this executor does not launch them yet (docs/prefix-store.md, "Hybrid entries").
+    throw StatusError(Status::invalid_argument,
+                      "snapshots with KV blocks are not supported on the cuda backend yet");
+  }
   const kernels::PageCodec& codec = *op.codec;
   if (op.dtype != kernels::DType::f32 && op.dtype != kernels::DType::bf16) {
-    throw StatusError(Status::invalid_argument,
-                      std::string("staged states are f32 or bf16, got ") +
-                          kernels::to_string(op.dtype));
+    throw StatusError(Status::invalid_argument, std::string("staged states are f32 or bf16, got ") +
+                                                    kernels::to_string(op.dtype));
   }
   // The kernels read staged values as whole elements; the host executor copies instead.
   const std::uintptr_t element = op.dtype == kernels::DType::f32 ? 4 : 2;
@@ -228,8 +232,8 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
     throw StatusError(Status::invalid_argument,
                       std::string(to_string(op.kind)) +
                           ": on the cuda backend a staged state must start at an offset that "
-                          "is a multiple of " + std::to_string(element) + " bytes for " +
-                          kernels::to_string(op.dtype));
+                          "is a multiple of " +
+                          std::to_string(element) + " bytes for " + kernels::to_string(op.dtype));
   }
   if (op.staged.size != codec.staged_bytes(op.dtype) || op.page.size != codec.page_bytes()) {
     throw StatusError(Status::invalid_argument,

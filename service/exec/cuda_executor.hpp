@@ -64,8 +64,8 @@ class CudaExecutor final : public Executor {
     Operation op;
     Completion done;
   };
-  struct Device;    // the stream, the event ring and the result buffers (CUDA types)
-  struct Formats;   // device tables per (page format, staged dtype)
+  struct Device;   // the stream, the event ring and the result buffers (CUDA types)
+  struct Formats;  // device tables per (page format, staged dtype)
 
   void launch_loop();
   void complete_loop();

@@ -14,7 +14,8 @@
 // per connection stays the rule.
 //
 // Errors given to the completion:
-//   StatusError(not_finite)        a state to compress holds NaN/Inf; nothing written
+//   StatusError(not_finite)        a state or KV blocks to encode hold NaN/Inf; nothing
+//                                  written
 //   StatusError(invalid_argument)  buffer sizes that do not match the page format, or
 //                                  memory this executor cannot reach; nothing written
 //   StatusError(internal)          anything else (a bug, a device error)
@@ -32,6 +33,7 @@
 #include <vector>
 
 #include "memory/resource.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/page.hpp"
 
@@ -41,6 +43,8 @@ enum class OperationKind : std::uint8_t {
   compress,    ///< page <- codec.encode(staged)
   decompress,  ///< staged <- codec.decode(page)
   copy,        ///< page <- source (whole pages of one format)
+  kv_encode,   ///< chunks <- kernels::kv_encode_blocks(kv, staged)
+  kv_decode,   ///< staged <- kernels::kv_decode_blocks(kv, chunks)
 };
 
 [[nodiscard]] const char* to_string(OperationKind kind) noexcept;
@@ -63,6 +67,13 @@ struct Operation {
   kernels::BufferRef page;
   /// copy: the page read. Same size as `page`.
   kernels::BufferRef source;
+  /// kv_encode/kv_decode: the KV blocks (kernels/kv.hpp); `staged` holds their plain
+  /// values in `dtype` (f32, bf16 or f16), exactly kv_blocks_plain_bytes(kv, dtype) bytes.
+  kernels::KvBlocks kv;
+  /// kv_encode: written; kv_decode: read. The encoded KV blocks in pieces (e.g. the pages
+  /// a snapshot's KV blocks are spread over): their concatenation, in order, is the
+  /// kv_blocks_encoded_bytes(kv) bytes of kv_encode_blocks. A non-finite value writes none.
+  std::vector<kernels::BufferRef> chunks;
   /// The memory the buffers point into, held until the operation completes.
   std::vector<std::shared_ptr<const Allocation>> keep_alive;
   /// Set to be told early (an IPC event), by executors that can export events (the CUDA

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/protocol/status.hpp"
 
 namespace statepool::service {
@@ -34,6 +36,8 @@ const char* to_string(OperationKind kind) noexcept {
     case OperationKind::compress: return "compress";
     case OperationKind::decompress: return "decompress";
     case OperationKind::copy: return "copy";
+    case OperationKind::kv_encode: return "kv_encode";
+    case OperationKind::kv_decode: return "kv_decode";
   }
   return "unknown";
 }
@@ -84,20 +88,28 @@ void HostExecutor::wait_idle() {
 }
 
 void HostExecutor::run(const Operation& op) {
-  for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
-    if (buffer->data != nullptr && !can_access(buffer->space, buffer->device)) {
+  const auto check_access = [&](const kernels::BufferRef& buffer) {
+    if (buffer.data != nullptr && !can_access(buffer.space, buffer.device)) {
       throw StatusError(Status::invalid_argument,
                         std::string("the host executor cannot ") + to_string(op.kind) +
-                            " memory on CUDA device " + std::to_string(buffer->device));
+                            " memory on CUDA device " + std::to_string(buffer.device));
     }
+  };
+  for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
+    check_access(*buffer);
   }
+  for (const kernels::BufferRef& chunk : op.chunks) check_access(chunk);
   try {
     switch (op.kind) {
       case OperationKind::compress: return run_compress(op);
       case OperationKind::decompress: return run_decompress(op);
       case OperationKind::copy: return run_copy(op);
+      case OperationKind::kv_encode: return run_kv_encode(op);
+      case OperationKind::kv_decode: return run_kv_decode(op);
     }
   } catch (const kernels::NonFiniteError& e) {
+    throw StatusError(Status::not_finite, e.what());
+  } catch (const kernels::KvNonFiniteError& e) {
     throw StatusError(Status::not_finite, e.what());
   } catch (const std::invalid_argument& e) {
     throw StatusError(Status::invalid_argument, e.what());
@@ -205,6 +217,77 @@ void HostExecutor::run_copy(const Operation& op) {
                                 " bytes, destination of " + std::to_string(op.page.size));
   }
   copy_parallel(op.page.data, op.source.data, op.page.size);
+}
+
+namespace {
+
+/// The KV streams of `op` after checking the sizes of its buffers.
+std::vector<kernels::KvBlockStream> kv_streams(const Operation& op) {
+  const char* fn = to_string(op.kind);
+  if (const char* problem = kernels::kv_blocks_problem(op.kv)) {
+    throw std::invalid_argument(std::string(fn) + ": " + problem);
+  }
+  const std::uint64_t plain = kernels::kv_blocks_plain_bytes(op.kv, op.dtype);
+  if (plain == 0) throw std::invalid_argument(std::string(fn) + ": values are f32, bf16 or f16");
+  if (op.staged.size != plain) {
+    throw std::invalid_argument(std::string(fn) + ": " + kernels::describe(op.kv) + " in " +
+                                kernels::to_string(op.dtype) + " take " + std::to_string(plain) +
+                                " bytes, the staged range has " + std::to_string(op.staged.size));
+  }
+  std::uint64_t chunked = 0;
+  for (const kernels::BufferRef& chunk : op.chunks) chunked += chunk.size;
+  const std::uint64_t encoded = kernels::kv_blocks_encoded_bytes(op.kv);
+  if (chunked != encoded) {
+    throw std::invalid_argument(std::string(fn) + ": " + kernels::describe(op.kv) + " encode to " +
+                                std::to_string(encoded) + " bytes, the chunks hold " +
+                                std::to_string(chunked));
+  }
+  return kernels::kv_block_streams(op.kv, op.dtype);
+}
+
+}  // namespace
+
+// KV blocks are encoded into one contiguous buffer, stream by stream on every worker, then
+// spread over the chunks: a non-finite value (found while encoding) leaves the chunks as
+// they were. Decoding reads the chunks in place when there is one, else gathers them first.
+void HostExecutor::run_kv_encode(const Operation& op) {
+  const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
+  const std::size_t bytes = kernels::kv_blocks_encoded_bytes(op.kv);
+  const std::unique_ptr<std::byte[]> encoded(new std::byte[bytes]);  // NOLINT
+  workers_.parallel_for(streams.size(), 1, [&](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i) {
+      const kernels::KvBlockStream& s = streams[i];
+      kernels::kv_encode(s.stream, op.dtype, in(op.staged).subspan(s.plain_offset, s.plain_bytes),
+                         {encoded.get() + s.encoded_offset, s.encoded_bytes});
+    }
+  });
+  std::size_t at = 0;
+  for (const kernels::BufferRef& chunk : op.chunks) {
+    copy_parallel(chunk.data, encoded.get() + at, chunk.size);
+    at += chunk.size;
+  }
+}
+
+void HostExecutor::run_kv_decode(const Operation& op) {
+  const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
+  std::unique_ptr<std::byte[]> gathered;  // NOLINT
+  const std::byte* encoded = op.chunks.empty() ? nullptr : op.chunks.front().data;
+  if (op.chunks.size() > 1) {
+    gathered.reset(new std::byte[kernels::kv_blocks_encoded_bytes(op.kv)]);  // NOLINT
+    std::size_t at = 0;
+    for (const kernels::BufferRef& chunk : op.chunks) {
+      copy_parallel(gathered.get() + at, chunk.data, chunk.size);
+      at += chunk.size;
+    }
+    encoded = gathered.get();
+  }
+  workers_.parallel_for(streams.size(), 1, [&](std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i < last; ++i) {
+      const kernels::KvBlockStream& s = streams[i];
+      kernels::kv_decode(s.stream, {encoded + s.encoded_offset, s.encoded_bytes}, op.dtype,
+                         out(op.staged).subspan(s.plain_offset, s.plain_bytes));
+    }
+  });
 }
 
 }  // namespace statepool::service

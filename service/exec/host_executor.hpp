@@ -41,6 +41,8 @@ class HostExecutor final : public Executor {
   void run_compress(const Operation& op);
   void run_decompress(const Operation& op);
   void run_copy(const Operation& op);
+  void run_kv_encode(const Operation& op);
+  void run_kv_decode(const Operation& op);
   [[nodiscard]] std::size_t grain(std::size_t items) const noexcept;
   /// memcpy split over the workers.
   void copy_parallel(std::byte* dst, const std::byte* src, std::size_t bytes);

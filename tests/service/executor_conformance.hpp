@@ -4,7 +4,10 @@
 // An executor's compress/decompress must write exactly the bytes of PageCodec::encode /
 // decode (every codec, STEPQuant with a plan included), refuse NaN/Inf before writing
 // anything, refuse wrong sizes and memory it cannot reach, copy whole pages, and call its
-// completion exactly once, off the submitting thread. Instantiated for the host executor
+// completion exactly once, off the submitting thread. Its KV-block encode and decode must
+// write exactly the bytes of kernels::kv_encode_blocks / kv_decode_blocks, spread over
+// and gathered from any number of chunks (a Rig's kv_missing() names why an executor does
+// not run them yet; those tests are then skipped). Instantiated for the host executor
 // (tests/service/test_executor.cpp) and for the CUDA executor
 // (tests/gpu/test_cuda_executor_gpu.cpp, skipped without a device).
 #include <gtest/gtest.h>
@@ -16,12 +19,14 @@
 #include <future>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "exec/executor.hpp"
 #include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/testing/plans.hpp"
@@ -92,10 +97,11 @@ inline std::vector<kernels::StateLayout> layouts() {
 }
 
 /// The suite. A Rig owns an executor (executor(); missing() says why it cannot run here,
-/// empty when it can) and says how test data reaches memory the executor can use: bind(vector) gives a buffer holding the vector's bytes (the vector itself for
-/// a host executor, a device copy for a device executor), sync() copies every bound buffer
-/// back into its vector, memory() is a resource the executor can reach and
-/// upload(allocation, bytes) writes into one of its allocations.
+/// empty when it can) and says how test data reaches memory the executor can use: bind(vector)
+/// gives a buffer holding the vector's bytes (the vector itself for a host executor, a device copy
+/// for a device executor), sync() copies every bound buffer back into its vector, memory() is a
+/// resource the executor can reach and upload(allocation, bytes) writes into one of its
+/// allocations.
 template <class Rig>
 class ExecutorConformance : public ::testing::Test {
  protected:
@@ -335,13 +341,133 @@ TYPED_TEST_P(ExecutorConformance, ManyConcurrentOperationsAllCompleteAndWaitIdle
   for (const auto& page : pages) EXPECT_EQ(page, expected);
 }
 
-REGISTER_TYPED_TEST_SUITE_P(ExecutorConformance,
-                            CompressAndDecompressWriteThePageCodecsBytes,
+/// Plain KV values of `blocks` in `dtype`: normal values, scale 2, from `seed`.
+inline std::vector<std::byte> kv_values(const kernels::KvBlocks& blocks, DType dtype,
+                                        unsigned seed) {
+  const std::size_t count = kernels::kv_blocks_plain_bytes(blocks, DType::f32) / 4;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<std::byte> out(kernels::kv_blocks_plain_bytes(blocks, dtype));
+  for (std::size_t i = 0; i < count; ++i) {
+    const float v = normal(rng);
+    if (dtype == DType::f32) {
+      std::memcpy(out.data() + 4 * i, &v, 4);
+    } else {
+      const std::uint16_t bits =
+          dtype == DType::bf16 ? kernels::float_to_bf16_bits(v) : kernels::float_to_half_bits(v);
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+/// `bytes` cut into pieces of `piece` bytes (the last one shorter).
+inline std::vector<std::vector<std::byte>> cut(const std::vector<std::byte>& bytes,
+                                               std::size_t piece) {
+  std::vector<std::vector<std::byte>> out;
+  for (std::size_t at = 0; at < bytes.size(); at += piece) {
+    const std::size_t n = std::min(piece, bytes.size() - at);
+    out.emplace_back(bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                     bytes.begin() + static_cast<std::ptrdiff_t>(at + n));
+  }
+  return out;
+}
+
+TYPED_TEST_P(ExecutorConformance, KvBlocksEncodeAndDecodeAcrossChunksLikeTheCpuReference) {
+  if (const std::string why = this->rig_.kv_missing(); !why.empty()) GTEST_SKIP() << why;
+  using kernels::KvCodecId;
+  for (const KvCodecId codec :
+       {KvCodecId::bf16, KvCodecId::fp8, KvCodecId::kivi2, KvCodecId::kivi4, KvCodecId::flexgen4}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      // 3 layers, keys of 2 heads x 48, values of 2 heads x 40, past the residual window.
+      const kernels::KvBlocks blocks{codec, 3, 96, 80, 161};
+      SCOPED_TRACE(kernels::describe(blocks) + " from " + kernels::to_string(dtype));
+      std::vector<std::byte> plain = kv_values(blocks, dtype, 11);
+      std::vector<std::byte> expected(kernels::kv_blocks_encoded_bytes(blocks));
+      kernels::kv_encode_blocks(blocks, dtype, plain, expected);
+      std::vector<std::byte> decoded_expected(plain.size());
+      kernels::kv_decode_blocks(blocks, expected, dtype, decoded_expected);
+      // One chunk, and uneven chunks that cut through streams and group records.
+      for (const std::size_t piece : {expected.size(), std::size_t{1237}}) {
+        std::vector<std::vector<std::byte>> chunks = cut(expected, piece);
+        for (auto& c : chunks) std::fill(c.begin(), c.end(), std::byte{0xEE});
+        Operation op;
+        op.kind = OperationKind::kv_encode;
+        op.kv = blocks;
+        op.dtype = dtype;
+        op.staged = this->buffer(plain);
+        for (auto& c : chunks) op.chunks.push_back(this->buffer(c));
+        ASSERT_EQ(status_of(this->run(op)), Status::ok);
+        std::vector<std::byte> joined;
+        for (const auto& c : chunks) joined.insert(joined.end(), c.begin(), c.end());
+        ASSERT_EQ(joined, expected) << "pieces of " << piece;
+
+        std::vector<std::byte> decoded(plain.size(), std::byte{0x77});
+        Operation back;
+        back.kind = OperationKind::kv_decode;
+        back.kv = blocks;
+        back.dtype = dtype;
+        back.staged = this->buffer(decoded);
+        for (auto& c : chunks) back.chunks.push_back(this->buffer(c));
+        ASSERT_EQ(status_of(this->run(back)), Status::ok);
+        ASSERT_EQ(decoded, decoded_expected) << "pieces of " << piece;
+      }
+    }
+  }
+}
+
+TYPED_TEST_P(ExecutorConformance, KvBlocksNonFiniteOrWrongSizesWriteNoChunk) {
+  if (const std::string why = this->rig_.kv_missing(); !why.empty()) GTEST_SKIP() << why;
+  const kernels::KvBlocks blocks{kernels::KvCodecId::kivi2, 2, 64, 64, 40};
+  std::vector<std::byte> plain = kv_values(blocks, DType::f32, 5);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Layer 1's values, token 3, channel 9: the last stream.
+  const std::size_t at =
+      3 * (kernels::kv_blocks_plain_bytes(blocks, DType::f32) / 4) / 4 + 3 * 64 + 9;
+  std::memcpy(plain.data() + 4 * at, &inf, 4);
+  const std::size_t encoded = kernels::kv_blocks_encoded_bytes(blocks);
+  std::vector<std::byte> first(encoded / 2, std::byte{0x42});
+  std::vector<std::byte> second(encoded - first.size(), std::byte{0x42});
+  const auto untouched = [&] {
+    return std::all_of(first.begin(), first.end(),
+                       [](std::byte b) { return b == std::byte{0x42}; }) &&
+           std::all_of(second.begin(), second.end(),
+                       [](std::byte b) { return b == std::byte{0x42}; });
+  };
+  Operation op;
+  op.kind = OperationKind::kv_encode;
+  op.kv = blocks;
+  op.dtype = DType::f32;
+  op.staged = this->buffer(plain);
+  op.chunks = {this->buffer(first), this->buffer(second)};
+  std::string message;
+  EXPECT_EQ(status_of(this->run(op), &message), Status::not_finite);
+  EXPECT_NE(message.find("token 3 channel 9"), std::string::npos) << message;
+  EXPECT_TRUE(untouched());
+
+  std::vector<std::byte> good = kv_values(blocks, DType::f32, 6);
+  op.staged = this->buffer(good);
+  std::vector<std::byte> short_second(second.size() - 1, std::byte{0x42});
+  op.chunks = {this->buffer(first), this->buffer(short_second)};
+  EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument);
+  EXPECT_NE(message.find("the chunks hold"), std::string::npos) << message;
+  op.chunks = {this->buffer(first), this->buffer(second)};
+  op.dtype = DType::bf16;  // the staged range holds f32 values
+  EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument);
+  EXPECT_NE(message.find("the staged range has"), std::string::npos) << message;
+  op.dtype = DType::f32;
+  op.kv.layers = 0;
+  EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument);
+  EXPECT_TRUE(untouched());
+}
+
+REGISTER_TYPED_TEST_SUITE_P(ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes,
                             NonFiniteIsRefusedWithTheFirstValueInPageOrder,
                             WrongSizesAreInvalidArgumentAndWriteNothing,
-                            MemoryItCannotReachIsRefused,
-                            CopyCopiesAWholePage,
+                            MemoryItCannotReachIsRefused, CopyCopiesAWholePage,
                             CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory,
-                            ManyConcurrentOperationsAllCompleteAndWaitIdleWaits);
+                            ManyConcurrentOperationsAllCompleteAndWaitIdleWaits,
+                            KvBlocksEncodeAndDecodeAcrossChunksLikeTheCpuReference,
+                            KvBlocksNonFiniteOrWrongSizesWriteNoChunk);
 
 }  // namespace statepool::service::conformance

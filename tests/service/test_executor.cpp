@@ -21,6 +21,7 @@ struct HostRig {
   }
   static void sync() {}
   static std::string missing() { return {}; }
+  static std::string kv_missing() { return {}; }
   static void upload(const Allocation& allocation, const std::vector<std::byte>& bytes) {
     std::memcpy(allocation.host_bytes().data(), bytes.data(), bytes.size());
   }
