@@ -768,35 +768,72 @@ std::string bytes_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
   return {reinterpret_cast<const char*>(bytes->data()), bytes->size()};
 }
 
-}  // namespace
-
-SnapshotPut Connection::put_snapshot(const Slot& slot, const SnapshotKey& key) {
-  return put_snapshot(slot.arena_id(), slot.id(), key);
+flatbuffers::Offset<wire::KvStaging> kv_staging_to_wire(flatbuffers::FlatBufferBuilder& b,
+                                                        const KvStaging& where) {
+  return wire::CreateKvStaging(b, where.staging, where.offset, protocol::to_wire(where.dtype));
 }
 
-SnapshotPut Connection::put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key) {
+/// A reply's KV blocks; an unknown codec (a newer daemon) is an inconsistent reply.
+std::optional<kernels::KvBlocks> kv_of(const wire::KvBlocks* kv) {
+  if (kv == nullptr) return std::nullopt;
+  try {
+    return protocol::from_wire(*kv);
+  } catch (const StatusError& e) {
+    inconsistent(e.what());
+  }
+}
+
+}  // namespace
+
+SnapshotPut Connection::put_snapshot(const Slot& slot, const SnapshotKey& key,
+                                     const std::optional<SnapshotKv>& kv) {
+  return put_snapshot(slot.arena_id(), slot.id(), key, kv);
+}
+
+SnapshotPut Connection::put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key,
+                                     const std::optional<SnapshotKv>& kv) {
   return impl().call<wire::PutSnapshot>(
       [&](auto& b) {
         const auto k = key_to_wire(b, key);
-        return wire::CreatePutSnapshot(b, arena, slot, k);
+        const auto blocks = kv ? protocol::to_wire(b, kv->blocks) : 0;
+        const auto where = kv ? kv_staging_to_wire(b, kv->values) : 0;
+        return wire::CreatePutSnapshot(b, arena, slot, k, blocks, where);
       },
       [](const wire::PutSnapshotReply* r) {
-        return SnapshotPut{r->created(), r->evicted(), r->page_bytes()};
+        SnapshotPut out;
+        out.created = r->created();
+        out.evicted = r->evicted();
+        out.page_bytes = r->page_bytes();
+        out.kv = kv_of(r->kv());
+        out.kv_bytes = r->kv_bytes();
+        out.pages = r->pages();
+        return out;
       });
 }
 
-SnapshotGet Connection::get_snapshot(const SnapshotKey& key, const Slot& slot) {
-  return get_snapshot(key, slot.arena_id(), slot.id());
+SnapshotGet Connection::get_snapshot(const SnapshotKey& key, const Slot& slot,
+                                     const std::optional<KvStaging>& kv) {
+  return get_snapshot(key, slot.arena_id(), slot.id(), kv);
 }
 
-SnapshotGet Connection::get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot) {
+SnapshotGet Connection::get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot,
+                                     const std::optional<KvStaging>& kv) {
   return impl().call<wire::GetSnapshot>(
       [&](auto& b) {
         const auto k = key_to_wire(b, key);
-        return wire::CreateGetSnapshot(b, arena, slot, k);
+        const auto where = kv ? kv_staging_to_wire(b, *kv) : 0;
+        return wire::CreateGetSnapshot(b, arena, slot, k, where);
       },
       [](const wire::GetSnapshotReply* r) {
-        return SnapshotGet{r->hit(), r->other_layouts(), r->page_bytes(), str(r->tier())};
+        SnapshotGet out;
+        out.hit = r->hit();
+        out.other_layouts = r->other_layouts();
+        out.page_bytes = r->page_bytes();
+        out.tier = str(r->tier());
+        out.kv = kv_of(r->kv());
+        out.kv_bytes = r->kv_bytes();
+        out.kv_delivered = r->kv_delivered();
+        return out;
       });
 }
 
@@ -845,6 +882,9 @@ SnapshotList Connection::list_snapshots(std::string_view prefix, std::uint32_t l
             info.hits = e->hits();
             info.age_seconds = e->age_seconds();
             info.idle_seconds = e->idle_seconds();
+            info.kv = kv_of(e->kv());
+            info.kv_bytes = e->kv_bytes();
+            info.pages = e->pages();
             out.snapshots.push_back(std::move(info));
           }
         }

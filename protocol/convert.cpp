@@ -44,6 +44,12 @@ static_assert(same(wire::HandleKind::memfd, kernels::HandleKind::memfd) &&
               same(wire::HandleKind::cuda_vmm_fd, kernels::HandleKind::cuda_vmm_fd) &&
               same(wire::HandleKind::cuda_ipc, kernels::HandleKind::cuda_ipc) &&
               same(wire::HandleKind::MAX, kernels::HandleKind::cuda_ipc));
+static_assert(same(wire::KvCodec::bf16, kernels::KvCodecId::bf16) &&
+              same(wire::KvCodec::fp8, kernels::KvCodecId::fp8) &&
+              same(wire::KvCodec::kivi2, kernels::KvCodecId::kivi2) &&
+              same(wire::KvCodec::kivi4, kernels::KvCodecId::kivi4) &&
+              same(wire::KvCodec::flexgen4, kernels::KvCodecId::flexgen4) &&
+              same(wire::KvCodec::MAX, kernels::KvCodecId::flexgen4));
 
 template <class Domain, class Wire>
 Domain checked(Wire value, std::string_view field) {
@@ -77,6 +83,9 @@ wire::MemorySpace to_wire(kernels::MemorySpace value) noexcept {
 wire::HandleKind to_wire(kernels::HandleKind value) noexcept {
   return static_cast<wire::HandleKind>(value);
 }
+wire::KvCodec to_wire(kernels::KvCodecId value) noexcept {
+  return static_cast<wire::KvCodec>(value);
+}
 
 kernels::Arch from_wire(wire::Arch value, std::string_view field) {
   return checked<kernels::Arch>(value, field);
@@ -95,6 +104,20 @@ kernels::MemorySpace from_wire(wire::MemorySpace value, std::string_view field) 
 }
 kernels::HandleKind from_wire(wire::HandleKind value, std::string_view field) {
   return checked<kernels::HandleKind>(value, field);
+}
+kernels::KvCodecId from_wire(wire::KvCodec value, std::string_view field) {
+  return checked<kernels::KvCodecId>(value, field);
+}
+
+kernels::KvBlocks from_wire(const wire::KvBlocks& in) {
+  return kernels::KvBlocks{from_wire(in.codec()), in.layers(), in.key_channels(),
+                           in.value_channels(), in.tokens()};
+}
+
+flatbuffers::Offset<wire::KvBlocks> to_wire(flatbuffers::FlatBufferBuilder& builder,
+                                            const kernels::KvBlocks& blocks) {
+  return wire::CreateKvBlocks(builder, to_wire(blocks.codec), blocks.layers, blocks.key_channels,
+                              blocks.value_channels, blocks.tokens);
 }
 
 LayoutMessage from_wire(const wire::Layout& in) {
@@ -160,8 +183,8 @@ kernels::MemoryDescriptor from_wire(const wire::MemoryDescriptor* in) {
   if (const auto* uuid = in->device_uuid(); uuid != nullptr) {
     STATEPOOL_EXPECTS(uuid->size() == kernels::kDeviceUuidBytes, Status::invalid_argument,
                       "memory descriptor with a device_uuid of " + std::to_string(uuid->size()) +
-                          " bytes (a GPU's UUID has " +
-                          std::to_string(kernels::kDeviceUuidBytes) + ")");
+                          " bytes (a GPU's UUID has " + std::to_string(kernels::kDeviceUuidBytes) +
+                          ")");
     std::memcpy(out.device_uuid.data(), uuid->data(), out.device_uuid.size());
   }
   return out;
@@ -176,8 +199,9 @@ flatbuffers::Offset<wire::MemoryDescriptor> to_wire(flatbuffers::FlatBufferBuild
   }
   flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> uuid;
   if (descriptor.device_uuid != kernels::DeviceUuid{}) {
-    uuid = builder.CreateVector(reinterpret_cast<const std::uint8_t*>(descriptor.device_uuid.data()),
-                                descriptor.device_uuid.size());
+    uuid =
+        builder.CreateVector(reinterpret_cast<const std::uint8_t*>(descriptor.device_uuid.data()),
+                             descriptor.device_uuid.size());
   }
   return wire::CreateMemoryDescriptor(builder, to_wire(descriptor.space), descriptor.device,
                                       to_wire(descriptor.handle_kind), descriptor.granularity, ipc,

@@ -239,6 +239,12 @@ const char* kv_blocks_problem(const KvBlocks& b) noexcept {
   }
   if (b.tokens == 0) return "KV blocks need at least 1 token";
   if (b.tokens > kKvMaxTokens) return "KV blocks have at most 2^32 tokens";
+  // At most 2^10 * 2^32 * 2^21 = 2^63 values: no overflow; as FP32, at most 2^48 bytes.
+  const std::uint64_t values =
+      std::uint64_t{b.layers} * b.tokens * (std::uint64_t{b.key_channels} + b.value_channels);
+  if (values > (std::uint64_t{1} << (kKvMaxBytesLog2 - 2))) {
+    return "KV blocks hold at most 2^48 bytes of FP32 values";
+  }
   return nullptr;
 }
 

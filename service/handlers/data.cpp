@@ -23,22 +23,6 @@ kernels::DType staging_dtype(wire::DType dtype) {
   return protocol::from_wire(dtype);
 }
 
-/// [offset, offset + bytes) of a staging buffer of this connection (overflow-safe).
-kernels::BufferRef staging_range(const ConnectionState& c, std::uint32_t id, std::uint64_t offset,
-                                 std::size_t bytes, std::shared_ptr<const Allocation>& owner) {
-  const auto it = c.staging.find(id);
-  STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
-                    cat("no staging buffer ", id, " on this connection"));
-  kernels::BufferRef all = it->second->buffer();
-  STATEPOOL_EXPECTS(offset <= all.size && bytes <= all.size - offset, Status::invalid_argument,
-                    cat("staging range [", offset, ", ", offset + bytes, ") exceeds the ", all.size,
-                        "-byte staging buffer"));
-  owner = it->second;
-  all.data += offset;
-  all.size = bytes;
-  return all;
-}
-
 /// A compress or decompress of one page from / into a staging range.
 Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, std::uint32_t slot,
                           std::uint32_t staging, std::uint64_t offset, wire::DType wire_dtype) {
@@ -60,8 +44,7 @@ Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, s
 /// has it on a device stream and returns the IPC event's bytes (the executor's own
 /// completion then only releases memory, and a late error is logged). Without `early`, or
 /// on an executor that exports no events, completes when the work is done.
-boost::asio::awaitable<std::optional<IpcEventBytes>> execute(Call& call, Operation op,
-                                                             bool early) {
+boost::asio::awaitable<std::optional<IpcEventBytes>> execute(Call& call, Operation op, bool early) {
   if (!early) {
     co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
     co_return std::nullopt;
@@ -91,6 +74,21 @@ flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> event_bytes(
 }
 
 }  // namespace
+
+kernels::BufferRef staging_range(const ConnectionState& c, std::uint32_t id, std::uint64_t offset,
+                                 std::size_t bytes, std::shared_ptr<const Allocation>& owner) {
+  const auto it = c.staging.find(id);
+  STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
+                    cat("no staging buffer ", id, " on this connection"));
+  kernels::BufferRef all = it->second->buffer();
+  STATEPOOL_EXPECTS(offset <= all.size && bytes <= all.size - offset, Status::invalid_argument,
+                    cat("staging range [", offset, ", ", offset + bytes, ") exceeds the ", all.size,
+                        "-byte staging buffer"));
+  owner = it->second;
+  all.data += offset;
+  all.size = bytes;
+  return all;
+}
 
 Handled handle(Call& call, const wire::Compress& in) {
   Operation op = codec_operation(call, OperationKind::compress, in.arena_id(), in.slot(),

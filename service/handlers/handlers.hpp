@@ -33,10 +33,10 @@
 #include "memory/limiting.hpp"
 #include "memory/resource.hpp"
 #include "pool/pool.hpp"
-#include "store/tiers.hpp"
 #include "statepool/protocol/messages.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "statepool_generated.h"
+#include "store/tiers.hpp"
 
 namespace statepool::service {
 
@@ -130,6 +130,13 @@ Handled handle(Call& call, const wire::GetSnapshot& request);
 Handled handle(Call& call, const wire::DeleteSnapshot& request);
 Handled handle(Call& call, const wire::PinSnapshot& request);
 Handled handle(Call& call, const wire::ListSnapshots& request);
+
+/// [offset, offset + bytes) of the connection's staging buffer `id`, and in `owner` the
+/// buffer's memory (to keep alive while an operation uses the range). not_found for an
+/// unknown id, invalid_argument for a range past its end (overflow-safe). data.cpp.
+kernels::BufferRef staging_range(const ConnectionState& connection, std::uint32_t id,
+                                 std::uint64_t offset, std::size_t bytes,
+                                 std::shared_ptr<const Allocation>& owner);
 
 /// Handles one verified request. Never throws: errors become error replies (internal ones
 /// logged). Requests other than Hello before Hello are refused (not_hello) and close the

@@ -55,6 +55,36 @@ kernels::BufferRef host_buffer(std::span<std::byte> bytes) {
   return kernels::BufferRef{bytes.data(), bytes.size(), kernels::MemorySpace::host, -1};
 }
 
+/// Where a request's KV block values are: a staging range of this connection.
+struct KvRange {
+  kernels::DType dtype = kernels::DType::bf16;
+  kernels::BufferRef staged;
+  std::shared_ptr<const Allocation> memory;
+};
+
+KvRange kv_range(const Call& call, const wire::KvStaging& in, const kernels::KvBlocks& blocks) {
+  KvRange out;
+  out.dtype = protocol::from_wire(in.dtype(), "kv_staging.dtype");
+  const std::uint64_t bytes = kernels::kv_blocks_plain_bytes(blocks, out.dtype);
+  out.staged = staging_range(call.connection, in.staging_id(), in.offset(), bytes, out.memory);
+  return out;
+}
+
+/// KV blocks between a staging range and their encoded chunks, on the Executor.
+boost::asio::awaitable<void> run_kv(Call& call, OperationKind kind, const kernels::KvBlocks& kv,
+                                    const KvRange& range, std::vector<kernels::BufferRef> chunks,
+                                    std::vector<std::shared_ptr<const Allocation>> keep_alive) {
+  Operation op;
+  op.kind = kind;
+  op.kv = kv;
+  op.dtype = range.dtype;
+  op.staged = range.staged;
+  op.chunks = std::move(chunks);
+  op.keep_alive = std::move(keep_alive);
+  op.keep_alive.push_back(range.memory);
+  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+}
+
 /// A published snapshot into the tiers below the pool: its page is copied into a value
 /// while the snapshot is still being written (so its page cannot go meanwhile); the
 /// checksum and the tiers' work run on a worker, the remote write later.
@@ -62,9 +92,17 @@ boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
                                            const SnapshotKey& key) {
   ServerContext& s = call.server;
   SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
-  auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes));
+  auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes, put.kv));
   co_await copy_page(call, put.copy->target, host_buffer(snapshot_value_page(*value)),
                      put.copy->keep_alive);
+  // The KV pages into the value's KV area, one copy each.
+  std::size_t at = 0;
+  const std::span<std::byte> kv_area = snapshot_value_kv(*value);
+  for (const kernels::BufferRef& chunk : put.copy->kv_chunks) {
+    co_await copy_page(call, chunk, host_buffer(kv_area.subspan(at, chunk.size)),
+                       put.copy->keep_alive);
+    at += chunk.size;
+  }
   const std::string tenant = call.connection.tenant;
   s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value)] {
     seal_snapshot_value(*value);
@@ -76,15 +114,35 @@ boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
 
 Handled handle(Call& call, const wire::PutSnapshot& in) {
   const SnapshotKey key = key_of(in.key());
+  std::optional<kernels::KvBlocks> kv;
+  KvRange range;
+  if (in.kv() != nullptr) {
+    STATEPOOL_EXPECTS(in.kv_staging() != nullptr, Status::invalid_argument,
+                      "a snapshot with KV blocks needs kv_staging: where their values are");
+    kv = protocol::from_wire(*in.kv());
+    const char* problem = kernels::kv_blocks_problem(*kv);
+    STATEPOOL_EXPECTS(problem == nullptr, Status::invalid_argument,
+                      cat("the snapshot's KV blocks: ", problem == nullptr ? "" : problem));
+    range = kv_range(call, *in.kv_staging(), *kv);  // checked before anything is taken
+  } else {
+    STATEPOOL_EXPECTS(in.kv_staging() == nullptr, Status::invalid_argument,
+                      "kv_staging without kv: say what KV blocks the range holds");
+  }
   SnapshotPut put =
-      call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(), key);
+      call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(), key, kv);
   if (put.copy) {  // an error below forgets the snapshot
     co_await copy_page(call, put.copy->source, put.copy->target, put.copy->keep_alive);
+    if (kv) {
+      co_await run_kv(call, OperationKind::kv_encode, *kv, range, put.copy->kv_chunks,
+                      put.copy->keep_alive);
+    }
     if (call.server.tiers != nullptr) co_await write_through(call, put, key);
     put.copy->done();
   }
-  call.reply<wire::PutSnapshot>(
-      wire::CreatePutSnapshotReply(call.builder(), put.created, put.evicted, put.page_bytes));
+  auto& b = call.builder();
+  const auto kv_table = put.kv ? protocol::to_wire(b, *put.kv) : 0;
+  call.reply<wire::PutSnapshot>(wire::CreatePutSnapshotReply(
+      b, put.created, put.evicted, put.page_bytes, kv_table, put.kv_bytes, put.pages));
 }
 
 Handled handle(Call& call, const wire::GetSnapshot& in) {
@@ -93,10 +151,21 @@ Handled handle(Call& call, const wire::GetSnapshot& in) {
   const bool below = s.tiers != nullptr && s.tiers->enabled();
   SnapshotGet get =
       s.pool.get_snapshot(call.connection.lease, in.arena_id(), in.slot(), key, below);
-  std::string tier;  // the tier that served a hit
+  std::string tier;                     // the tier that served a hit
+  std::optional<kernels::KvBlocks> kv;  // the hit's KV blocks
+  bool delivered = false;
   if (get.hit) tier = "pool";
   if (get.copy) {
+    kv = get.copy->kv;
+    KvRange range;
+    // The range is checked before the page is copied: a refusal leaves the slot as it was.
+    if (kv && in.kv_staging() != nullptr) range = kv_range(call, *in.kv_staging(), *kv);
     co_await copy_page(call, get.copy->source, get.copy->target, get.copy->keep_alive);
+    if (range.memory != nullptr) {
+      co_await run_kv(call, OperationKind::kv_decode, *kv, range, get.copy->kv_chunks,
+                      get.copy->keep_alive);
+      delivered = true;
+    }
     get.copy->done();
   } else if (below) {
     const SnapshotName name{get.space, key.prefix, key.position, get.layout_digest};
@@ -108,14 +177,24 @@ Handled handle(Call& call, const wire::GetSnapshot& in) {
     if (!found) {
       s.pool.count_lower_tier_lookup(tenant, "");  // a miss in every tier
     } else {
+      kv = found->kv;
+      KvRange range;
+      if (kv && in.kv_staging() != nullptr) range = kv_range(call, *in.kv_staging(), *kv);
       // The slot is looked up again: it may have been freed while the tiers were asked.
       const PageRef page = s.pool.page(call.connection.lease, in.arena_id(), in.slot());
       // Read only: the executor's buffers are mutable in general.
-      const std::span<std::byte> bytes(const_cast<std::byte*>(found->page.data()),  // NOLINT
-                                       found->page.size());
+      const auto mutable_bytes = [](std::span<const std::byte> bytes) {
+        return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
+      };
       // A named vector: GCC 12 rejects a braced list inside this co_await.
       std::vector<std::shared_ptr<const Allocation>> keep{page.memory};
-      co_await copy_page(call, host_buffer(bytes), page.buffer(), std::move(keep));
+      co_await copy_page(call, mutable_bytes(found->page), page.buffer(), keep);
+      if (range.memory != nullptr) {
+        std::vector<kernels::BufferRef> chunks{mutable_bytes(found->kv_bytes)};
+        co_await run_kv(call, OperationKind::kv_decode, *kv, range, std::move(chunks),
+                        std::move(keep));
+        delivered = true;
+      }
       s.pool.count_lower_tier_lookup(tenant, found->tier);
       get.hit = true;
       get.other_layouts = 0;
@@ -124,8 +203,10 @@ Handled handle(Call& call, const wire::GetSnapshot& in) {
   }
   auto& b = call.builder();
   const auto tier_text = get.hit ? b.CreateString(tier) : 0;
-  call.reply<wire::GetSnapshot>(
-      wire::CreateGetSnapshotReply(b, get.hit, get.other_layouts, get.page_bytes, tier_text));
+  const auto kv_table = kv ? protocol::to_wire(b, *kv) : 0;
+  const std::uint64_t kv_bytes = kv ? kernels::kv_blocks_encoded_bytes(*kv) : 0;
+  call.reply<wire::GetSnapshot>(wire::CreateGetSnapshotReply(
+      b, get.hit, get.other_layouts, get.page_bytes, tier_text, kv_table, kv_bytes, delivered));
 }
 
 Handled handle(Call& call, const wire::DeleteSnapshot& in) {
@@ -173,7 +254,8 @@ Handled handle(Call& call, const wire::ListSnapshots& in) {
     entries.push_back(wire::CreateSnapshotEntry(
         b, to_wire(b, s.key), s.layout, b.CreateString(s.layout_name), protocol::to_wire(s.codec),
         b.CreateString(s.tenant), s.arena, s.page_bytes, s.fp32_bytes, s.pinned, s.hits,
-        s.age_seconds, s.idle_seconds));
+        s.age_seconds, s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0, s.kv_bytes,
+        s.pages));
   }
   const auto space = b.CreateString(pool.snapshot_namespace(call.connection.tenant));
   call.reply<wire::ListSnapshots>(

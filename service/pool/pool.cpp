@@ -359,15 +359,16 @@ std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint
     // Live slots come first: make room by evicting snapshots, all or nothing.
     const std::size_t needed = count - arena.slots.available();
     const std::vector<SnapshotId> victims = snapshots_.evictable(arena.id, needed);
+    const std::size_t evictable = snapshots_.pages_of(victims);
     STATEPOOL_EXPECTS(
-        victims.size() == needed, Status::pool_exhausted,
+        evictable >= needed, Status::pool_exhausted,
         arena_label(arena) + ": " + std::to_string(arena.slots.available()) + " of " +
             std::to_string(arena.slots.capacity()) + " pages free, " + std::to_string(count) +
             " requested" +
             (arena.snapshot_pages == 0
                  ? std::string()
                  : " (" + std::to_string(arena.snapshot_pages) + " pages hold snapshots, " +
-                       std::to_string(victims.size()) + " of them evictable: the rest are " +
+                       std::to_string(evictable) + " of them evictable: the rest are " +
                        "pinned or being read)"));
     evict(victims);
   }

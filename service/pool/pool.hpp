@@ -39,6 +39,7 @@
 #include "pool/layout_registry.hpp"
 #include "pool/lease_table.hpp"
 #include "pool/snapshot_table.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
@@ -157,8 +158,11 @@ struct SnapshotInfo {
   std::size_t fp32_bytes = 0;
   bool pinned = false;
   std::uint64_t hits = 0;
-  double age_seconds = 0;   ///< since it was published
-  double idle_seconds = 0;  ///< since it was last published or read
+  double age_seconds = 0;               ///< since it was published
+  double idle_seconds = 0;              ///< since it was last published or read
+  std::optional<kernels::KvBlocks> kv;  ///< hybrid entries: the attention KV blocks
+  std::uint64_t kv_bytes = 0;           ///< their encoded bytes (in kv_pages more pages)
+  std::uint32_t pages = 1;              ///< pages of the arena it holds
 };
 
 class Pool;
@@ -176,6 +180,11 @@ class SnapshotCopy {
 
   kernels::BufferRef source;
   kernels::BufferRef target;
+  /// Hybrid entries: the KV blocks and the snapshot's KV pages, as executor chunks (the
+  /// last one cut to the blocks' end): a put encodes the caller's KV values into them, a
+  /// get decodes them (kernels::kv_encode_blocks / kv_decode_blocks bytes).
+  std::optional<kernels::KvBlocks> kv;
+  std::vector<kernels::BufferRef> kv_chunks;
   /// The memory of both pages (kept alive while the copy runs).
   std::vector<std::shared_ptr<const Allocation>> keep_alive;
 
@@ -198,6 +207,10 @@ struct SnapshotPut {
   std::string space;                 ///< the namespace, and the arena's layout digest: the
   std::string layout_digest;         ///< snapshot's name in lower tiers
   std::optional<SnapshotCopy> copy;  ///< created only
+  /// The key's entry (the new one, or the one that stood): its KV blocks and pages.
+  std::optional<kernels::KvBlocks> kv;
+  std::uint64_t kv_bytes = 0;
+  std::uint32_t pages = 1;
 };
 
 struct SnapshotGet {
@@ -207,7 +220,7 @@ struct SnapshotGet {
   std::size_t page_bytes = 0;
   std::string space;  ///< as SnapshotPut: where a miss may be looked up below
   std::string layout_digest;
-  std::optional<SnapshotCopy> copy;  ///< hit only
+  std::optional<SnapshotCopy> copy;  ///< hit only (its kv and kv_chunks: a hybrid entry's)
 };
 
 struct LeaseGrant {
@@ -333,12 +346,16 @@ class Pool {
   // of the arena it was published from and serves only slots of arenas of that layout.
   // A bad key (empty prefix, or longer than kMaxSnapshotPrefixBytes) is invalid_argument.
   /// Publishes the state of a slot the lease owns: a page of the same arena is taken
-  /// (evicting the arena's least recently used unpinned snapshot when none is free;
+  /// (evicting the arena's least recently used unpinned snapshots when none is free;
   /// pool_exhausted when every page holds a slot or a pinned or busy snapshot) and
-  /// returned as the target of `copy`; the snapshot is visible once copy->done(). A key
-  /// that has a snapshot for the layout (visible or being published) is left as it is
-  /// (created = false, no copy).
-  SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// returned as the target of `copy`; the snapshot is visible once copy->done(). With
+  /// `kv` (a hybrid entry) the KV blocks take ceil(kv_blocks_encoded_bytes / page_bytes)
+  /// more pages, all taken (and evicted for) together, returned as copy->kv_chunks;
+  /// invalid_argument for ill-formed blocks or blocks that need more pages than the arena
+  /// has. A key that has a snapshot for the layout (visible or being published) is left
+  /// as it is (created = false, no copy), KV blocks or not.
+  SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key,
+                           const std::optional<kernels::KvBlocks>& kv = std::nullopt);
   /// Looks the key up for the layout of the arena of `slot` (a slot the lease owns); a
   /// hit returns the copy of the snapshot's page into the slot's page. A miss is no error;
   /// it is counted unless `lower_tiers` (the caller asks the tiers below and reports the
@@ -398,7 +415,9 @@ class Pool {
   /// Frees every slot of the lease and forgets it. Caller holds mutex_.
   std::uint64_t drop_lease(LeaseId id) noexcept;
   // Snapshot pages (pool_snapshots.cpp); caller holds mutex_.
-  void free_snapshot_page(ArenaId arena, SlotId slot) noexcept;
+  void free_snapshot_pages(ArenaId arena, SlotId state, std::span<const SlotId> kv_pages) noexcept;
+  /// The pages of an entry the table handed back (nothing when it stays).
+  void free_snapshot_pages(const std::optional<Snapshot>& gone) noexcept;
   /// Evicts the entries (idle: erase() frees at once) and frees their pages.
   void evict(std::span<const SnapshotId> victims) noexcept;
   [[nodiscard]] SnapshotCopy snapshot_copy(const Snapshot& s, const Arena& other, SlotId slot,

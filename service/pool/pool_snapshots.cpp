@@ -30,6 +30,8 @@ double seconds_between(Clock::time_point from, Clock::time_point to) noexcept {
 SnapshotCopy::SnapshotCopy(SnapshotCopy&& other) noexcept
     : source(other.source),
       target(other.target),
+      kv(std::move(other.kv)),
+      kv_chunks(std::move(other.kv_chunks)),
       keep_alive(std::move(other.keep_alive)),
       pool_(std::exchange(other.pool_, nullptr)),
       id_(other.id_),
@@ -45,24 +47,31 @@ void SnapshotCopy::done() noexcept {
 
 // --- pages (caller holds mutex_) -----------------------------------------------------
 
-void Pool::free_snapshot_page(ArenaId arena_id, SlotId slot) noexcept {
+void Pool::free_snapshot_pages(ArenaId arena_id, SlotId state,
+                               std::span<const SlotId> kv_pages) noexcept {
   if (arena_id < 1 || arena_id > arenas_.all().size()) return;
   Arena& arena = *arenas_.all()[arena_id - 1];
-  if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) return;
-  arena.owner[slot] = 0;
-  --arena.snapshot_pages;
-  (void)arena.slots.free(slot);
+  const auto free_one = [&arena](SlotId slot) {
+    if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) return;
+    arena.owner[slot] = 0;
+    --arena.snapshot_pages;
+    (void)arena.slots.free(slot);
+  };
+  free_one(state);
+  for (const SlotId slot : kv_pages) free_one(slot);
+}
+
+void Pool::free_snapshot_pages(const std::optional<Snapshot>& gone) noexcept {
+  if (gone) free_snapshot_pages(gone->arena, gone->slot, gone->kv_pages);
 }
 
 void Pool::evict(std::span<const SnapshotId> victims) noexcept {
   for (const SnapshotId id : victims) {
     const Snapshot* s = snapshots_.get(id);
     if (s == nullptr) continue;
-    const ArenaId arena = s->arena;
-    const SlotId slot = s->slot;
     const std::size_t tenant = s->tenant;
-    if (snapshots_.erase(id)) {
-      free_snapshot_page(arena, slot);
+    if (const std::optional<Snapshot> gone = snapshots_.erase(id)) {
+      free_snapshot_pages(gone);
       if (config_.snapshot_lower_tiers) {
         ++tenants_[tenant].demotions;
       } else {
@@ -79,31 +88,33 @@ SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena& other, SlotId s
   const kernels::BufferRef page = other.page(slot);
   copy.source = write ? page : snapshot;
   copy.target = write ? snapshot : page;
+  if (s.kv) {
+    copy.kv = s.kv;
+    std::uint64_t left = kernels::kv_blocks_encoded_bytes(*s.kv);
+    for (const SlotId kv_page : s.kv_pages) {
+      kernels::BufferRef chunk = home.page(kv_page);
+      chunk.size = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size, left));
+      left -= chunk.size;
+      copy.kv_chunks.push_back(chunk);
+    }
+  }
   copy.keep_alive = {home.memory, other.memory};
   return copy;
 }
 
 void Pool::end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept {
   const std::lock_guard lock(mutex_);
-  const Snapshot* s = snapshots_.get(id);
-  if (s == nullptr) return;
-  const ArenaId arena = s->arena;
-  const SlotId slot = s->slot;
-  bool free_page = false;
   if (!write) {
-    free_page = snapshots_.release(id);
+    free_snapshot_pages(snapshots_.release(id));
   } else if (ok) {
     try {
-      free_page = snapshots_.commit(id);
+      free_snapshot_pages(snapshots_.commit(id));
     } catch (...) {  // out of memory for the LRU node: forget the snapshot instead
-      snapshots_.abort(id);
-      free_page = true;
+      free_snapshot_pages(snapshots_.abort(id));
     }
   } else {
-    snapshots_.abort(id);
-    free_page = true;
+    free_snapshot_pages(snapshots_.abort(id));
   }
-  if (free_page) free_snapshot_page(arena, slot);
 }
 
 // --- operations ----------------------------------------------------------------------
@@ -113,37 +124,60 @@ const std::string& Pool::snapshot_namespace(std::string_view tenant) const {
 }
 
 SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
-                               const SnapshotKey& key) {
+                               const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv) {
   expect_key(key);
+  std::uint64_t kv_bytes = 0;
+  if (kv) {
+    const char* problem = kernels::kv_blocks_problem(*kv);
+    STATEPOOL_EXPECTS(problem == nullptr, Status::invalid_argument,
+                      std::string("the snapshot's KV blocks: ") + (problem ? problem : ""));
+    kv_bytes = kernels::kv_blocks_encoded_bytes(*kv);
+  }
   const Clock::time_point now = Clock::now();
   const std::lock_guard lock(mutex_);
   const Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);
   expect_owned(lease, arena, slot);
   Tenant& tenant = tenants_[lease.tenant];
+  const std::size_t page_bytes = arena.codec->page_bytes();
   SnapshotPut out;
-  out.page_bytes = arena.codec->page_bytes();
+  out.page_bytes = page_bytes;
   out.space = spaces_[tenant.space];
   out.layout_digest = arena.layout_digest;
-  if (snapshots_.find(tenant.space, key.prefix, key.position, arena.layout) != nullptr) {
+  if (const Snapshot* existing =
+          snapshots_.find(tenant.space, key.prefix, key.position, arena.layout)) {
     ++tenant.puts_existing;
+    out.kv = existing->kv;
+    out.kv_bytes = existing->kv ? kernels::kv_blocks_encoded_bytes(*existing->kv) : 0;
+    out.pages = static_cast<std::uint32_t>(existing->pages());
     return out;  // idempotent: the first publication stands
   }
-  if (arena.slots.available() == 0) {
-    const std::vector<SnapshotId> victims = snapshots_.evictable(arena.id, 1);
-    STATEPOOL_EXPECTS(!victims.empty(), Status::pool_exhausted,
-                      arena_label(arena) + ": no page for the snapshot: all " +
-                          std::to_string(arena.page_count()) + " pages hold slots (" +
-                          std::to_string(arena.snapshot_pages) +
-                          " of them snapshots that are pinned or being read)");
+  const std::uint64_t needed = 1 + (kv_bytes + page_bytes - 1) / page_bytes;
+  STATEPOOL_EXPECTS(needed <= arena.page_count(), Status::invalid_argument,
+                    arena_label(arena) + ": the snapshot takes " + std::to_string(needed) +
+                        " pages of " + std::to_string(page_bytes) + " bytes (" +
+                        (kv ? kernels::describe(*kv) : std::string()) + ", " +
+                        std::to_string(kv_bytes) + " bytes encoded, beside the state's page), " +
+                        "the arena has " + std::to_string(arena.page_count()));
+  if (arena.slots.available() < needed) {
+    const std::size_t short_by = needed - arena.slots.available();
+    const std::vector<SnapshotId> victims = snapshots_.evictable(arena.id, short_by);
+    STATEPOOL_EXPECTS(
+        snapshots_.pages_of(victims) >= short_by, Status::pool_exhausted,
+        arena_label(arena) + ": no room for the snapshot's " + std::to_string(needed) +
+            " page(s): " + std::to_string(arena.slots.available()) + " free, the other " +
+            std::to_string(arena.page_count() - arena.slots.available()) + " hold slots (" +
+            std::to_string(arena.snapshot_pages) + " of them snapshots, " +
+            std::to_string(snapshots_.pages_of(victims)) +
+            " pages of which are evictable: the rest are pinned or being read)");
     evict(victims);
-    out.evicted = 1;
+    out.evicted = static_cast<std::uint32_t>(victims.size());
   }
-  std::vector<SlotId> page;
-  const bool ok = arena.slots.allocate_n(1, page);
+  std::vector<SlotId> pages;
+  const bool ok = arena.slots.allocate_n(static_cast<std::uint32_t>(needed), pages);
   STATEPOOL_EXPECTS(ok, Status::internal, "put_snapshot: slot allocator refused after check");
-  arena.owner[page[0]] = kSnapshotOwner;
-  ++arena.snapshot_pages;
+  for (const SlotId page : pages) arena.owner[page] = kSnapshotOwner;
+  arena.snapshot_pages += static_cast<std::uint32_t>(pages.size());
   try {
     Snapshot entry;
     entry.space = tenant.space;
@@ -152,7 +186,9 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
     entry.layout = arena.layout;
     entry.tenant = lease.tenant;
     entry.arena = arena.id;
-    entry.slot = page[0];
+    entry.slot = pages[0];
+    entry.kv = kv;
+    entry.kv_pages.assign(pages.begin() + 1, pages.end());
     const Snapshot& s = snapshots_.put(std::move(entry), now);
     try {
       out.copy.emplace(snapshot_copy(s, arena, slot, true));
@@ -162,10 +198,13 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
     }
     out.copy->pool_ = this;  // armed: from here on its end commits or aborts
   } catch (...) {
-    free_snapshot_page(arena.id, page[0]);
+    free_snapshot_pages(arena.id, pages[0], std::span(pages).subspan(1));
     throw;
   }
   out.created = true;
+  out.kv = kv;
+  out.kv_bytes = kv_bytes;
+  out.pages = static_cast<std::uint32_t>(needed);
   ++tenant.puts_created;
   return out;
 }
@@ -207,10 +246,8 @@ std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const Snapshot
   for (const SnapshotId id :
        snapshots_.with_key(tenants_[tenant].space, key.prefix, key.position)) {
     const Snapshot* s = snapshots_.get(id);
-    const ArenaId arena = s->arena;
-    const SlotId slot = s->slot;
-    if (layout_digests != nullptr) layout_digests->push_back(arenas_.get(arena).layout_digest);
-    if (snapshots_.erase(id)) free_snapshot_page(arena, slot);
+    if (layout_digests != nullptr) layout_digests->push_back(arenas_.get(s->arena).layout_digest);
+    free_snapshot_pages(snapshots_.erase(id));
     ++deleted;
   }
   return deleted;
@@ -282,6 +319,9 @@ std::vector<SnapshotInfo> Pool::list_snapshots(std::string_view tenant_name, std
     info.hits = s.hits;
     info.age_seconds = seconds_between(s.created, now);
     info.idle_seconds = seconds_between(s.used, now);
+    info.kv = s.kv;
+    info.kv_bytes = s.kv ? kernels::kv_blocks_encoded_bytes(*s.kv) : 0;
+    info.pages = static_cast<std::uint32_t>(s.pages());
     out.push_back(std::move(info));
   }
   return out;
@@ -299,17 +339,26 @@ std::vector<std::string> Pool::check_snapshots() const {
       continue;
     }
     const Arena& arena = *arenas_.all()[s.arena - 1];
-    if (s.slot >= arena.owner.size() || arena.owner[s.slot] != kSnapshotOwner) {
-      problems.push_back(name + ": arena " + std::to_string(s.arena) + " slot " +
-                         std::to_string(s.slot) + " is not a snapshot page");
+    for (const SlotId slot : s.all_pages()) {
+      if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) {
+        problems.push_back(name + ": arena " + std::to_string(s.arena) + " slot " +
+                           std::to_string(slot) + " is not a snapshot page");
+      }
+      if (!pages.insert({s.arena, slot}).second) {
+        problems.push_back(name + ": shares page " + std::to_string(slot) +
+                           " with another snapshot");
+      }
+    }
+    const std::uint64_t kv_bytes = s.kv ? kernels::kv_blocks_encoded_bytes(*s.kv) : 0;
+    const std::uint64_t page_bytes = arena.codec->page_bytes();
+    if (s.kv_pages.size() != (kv_bytes + page_bytes - 1) / page_bytes) {
+      problems.push_back(name + ": " + std::to_string(s.kv_pages.size()) + " KV pages for " +
+                         std::to_string(kv_bytes) + " bytes of KV blocks");
     }
     if (arena.tenant != s.tenant) problems.push_back(name + ": in another tenant's arena");
     if (arena.layout != s.layout) problems.push_back(name + ": in an arena of another layout");
     if (s.space != tenants_[s.tenant].space) {
       problems.push_back(name + ": not in its publisher's namespace");
-    }
-    if (!pages.insert({s.arena, s.slot}).second) {
-      problems.push_back(name + ": shares its page with another snapshot");
     }
   }
   for (const auto& arena : arenas_.all()) {

@@ -89,25 +89,24 @@ const Snapshot& SnapshotTable::put(Snapshot entry, Clock::time_point now) {
   return slot->second;
 }
 
-bool SnapshotTable::commit(SnapshotId id) {
+std::optional<Snapshot> SnapshotTable::commit(SnapshotId id) {
   Snapshot& s = entry(id);
   --s.busy;
   if (s.erased) {
-    if (s.busy != 0) return false;
-    entries_.erase(id);
-    return true;
+    if (s.busy != 0) return std::nullopt;
+    return take(id);
   }
   list(s);
   s.visible = true;
-  return false;
+  return std::nullopt;
 }
 
-void SnapshotTable::abort(SnapshotId id) noexcept {
+std::optional<Snapshot> SnapshotTable::abort(SnapshotId id) noexcept {
   const auto it = entries_.find(id);
-  if (it == entries_.end()) return;
+  if (it == entries_.end()) return std::nullopt;
   const Snapshot& s = it->second;
   if (!s.erased) index_.erase(Key{s.space, s.prefix, s.position, s.layout});
-  entries_.erase(it);
+  return take(id);
 }
 
 const Snapshot& SnapshotTable::acquire(SnapshotId id, Clock::time_point now) {
@@ -123,19 +122,18 @@ const Snapshot& SnapshotTable::acquire(SnapshotId id, Clock::time_point now) {
   return s;
 }
 
-bool SnapshotTable::release(SnapshotId id) noexcept {
+std::optional<Snapshot> SnapshotTable::release(SnapshotId id) noexcept {
   const auto it = entries_.find(id);
-  if (it == entries_.end()) return false;
+  if (it == entries_.end()) return std::nullopt;
   Snapshot& s = it->second;
   if (s.busy > 0) --s.busy;
-  if (!s.erased || s.busy != 0) return false;
-  entries_.erase(it);
-  return true;
+  if (!s.erased || s.busy != 0) return std::nullopt;
+  return take(id);
 }
 
-bool SnapshotTable::erase(SnapshotId id) noexcept {
+std::optional<Snapshot> SnapshotTable::erase(SnapshotId id) noexcept {
   const auto it = entries_.find(id);
-  if (it == entries_.end() || it->second.erased) return false;
+  if (it == entries_.end() || it->second.erased) return std::nullopt;
   Snapshot& s = it->second;
   index_.erase(Key{s.space, s.prefix, s.position, s.layout});
   if (s.visible) {
@@ -147,9 +145,15 @@ bool SnapshotTable::erase(SnapshotId id) noexcept {
   }
   s.visible = false;
   s.erased = true;
-  if (s.busy != 0) return false;
+  if (s.busy != 0) return std::nullopt;
+  return take(id);
+}
+
+std::optional<Snapshot> SnapshotTable::take(SnapshotId id) noexcept {
+  const auto it = entries_.find(id);
+  std::optional<Snapshot> gone(std::move(it->second));  // no allocation: moves
   entries_.erase(it);
-  return true;
+  return gone;
 }
 
 bool SnapshotTable::set_pinned(SnapshotId id, bool pinned) noexcept {
@@ -171,14 +175,34 @@ bool SnapshotTable::set_pinned(SnapshotId id, bool pinned) noexcept {
   return true;
 }
 
-std::vector<SnapshotId> SnapshotTable::evictable(ArenaId arena, std::size_t count) const {
+std::vector<SnapshotId> SnapshotTable::evictable(ArenaId arena, std::size_t pages) const {
   std::vector<SnapshotId> out;
   const auto it = lru_.find(arena);
   if (it == lru_.end()) return out;
+  std::size_t held = 0;
   for (const auto& [use, id] : it->second) {
-    if (out.size() == count) break;
-    if (get(id)->busy == 0) out.push_back(id);
+    if (held >= pages) break;
+    const Snapshot* s = get(id);
+    if (s->busy != 0) continue;
+    out.push_back(id);
+    held += s->pages();
   }
+  return out;
+}
+
+std::size_t SnapshotTable::pages_of(std::span<const SnapshotId> ids) const noexcept {
+  std::size_t held = 0;
+  for (const SnapshotId id : ids) {
+    if (const Snapshot* s = get(id)) held += s->pages();
+  }
+  return held;
+}
+
+std::vector<SlotId> Snapshot::all_pages() const {
+  std::vector<SlotId> out;
+  out.reserve(pages());
+  out.push_back(slot);
+  out.insert(out.end(), kv_pages.begin(), kv_pages.end());
   return out;
 }
 

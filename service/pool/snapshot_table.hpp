@@ -10,8 +10,8 @@
 // Life of an entry: put() adds it "busy" (its page is being written), commit() makes it
 // visible, abort() forgets it. acquire() / release() bracket every read of its page. An
 // entry that is erased (delete, eviction) while busy leaves the index at once and keeps
-// its page until its last reader or writer is done; release()/commit()/abort() then
-// report that the page is the caller's to free.
+// its pages until its last reader or writer is done; release()/commit()/abort() then
+// hand the entry back: its pages are the caller's to free.
 //
 // Eviction order: least recently used first (a monotonic use counter, bumped by
 // commit() and by every acquire()), per arena, among the visible, unpinned, idle entries.
@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "pool/ids.hpp"
+#include "statepool/kernels/kv.hpp"
 
 namespace statepool::service {
 
@@ -46,7 +48,11 @@ struct Snapshot {
   LayoutId layout = 0;
   std::size_t tenant = 0;  ///< the publisher, whose arena (and quota) holds the page
   ArenaId arena = 0;
-  SlotId slot = 0;
+  SlotId slot = 0;  ///< the recurrent state's page
+  /// Hybrid entries: the attention layers' KV blocks, encoded (kernels::kv_encode_blocks)
+  /// and spread over these further pages of the arena, in order; the last one partly used.
+  std::optional<kernels::KvBlocks> kv;
+  std::vector<SlotId> kv_pages;
   bool visible = false;  ///< committed and not erased
   bool erased = false;   ///< out of the index, page freed when idle
   bool pinned = false;
@@ -55,6 +61,11 @@ struct Snapshot {
   std::uint64_t hits = 0;
   Clock::time_point created{};
   Clock::time_point used{};
+
+  /// Pages of the arena the entry holds: its state's page and its KV pages.
+  [[nodiscard]] std::size_t pages() const noexcept { return 1 + kv_pages.size(); }
+  /// Every page, the state's first.
+  [[nodiscard]] std::vector<SlotId> all_pages() const;
 };
 
 class SnapshotTable {
@@ -73,24 +84,26 @@ class SnapshotTable {
   /// Adds a busy, invisible entry for a page the caller has allocated. The key must not
   /// be in the index. Strong guarantee.
   const Snapshot& put(Snapshot entry, Clock::time_point now);
-  /// The writer is done: the entry becomes visible (unless erased meanwhile). Returns true
-  /// when the page is now the caller's to free (the entry was erased and is gone).
-  bool commit(SnapshotId id);
-  /// The write failed: the entry is forgotten; its page is the caller's to free.
-  void abort(SnapshotId id) noexcept;
+  /// The writer is done: the entry becomes visible (unless erased meanwhile). Returns the
+  /// entry when it is gone (erased meanwhile): its pages are then the caller's to free.
+  std::optional<Snapshot> commit(SnapshotId id);
+  /// The write failed: the entry is forgotten and returned; its pages are the caller's.
+  std::optional<Snapshot> abort(SnapshotId id) noexcept;
   /// A reader starts: counts a hit and makes the entry the most recently used.
   const Snapshot& acquire(SnapshotId id, Clock::time_point now);
-  /// A reader is done. Returns true when the page is now the caller's to free.
-  bool release(SnapshotId id) noexcept;
-  /// Takes the entry out of the index. Returns true when it was idle and is gone (its
-  /// page is the caller's to free); false when it stays until its last reader is done.
-  bool erase(SnapshotId id) noexcept;
+  /// A reader is done. Returns the entry when it is gone (its pages are the caller's).
+  std::optional<Snapshot> release(SnapshotId id) noexcept;
+  /// Takes the entry out of the index. Returns the entry when it was idle and is gone (its
+  /// pages are the caller's to free); nothing when it stays until its last reader is done.
+  std::optional<Snapshot> erase(SnapshotId id) noexcept;
   /// Pins or unpins a visible entry. Returns true when that changed it.
   bool set_pinned(SnapshotId id, bool pinned) noexcept;
 
   /// The least recently used visible, unpinned, idle entries of the arena, oldest first,
-  /// at most `count`.
-  [[nodiscard]] std::vector<SnapshotId> evictable(ArenaId arena, std::size_t count) const;
+  /// until together they hold at least `pages` pages (all of them when they hold fewer).
+  [[nodiscard]] std::vector<SnapshotId> evictable(ArenaId arena, std::size_t pages) const;
+  /// Pages held by the entries evictable() returned.
+  [[nodiscard]] std::size_t pages_of(std::span<const SnapshotId> ids) const noexcept;
 
   [[nodiscard]] const Snapshot* get(SnapshotId id) const noexcept;
   [[nodiscard]] const std::unordered_map<SnapshotId, Snapshot>& all() const noexcept {
@@ -106,8 +119,9 @@ class SnapshotTable {
   using Use = std::pair<std::uint64_t, SnapshotId>;  // (last_use, id)
 
   Snapshot& entry(SnapshotId id);
-  void unlist(const Snapshot& s) noexcept;  // out of the LRU order
-  void list(Snapshot& s);                   // into it, as the most recent use
+  std::optional<Snapshot> take(SnapshotId id) noexcept;  // out of entries_, moved
+  void unlist(const Snapshot& s) noexcept;               // out of the LRU order
+  void list(Snapshot& s);                                // into it, as the most recent use
 
   std::unordered_map<SnapshotId, Snapshot> entries_;
   std::map<Key, SnapshotId> index_;                        // visible and being written

@@ -72,8 +72,8 @@ std::optional<SnapshotTiers::Found> SnapshotTiers::find(const SnapshotName& name
   if (host_ != nullptr) {
     if (auto value = host_->get(name)) {
       // Written by this process: the header is checked, the checksum is not.
-      if (const auto page = decode_snapshot_value(*value, name, page_bytes, why, false)) {
-        return Found{std::move(value), *page, "host"};
+      if (const auto got = decode_snapshot_value(*value, name, page_bytes, why, false)) {
+        return Found{std::move(value), got->page, "host", got->kv, got->kv_bytes};
       }
       warn("host", "host-tier snapshot refused: " + why);  // a bug: it was written here
     }
@@ -96,8 +96,8 @@ std::optional<SnapshotTiers::Found> SnapshotTiers::find(const SnapshotName& name
     return std::nullopt;
   }
   auto value = std::make_shared<const std::string>(std::move(*got));
-  const auto page = decode_snapshot_value(*value, name, page_bytes, why);
-  if (!page) {
+  const auto decoded = decode_snapshot_value(*value, name, page_bytes, why);
+  if (!decoded) {
     {
       const std::lock_guard lock(mutex_);
       ++counters_.reads_rejected;
@@ -111,7 +111,7 @@ std::optional<SnapshotTiers::Found> SnapshotTiers::find(const SnapshotName& name
     ++counters_.reads_hit;
   }
   if (host_ != nullptr) (void)host_->put(name, tenant, value);
-  return Found{std::move(value), *page, "remote"};
+  return Found{std::move(value), decoded->page, "remote", decoded->kv, decoded->kv_bytes};
 }
 
 void SnapshotTiers::remove(const std::string& space, const std::string& prefix,

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "statepool/kernels/kv.hpp"
 #include "store/host_tier.hpp"
 #include "store/remote_store.hpp"
 #include "store/snapshot_value.hpp"
@@ -67,12 +68,15 @@ class SnapshotTiers {
                std::shared_ptr<const std::string> value);
 
   struct Found {
-    std::shared_ptr<const std::string> value;  ///< keeps `page` alive
+    std::shared_ptr<const std::string> value;  ///< keeps `page` and `kv_bytes` alive
     std::span<const std::byte> page;
-    const char* tier = "";  ///< "host" or "remote"
+    const char* tier = "";                ///< "host" or "remote"
+    std::optional<kernels::KvBlocks> kv;  ///< the KV blocks beside the page; null: none
+    std::span<const std::byte> kv_bytes;  ///< their encoded bytes; empty without
   };
-  /// The snapshot's page from the host tier, else from the remote store (a remote hit is
-  /// kept in the host tier for `tenant`, the reader). May block for the remote timeout.
+  /// The snapshot's page (and its KV blocks, if the value has any) from the host tier,
+  /// else from the remote store (a remote hit is kept in the host tier for `tenant`, the
+  /// reader). May block for the remote timeout.
   [[nodiscard]] std::optional<Found> find(const SnapshotName& name, std::size_t page_bytes,
                                           const std::string& tenant);
 

@@ -138,7 +138,7 @@ TEST_F(SnapshotTiers, ASecondDaemonServesAPrefixOnlyTheFirstPublished) {
   EXPECT_GE(metric(*second, "statepool_remote_store_reads_total{result=\"hit\"}"), 1);
   EXPECT_GE(metric(*first, "statepool_remote_store_writes_total{result=\"ok\"}"), 1);
   // The value in Redis is the compressed page plus its header: about the page's size.
-  const auto keys = redis.query({"KEYS", "statepool:snap:1:*"});
+  const auto keys = redis.query({"KEYS", "statepool:snap:2:*"});
   ASSERT_EQ(keys.elements.size(), 1u);
   const auto value = redis.query({"STRLEN", keys.elements[0].text});
   EXPECT_GE(value.integer, static_cast<long long>(a.info.page_bytes));
@@ -194,7 +194,7 @@ TEST_F(SnapshotTiers, ACorruptedRemoteValueIsAMiss) {
   while (redis.query({"DBSIZE"}).integer == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);
   }
-  const auto keys = redis.query({"KEYS", "statepool:snap:1:*"});
+  const auto keys = redis.query({"KEYS", "statepool:snap:2:*"});
   ASSERT_EQ(keys.elements.size(), 1u);
   ASSERT_TRUE(redis.query({"SETRANGE", keys.elements[0].text, "100", "garbage"}).ok());
   const std::vector<std::byte> before = b.park(6);

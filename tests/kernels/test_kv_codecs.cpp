@@ -895,6 +895,12 @@ TEST(KvBlocks, IllFormedBlocksAreRefusedWithTheReason) {
   EXPECT_EQ(problem([](KvBlocks& b) { b.value_channels = kKvMaxChannels + 1; }),
             "KV blocks have at most 1048576 channels per stream");
   EXPECT_EQ(problem([](KvBlocks& b) { b.tokens = 0; }), "KV blocks need at least 1 token");
+  EXPECT_EQ(problem([](KvBlocks& b) {
+              b.layers = kKvMaxLayers;
+              b.tokens = kKvMaxTokens;
+              b.key_channels = b.value_channels = kKvMaxChannels;
+            }),
+            "KV blocks hold at most 2^48 bytes of FP32 values");
   EXPECT_EQ(problem([](KvBlocks& b) { b.codec = static_cast<KvCodecId>(7); }), "unknown KV codec");
 
   // Wrong buffer sizes: refused before anything is written.

@@ -17,8 +17,10 @@ class SnapshotTableTest : public ::testing::Test {
  protected:
   void TearDown() override { EXPECT_TRUE(table_.check().empty()) << join(table_.check()); }
 
-  SnapshotId add(std::string prefix, ArenaId arena = 1, SlotId slot = 0, bool commit = true) {
+  SnapshotId add(std::string prefix, ArenaId arena = 1, SlotId slot = 0, bool commit = true,
+                 std::vector<SlotId> kv_pages = {}) {
     Snapshot s;
+    s.kv_pages = std::move(kv_pages);
     s.space = 0;
     s.prefix = std::move(prefix);
     s.position = 9;
@@ -64,6 +66,25 @@ TEST_F(SnapshotTableTest, EvictionOrderIsLeastRecentlyUsedPerArenaSkippingBusyAn
   EXPECT_TRUE(table_.set_pinned(b, false));  // unpinned: the most recent
   EXPECT_EQ(table_.evictable(1, 10), (std::vector<SnapshotId>{c, a, b}));
   EXPECT_EQ(table_.get(a)->hits, 1u);
+}
+
+// Hybrid entries hold several pages: eviction picks the oldest entries until enough pages
+// are free, however many entries that takes.
+TEST_F(SnapshotTableTest, EvictionCountsPagesOfEntriesWithKvBlocks) {
+  const SnapshotId a = add("a", 1, 0, true, {1, 2, 3});  // 4 pages
+  const SnapshotId b = add("b", 1, 4);                   // 1 page
+  const SnapshotId c = add("c", 1, 5, true, {6});        // 2 pages
+  EXPECT_EQ(table_.get(a)->all_pages(), (std::vector<SlotId>{0, 1, 2, 3}));
+  EXPECT_EQ(table_.evictable(1, 1), std::vector<SnapshotId>{a});
+  EXPECT_EQ(table_.evictable(1, 4), std::vector<SnapshotId>{a});
+  EXPECT_EQ(table_.evictable(1, 5), (std::vector<SnapshotId>{a, b}));
+  EXPECT_EQ(table_.evictable(1, 6), (std::vector<SnapshotId>{a, b, c}));
+  const std::vector<SnapshotId> all = table_.evictable(1, 100);  // not enough: all of them
+  EXPECT_EQ(all, (std::vector<SnapshotId>{a, b, c}));
+  EXPECT_EQ(table_.pages_of(all), 7u);
+  (void)table_.acquire(a, Clock::now());  // busy: skipped
+  EXPECT_EQ(table_.evictable(1, 2), (std::vector<SnapshotId>{b, c}));
+  EXPECT_FALSE(table_.release(a));
 }
 
 TEST_F(SnapshotTableTest, AnEntryErasedWhileBusyLeavesWithItsLastUser) {

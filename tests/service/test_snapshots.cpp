@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "statepool/kernels/kv.hpp"
 #include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
@@ -233,7 +234,7 @@ TEST_F(PoolSnapshots, APublicationIntoAFullArenaEvictsTheOldestSnapshot) {
   pool_->pin_snapshot("alice", key("three"), true);
   const PoolStats before = pool_->stats();
   const std::string msg = expect_status(Status::pool_exhausted, [&] { publish(key("four"), a); });
-  EXPECT_NE(msg.find("no page for the snapshot"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no room for the snapshot's 1 page(s)"), std::string::npos) << msg;
   EXPECT_TRUE(same_stats(before, pool_->stats()));
 }
 
@@ -356,6 +357,116 @@ TEST_F(PoolSnapshots, ListingIsByPrefixInKeyOrderWithALimit) {
   EXPECT_EQ(two.size(), 2u);
   EXPECT_TRUE(more);
   EXPECT_EQ(pool_->list_snapshots("alice", "nothing", 10, more).size(), 0u);
+}
+
+// --- hybrid entries: KV blocks in further pages of the arena ------------------------
+
+/// KV blocks of bf16 keys only, one channel: `bytes` encoded bytes exactly (even).
+kernels::KvBlocks kv_of_bytes(std::uint64_t bytes) {
+  return kernels::KvBlocks{kernels::KvCodecId::bf16, 1, 1, 0, bytes / 2};
+}
+
+TEST_F(PoolSnapshots, KvBlocksTakeFurtherPagesCutToTheirLength) {
+  make({tenant("alice")}, 6);
+  const SlotId src = slot(lease_, arena_, 0x0A);
+  const std::size_t page = pool_->page(lease_, arena_.id, src).bytes.size();
+  const kernels::KvBlocks kv = kv_of_bytes(page + page / 2 + (page / 2) % 2);  // 2 pages
+  const std::uint64_t kv_bytes = kernels::kv_blocks_encoded_bytes(kv);
+  SnapshotPut put = pool_->put_snapshot(lease_, arena_.id, src, key("hybrid"), kv);
+  ASSERT_TRUE(put.copy);
+  EXPECT_EQ(put.pages, 3u);
+  EXPECT_EQ(put.kv_bytes, kv_bytes);
+  ASSERT_TRUE(put.copy->kv);
+  EXPECT_EQ(*put.copy->kv, kv);
+  ASSERT_EQ(put.copy->kv_chunks.size(), 2u);
+  EXPECT_EQ(put.copy->kv_chunks[0].size, page);
+  EXPECT_EQ(put.copy->kv_chunks[1].size, kv_bytes - page);
+  for (std::size_t i = 0; i < 2; ++i) {
+    std::memset(put.copy->kv_chunks[i].data, 0x60 + static_cast<int>(i),
+                put.copy->kv_chunks[i].size);
+  }
+  run(*put.copy);
+  EXPECT_EQ(pool_->arena("alice", arena_.id).snapshot_pages, 3u);
+  EXPECT_EQ(usage("alice").snapshot_bytes, 3 * page);
+
+  const SlotId dst = slot(lease_, arena_, 0x00);
+  SnapshotGet get = pool_->get_snapshot(lease_, arena_.id, dst, key("hybrid"));
+  ASSERT_TRUE(get.copy);
+  ASSERT_TRUE(get.copy->kv);
+  ASSERT_EQ(get.copy->kv_chunks.size(), 2u);
+  EXPECT_EQ(static_cast<int>(get.copy->kv_chunks[1].data[0]), 0x61);
+  EXPECT_EQ(get.copy->kv_chunks[1].size, kv_bytes - page);
+  run(*get.copy);
+  EXPECT_EQ(first_byte(lease_, arena_, dst), 0x0A);
+
+  bool more = false;
+  const std::vector<SnapshotInfo> listed = pool_->list_snapshots("alice", "", 10, more);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].pages, 3u);
+  EXPECT_EQ(listed[0].kv_bytes, kv_bytes);
+  ASSERT_TRUE(listed[0].kv);
+
+  // Publishing the key again (with or without blocks) keeps the first entry.
+  const SnapshotPut again = publish(key("hybrid"), dst);
+  EXPECT_FALSE(again.created);
+  EXPECT_EQ(again.pages, 3u);
+  EXPECT_EQ(again.kv_bytes, kv_bytes);
+
+  // Live slots evict the whole entry: its three pages come free at once.
+  const std::vector<SlotId> more_slots = pool_->allocate(lease_, arena_.id, 3);
+  EXPECT_EQ(more_slots.size(), 3u);
+  EXPECT_EQ(pool_->arena("alice", arena_.id).snapshot_pages, 0u);
+  EXPECT_FALSE(fetch(key("hybrid"), dst).hit);
+}
+
+TEST_F(PoolSnapshots, AHybridPutEvictsAsManyEntriesAsItNeedsPagesOrChangesNothing) {
+  make({tenant("alice")}, 5);
+  const SlotId src = slot(lease_, arena_, 0x01);
+  const std::size_t page = pool_->page(lease_, arena_.id, src).bytes.size();
+  publish(key("a"), src);
+  publish(key("b"), src);
+  publish(key("c"), src);  // 4 of 5 pages used: 1 slot, 3 snapshots
+  SnapshotPut put = pool_->put_snapshot(lease_, arena_.id, src, key("big"), kv_of_bytes(2 * page));
+  EXPECT_EQ(put.evicted, 2u);  // needs 3 pages, 1 free: the two oldest go
+  ASSERT_TRUE(put.copy);
+  run(*put.copy);
+  EXPECT_FALSE(fetch(key("a"), src).hit);
+  EXPECT_FALSE(fetch(key("b"), src).hit);
+
+  // More pages than the arena has: invalid_argument, whatever is free.
+  PoolStats before = pool_->stats();
+  std::string msg = expect_status(Status::invalid_argument, [&] {
+    (void)pool_->put_snapshot(lease_, arena_.id, src, key("huge"), kv_of_bytes(5 * page));
+  });
+  EXPECT_NE(msg.find("the snapshot takes 6 pages"), std::string::npos) << msg;
+  // Ill-formed blocks.
+  msg = expect_status(Status::invalid_argument, [&] {
+    (void)pool_->put_snapshot(lease_, arena_.id, src, key("bad"),
+                              kernels::KvBlocks{kernels::KvCodecId::kivi2, 0, 128, 128, 10});
+  });
+  EXPECT_NE(msg.find("at least 1 layer"), std::string::npos) << msg;
+  EXPECT_TRUE(same_stats(before, pool_->stats()));
+  // Room only by evicting a pinned entry: pool_exhausted.
+  pool_->pin_snapshot("alice", key("big"), true);
+  pool_->pin_snapshot("alice", key("c"), true);
+  before = pool_->stats();
+  msg = expect_status(Status::pool_exhausted, [&] {
+    (void)pool_->put_snapshot(lease_, arena_.id, src, key("late"), kv_of_bytes(page));
+  });
+  EXPECT_NE(msg.find("no room for the snapshot's 2 page(s)"), std::string::npos) << msg;
+  EXPECT_TRUE(same_stats(before, pool_->stats()));
+}
+
+TEST_F(PoolSnapshots, AHybridPutWhoseCopyFailsFreesEveryPage) {
+  const SlotId src = slot(lease_, arena_, 0x01);
+  const std::size_t page = pool_->page(lease_, arena_.id, src).bytes.size();
+  {
+    SnapshotPut put =
+        pool_->put_snapshot(lease_, arena_.id, src, key("lost"), kv_of_bytes(page + 2));
+    EXPECT_EQ(pool_->arena("alice", arena_.id).snapshot_pages, 3u);
+  }  // abandoned (e.g. the KV values held a NaN)
+  EXPECT_EQ(pool_->arena("alice", arena_.id).snapshot_pages, 0u);
+  EXPECT_FALSE(fetch(key("lost"), src).hit);
 }
 
 TEST_F(PoolSnapshots, BadKeysAreRefusedAndChangeNothing) {

@@ -3,14 +3,22 @@
 // an in-memory remote store that can fail, block or hold corrupted values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#include "statepool/kernels/kv.hpp"
 
 #include "store/host_tier.hpp"
 #include "store/snapshot_value.hpp"
@@ -35,45 +43,228 @@ std::vector<std::byte> page(std::size_t bytes, std::uint8_t seed) {
 
 // --- the value format ------------------------------------------------------------------
 
+/// Small KV blocks of a hybrid model: 2 layers, 200 tokens (past KIVI's residual window).
+kernels::KvBlocks kv_blocks(kernels::KvCodecId codec = kernels::KvCodecId::kivi2) {
+  return kernels::KvBlocks{codec, 2, 64, 32, 200};
+}
+
+/// kv_encode_blocks bytes of `blocks` over some finite values.
+std::vector<std::byte> kv_bytes_of(const kernels::KvBlocks& blocks) {
+  std::vector<float> plain(kernels::kv_blocks_plain_bytes(blocks, kernels::DType::f32) /
+                           sizeof(float));
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    plain[i] = static_cast<float>((i * 37) % 101) / 25.0F - 2.0F;
+  std::vector<std::byte> out(kernels::kv_blocks_encoded_bytes(blocks));
+  kernels::kv_encode_blocks(blocks, kernels::DType::f32, std::as_bytes(std::span(plain)), out);
+  return out;
+}
+
+bool same(std::span<const std::byte> a, std::span<const std::byte> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+/// `value` with the little-endian `field` of `bytes` bytes at `at` set to `to`, resealed:
+/// a value whose checksum is right and whose header says something else.
+std::string with_field(std::string value, std::size_t at, std::uint64_t to, std::size_t bytes) {
+  for (std::size_t i = 0; i < bytes; ++i)
+    value[at + i] = static_cast<char>((to >> (8 * i)) & 0xFFu);
+  seal_snapshot_value(value);
+  return value;
+}
+
+std::string refused(std::string_view v, const SnapshotName& expected, std::size_t bytes) {
+  std::string reason;
+  EXPECT_FALSE(decode_snapshot_value(v, expected, bytes, reason).has_value());
+  return reason;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 TEST(SnapshotValue, RoundTripsAndRefusesEveryMismatch) {
   const SnapshotName n = name(std::string("\x00k\xff", 3));
   const std::vector<std::byte> p = page(1000, 3);
   const std::string value = encode_snapshot_value(n, p);
+  EXPECT_EQ(value.size(), 80 + 4 + 3 + p.size());
   std::string why;
   const auto got = decode_snapshot_value(value, n, p.size(), why);
   ASSERT_TRUE(got.has_value()) << why;
-  EXPECT_TRUE(std::equal(got->begin(), got->end(), p.begin(), p.end()));
+  EXPECT_TRUE(same(got->page, p));
+  EXPECT_FALSE(got->kv.has_value());
+  EXPECT_TRUE(got->kv_bytes.empty());
 
   // The two-step form writes the same bytes.
   std::string framed = snapshot_value_frame(n, p.size());
+  EXPECT_EQ(snapshot_value_page(framed).size(), p.size());
+  EXPECT_TRUE(snapshot_value_kv(framed).empty());
   std::copy(p.begin(), p.end(), snapshot_value_page(framed).begin());
   seal_snapshot_value(framed);
   EXPECT_EQ(framed, value);
 
-  const auto refused = [&](const std::string& v, const SnapshotName& expected, std::size_t bytes) {
-    std::string reason;
-    EXPECT_FALSE(decode_snapshot_value(v, expected, bytes, reason).has_value());
-    return reason;
-  };
   std::string flipped = value;
   flipped[value.size() - 10] = static_cast<char>(flipped[value.size() - 10] ^ 0x01);
   EXPECT_EQ(refused(flipped, n, p.size()), "checksum mismatch");
-  EXPECT_NE(refused(value.substr(0, value.size() - 1), n, p.size()).find("truncated"),
-            std::string::npos);
-  EXPECT_NE(refused("GET me a value", n, p.size()).find("not a snapshot value"), std::string::npos);
+  EXPECT_TRUE(contains(refused(value.substr(0, value.size() - 1), n, p.size()), "truncated"));
+  EXPECT_TRUE(contains(refused(value + "x", n, p.size()), "trailing bytes"));
+  EXPECT_TRUE(contains(refused(value.substr(0, 60), n, p.size()), "truncated"));
+  EXPECT_TRUE(contains(refused("GET me a value", n, p.size()), "not a snapshot value"));
+  EXPECT_TRUE(contains(refused("SPSNAP", n, p.size()), "not a snapshot value"));
   EXPECT_EQ(refused(value, name("other"), p.size()), "the value is another snapshot's");
   EXPECT_EQ(refused(value, name(n.prefix, 65), p.size()), "the value is another snapshot's");
   EXPECT_EQ(refused(value, name(n.prefix, 64, "fedcba9876543210"), p.size()),
             "layout digest 0123456789abcdef, expected fedcba9876543210");
   EXPECT_EQ(refused(value, n, 999), "a page of 1000 bytes, expected 999");
   std::string future = value;
-  future[8] = 2;
-  EXPECT_EQ(refused(future, n, p.size()), "snapshot value format 2, this daemon reads 1");
+  future[8] = 3;
+  EXPECT_EQ(refused(future, n, p.size()), "snapshot value format version 3, this daemon reads 2");
+  // Lengths in the header that do not match the value (the header is outside the CRC).
+  EXPECT_TRUE(contains(refused(with_field(value, 10, 5, 2), n, p.size()), "truncated"));
+  EXPECT_TRUE(contains(refused(with_field(value, 12, 0, 2), n, p.size()), "trailing bytes"));
+  EXPECT_TRUE(contains(refused(with_field(value, 28, 1001, 8), n, p.size()), "truncated"));
+  EXPECT_TRUE(contains(refused(with_field(value, 28, ~0ull, 8), n, p.size()), "truncated"));
+  EXPECT_EQ(refused(with_field(value, 15, 1, 1), n, p.size()), "header byte 15 is not 0");
+}
+
+TEST(SnapshotValue, AVersionOneValueIsRefused) {
+  // A value as version 1 wrote it: a 52-byte header, no KV fields.
+  const SnapshotName n = name("k");
+  std::string v1(52 + n.space.size() + n.prefix.size() + 100, '\0');
+  std::memcpy(v1.data(), "SPSNAP\r\n", 8);
+  v1[8] = 1;
+  v1[10] = static_cast<char>(n.space.size());
+  v1[12] = static_cast<char>(n.prefix.size());
+  v1[20] = 64;
+  v1[28] = 100;
+  std::memcpy(v1.data() + 36, n.layout_digest.data(), 16);
+  std::memcpy(v1.data() + 52, n.space.data(), n.space.size());
+  std::memcpy(v1.data() + 52 + n.space.size(), n.prefix.data(), n.prefix.size());
+  EXPECT_EQ(refused(v1, n, 100), "snapshot value format version 1, this daemon reads 2");
+}
+
+TEST(SnapshotValue, CarriesKvBlocksBesideThePage) {
+  const SnapshotName n = name("hybrid");
+  const std::vector<std::byte> p = page(700, 9);
+  for (const auto codec :
+       {kernels::KvCodecId::bf16, kernels::KvCodecId::fp8, kernels::KvCodecId::kivi2,
+        kernels::KvCodecId::kivi4, kernels::KvCodecId::flexgen4}) {
+    SCOPED_TRACE(kernels::to_string(codec));
+    const kernels::KvBlocks blocks = kv_blocks(codec);
+    const std::vector<std::byte> kv = kv_bytes_of(blocks);
+    const std::string value = encode_snapshot_value(n, p, blocks, kv);
+    EXPECT_EQ(value.size(), 80 + n.space.size() + n.prefix.size() + p.size() + kv.size());
+    EXPECT_EQ(static_cast<unsigned char>(value[14]), static_cast<unsigned>(codec) + 1);
+    std::string why;
+    const auto got = decode_snapshot_value(value, n, p.size(), why);
+    ASSERT_TRUE(got.has_value()) << why;
+    EXPECT_TRUE(same(got->page, p));
+    ASSERT_TRUE(got->kv.has_value());
+    EXPECT_EQ(*got->kv, blocks);
+    EXPECT_TRUE(same(got->kv_bytes, kv));
+
+    // Frame, fill both areas, seal: the same bytes.
+    std::string framed = snapshot_value_frame(n, p.size(), blocks);
+    ASSERT_EQ(snapshot_value_page(framed).size(), p.size());
+    ASSERT_EQ(snapshot_value_kv(framed).size(), kv.size());
+    EXPECT_TRUE(std::all_of(snapshot_value_kv(framed).begin(), snapshot_value_kv(framed).end(),
+                            [](std::byte b) { return b == std::byte{0}; }));
+    std::copy(p.begin(), p.end(), snapshot_value_page(framed).begin());
+    std::copy(kv.begin(), kv.end(), snapshot_value_kv(framed).begin());
+    seal_snapshot_value(framed);
+    EXPECT_EQ(framed, value);
+  }
+}
+
+TEST(SnapshotValue, RefusesEveryInconsistentKvHeader) {
+  const SnapshotName n = name("hybrid");
+  const std::vector<std::byte> p = page(300, 5);
+  const kernels::KvBlocks blocks = kv_blocks();
+  const std::vector<std::byte> kv = kv_bytes_of(blocks);
+  const std::string value = encode_snapshot_value(n, p, blocks, kv);
+  const std::uint64_t k = kv.size();
+
+  // The KV area: one byte short, one byte flipped.
+  EXPECT_TRUE(contains(refused(value.substr(0, value.size() - 1), n, p.size()), "truncated"));
+  std::string flipped = value;
+  flipped[value.size() - kv.size() / 2] ^= 0x10;
+  EXPECT_EQ(refused(flipped, n, p.size()), "checksum mismatch");
+  std::string why;
+  EXPECT_TRUE(decode_snapshot_value(flipped, n, p.size(), why, false).has_value()) << why;
+
+  // Codec byte: unknown; 0 with KV fields left set.
+  EXPECT_EQ(refused(with_field(value, 14, 6, 1), n, p.size()), "unknown KV codec byte 6");
+  EXPECT_EQ(refused(with_field(value, 14, 255, 1), n, p.size()), "unknown KV codec byte 255");
+  EXPECT_EQ(refused(with_field(value, 14, 0, 1), n, p.size()), "KV fields set without a KV codec");
+  const std::string plain = encode_snapshot_value(n, p);
+  for (const std::size_t at : {52, 56, 60, 64, 72}) {
+    EXPECT_EQ(refused(with_field(plain, at, 1, 1), n, p.size()), "KV fields set without a KV codec")
+        << at;
+  }
+
+  // Ill-formed fields (kv_blocks_problem).
+  EXPECT_EQ(refused(with_field(value, 52, 0, 4), n, p.size()),
+            "ill-formed KV fields: KV blocks need at least 1 layer");
+  EXPECT_EQ(refused(with_field(value, 52, 1025, 4), n, p.size()),
+            "ill-formed KV fields: KV blocks have at most 1024 layers");
+  EXPECT_EQ(refused(with_field(value, 56, 0, 4), n, p.size()),
+            "ill-formed KV fields: KV blocks need at least 1 key channel");
+  EXPECT_EQ(refused(with_field(value, 64, 0, 8), n, p.size()),
+            "ill-formed KV fields: KV blocks need at least 1 token");
+  EXPECT_TRUE(contains(refused(with_field(value, 64, (1ull << 32) + 1, 8), n, p.size()),
+                       "ill-formed KV fields"));
+
+  // k inconsistent with the fields, both ways; fields changed under the same k.
+  EXPECT_TRUE(contains(refused(with_field(value, 72, k + 1, 8), n, p.size()),
+                       std::to_string(k + 1) + " KV bytes, "));
+  EXPECT_TRUE(contains(refused(with_field(value, 72, k - 1, 8), n, p.size()), " KV bytes, "));
+  EXPECT_TRUE(contains(refused(with_field(value, 64, 201, 8), n, p.size()), " KV bytes, "));
+  EXPECT_TRUE(contains(refused(with_field(value, 72, ~0ull, 8), n, p.size()), " KV bytes, "));
+
+  // Huge sizes whose sums wrap around: 16 KV bytes (8 bf16 keys) beside a page of
+  // 2^64 - 16 bytes add up to 0 modulo 2^64.
+  std::string huge = encode_snapshot_value(n, {});
+  huge = with_field(huge, 14, static_cast<unsigned>(kernels::KvCodecId::bf16) + 1, 1);
+  huge = with_field(huge, 52, 1, 4);
+  huge = with_field(huge, 56, 1, 4);
+  huge = with_field(huge, 64, 8, 8);
+  huge = with_field(huge, 72, 16, 8);
+  huge = with_field(huge, 28, ~0ull - 15, 8);
+  EXPECT_TRUE(contains(refused(huge, n, 0), "truncated")) << refused(huge, n, 0);
+  EXPECT_TRUE(contains(refused(huge, n, ~std::size_t{0} - 15), "truncated"));
+  // ... and fields whose KV size would pass 2^64 (1024 layers of 2^32 tokens of 2^20 key
+  // and 2^20 value channels): refused by the KV-block limits before any size is computed.
+  huge = with_field(huge, 28, 0, 8);
+  huge = with_field(huge, 52, 1024, 4);
+  huge = with_field(huge, 56, 1u << 20, 4);
+  huge = with_field(huge, 60, 1u << 20, 4);
+  huge = with_field(huge, 64, 1ull << 32, 8);
+  huge = with_field(huge, 72, 0, 8);
+  EXPECT_TRUE(contains(refused(huge, n, 0), "at most 2^48 bytes")) << refused(huge, n, 0);
+}
+
+TEST(SnapshotValue, RefusesIllFormedKvBlocksWhenWriting) {
+  const SnapshotName n = name("hybrid");
+  const std::vector<std::byte> p = page(10, 1);
+  kernels::KvBlocks bad = kv_blocks();
+  bad.tokens = 0;
+  EXPECT_THROW((void)snapshot_value_frame(n, p.size(), bad), std::invalid_argument);
+  EXPECT_THROW((void)encode_snapshot_value(n, p, bad), std::invalid_argument);
+  bad = kv_blocks();
+  bad.codec = static_cast<kernels::KvCodecId>(9);
+  EXPECT_THROW((void)snapshot_value_frame(n, p.size(), bad), std::invalid_argument);
+  // KV bytes of the wrong size, or without blocks.
+  const kernels::KvBlocks blocks = kv_blocks();
+  std::vector<std::byte> kv = kv_bytes_of(blocks);
+  kv.pop_back();
+  EXPECT_THROW((void)encode_snapshot_value(n, p, blocks, kv), std::invalid_argument);
+  EXPECT_THROW((void)encode_snapshot_value(n, p, blocks), std::invalid_argument);
+  EXPECT_THROW((void)encode_snapshot_value(n, p, std::nullopt, kv), std::invalid_argument);
 }
 
 TEST(SnapshotValue, RemoteKeysSpreadAndNameEveryPart) {
   EXPECT_EQ(remote_key(name(std::string("\x9f\x86", 2), 512)),
-            "statepool:snap:1:team:0123456789abcdef:512:9f86");
+            "statepool:snap:2:team:0123456789abcdef:512:9f86");
+  EXPECT_TRUE(contains(remote_key(name("a")), ":snap:2:"));
   EXPECT_NE(remote_key(name("a")), remote_key(name("a", 65)));
   EXPECT_EQ(remote_key(name("a")).find('{'), std::string::npos);  // no cluster hash tag
 }
@@ -213,6 +404,46 @@ TEST(SnapshotTiers, PublicationsReachTheRemoteAndAnotherDaemonFindsThem) {
   EXPECT_EQ(reader.remote_counters().reads_missing, 1u);
   // Another layout's lookup of the key is a miss, never the wrong page.
   EXPECT_FALSE(reader.find(name("prompt", 64, "ffffffffffffffff"), 500, "bob").has_value());
+}
+
+TEST(SnapshotTiers, FindReturnsTheKvBlocksBesideThePageFromEitherTier) {
+  const SnapshotName n = name("hybrid");
+  const std::vector<std::byte> p = page(400, 2);
+  const kernels::KvBlocks blocks = kv_blocks(kernels::KvCodecId::kivi4);
+  const std::vector<std::byte> kv = kv_bytes_of(blocks);
+  const auto value = std::make_shared<const std::string>(encode_snapshot_value(n, p, blocks, kv));
+
+  // The host tier alone (no remote).
+  SnapshotTiers host_only(TiersConfig{1 << 20, 16}, nullptr);
+  host_only.publish(n, "alice", value);
+  const auto local = host_only.find(n, p.size(), "alice");
+  ASSERT_TRUE(local.has_value());
+  EXPECT_STREQ(local->tier, "host");
+  EXPECT_TRUE(same(local->page, p));
+  ASSERT_TRUE(local->kv.has_value());
+  EXPECT_EQ(*local->kv, blocks);
+  EXPECT_TRUE(same(local->kv_bytes, kv));
+  // A snapshot without KV blocks finds none.
+  const SnapshotName plain = name("plain");
+  host_only.publish(plain, "alice", value_of(plain, 400));
+  const auto none = host_only.find(plain, 400, "alice");
+  ASSERT_TRUE(none.has_value());
+  EXPECT_FALSE(none->kv.has_value());
+  EXPECT_TRUE(none->kv_bytes.empty());
+
+  // The remote tier, then the host tier that kept the remote hit.
+  auto remote = std::make_unique<FakeRemote>();
+  remote->put(remote_key(n), *value);
+  SnapshotTiers reader(TiersConfig{1 << 20, 16}, std::move(remote));
+  for (const char* tier : {"remote", "host"}) {
+    const auto got = reader.find(n, p.size(), "bob");
+    ASSERT_TRUE(got.has_value()) << tier;
+    EXPECT_STREQ(got->tier, tier);
+    EXPECT_TRUE(same(got->page, p)) << tier;
+    ASSERT_TRUE(got->kv.has_value()) << tier;
+    EXPECT_EQ(*got->kv, blocks) << tier;
+    EXPECT_TRUE(same(got->kv_bytes, kv)) << tier;
+  }
 }
 
 TEST(SnapshotTiers, ADeadOrCorruptRemoteIsAMissNeverAnError) {

@@ -56,6 +56,7 @@
 #include <utility>
 #include <vector>
 
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/page.hpp"
@@ -261,11 +262,32 @@ struct SnapshotKey {
   std::uint64_t position = 0;
 };
 
+/// KV block values in a staging buffer of this connection: where a hybrid put reads them
+/// and a get writes them (docs/prefix-store.md, "Hybrid entries": streams layer 0 keys,
+/// layer 0 values, layer 1 keys, ... back to back, each [tokens][channels] row-major).
+struct KvStaging {
+  StagingId staging = 0;
+  std::uint64_t offset = 0;
+  kernels::DType dtype = kernels::DType::bf16;  ///< f32, bf16 or f16
+};
+
+/// The attention layers' KV blocks of a hybrid snapshot: their shape and codec, and where
+/// their values are.
+struct SnapshotKv {
+  kernels::KvBlocks blocks;
+  KvStaging values;
+};
+
 /// What put_snapshot did.
 struct SnapshotPut {
   bool created = false;       ///< false: the key had a snapshot for this layout already
   std::uint32_t evicted = 0;  ///< older snapshots evicted from the arena to make room
   std::uint64_t page_bytes = 0;
+  /// The key's entry (the new one, or the one that stood): its KV blocks, their encoded
+  /// bytes, and the pages of the arena it holds (1 + the KV blocks' pages).
+  std::optional<kernels::KvBlocks> kv;
+  std::uint64_t kv_bytes = 0;
+  std::uint32_t pages = 1;
 };
 
 /// What get_snapshot found.
@@ -274,6 +296,11 @@ struct SnapshotGet {
   std::uint32_t other_layouts = 0;  ///< miss only: snapshots of the key for other layouts
   std::uint64_t page_bytes = 0;
   std::string tier;  ///< hit only: "pool", "host" or "remote" (docs/prefix-store.md, "Tiers")
+  /// Hit on a hybrid entry: its KV blocks and their encoded bytes; `kv_delivered` when they
+  /// were decoded into the KvStaging the call gave.
+  std::optional<kernels::KvBlocks> kv;
+  std::uint64_t kv_bytes = 0;
+  bool kv_delivered = false;
   explicit operator bool() const noexcept { return hit; }
 };
 
@@ -289,8 +316,11 @@ struct SnapshotInfo {
   std::uint64_t fp32_bytes = 0;
   bool pinned = false;
   std::uint64_t hits = 0;
-  double age_seconds = 0;   ///< since it was published
-  double idle_seconds = 0;  ///< since it was published or last read
+  double age_seconds = 0;               ///< since it was published
+  double idle_seconds = 0;              ///< since it was published or last read
+  std::optional<kernels::KvBlocks> kv;  ///< a hybrid entry's KV blocks
+  std::uint64_t kv_bytes = 0;           ///< their encoded bytes
+  std::uint32_t pages = 1;              ///< pages of the arena it holds
 };
 
 struct SnapshotList {
@@ -606,13 +636,24 @@ class Connection {
   /// arena needs room, unless pinned). Idempotent: a key that has a snapshot for this
   /// arena's layout keeps it (created = false). Error(pool_exhausted) when every page of
   /// the arena holds a slot or a pinned snapshot.
-  SnapshotPut put_snapshot(const Slot& slot, const SnapshotKey& key);
-  SnapshotPut put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key);
+  /// With `kv`, a hybrid entry: the attention layers' KV blocks are read from the staging
+  /// range, encoded with kv->blocks.codec and kept in further pages of the arena
+  /// (Error(not_finite) for a NaN/Inf value, Error(invalid_argument) for blocks that need
+  /// more pages than the arena has; in both cases nothing is published).
+  SnapshotPut put_snapshot(const Slot& slot, const SnapshotKey& key,
+                           const std::optional<SnapshotKv>& kv = std::nullopt);
+  SnapshotPut put_snapshot(ArenaId arena, SlotId slot, const SnapshotKey& key,
+                           const std::optional<SnapshotKv>& kv = std::nullopt);
   /// Copies the key's snapshot for the slot's layout into `slot` (any client of the
   /// tenant's snapshot namespace may have published it). A miss is no error: hit = false
-  /// and the slot is unchanged.
-  SnapshotGet get_snapshot(const SnapshotKey& key, const Slot& slot);
-  SnapshotGet get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot);
+  /// and the slot is unchanged. With `kv`, a hit on a hybrid entry also decodes its KV
+  /// blocks into that staging range (kv_blocks_plain_bytes(blocks, dtype) bytes; a range
+  /// too small is Error(invalid_argument) and leaves the slot unchanged); the reply's
+  /// `kv` says what they are, with or without `kv`.
+  SnapshotGet get_snapshot(const SnapshotKey& key, const Slot& slot,
+                           const std::optional<KvStaging>& kv = std::nullopt);
+  SnapshotGet get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot,
+                           const std::optional<KvStaging>& kv = std::nullopt);
   /// Deletes the key's snapshots (every layout, pinned ones too). Returns how many.
   std::uint32_t delete_snapshot(const SnapshotKey& key);
   /// Pins (never evicted) or unpins the key's snapshots. Returns how many changed.

@@ -210,6 +210,8 @@ void kv_decode(const KvStream& stream, std::span<const std::byte> in, std::span<
 inline constexpr std::uint32_t kKvMaxLayers = 1024;
 inline constexpr std::uint32_t kKvMaxChannels = 1u << 20;
 inline constexpr std::uint64_t kKvMaxTokens = 1ull << 32;
+/// ... and at most 2^48 bytes of FP32 values in all.
+inline constexpr unsigned kKvMaxBytesLog2 = 48;
 
 struct KvBlocks {
   KvCodecId codec = KvCodecId::bf16;
@@ -232,7 +234,8 @@ struct KvBlockStream {
 };
 
 /// Null when `blocks` is well formed (known codec, 1..kKvMaxLayers layers, 1..kKvMaxChannels
-/// key channels, at most kKvMaxChannels value channels, 1..kKvMaxTokens tokens); else why
+/// key channels, at most kKvMaxChannels value channels, 1..kKvMaxTokens tokens, at most
+/// 2^kKvMaxBytesLog2 bytes as FP32); else why
 /// not ("KV blocks need at least 1 token", ...).
 [[nodiscard]] const char* kv_blocks_problem(const KvBlocks& blocks) noexcept;
 /// Streams per layer: 2, or 1 for keys only.

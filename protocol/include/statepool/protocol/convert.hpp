@@ -17,6 +17,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool_generated.h"
@@ -29,6 +30,7 @@ namespace statepool::protocol {
 [[nodiscard]] wire::StepQuantVariant to_wire(kernels::StepQuantVariant value) noexcept;
 [[nodiscard]] wire::MemorySpace to_wire(kernels::MemorySpace value) noexcept;
 [[nodiscard]] wire::HandleKind to_wire(kernels::HandleKind value) noexcept;
+[[nodiscard]] wire::KvCodec to_wire(kernels::KvCodecId value) noexcept;
 
 /// Throw StatusError(invalid_argument): "unknown <field> value 7".
 [[nodiscard]] kernels::Arch from_wire(wire::Arch value, std::string_view field = "arch");
@@ -38,6 +40,8 @@ namespace statepool::protocol {
                                                   std::string_view field = "stepquant variant");
 [[nodiscard]] kernels::MemorySpace from_wire(wire::MemorySpace value,
                                              std::string_view field = "memory space");
+[[nodiscard]] kernels::KvCodecId from_wire(wire::KvCodec value,
+                                           std::string_view field = "kv codec");
 [[nodiscard]] kernels::HandleKind from_wire(wire::HandleKind value,
                                             std::string_view field = "handle kind");
 
@@ -65,6 +69,12 @@ struct LayoutMessage {
 [[nodiscard]] kernels::MemoryDescriptor from_wire(const wire::MemoryDescriptor* in);
 [[nodiscard]] flatbuffers::Offset<wire::MemoryDescriptor> to_wire(
     flatbuffers::FlatBufferBuilder& builder, const kernels::MemoryDescriptor& descriptor);
+
+/// KV blocks (hybrid snapshots): the codec is checked here, the shape by the daemon
+/// (kernels::kv_blocks_problem).
+[[nodiscard]] kernels::KvBlocks from_wire(const wire::KvBlocks& in);
+[[nodiscard]] flatbuffers::Offset<wire::KvBlocks> to_wire(flatbuffers::FlatBufferBuilder& builder,
+                                                          const kernels::KvBlocks& blocks);
 
 /// A list of codec ids (capacity requests). At most `max` entries; throws like from_wire.
 [[nodiscard]] std::vector<kernels::CodecId> from_wire(const flatbuffers::Vector<wire::CodecId>* in,
