@@ -401,6 +401,17 @@ void fits_command(statepool::client::Connection& conn, const Args& args,
   std::cout << (args.json ? planner::format_json(out) : planner::format_text(out));
 }
 
+/// A snapshot's KV blocks as JSON (null when it has none).
+boost::json::value kv_json(const statepool::client::SnapshotInfo& s) {
+  if (!s.kv) return nullptr;
+  return boost::json::object{{"codec", statepool::kernels::to_string(s.kv->codec)},
+                             {"layers", s.kv->layers},
+                             {"key_channels", s.kv->key_channels},
+                             {"value_channels", s.kv->value_channels},
+                             {"tokens", s.kv->tokens},
+                             {"bytes", s.kv_bytes}};
+}
+
 /// statepoolctl snapshots: one line per snapshot (or the reply as JSON).
 void snapshots_command(statepool::client::Connection& conn, const Args& args) {
   using statepool::support::format_bytes;
@@ -423,7 +434,9 @@ void snapshots_command(statepool::client::Connection& conn, const Args& args) {
                                          {"pinned", s.pinned},
                                          {"hits", s.hits},
                                          {"age_seconds", json_number(s.age_seconds)},
-                                         {"idle_seconds", json_number(s.idle_seconds)}});
+                                         {"idle_seconds", json_number(s.idle_seconds)},
+                                         {"pages", s.pages},
+                                         {"kv", kv_json(s)}});
     }
     const boost::json::object out{{"snapshot_namespace", list.snapshot_namespace},
                                   {"truncated", list.truncated},
@@ -437,12 +450,18 @@ void snapshots_command(statepool::client::Connection& conn, const Args& args) {
             << (list.truncated ? " (more match: raise --limit or give a longer PREFIX)" : "")
             << "\n";
   if (list.snapshots.empty()) return;
-  statepool::tools::Table table(
-      {"key", "position", "layout", "codec", "tenant", "page", "pinned", "hits", "idle"},
-      {false, true, false, false, false, true, false, true, true});
+  statepool::tools::Table table({"key", "position", "layout", "codec", "tenant", "page",
+                                 "kv blocks", "pinned", "hits", "idle"},
+                                {false, true, false, false, false, true, false, false, true, true});
   for (const auto& s : list.snapshots) {
+    // "kivi2 12x1024 tok 1.2 MiB": codec, layers x tokens, encoded bytes.
+    const std::string kv = !s.kv ? "-"
+                                 : std::string(statepool::kernels::to_string(s.kv->codec)) + " " +
+                                       std::to_string(s.kv->layers) + "x" +
+                                       std::to_string(s.kv->tokens) + " tok " +
+                                       format_bytes(s.kv_bytes);
     table.add({printable_key(s.key.prefix), std::to_string(s.key.position), s.layout_name,
-               statepool::kernels::to_string(s.codec), s.tenant, format_bytes(s.page_bytes),
+               statepool::kernels::to_string(s.codec), s.tenant, format_bytes(s.page_bytes), kv,
                s.pinned ? "yes" : "no", std::to_string(s.hits),
                format_fixed(s.idle_seconds, 1) + " s"});
   }

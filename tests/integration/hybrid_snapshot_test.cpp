@@ -17,10 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include <boost/json.hpp>
+
 #include "statepool/client.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/redis_server.hpp"
+#include "statepoolctl_run.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -180,6 +183,22 @@ TEST(HybridSnapshots, KvBlocksOfEveryCodecTravelWithTheStateToAnotherEngine) {
     EXPECT_FALSE(named.kv_delivered);
     ++seed;
   }
+  // statepoolctl shows the blocks (text and JSON).
+  using statepool::testing::statepoolctl;
+  const std::string ctl = "--socket " + daemon.socket_path() + " ";
+  const auto text = statepoolctl(ctl + "snapshots chat/system-kivi2");
+  ASSERT_EQ(text.code, 0) << text.output;
+  EXPECT_NE(text.output.find("kivi2 4x300 tok"), std::string::npos) << text.output;
+  const auto json = statepoolctl(ctl + "snapshots --json chat/system-flexgen4");
+  ASSERT_EQ(json.code, 0) << json.output;
+  const boost::json::object row =
+      boost::json::parse(json.output).at("snapshots").as_array().at(0).as_object();
+  EXPECT_EQ(row.at("kv").at("codec").as_string(), "flexgen4");
+  EXPECT_EQ(row.at("kv").at("tokens").to_number<std::uint64_t>(), 300u);
+  EXPECT_EQ(row.at("kv").at("bytes").to_number<std::uint64_t>(),
+            kernels::kv_blocks_encoded_bytes(blocks(kernels::KvCodecId::flexgen4, 300)));
+  EXPECT_GT(row.at("pages").to_number<std::uint32_t>(), 1u);
+
   const client::SnapshotList list = publisher.conn.list_snapshots("chat/", 0);
   ASSERT_EQ(list.snapshots.size(), 5u);
   for (const client::SnapshotInfo& s : list.snapshots) {

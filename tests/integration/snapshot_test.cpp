@@ -266,6 +266,8 @@ TEST_F(Snapshots, StatepoolctlListsPinsAndDeletesByTextOrHexKey) {
   EXPECT_EQ(rows[0].at("position").to_number<std::uint64_t>(), 40u);
   EXPECT_EQ(rows[0].at("tenant").as_string(), "alice");
   EXPECT_EQ(rows[0].at("codec").as_string(), "int8");
+  EXPECT_TRUE(rows[0].at("kv").is_null());  // a plain entry
+  EXPECT_EQ(rows[0].at("pages").to_number<std::uint32_t>(), 1u);
 
   const auto pin = statepoolctl(ctl + "snapshot-pin chat/system 12");
   EXPECT_EQ(pin.code, 0) << pin.output;
