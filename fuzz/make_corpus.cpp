@@ -179,6 +179,23 @@ std::vector<Step> session_steps(const std::string& model_config) {
     const auto k = key(b);
     return wire::CreateDeleteSnapshot(b, k);
   }));
+  // A hybrid entry: KV blocks read from the decompressed state's values (finite f32),
+  // decoded on a hit into the staging buffer's start as f16.
+  add(frame<wire::PutSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    const auto kv = wire::CreateKvBlocks(b, wire::KvCodec::kivi2, 1, 32, 32, 8);
+    const auto where = wire::CreateKvStaging(b, 1, state, wire::DType::f32);
+    return wire::CreatePutSnapshot(b, 1, 0, k, kv, where);
+  }));
+  add(frame<wire::GetSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    const auto where = wire::CreateKvStaging(b, 1, 0, wire::DType::f16);
+    return wire::CreateGetSnapshot(b, 1, 1, k, where);
+  }));
+  add(frame<wire::DeleteSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreateDeleteSnapshot(b, k);
+  }));
   add(frame<wire::FitsNow>(id, [](auto& b) {
     const std::vector<wire::CodecId> codecs = {wire::CodecId::int8, wire::CodecId::fp32,
                                                wire::CodecId::stepquant6};

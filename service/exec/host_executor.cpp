@@ -249,7 +249,8 @@ std::vector<kernels::KvBlockStream> kv_streams(const Operation& op) {
 
 // KV blocks are encoded into one contiguous buffer, stream by stream on every worker, then
 // spread over the chunks: a non-finite value (found while encoding) leaves the chunks as
-// they were. Decoding reads the chunks in place when there is one, else gathers them first.
+// they were. Decoding reads each stream where it lies, gathering only the streams that
+// straddle two chunks (a snapshot's KV pages).
 void HostExecutor::run_kv_encode(const Operation& op) {
   const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
   const std::size_t bytes = kernels::kv_blocks_encoded_bytes(op.kv);
@@ -270,21 +271,38 @@ void HostExecutor::run_kv_encode(const Operation& op) {
 
 void HostExecutor::run_kv_decode(const Operation& op) {
   const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
-  std::unique_ptr<std::byte[]> gathered;  // NOLINT
-  const std::byte* encoded = op.chunks.empty() ? nullptr : op.chunks.front().data;
-  if (op.chunks.size() > 1) {
-    gathered.reset(new std::byte[kernels::kv_blocks_encoded_bytes(op.kv)]);  // NOLINT
-    std::size_t at = 0;
-    for (const kernels::BufferRef& chunk : op.chunks) {
-      copy_parallel(gathered.get() + at, chunk.data, chunk.size);
-      at += chunk.size;
-    }
-    encoded = gathered.get();
+  // Where each chunk starts in the encoded blocks.
+  std::vector<std::uint64_t> starts;
+  starts.reserve(op.chunks.size() + 1);
+  std::uint64_t at = 0;
+  for (const kernels::BufferRef& chunk : op.chunks) {
+    starts.push_back(at);
+    at += chunk.size;
   }
+  starts.push_back(at);
   workers_.parallel_for(streams.size(), 1, [&](std::size_t first, std::size_t last) {
+    std::vector<std::byte> gathered;  // a stream that straddles chunks
     for (std::size_t i = first; i < last; ++i) {
       const kernels::KvBlockStream& s = streams[i];
-      kernels::kv_decode(s.stream, {encoded + s.encoded_offset, s.encoded_bytes}, op.dtype,
+      const std::uint64_t begin = s.encoded_offset;
+      const std::uint64_t end = begin + s.encoded_bytes;
+      // The chunk holding the stream's first byte.
+      std::size_t c = static_cast<std::size_t>(
+          std::upper_bound(starts.begin(), starts.end() - 1, begin) - starts.begin() - 1);
+      std::span<const std::byte> encoded;
+      if (end <= starts[c + 1]) {
+        encoded = {op.chunks[c].data + (begin - starts[c]), s.encoded_bytes};
+      } else {
+        gathered.resize(s.encoded_bytes);
+        for (std::uint64_t done = 0; done < s.encoded_bytes; ++c) {
+          const std::uint64_t from = begin + done - starts[c];
+          const std::uint64_t n = std::min(op.chunks[c].size - from, s.encoded_bytes - done);
+          std::memcpy(gathered.data() + done, op.chunks[c].data + from, n);
+          done += n;
+        }
+        encoded = gathered;
+      }
+      kernels::kv_decode(s.stream, encoded, op.dtype,
                          out(op.staged).subspan(s.plain_offset, s.plain_bytes));
     }
   });
