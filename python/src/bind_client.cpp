@@ -19,6 +19,7 @@
 #include "gil.hpp"
 #include "statepool/client.hpp"
 #include "statepool/decode_step.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "views.hpp"
@@ -168,10 +169,87 @@ const client::Staging& staging_of(const StagingHandle& s) {
   return *s.staging;
 }
 
+// --- KV blocks of hybrid snapshots ---------------------------------------------------------
+
+/// "KvBlocks(codec=KvCodec.kivi2, layers=2, key_channels=64, value_channels=64, tokens=200)".
+std::string kv_repr(const kernels::KvBlocks& b) {
+  return std::string("KvBlocks(codec=KvCodec.") + kernels::to_string(b.codec) +
+         ", layers=" + std::to_string(b.layers) +
+         ", key_channels=" + std::to_string(b.key_channels) +
+         ", value_channels=" + std::to_string(b.value_channels) +
+         ", tokens=" + std::to_string(b.tokens) + ")";
+}
+
+/// ", kv=KvBlocks(...), kv_bytes=N" for an entry with KV blocks, "" otherwise.
+std::string kv_fields_repr(const std::optional<kernels::KvBlocks>& kv, std::uint64_t kv_bytes) {
+  if (!kv) return {};
+  return ", kv=" + kv_repr(*kv) + ", kv_bytes=" + std::to_string(kv_bytes);
+}
+
+const kernels::KvBlocks& well_formed(const kernels::KvBlocks& b) {
+  if (const char* problem = kernels::kv_blocks_problem(b)) throw py::value_error(problem);
+  return b;
+}
+
+/// The staging range of a put's or get's KV values; checked before anything is sent. A
+/// put names its blocks (`kv`) and their range together; a get only the range.
+std::optional<client::KvStaging> kv_range(const StagingHandle* staging, std::uint64_t offset,
+                                          DType dtype) {
+  if (staging == nullptr) {
+    if (offset != 0) throw py::value_error("kv_offset without kv_staging");
+    return std::nullopt;
+  }
+  return client::KvStaging{staging_of(*staging).id(), offset, dtype};
+}
+
 }  // namespace
 
 void bind_client(py::module_& m) {
   m.attr("DEFAULT_SOCKET_PATH") = client::kDefaultSocketPath;
+
+  // --- KV blocks -------------------------------------------------------------------------
+  py::class_<kernels::KvBlocks>(m, "KvBlocks", R"doc(
+The attention layers' KV blocks of a hybrid prefix snapshot (docs/prefix-store.md, "Hybrid
+entries"): the keys and values of ``layers`` attention layers over ``tokens`` tokens, stored
+under one KV codec. In a staging buffer the values are the streams layer 0 keys, layer 0
+values, layer 1 keys, ... back to back, each ``[tokens][channels]`` row-major (channels =
+kv_heads * head_dim, head-major); ``value_channels`` 0 means keys only (an MLA latent), one
+stream per layer. Not validated when built: the daemon refuses ill-formed blocks
+(InvalidArgument); plain_bytes() and encoded_bytes raise ValueError for them.)doc")
+      .def(py::init([](kernels::KvCodecId codec, std::uint32_t layers, std::uint32_t key_channels,
+                       std::uint32_t value_channels, std::uint64_t tokens) {
+             return kernels::KvBlocks{codec, layers, key_channels, value_channels, tokens};
+           }),
+           py::kw_only(), py::arg("codec"), py::arg("layers"), py::arg("key_channels"),
+           py::arg("value_channels") = 0, py::arg("tokens"),
+           "Describes KV blocks (no validation: see the class).")
+      .def_readwrite("codec", &kernels::KvBlocks::codec, "The KV codec of every stream.")
+      .def_readwrite("layers", &kernels::KvBlocks::layers, "Full-attention layers (1..1024).")
+      .def_readwrite("key_channels", &kernels::KvBlocks::key_channels,
+                     "Channels of a layer's keys: kv_heads * head_dim (1..2^20).")
+      .def_readwrite("value_channels", &kernels::KvBlocks::value_channels,
+                     "Channels of a layer's values (0: keys only; at most 2^20).")
+      .def_readwrite("tokens", &kernels::KvBlocks::tokens,
+                     "Tokens of every stream, token 0 the oldest (1..2^32).")
+      .def(
+          "plain_bytes",
+          [](const kernels::KvBlocks& b, DType dtype) {
+            return kernels::kv_blocks_plain_bytes(well_formed(b), dtype);
+          },
+          py::arg("dtype"),
+          "Bytes of the plain values in ``dtype``: the staging range put_snapshot() reads and "
+          "get_snapshot() writes. ValueError (naming the problem) for ill-formed blocks.")
+      .def_property_readonly(
+          "encoded_bytes",
+          [](const kernels::KvBlocks& b) {
+            return kernels::kv_blocks_encoded_bytes(well_formed(b));
+          },
+          "Bytes of every stream encoded, metadata included (what an entry stores: kv_bytes). "
+          "ValueError for ill-formed blocks.")
+      .def(
+          "__eq__", [](const kernels::KvBlocks& a, const kernels::KvBlocks& b) { return a == b; },
+          py::is_operator())
+      .def("__repr__", &kv_repr);
 
   // --- results ---------------------------------------------------------------------------
   py::class_<client::LayoutInfo>(m, "LayoutInfo", "A layout registered with the daemon.")
@@ -271,9 +349,19 @@ void bind_client(py::module_& m) {
       .def_readonly("evicted", &client::SnapshotPut::evicted,
                     "Older snapshots evicted from the arena to make room.")
       .def_readonly("page_bytes", &client::SnapshotPut::page_bytes)
+      .def_property_readonly(
+          "kv", [](const client::SnapshotPut& p) { return p.kv; },
+          "The key's entry's KV blocks (the new entry's, or those of the one that stood), or "
+          "None for a state-only entry.")
+      .def_readonly("kv_bytes", &client::SnapshotPut::kv_bytes,
+                    "Encoded bytes of those KV blocks (0 without).")
+      .def_readonly("pages", &client::SnapshotPut::pages,
+                    "Pages of the arena the entry holds: 1 + its KV blocks' pages.")
       .def("__repr__", [](const client::SnapshotPut& p) {
-        return "SnapshotPut(created=" + std::string(p.created ? "True" : "False") +
-               ", evicted=" + std::to_string(p.evicted) + ")";
+        std::string out = "SnapshotPut(created=" + std::string(p.created ? "True" : "False") +
+                          ", evicted=" + std::to_string(p.evicted);
+        if (p.kv) out += kv_fields_repr(p.kv, p.kv_bytes) + ", pages=" + std::to_string(p.pages);
+        return out + ")";
       });
   py::class_<client::SnapshotGet>(m, "SnapshotGet", "What get_snapshot() found; true on a hit.")
       .def_readonly("hit", &client::SnapshotGet::hit,
@@ -283,10 +371,22 @@ void bind_client(py::module_& m) {
       .def_readonly("page_bytes", &client::SnapshotGet::page_bytes)
       .def_readonly("tier", &client::SnapshotGet::tier,
                     "On a hit: the tier that served it, pool, host or remote.")
+      .def_property_readonly(
+          "kv", [](const client::SnapshotGet& g) { return g.kv; },
+          "On a hit of a hybrid entry: its KV blocks (with or without kv_staging); else None.")
+      .def_readonly("kv_bytes", &client::SnapshotGet::kv_bytes,
+                    "Encoded bytes of those KV blocks (0 without).")
+      .def_readonly("kv_delivered", &client::SnapshotGet::kv_delivered,
+                    "True: the KV blocks were decoded into the kv_staging range.")
       .def(
           "__bool__", [](const client::SnapshotGet& g) { return g.hit; }, "hit.")
       .def("__repr__", [](const client::SnapshotGet& g) {
-        return "SnapshotGet(hit=" + std::string(g.hit ? "True" : "False") + ")";
+        std::string out = "SnapshotGet(hit=" + std::string(g.hit ? "True" : "False");
+        if (g.kv) {
+          out += kv_fields_repr(g.kv, g.kv_bytes) +
+                 ", kv_delivered=" + (g.kv_delivered ? "True" : "False");
+        }
+        return out + ")";
       });
   py::class_<client::SnapshotInfo>(m, "SnapshotInfo", "One snapshot in list_snapshots().")
       .def_property_readonly(
@@ -307,7 +407,14 @@ void bind_client(py::module_& m) {
       .def_readonly("hits", &client::SnapshotInfo::hits)
       .def_readonly("age_seconds", &client::SnapshotInfo::age_seconds, "Since it was published.")
       .def_readonly("idle_seconds", &client::SnapshotInfo::idle_seconds,
-                    "Since it was published or last read.");
+                    "Since it was published or last read.")
+      .def_property_readonly(
+          "kv", [](const client::SnapshotInfo& i) { return i.kv; },
+          "A hybrid entry's KV blocks, or None.")
+      .def_readonly("kv_bytes", &client::SnapshotInfo::kv_bytes,
+                    "Encoded bytes of its KV blocks (0 without).")
+      .def_readonly("pages", &client::SnapshotInfo::pages,
+                    "Pages of the arena it holds: 1 + its KV blocks' pages.");
   py::class_<client::SnapshotList>(m, "SnapshotList", "What list_snapshots() returns.")
       .def_readonly("snapshots", &client::SnapshotList::snapshots)
       .def_readonly("truncated", &client::SnapshotList::truncated, "More matched than the limit.")
@@ -806,26 +913,59 @@ arguments take the planner's defaults.)doc")
       .def(
           "put_snapshot",
           [](const ConnectionHandle& c, const SlotHandle& slot, const PrefixArg& prefix,
-             std::uint64_t position) {
+             std::uint64_t position, const std::optional<kernels::KvBlocks>& kv,
+             const StagingHandle* kv_staging, std::uint64_t kv_offset, DType kv_dtype) {
+            if (kv && kv_staging == nullptr) {
+              throw py::value_error(
+                  "kv without kv_staging: name the staging buffer that holds "
+                  "the KV values");
+            }
+            if (!kv && kv_staging != nullptr) {
+              throw py::value_error("kv_staging without kv: name the KV blocks it holds");
+            }
+            const std::optional<client::KvStaging> range =
+                kv_range(kv_staging, kv_offset, kv_dtype);
             const client::Slot& s = slot_of(slot);
             client::SnapshotKey key{prefix_bytes(prefix), position};
-            return call(c, [&](Connection& conn) { return conn.put_snapshot(s, key); });
+            std::optional<client::SnapshotKv> with;
+            if (kv) with = client::SnapshotKv{*kv, *range};
+            return call(c, [&](Connection& conn) { return conn.put_snapshot(s, key, with); });
           },
-          py::arg("slot"), py::arg("prefix"), py::arg("position"), R"doc(
+          py::arg("slot"), py::arg("prefix"), py::arg("position"), py::arg("kv") = py::none(),
+          py::arg("kv_staging") = py::none(), py::arg("kv_offset") = 0,
+          py::arg("kv_dtype") = DType::bf16, R"doc(
 Publishes the state in ``slot`` under the key (prefix: the engine's prefix hash, 1..256 bytes,
 str or bytes; position: the token position). Idempotent: a key that has a snapshot for this
-layout keeps it (created is False). docs/prefix-store.md.)doc")
+layout keeps it (created is False). docs/prefix-store.md.
+
+With ``kv`` (KvBlocks), a hybrid entry: the daemon reads the KV values from this connection's
+staging buffer ``kv_staging`` at byte ``kv_offset`` (kv.plain_bytes(kv_dtype) bytes of
+``kv_dtype``: f32, bf16 or f16), encodes them with kv.codec and keeps them in further pages of
+the arena (the result's pages and kv_bytes). NotFinite for a NaN/Inf value, InvalidArgument
+for ill-formed blocks or blocks that need more pages than the arena has; in both cases
+nothing is published. ValueError, before anything is sent, for kv without kv_staging or the
+reverse.)doc")
       .def(
           "get_snapshot",
           [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
-             const SlotHandle& slot) {
+             const SlotHandle& slot, const StagingHandle* kv_staging, std::uint64_t kv_offset,
+             DType kv_dtype) {
+            const std::optional<client::KvStaging> range =
+                kv_range(kv_staging, kv_offset, kv_dtype);
             const client::Slot& s = slot_of(slot);
             client::SnapshotKey key{prefix_bytes(prefix), position};
-            return call(c, [&](Connection& conn) { return conn.get_snapshot(key, s); });
+            return call(c, [&](Connection& conn) { return conn.get_snapshot(key, s, range); });
           },
           py::arg("prefix"), py::arg("position"), py::arg("slot"),
-          "Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) "
-          "leaves it unchanged.")
+          py::arg("kv_staging") = py::none(), py::arg("kv_offset") = 0,
+          py::arg("kv_dtype") = DType::bf16, R"doc(
+Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) leaves it
+unchanged.
+
+With ``kv_staging`` (a staging buffer of this connection), a hit on a hybrid entry also decodes
+its KV blocks into it at byte ``kv_offset``, as ``kv_dtype`` values (kv.plain_bytes(kv_dtype)
+bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
+so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.)doc")
       .def(
           "delete_snapshot",
           [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position) {

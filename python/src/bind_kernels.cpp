@@ -1,4 +1,4 @@
-// statepool.Arch/DType/CodecId/StepQuantVariant, StateLayout, Plan, PageCodec.
+// statepool.Arch/DType/CodecId/KvCodec/StepQuantVariant, StateLayout, Plan, PageCodec.
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +8,7 @@
 
 #include "bindings.hpp"
 #include "gil.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "views.hpp"
@@ -58,6 +59,14 @@ void bind_kernels(py::module_& m) {
       .value("stepquant6", kernels::CodecId::stepquant6)
       .value("dsq4", kernels::CodecId::dsq4)
       .value("dsq6", kernels::CodecId::dsq6);
+  py::enum_<kernels::KvCodecId>(m, "KvCodec",
+                                "Codec of a hybrid snapshot's KV blocks (docs/codecs.md, "
+                                "\"KV-cache codecs\").")
+      .value("bf16", kernels::KvCodecId::bf16)
+      .value("fp8", kernels::KvCodecId::fp8)
+      .value("kivi2", kernels::KvCodecId::kivi2)
+      .value("kivi4", kernels::KvCodecId::kivi4)
+      .value("flexgen4", kernels::KvCodecId::flexgen4);
   py::enum_<kernels::StepQuantVariant>(m, "StepQuantVariant",
                                        "STEPQuant ablation: both axes, spatial only, temporal "
                                        "only.")

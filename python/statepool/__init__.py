@@ -35,6 +35,8 @@ from ._core import (
     DType,
     DecodeStep,
     Fits,
+    KvBlocks,
+    KvCodec,
     LayoutInfo,
     PageCodec,
     Pending,
@@ -81,7 +83,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SOCKET_PATH", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId", "Connection",
-    "DType", "DecodeStep", "Fits", "LayoutInfo", "PageCodec", "Pending", "Plan", "PlanInfo", "Slot",
+    "DType", "DecodeStep", "Fits", "KvBlocks", "KvCodec", "LayoutInfo", "PageCodec", "Pending",
+    "Plan", "PlanInfo", "Slot",
     "SnapshotGet", "SnapshotInfo", "SnapshotList", "SnapshotPut",
     "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "StepResult", "TenantStats", "View",
     "connect", "connect_fd", "errors",

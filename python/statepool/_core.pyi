@@ -175,6 +175,32 @@ class CodecId(_Enum):
     def __int__(self) -> int:
         """The member's value."""
 
+class KvCodec(_Enum):
+    """Codec of a hybrid snapshot's KV blocks (docs/codecs.md, "KV-cache codecs")."""
+
+    bf16: ClassVar[KvCodec]
+    """bfloat16, 2 B per value (round to nearest even, saturating at the largest finite bf16)."""
+    fp8: ClassVar[KvCodec]
+    """OCP FP8 E4M3, 1 B per value, saturating at +-448; no per-tensor scale."""
+    kivi2: ClassVar[KvCodec]
+    """KIVI at 2 bits: asymmetric groups of 32, keys per channel, values per token; the newest 128 tokens stay FP16."""
+    kivi4: ClassVar[KvCodec]
+    """KIVI at 4 bits (as kivi2)."""
+    flexgen4: ClassVar[KvCodec]
+    """4-bit asymmetric groups of 32 channels of one token, keys and values alike."""
+    __members__: ClassVar[dict[str, KvCodec]]
+    """The members by name."""
+    def __init__(self, value: int) -> None:
+        """The member whose value is ``value``."""
+    @property
+    def name(self) -> str:
+        """The member's name."""
+    @property
+    def value(self) -> int:
+        """The member's value."""
+    def __int__(self) -> int:
+        """The member's value."""
+
 class StepQuantVariant(_Enum):
     """STEPQuant ablation: both axes, spatial only, temporal only."""
 
@@ -669,6 +695,64 @@ class Fits:
     def codecs(self) -> list[CodecFit]:
         """One entry per codec asked about."""
 
+class KvBlocks:
+    """
+    The attention layers' KV blocks of a hybrid prefix snapshot (docs/prefix-store.md, "Hybrid
+    entries"): the keys and values of ``layers`` attention layers over ``tokens`` tokens, stored
+    under one KV codec. In a staging buffer the values are the streams layer 0 keys, layer 0
+    values, layer 1 keys, ... back to back, each ``[tokens][channels]`` row-major (channels =
+    kv_heads * head_dim, head-major); ``value_channels`` 0 means keys only (an MLA latent), one
+    stream per layer. Not validated when built: the daemon refuses ill-formed blocks
+    (InvalidArgument); plain_bytes() and encoded_bytes raise ValueError for them.
+    """
+
+    def __init__(
+        self,
+        *,
+        codec: KvCodec,
+        layers: int,
+        key_channels: int,
+        value_channels: int = 0,
+        tokens: int,
+    ) -> None:
+        """Describes KV blocks (no validation: see the class)."""
+    @property
+    def codec(self) -> KvCodec:
+        """The KV codec of every stream."""
+    @codec.setter
+    def codec(self, value: KvCodec) -> None: ...
+    @property
+    def layers(self) -> int:
+        """Full-attention layers (1..1024)."""
+    @layers.setter
+    def layers(self, value: int) -> None: ...
+    @property
+    def key_channels(self) -> int:
+        """Channels of a layer's keys: kv_heads * head_dim (1..2^20)."""
+    @key_channels.setter
+    def key_channels(self, value: int) -> None: ...
+    @property
+    def value_channels(self) -> int:
+        """Channels of a layer's values (0: keys only; at most 2^20)."""
+    @value_channels.setter
+    def value_channels(self, value: int) -> None: ...
+    @property
+    def tokens(self) -> int:
+        """Tokens of every stream, token 0 the oldest (1..2^32)."""
+    @tokens.setter
+    def tokens(self, value: int) -> None: ...
+    def plain_bytes(self, dtype: DType) -> int:
+        """Bytes of the plain values in ``dtype``: the staging range put_snapshot() reads and get_snapshot() writes. ValueError (naming the problem) for ill-formed blocks."""
+    @property
+    def encoded_bytes(self) -> int:
+        """Bytes of every stream encoded, metadata included (what an entry stores: kv_bytes). ValueError for ill-formed blocks."""
+    def __eq__(self, arg0: KvBlocks, /) -> bool:  # type: ignore[override]
+        """Same codec and shape (False for a non-KvBlocks)."""
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+    """Unhashable (it defines __eq__)."""
+    def __repr__(self) -> str:
+        """'KvBlocks(codec=KvCodec.kivi2, layers=..., key_channels=..., value_channels=..., tokens=...)'."""
+
 class SnapshotPut:
     """What put_snapshot() did."""
 
@@ -681,8 +765,17 @@ class SnapshotPut:
     @property
     def page_bytes(self) -> int:
         """Bytes of the page copied."""
+    @property
+    def kv(self) -> KvBlocks | None:
+        """The key's entry's KV blocks (the new entry's, or those of the one that stood), or None for a state-only entry."""
+    @property
+    def kv_bytes(self) -> int:
+        """Encoded bytes of those KV blocks (0 without)."""
+    @property
+    def pages(self) -> int:
+        """Pages of the arena the entry holds: 1 + its KV blocks' pages."""
     def __repr__(self) -> str:
-        """SnapshotPut(created=..., evicted=...)."""
+        """SnapshotPut(created=..., evicted=...), with kv=..., kv_bytes=..., pages=... for a hybrid entry."""
 
 class SnapshotGet:
     """What get_snapshot() found; true on a hit."""
@@ -699,10 +792,19 @@ class SnapshotGet:
     @property
     def tier(self) -> str:
         """On a hit: the tier that served it, pool, host or remote."""
+    @property
+    def kv(self) -> KvBlocks | None:
+        """On a hit of a hybrid entry: its KV blocks (with or without kv_staging); else None."""
+    @property
+    def kv_bytes(self) -> int:
+        """Encoded bytes of those KV blocks (0 without)."""
+    @property
+    def kv_delivered(self) -> bool:
+        """True: the KV blocks were decoded into the kv_staging range."""
     def __bool__(self) -> bool:
         """hit."""
     def __repr__(self) -> str:
-        """SnapshotGet(hit=...)."""
+        """SnapshotGet(hit=...), with kv=..., kv_bytes=..., kv_delivered=... for a hybrid entry."""
 
 class SnapshotInfo:
     """One snapshot in list_snapshots()."""
@@ -746,6 +848,15 @@ class SnapshotInfo:
     @property
     def idle_seconds(self) -> float:
         """Since it was published or last read."""
+    @property
+    def kv(self) -> KvBlocks | None:
+        """A hybrid entry's KV blocks, or None."""
+    @property
+    def kv_bytes(self) -> int:
+        """Encoded bytes of its KV blocks (0 without)."""
+    @property
+    def pages(self) -> int:
+        """Pages of the arena it holds: 1 + its KV blocks' pages."""
 
 class SnapshotList:
     """What list_snapshots() returns."""
@@ -1107,14 +1218,47 @@ class Connection:
         docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
         arguments take the planner's defaults.
         """
-    def put_snapshot(self, slot: Slot, prefix: bytes | str, position: int) -> SnapshotPut:
+    def put_snapshot(
+        self,
+        slot: Slot,
+        prefix: bytes | str,
+        position: int,
+        kv: KvBlocks | None = None,
+        kv_staging: Staging | None = None,
+        kv_offset: int = 0,
+        kv_dtype: DType = DType.bf16,
+    ) -> SnapshotPut:
         """
         Publishes the state in ``slot`` under the key (prefix: the engine's prefix hash, 1..256 bytes,
         str or bytes; position: the token position). Idempotent: a key that has a snapshot for this
         layout keeps it (created is False). docs/prefix-store.md.
+
+        With ``kv`` (KvBlocks), a hybrid entry: the daemon reads the KV values from this connection's
+        staging buffer ``kv_staging`` at byte ``kv_offset`` (kv.plain_bytes(kv_dtype) bytes of
+        ``kv_dtype``: f32, bf16 or f16), encodes them with kv.codec and keeps them in further pages of
+        the arena (the result's pages and kv_bytes). NotFinite for a NaN/Inf value, InvalidArgument
+        for ill-formed blocks or blocks that need more pages than the arena has; in both cases
+        nothing is published. ValueError, before anything is sent, for kv without kv_staging or the
+        reverse.
         """
-    def get_snapshot(self, prefix: bytes | str, position: int, slot: Slot) -> SnapshotGet:
-        """Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) leaves it unchanged."""
+    def get_snapshot(
+        self,
+        prefix: bytes | str,
+        position: int,
+        slot: Slot,
+        kv_staging: Staging | None = None,
+        kv_offset: int = 0,
+        kv_dtype: DType = DType.bf16,
+    ) -> SnapshotGet:
+        """
+        Copies the key's snapshot for the slot's layout into ``slot``; a miss (false result) leaves it
+        unchanged.
+
+        With ``kv_staging`` (a staging buffer of this connection), a hit on a hybrid entry also decodes
+        its KV blocks into it at byte ``kv_offset``, as ``kv_dtype`` values (kv.plain_bytes(kv_dtype)
+        bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
+        so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.
+        """
     def delete_snapshot(self, prefix: bytes | str, position: int) -> int:
         """Deletes the key's snapshots (every layout, pinned ones too); returns how many."""
     def pin_snapshot(self, prefix: bytes | str, position: int, pinned: bool = True) -> int:

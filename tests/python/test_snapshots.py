@@ -1,6 +1,6 @@
 """Prefix-state snapshots from Python against a real daemon (docs/prefix-store.md): publish
 from one engine's connection, resume in another's slot bit for bit, keys as str or bytes,
-list, pin, delete, misses and typed errors."""
+list, pin, delete, misses and typed errors; hybrid entries with KV blocks."""
 
 from __future__ import annotations
 
@@ -70,3 +70,237 @@ def test_text_keys_are_their_utf8_bytes_and_bad_keys_are_typed(conn):
             conn.list_snapshots(limit=10001)
         assert conn.delete_snapshot("système/v1", 7) == 1
         assert conn.healthy
+
+
+# --- hybrid entries: the attention layers' KV blocks beside the state --------------------------
+# (docs/prefix-store.md, "Hybrid entries")
+
+KIVI2 = dict(codec=statepool.KvCodec.kivi2, layers=2, key_channels=64, value_channels=64,
+             tokens=200)
+
+
+def _hybrid_layout(name: str) -> statepool.StateLayout:
+    # int4 pages are small (about 1.3 KiB), so the KV blocks need many pages of the arena.
+    return small_layout(statepool.CodecId.int4, name=name)
+
+
+def _align(n: int, to: int = 64) -> int:
+    return (n + to - 1) // to * to
+
+
+def _bf16(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 values truncated to bfloat16: (their bits as uint16, their values as float32)."""
+    bits = (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _f16_down(x: np.ndarray) -> np.ndarray:
+    """The largest fp16 value <= x, as float32 (kv_math.hpp's offset rule; no saturation)."""
+    h = x.astype(np.float16)
+    h = np.where(h.astype(np.float32) > x, np.nextafter(h, np.float16(-np.inf)), h)
+    return h.astype(np.float32)
+
+
+def _groups(values: np.ndarray, levels: int) -> np.ndarray:
+    """Asymmetric groups along the last axis, reconstructed as kernels/kv_math.hpp does."""
+    lo = values.min(axis=-1, keepdims=True)
+    hi = values.max(axis=-1, keepdims=True)
+    a = _f16_down(lo)
+    t = (hi - a) / np.float32(levels)
+    s = np.where(t > 0, t.astype(np.float16).astype(np.float32), np.float32(0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.clip(np.rint((values - a) / s), 0, levels), 0).astype(np.float32)
+    return q * s + a
+
+
+def _kivi_reference(stream: np.ndarray, keys: bool, bits: int = 2) -> np.ndarray:
+    """KIVI's decode of its encode of one [tokens][channels] float32 stream (kv.hpp): groups of
+    32 tokens per channel (keys) or 32 channels per token (values) over the oldest tokens, the
+    newest min(tokens, 128) kept in fp16."""
+    levels = (1 << bits) - 1
+    tokens, channels = stream.shape
+    quantized = tokens - min(tokens, 128)
+    out = np.empty_like(stream)
+    out[quantized:] = stream[quantized:].astype(np.float16).astype(np.float32)
+    for start in range(0, quantized if keys else channels, 32):
+        if keys:
+            block = stream[start:min(start + 32, quantized)]
+            out[start:start + len(block)] = _groups(block.T, levels).T
+        else:
+            out[:quantized, start:start + 32] = _groups(stream[:quantized, start:start + 32],
+                                                        levels)
+    return out
+
+
+def _streams(flat: np.ndarray, kv: statepool.KvBlocks) -> list[tuple[bool, np.ndarray]]:
+    """(keys?, [tokens][channels] array) of each stream, in the staging order."""
+    out, at = [], 0
+    for _ in range(kv.layers):
+        for keys, channels in ((True, kv.key_channels), (False, kv.value_channels)):
+            if channels == 0:
+                continue
+            n = kv.tokens * channels
+            out.append((keys, flat[at:at + n].reshape(kv.tokens, channels)))
+            at += n
+    assert at == flat.size
+    return out
+
+
+def _stage_state(conn, info, staging, slot, seed: int) -> None:
+    rec = np.asarray(staging.view("float32", (info.state_bytes_f32 // 4,)))
+    rec[:] = 0
+    l = info.layout
+    n = l.num_layers * l.num_heads * l.key_dim * l.value_dim
+    rec[:n] = np.random.default_rng(seed).standard_normal(n)
+    del rec
+    conn.compress(slot, staging)
+
+
+def test_a_hybrid_entry_delivers_kivi2_kv_blocks_to_a_second_engine(daemon):
+    kv = statepool.KvBlocks(**KIVI2)
+    assert kv.plain_bytes(statepool.DType.bf16) == 2 * 200 * 128 * 2
+    assert kv.plain_bytes(statepool.DType.f32) == 2 * 200 * 128 * 4
+    values = np.random.default_rng(5).standard_normal(2 * 200 * 128).astype(np.float32)
+    bits, staged = _bf16(values)  # what the daemon reads: bfloat16 values
+    with daemon.connect() as first, daemon.connect() as second:
+        info = first.register_layout(_hybrid_layout("pytest-hybrid"))
+        arena = first.open_arena(info, 128)
+        at = _align(info.state_bytes_f32)
+        with first.open_staging(at + kv.plain_bytes(statepool.DType.bf16)) as staging, \
+                first.allocate(arena)[0] as slot:
+            _stage_state(first, info, staging, slot, seed=3)
+            raw = np.asarray(staging.view("uint8", (bits.nbytes,), offset=at))
+            raw[:] = bits.view(np.uint8)  # the engine's bf16 KV tensor, byte for byte
+            del raw
+            put = first.put_snapshot(slot, "hybrid/kivi2", 200, kv, staging, at)
+            assert put.created and put.kv == kv and put.kv_bytes == kv.encoded_bytes
+            assert put.pages == 1 + -(-put.kv_bytes // put.page_bytes) and put.pages > 1
+            assert f"kv={kv!r}" in repr(put) and f"pages={put.pages}" in repr(put)
+            again = first.put_snapshot(slot, "hybrid/kivi2", 200, kv_staging=staging,
+                                       kv=statepool.KvBlocks(**dict(KIVI2, tokens=100)),
+                                       kv_offset=at)
+            assert not again.created and again.kv == kv  # the standing entry's blocks
+            published = np.asarray(arena.page(slot)).copy()
+
+        info2 = second.register_layout(_hybrid_layout("pytest-hybrid-b"))
+        arena2 = second.open_arena(info2, 128)
+        off = 128  # anywhere in the reader's buffer, in the reader's dtype
+        want = kv.plain_bytes(statepool.DType.f32)
+        with second.open_staging(off + want) as mine_kv, second.allocate(arena2)[0] as mine:
+            got = second.get_snapshot("hybrid/kivi2", 200, mine, kv_staging=mine_kv,
+                                      kv_offset=off, kv_dtype=statepool.DType.f32)
+            assert got.hit and got.kv_delivered and got.kv == kv and got.kv_bytes == put.kv_bytes
+            assert np.array_equal(np.asarray(arena2.page(mine)), published)
+            out = np.asarray(mine_kv.view("float32", (want // 4,), offset=off)).copy()
+
+            for (keys, src), (_, dec) in zip(_streams(staged, kv), _streams(out, kv)):
+                # Exactly the CPU reference's decode (kernels::kv_encode_blocks / decode).
+                np.testing.assert_array_equal(dec, _kivi_reference(src, keys))
+                # The documented bounds: half a 2-bit step of the group at most, and the
+                # residual window (the newest 128 tokens) fp16-exact.
+                err = np.abs(dec - src)
+                assert err.max() <= 0.5 * (src.max() - src.min())
+                window = slice(kv.tokens - 128, kv.tokens)
+                assert np.all(err[window] <= 1e-3 * np.abs(src[window]) + 1e-3)
+                assert err[:kv.tokens - 128].max() > 1e-2  # the old tokens are quantized
+
+            # Without a KV range: the state only; the blocks are named, not delivered.
+            np.asarray(mine_kv.view("uint8"))[:] = 0
+            state_only = second.get_snapshot("hybrid/kivi2", 200, mine)
+            assert state_only.hit and state_only.kv == kv and not state_only.kv_delivered
+            assert state_only.kv_bytes == put.kv_bytes
+            assert "kv_delivered=False" in repr(state_only)
+            assert not np.asarray(mine_kv.view("uint8")).any()
+
+        assert second.delete_snapshot("hybrid/kivi2", 200) == 1
+
+
+def test_a_non_finite_kv_value_publishes_nothing(conn):
+    kv = statepool.KvBlocks(codec=statepool.KvCodec.kivi4, layers=1, key_channels=32,
+                            value_channels=32, tokens=40)
+    info = conn.register_layout(_hybrid_layout("pytest-hybrid-nan"))
+    arena = conn.open_arena(info, 128)
+    at = _align(info.state_bytes_f32)
+    with conn.open_staging(at + kv.plain_bytes(statepool.DType.f32)) as staging, \
+            conn.allocate(arena)[0] as slot:
+        _stage_state(conn, info, staging, slot, seed=4)
+        vals = np.asarray(staging.view("float32", (kv.plain_bytes(statepool.DType.f32) // 4,),
+                                       offset=at))
+        vals[:] = np.random.default_rng(6).standard_normal(vals.size)
+        vals[40 * 32 + 17] = np.nan  # a value of layer 0's values stream
+        del vals
+        pages_before = [a for a in conn.stats().arenas if a.arena_id == arena.id][0].snapshot_pages
+        with pytest.raises(statepool.NotFinite):
+            conn.put_snapshot(slot, "hybrid/nan", 40, kv, staging, at, statepool.DType.f32)
+        assert conn.list_snapshots("hybrid/nan").snapshots == []
+        assert not conn.get_snapshot("hybrid/nan", 40, slot)
+        after = [a for a in conn.stats().arenas if a.arena_id == arena.id][0]
+        assert after.snapshot_pages == pages_before
+        assert conn.healthy
+
+
+def test_list_snapshots_shows_the_kv_blocks_and_pages(conn):
+    # Keys only (an MLA latent), f32 values.
+    kv = statepool.KvBlocks(codec=statepool.KvCodec.flexgen4, layers=3, key_channels=96,
+                            tokens=64)
+    assert kv.value_channels == 0
+    info = conn.register_layout(_hybrid_layout("pytest-hybrid-list"))
+    arena = conn.open_arena(info, 128)
+    plain = kv.plain_bytes(statepool.DType.f32)
+    with conn.open_staging(plain) as staging, conn.allocate(arena)[0] as slot:
+        vals = np.asarray(staging.view("float32", (plain // 4,)))
+        vals[:] = np.random.default_rng(7).standard_normal(vals.size)
+        del vals
+        put = conn.put_snapshot(slot, "hybrid/list", 64, kv=kv, kv_staging=staging,
+                                kv_dtype=statepool.DType.f32)
+        plain_put = conn.put_snapshot(slot, "hybrid/plain", 64)
+        assert plain_put.kv is None and plain_put.kv_bytes == 0 and plain_put.pages == 1
+        assert repr(plain_put) == "SnapshotPut(created=True, evicted=0)"
+    entries = {e.prefix: e for e in conn.list_snapshots("hybrid/").snapshots}
+    hybrid, plain_entry = entries[b"hybrid/list"], entries[b"hybrid/plain"]
+    assert hybrid.kv == kv and hybrid.kv_bytes == put.kv_bytes == kv.encoded_bytes
+    assert hybrid.pages == put.pages > 1
+    assert plain_entry.kv is None and plain_entry.kv_bytes == 0 and plain_entry.pages == 1
+    stats = [a for a in conn.stats().arenas if a.arena_id == arena.id][0]
+    assert stats.snapshot_pages >= hybrid.pages + 1
+    assert conn.delete_snapshot("hybrid/list", 64) == 1
+    assert conn.delete_snapshot("hybrid/plain", 64) == 1
+
+
+def test_kv_arguments_are_checked_before_anything_is_sent(conn):
+    kv = statepool.KvBlocks(**KIVI2)
+    info = conn.register_layout(_hybrid_layout("pytest-hybrid-args"))
+    arena = conn.open_arena(info, 128)
+    with conn.open_staging(kv.plain_bytes(statepool.DType.bf16)) as staging, \
+            conn.allocate(arena)[0] as slot:
+        with pytest.raises(ValueError, match="kv_staging"):
+            conn.put_snapshot(slot, "hybrid/args", 1, kv)
+        with pytest.raises(ValueError, match="kv_staging without kv"):
+            conn.put_snapshot(slot, "hybrid/args", 1, kv_staging=staging)
+        with pytest.raises(ValueError, match="kv_offset"):
+            conn.get_snapshot("hybrid/args", 1, slot, kv_offset=64)
+        assert conn.list_snapshots("hybrid/args").snapshots == []
+
+        # Ill-formed blocks can be built; plain_bytes names the problem, the daemon refuses.
+        empty = statepool.KvBlocks(codec=statepool.KvCodec.bf16, layers=2, key_channels=64,
+                                   tokens=0)
+        with pytest.raises(ValueError, match="at least 1 token"):
+            empty.plain_bytes(statepool.DType.bf16)
+        with pytest.raises(ValueError, match="at least 1 token"):
+            empty.encoded_bytes
+        with pytest.raises(statepool.InvalidArgument, match="at least 1 token"):
+            conn.put_snapshot(slot, "hybrid/args", 1, empty, staging)
+        # A range that does not hold the blocks is refused too.
+        with pytest.raises(statepool.InvalidArgument, match="staging range"):
+            conn.put_snapshot(slot, "hybrid/args", 1, kv, staging, 64)
+        assert conn.list_snapshots("hybrid/args").snapshots == []
+        assert conn.healthy
+
+    blocks = statepool.KvBlocks(codec=statepool.KvCodec.fp8, layers=1, key_channels=8, tokens=2)
+    blocks.tokens = 3
+    blocks.value_channels = 8
+    assert blocks == statepool.KvBlocks(codec=statepool.KvCodec.fp8, layers=1, key_channels=8,
+                                        value_channels=8, tokens=3)
+    assert blocks != kv and blocks.encoded_bytes == 2 * 3 * 8
+    assert repr(blocks) == ("KvBlocks(codec=KvCodec.fp8, layers=1, key_channels=8, "
+                            "value_channels=8, tokens=3)")
