@@ -837,6 +837,41 @@ SnapshotGet Connection::get_snapshot(const SnapshotKey& key, ArenaId arena, Slot
       });
 }
 
+SnapshotExport Connection::export_snapshot(const SnapshotKey& key, const Staging* staging,
+                                           std::uint64_t offset, std::string_view layout_digest) {
+  return impl().call<wire::ExportSnapshot>(
+      [&](auto& b) {
+        const auto k = key_to_wire(b, key);
+        const auto digest = b.CreateString(layout_digest.data(), layout_digest.size());
+        return wire::CreateExportSnapshot(b, k, digest, staging == nullptr ? 0 : staging->id(),
+                                          offset);
+      },
+      [](const wire::ExportSnapshotReply* r) {
+        SnapshotExport out;
+        out.found = r->found();
+        out.value_bytes = r->value_bytes();
+        out.layout_digest = str(r->layout_digest());
+        out.kv = kv_of(r->kv());
+        return out;
+      });
+}
+
+SnapshotImport Connection::import_snapshot(const Staging& staging, std::uint64_t offset,
+                                           std::uint64_t bytes) {
+  return impl().call<wire::ImportSnapshot>(
+      [&](auto& b) { return wire::CreateImportSnapshot(b, staging.id(), offset, bytes); },
+      [](const wire::ImportSnapshotReply* r) {
+        SnapshotImport out;
+        out.created = r->created();
+        out.evicted = r->evicted();
+        out.arena_id = r->arena_id();
+        if (const auto* k = r->key()) out.key = SnapshotKey{bytes_of(k->prefix()), k->position()};
+        out.kv = kv_of(r->kv());
+        out.pages = r->pages();
+        return out;
+      });
+}
+
 std::uint32_t Connection::delete_snapshot(const SnapshotKey& key) {
   return impl().call<wire::DeleteSnapshot>(
       [&](auto& b) {
@@ -885,6 +920,7 @@ SnapshotList Connection::list_snapshots(std::string_view prefix, std::uint32_t l
             info.kv = kv_of(e->kv());
             info.kv_bytes = e->kv_bytes();
             info.pages = e->pages();
+            info.layout_digest = str(e->layout_digest());
             out.snapshots.push_back(std::move(info));
           }
         }

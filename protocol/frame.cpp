@@ -135,6 +135,8 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::DeleteSnapshot: return "delete_snapshot";
     case wire::RequestBody::PinSnapshot: return "pin_snapshot";
     case wire::RequestBody::ListSnapshots: return "list_snapshots";
+    case wire::RequestBody::ExportSnapshot: return "export_snapshot";
+    case wire::RequestBody::ImportSnapshot: return "import_snapshot";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

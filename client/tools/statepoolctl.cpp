@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <optional>
@@ -25,6 +26,8 @@
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/planner/planner.hpp"
+#include "statepool/support/atomic_file.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -57,9 +60,15 @@ commands:
             pin (never evicted) or unpin the snapshots of a key, under every layout
   snapshot-delete KEY POSITION
             delete the snapshots of a key, under every layout (pinned ones too)
+  snapshot-get KEY POSITION --out FILE [--layout-digest D]
+            write the key's snapshot (state page and KV blocks, checksummed) to FILE
+  snapshot-put FILE
+            publish a snapshot written by snapshot-get (on this daemon or another) into
+            --tenant's namespace; the tenant needs an arena of the snapshot's layout
   Keys are bytes: KEY and PREFIX are taken as text, or as hex digits with --hex.
   Engines publish and fetch snapshots of their own slots (put_snapshot / get_snapshot in
-  the client library, docs/client.md).
+  the client library, docs/client.md); snapshot-get/put move them through files
+  (docs/prefix-store.md, "Moving snapshots").
 
 plan and fits options (fits takes --model, --tp, --slots and --state-codec):
   --model CONFIG.json    Hugging Face config (Qwen3-Next, Qwen3.5/3.8, Kimi-Linear)
@@ -103,6 +112,8 @@ struct Args {
   statepool::client::SnapshotKey key;  ///< prefix only for `snapshots`
   std::uint64_t limit = 1000;
   bool hex = false;
+  std::string file;           ///< snapshot-get --out, snapshot-put FILE
+  std::string layout_digest;  ///< snapshot-get
   // plan
   std::string model;
   statepool::planner::PlanInputs plan;
@@ -128,7 +139,7 @@ bool takes_plan_input(const std::string& command, std::string_view name) {
 
 bool is_snapshot_command(const std::string& command) {
   return command == "snapshots" || command == "snapshot-pin" || command == "snapshot-unpin" ||
-         command == "snapshot-delete";
+         command == "snapshot-delete" || command == "snapshot-get" || command == "snapshot-put";
 }
 
 /// A KEY or PREFIX operand: its bytes as given, or decoded from hex digits.
@@ -177,6 +188,8 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
       ("count", bounded(args.count, 1, 1000000))
       ("limit", bounded(args.limit, 1, 10000))
       ("hex", po::bool_switch(&args.hex))
+      ("out", non_empty(args.file, "out", ""))
+      ("layout-digest", non_empty(args.layout_digest, "layout-digest", ""))
       ("model", non_empty(args.model, "model", ""));
   // clang-format on
   // --NAME VALUE for every planner input, read by the planner's own parser (as the
@@ -217,6 +230,11 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
       throw UsageError("--limit applies to snapshots only");
     if (args.hex && !is_snapshot_command(args.command))
       throw UsageError("--hex applies to the snapshot commands only");
+    if ((given.count("out") != 0 || given.count("layout-digest") != 0) &&
+        args.command != "snapshot-get")
+      throw UsageError("--out and --layout-digest apply to snapshot-get only");
+    if (args.command == "snapshot-get" && args.file.empty())
+      throw UsageError("snapshot-get needs --out FILE");
     auto operand = operands.begin();
     if (args.command == "install-plan") {
       if (operand == operands.end()) throw UsageError("install-plan needs a plan file");
@@ -225,6 +243,10 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
     }
     if (args.command == "snapshots" && operand != operands.end()) {
       args.key.prefix = key_bytes(*operand++, args.hex, "PREFIX");
+    } else if (args.command == "snapshot-put") {
+      if (operand == operands.end()) throw UsageError("snapshot-put needs a FILE");
+      if (operand->empty()) throw UsageError("snapshot-put: the file name is empty");
+      args.file = *operand++;
     } else if (is_snapshot_command(args.command) && args.command != "snapshots") {
       if (operands.end() - operand < 2) throw UsageError(args.command + " needs KEY and POSITION");
       args.key.prefix = key_bytes(*operand++, args.hex, "KEY");
@@ -436,6 +458,7 @@ void snapshots_command(statepool::client::Connection& conn, const Args& args) {
                                          {"age_seconds", json_number(s.age_seconds)},
                                          {"idle_seconds", json_number(s.idle_seconds)},
                                          {"pages", s.pages},
+                                         {"layout_digest", s.layout_digest},
                                          {"kv", kv_json(s)}});
     }
     const boost::json::object out{{"snapshot_namespace", list.snapshot_namespace},
@@ -466,6 +489,77 @@ void snapshots_command(statepool::client::Connection& conn, const Args& args) {
                format_fixed(s.idle_seconds, 1) + " s"});
   }
   table.print(std::cout, "  ");
+}
+
+/// The host bytes of a staging buffer; snapshot-get/put need them.
+std::span<std::byte> host_staging(const statepool::client::Staging& staging) {
+  if (staging.bytes().empty()) {
+    throw std::runtime_error(
+        "this daemon's staging buffers are device memory (cuda backend): snapshot-get and "
+        "snapshot-put need host staging, not supported there yet");
+  }
+  return staging.bytes();
+}
+
+std::string kv_text(const std::optional<statepool::kernels::KvBlocks>& kv) {
+  if (!kv) return "no KV blocks";
+  return statepool::kernels::describe(*kv);
+}
+
+/// snapshot-get: the key's snapshot as a file.
+void snapshot_get_command(statepool::client::Connection& conn, const Args& args) {
+  const std::string name =
+      printable_key(args.key.prefix) + " at position " + std::to_string(args.key.position);
+  const auto size = conn.export_snapshot(args.key, nullptr, 0, args.layout_digest);
+  if (!size) {
+    throw std::runtime_error(
+        "no snapshot of " + name +
+        (args.layout_digest.empty() ? std::string() : " for layout " + args.layout_digest) +
+        " in the pool (statepoolctl snapshots lists them)");
+  }
+  statepool::client::Staging staging = conn.open_staging(size.value_bytes);
+  const auto got = conn.export_snapshot(args.key, &staging, 0, size.layout_digest);
+  if (!got) throw std::runtime_error("the snapshot of " + name + " was deleted meanwhile");
+  statepool::support::write_file_atomic(args.file, host_staging(staging).first(got.value_bytes));
+  if (args.json) {
+    const boost::json::object out{
+        {"file", args.file},
+        {"bytes", got.value_bytes},
+        {"layout_digest", got.layout_digest},
+        {"kv", got.kv ? boost::json::value(statepool::kernels::describe(*got.kv))
+                      : boost::json::value(nullptr)}};
+    std::cout << boost::json::serialize(out) << '\n';
+    return;
+  }
+  std::cout << "snapshot of " << name << " (layout " << got.layout_digest << ", " << kv_text(got.kv)
+            << "): " << got.value_bytes << " bytes written to " << args.file << '\n';
+}
+
+/// snapshot-put: a file from snapshot-get published again.
+void snapshot_put_command(statepool::client::Connection& conn, const Args& args) {
+  // At most 64 GiB: far above any state plus its KV blocks, and a bound on a wrong file.
+  const std::string value = statepool::support::read_file(args.file, std::size_t{64} << 30);
+  if (value.empty()) throw std::runtime_error(args.file + ": empty file");
+  statepool::client::Staging staging = conn.open_staging(value.size());
+  std::memcpy(host_staging(staging).data(), value.data(), value.size());
+  const auto put = conn.import_snapshot(staging, 0, value.size());
+  const std::string name =
+      printable_key(put.key.prefix) + " at position " + std::to_string(put.key.position);
+  if (args.json) {
+    const boost::json::object out{{"key", printable_key(put.key.prefix)},
+                                  {"position", put.key.position},
+                                  {"created", put.created},
+                                  {"evicted", put.evicted},
+                                  {"arena_id", put.arena_id},
+                                  {"pages", put.pages}};
+    std::cout << boost::json::serialize(out) << '\n';
+    return;
+  }
+  std::cout << "snapshot of " << name
+            << (put.created ? " published in arena " : " already there, in arena ") << put.arena_id
+            << " (" << put.pages << " pages, " << kv_text(put.kv) << ")"
+            << (put.evicted > 0 ? ", " + std::to_string(put.evicted) + " evicted for it" : "")
+            << '\n';
 }
 
 /// snapshot-pin, snapshot-unpin, snapshot-delete.
@@ -548,6 +642,10 @@ int main(int argc, char** argv) {
       fits_command(conn, args, *report);
     } else if (args.command == "snapshots") {
       snapshots_command(conn, args);
+    } else if (args.command == "snapshot-get") {
+      snapshot_get_command(conn, args);
+    } else if (args.command == "snapshot-put") {
+      snapshot_put_command(conn, args);
     } else if (is_snapshot_command(args.command)) {
       snapshot_change_command(conn, args);
     } else {

@@ -2,14 +2,19 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
+#include "statepool/kernels/cuda/kv_kernels.hpp"
+#include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/protocol/status.hpp"
 
@@ -188,6 +193,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
     // A copy may have one end in the daemon's host memory (prefix-state snapshots moving
     // between the pool and its host and remote tiers): cudaMemcpyDefault handles that.
+    // (KV chunks may be host memory too: enqueue_kv copies them.)
     const bool host_copy = op.kind == OperationKind::copy && buffer->space == MemorySpace::host;
     if (buffer->data != nullptr && !host_copy && !can_access(buffer->space, buffer->device)) {
       throw StatusError(Status::invalid_argument,
@@ -216,10 +222,9 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
   }
 
   if (op.kind == OperationKind::kv_encode || op.kind == OperationKind::kv_decode) {
-    // The device kernels exist (kernels/cuda/kv_kernels.hpp, byte-identical to the CPU's);
-    // this executor does not launch them yet (docs/prefix-store.md, "Hybrid entries").
-    throw StatusError(Status::invalid_argument,
-                      "snapshots with KV blocks are not supported on the cuda backend yet");
+    enqueue_kv(op, launched_any);
+    check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
+    return;
   }
   const kernels::PageCodec& codec = *op.codec;
   if (op.dtype != kernels::DType::f32 && op.dtype != kernels::DType::bf16) {
@@ -267,6 +272,207 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
     launched_any = true;
   }
   check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
+}
+
+namespace {
+
+/// Stream-ordered device scratch, given back on the stream when it goes out of scope
+/// (after the work enqueued before that, whenever it completes).
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, cudaStream_t stream, OperationKind kind) : stream_(stream) {
+    check_op(cudaMallocAsync(&data_, std::max<std::size_t>(bytes, 1), stream), "cudaMallocAsync",
+             kind);
+  }
+  ~Scratch() { (void)cudaFreeAsync(data_, stream_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+/// The per-stream pointer arrays of one batched launch (one role: every layer's keys, or
+/// every layer's values), as the kernels read them from device memory.
+struct KvArrays {
+  std::vector<const void*> plain;
+  std::vector<void*> encoded;
+  std::vector<kernels::KvRole> roles;
+};
+
+}  // namespace
+
+// KV blocks: two batched launches (keys of every layer, values of every layer: the
+// kernels take one shape per launch). Rare operations (a hybrid put or get), so the
+// launcher may wait here: for a put, the finiteness scan's result is read before anything
+// is written, as the host executor guarantees.
+void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
+  cudaStream_t stream = cuda_->stream;
+  const OperationKind kind = op.kind;
+  const char* fn = to_string(kind);
+  if (!can_access(op.staged.space, op.staged.device)) {
+    throw StatusError(Status::invalid_argument, std::string("the cuda executor (device ") +
+                                                    std::to_string(device_) + ") cannot " + fn +
+                                                    " KV values in host memory");
+  }
+  if (const char* problem = kernels::kv_blocks_problem(op.kv)) {
+    throw StatusError(Status::invalid_argument, std::string(fn) + ": " + problem);
+  }
+  const std::uint64_t plain_bytes = kernels::kv_blocks_plain_bytes(op.kv, op.dtype);
+  if (plain_bytes == 0 || op.staged.size != plain_bytes) {
+    throw StatusError(Status::invalid_argument,
+                      std::string(fn) + ": " + kernels::describe(op.kv) + " in " +
+                          kernels::to_string(op.dtype) + " take " + std::to_string(plain_bytes) +
+                          " bytes, the staged range has " + std::to_string(op.staged.size));
+  }
+  const std::uintptr_t element = kernels::dtype_bytes(op.dtype);
+  if (reinterpret_cast<std::uintptr_t>(op.staged.data) % element != 0) {
+    throw StatusError(Status::invalid_argument,
+                      std::string(fn) +
+                          ": on the cuda backend KV values must start at an "
+                          "offset that is a multiple of " +
+                          std::to_string(element) + " bytes for " + kernels::to_string(op.dtype));
+  }
+  const std::uint64_t encoded_bytes = kernels::kv_blocks_encoded_bytes(op.kv);
+  std::uint64_t chunked = 0;
+  for (const kernels::BufferRef& chunk : op.chunks) {
+    if (chunk.space == MemorySpace::device && !can_access(chunk.space, chunk.device)) {
+      throw StatusError(Status::invalid_argument, std::string("the cuda executor (device ") +
+                                                      std::to_string(device_) + ") cannot " + fn +
+                                                      " memory on CUDA device " +
+                                                      std::to_string(chunk.device));
+    }
+    chunked += chunk.size;
+  }
+  if (chunked != encoded_bytes) {
+    throw StatusError(Status::invalid_argument, std::string(fn) + ": " + kernels::describe(op.kv) +
+                                                    " encode to " + std::to_string(encoded_bytes) +
+                                                    " bytes, the chunks hold " +
+                                                    std::to_string(chunked));
+  }
+
+  // The encoded blocks in one device buffer: the only chunk when it is device memory,
+  // else scratch.
+  const bool in_place = op.chunks.size() == 1 && op.chunks[0].space == MemorySpace::device;
+  std::optional<Scratch> blob;
+  if (!in_place) blob.emplace(encoded_bytes, stream, kind);
+  std::byte* encoded = in_place ? op.chunks[0].data : blob->data();
+
+  const std::vector<kernels::KvBlockStream> streams = kernels::kv_block_streams(op.kv, op.dtype);
+  std::array<KvArrays, 2> roles;  // [keys, values]
+  for (const kernels::KvBlockStream& s : streams) {
+    KvArrays& a = roles[s.stream.role == kernels::KvRole::keys ? 0 : 1];
+    a.plain.push_back(op.staged.data + s.plain_offset);
+    a.encoded.push_back(encoded + s.encoded_offset);
+    a.roles.push_back(s.stream.role);
+  }
+  // Device copies of the arrays, and the scan's results: one scratch buffer.
+  const std::size_t layers = op.kv.layers;
+  const std::size_t pointers = 2 * layers * sizeof(void*);
+  const std::size_t results = layers * sizeof(unsigned long long);
+  Scratch tables(2 * (pointers + results + layers), stream, kind);
+  std::array<std::byte*, 2> base{tables.data(), tables.data() + pointers + results + layers};
+  for (std::size_t r = 0; r < 2; ++r) {
+    const KvArrays& a = roles[r];
+    if (a.plain.empty()) continue;
+    check_op(cudaMemcpyAsync(base[r], a.plain.data(), layers * sizeof(void*),
+                             cudaMemcpyHostToDevice, stream),
+             "uploading the stream table", kind);
+    check_op(cudaMemcpyAsync(base[r] + layers * sizeof(void*), a.encoded.data(),
+                             layers * sizeof(void*), cudaMemcpyHostToDevice, stream),
+             "uploading the stream table", kind);
+    check_op(cudaMemcpyAsync(base[r] + pointers + results, a.roles.data(), layers,
+                             cudaMemcpyHostToDevice, stream),
+             "uploading the stream table", kind);
+  }
+  launched_any = true;
+  const auto view = [&](std::size_t r) {
+    return kernels::cuda::KvBatchView{op.kv.codec, op.dtype, op.kv.tokens,
+                                      r == 0 ? op.kv.key_channels : op.kv.value_channels};
+  };
+  const auto plain_of = [&](std::size_t r) {
+    return reinterpret_cast<const void* const*>(base[r]);  // NOLINT
+  };
+  const auto encoded_of = [&](std::size_t r) {
+    return reinterpret_cast<void* const*>(base[r] + layers * sizeof(void*));  // NOLINT
+  };
+  const auto first_of = [&](std::size_t r) {
+    return reinterpret_cast<unsigned long long*>(base[r] + pointers);  // NOLINT
+  };
+  const auto roles_of = [&](std::size_t r) {
+    return reinterpret_cast<const kernels::KvRole*>(base[r] + pointers + results);  // NOLINT
+  };
+  const auto count = [&](std::size_t r) {
+    return static_cast<std::uint32_t>(roles[r].plain.size());
+  };
+
+  if (kind == OperationKind::kv_encode) {
+    for (std::size_t r = 0; r < 2; ++r) {
+      if (count(r) == 0) continue;
+      check_op(kernels::cuda::kv_find_non_finite_streams(view(r), plain_of(r), count(r),
+                                                         first_of(r), stream),
+               "the non-finite scan", kind);
+    }
+    std::vector<unsigned long long> first(2 * layers, kAllFinite);
+    for (std::size_t r = 0; r < 2; ++r) {
+      if (count(r) == 0) continue;
+      check_op(cudaMemcpyAsync(first.data() + r * layers, first_of(r), results,
+                               cudaMemcpyDeviceToHost, stream),
+               "reading the scan", kind);
+    }
+    check_op(cudaStreamSynchronize(stream), "the non-finite scan", kind);
+    for (const kernels::KvBlockStream& s : streams) {  // in stream order: the first bad one
+      const std::size_t r = s.stream.role == kernels::KvRole::keys ? 0 : 1;
+      const unsigned long long bad = first[r * layers + s.layer];
+      if (bad == kAllFinite) continue;
+      float value = std::numeric_limits<float>::quiet_NaN();
+      const std::byte* at = op.staged.data + s.plain_offset + bad * element;
+      if (op.dtype == kernels::DType::f32) {
+        (void)cudaMemcpy(&value, at, 4, cudaMemcpyDeviceToHost);
+      } else {
+        std::uint16_t bits = 0;
+        if (cudaMemcpy(&bits, at, 2, cudaMemcpyDeviceToHost) == cudaSuccess) {
+          value = op.dtype == kernels::DType::bf16 ? kernels::bf16_bits_to_float(bits)
+                                                   : kernels::half_bits_to_float(bits);
+        }
+      }
+      const kernels::KvNonFiniteError error(s.stream, bad / s.stream.channels,
+                                            bad % s.stream.channels, value);
+      throw StatusError(Status::not_finite, error.what());
+    }
+    for (std::size_t r = 0; r < 2; ++r) {
+      if (count(r) == 0) continue;
+      check_op(kernels::cuda::kv_encode_streams(view(r), roles_of(r), plain_of(r), encoded_of(r),
+                                                count(r), nullptr, stream),
+               "the KV encode kernel", kind);
+    }
+    if (!in_place) {
+      std::uint64_t at = 0;
+      for (const kernels::BufferRef& chunk : op.chunks) {
+        check_op(cudaMemcpyAsync(chunk.data, encoded + at, chunk.size, cudaMemcpyDefault, stream),
+                 "copying into the chunks", kind);
+        at += chunk.size;
+      }
+    }
+    return;
+  }
+  if (!in_place) {
+    std::uint64_t at = 0;
+    for (const kernels::BufferRef& chunk : op.chunks) {
+      check_op(cudaMemcpyAsync(encoded + at, chunk.data, chunk.size, cudaMemcpyDefault, stream),
+               "gathering the chunks", kind);
+      at += chunk.size;
+    }
+  }
+  for (std::size_t r = 0; r < 2; ++r) {
+    if (count(r) == 0) continue;
+    check_op(
+        kernels::cuda::kv_decode_streams(view(r), roles_of(r), encoded_of(r),
+                                         const_cast<void* const*>(plain_of(r)), count(r), stream),
+        "the KV decode kernel", kind);
+  }
 }
 
 std::exception_ptr CudaExecutor::check_result(const Job& job, std::uint32_t slot) {

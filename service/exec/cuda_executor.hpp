@@ -9,6 +9,13 @@
 //                              copied to pinned host memory -> event
 //                  decompress  decode_page -> event
 //                  copy        cudaMemcpyAsync device to device -> event
+//                  kv_encode   kv_find_non_finite_streams, its result read at once (the
+//                              launcher waits for it: a rejected put writes nothing) ->
+//                              kv_encode_streams into stream-ordered scratch -> copies
+//                              into the chunks -> event
+//                  kv_decode   chunks gathered into scratch unless there is one device
+//                              chunk (host chunks allowed: a lower tier's value) ->
+//                              kv_decode_streams -> event
 //   completer    a thread that waits for the events in submission order (the stream is
 //                in order), reads the check's result, lets the operation's memory go and
 //                calls the completion.
@@ -72,6 +79,7 @@ class CudaExecutor final : public Executor {
   /// Enqueues `job` on the stream into ring slot `slot`; throws StatusError.
   /// `launched_any` is set once something of it is on the stream.
   void enqueue(const Job& job, std::uint32_t slot, bool& launched_any);
+  void enqueue_kv(const Operation& op, bool& launched_any);
   /// Error of a finished compress whose check found a NaN/Inf (or nullptr).
   [[nodiscard]] std::exception_ptr check_result(const Job& job, std::uint32_t slot);
   /// Releases the operation's memory, calls its completion, counts it done.

@@ -8,7 +8,7 @@
 //   data.cpp       Compress, Decompress, Copy            (on the Executor)
 //   capacity.cpp   PlanCapacity, FitsNow
 //   snapshots.cpp  PutSnapshot, GetSnapshot (copies on the Executor), DeleteSnapshot,
-//                  PinSnapshot, ListSnapshots
+//                  PinSnapshot, ListSnapshots, ExportSnapshot, ImportSnapshot
 //   dispatch.cpp   handle_request(): verified Request in, Reply (and maybe a descriptor) out
 //
 // Handlers are coroutines on the connection's strand. Anything heavy leaves the I/O
@@ -130,6 +130,8 @@ Handled handle(Call& call, const wire::GetSnapshot& request);
 Handled handle(Call& call, const wire::DeleteSnapshot& request);
 Handled handle(Call& call, const wire::PinSnapshot& request);
 Handled handle(Call& call, const wire::ListSnapshots& request);
+Handled handle(Call& call, const wire::ExportSnapshot& request);
+Handled handle(Call& call, const wire::ImportSnapshot& request);
 
 /// [offset, offset + bytes) of the connection's staging buffer `id`, and in `owner` the
 /// buffer's memory (to keep alive while an operation uses the range). not_found for an

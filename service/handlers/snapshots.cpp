@@ -88,21 +88,25 @@ boost::asio::awaitable<void> run_kv(Call& call, OperationKind kind, const kernel
 /// A published snapshot into the tiers below the pool: its page is copied into a value
 /// while the snapshot is still being written (so its page cannot go meanwhile); the
 /// checksum and the tiers' work run on a worker, the remote write later.
+/// A value framed by snapshot_value_frame, filled from a snapshot's pages (its state's
+/// page, then its KV pages into the KV area), one copy each on the Executor; not sealed.
+boost::asio::awaitable<void> fill_value(Call& call, std::string& value, const SnapshotCopy& pages,
+                                        kernels::BufferRef page) {
+  co_await copy_page(call, page, host_buffer(snapshot_value_page(value)), pages.keep_alive);
+  std::size_t at = 0;
+  const std::span<std::byte> kv_area = snapshot_value_kv(value);
+  for (const kernels::BufferRef& chunk : pages.kv_chunks) {
+    co_await copy_page(call, chunk, host_buffer(kv_area.subspan(at, chunk.size)), pages.keep_alive);
+    at += chunk.size;
+  }
+}
+
 boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
                                            const SnapshotKey& key) {
   ServerContext& s = call.server;
   SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
   auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes, put.kv));
-  co_await copy_page(call, put.copy->target, host_buffer(snapshot_value_page(*value)),
-                     put.copy->keep_alive);
-  // The KV pages into the value's KV area, one copy each.
-  std::size_t at = 0;
-  const std::span<std::byte> kv_area = snapshot_value_kv(*value);
-  for (const kernels::BufferRef& chunk : put.copy->kv_chunks) {
-    co_await copy_page(call, chunk, host_buffer(kv_area.subspan(at, chunk.size)),
-                       put.copy->keep_alive);
-    at += chunk.size;
-  }
+  co_await fill_value(call, *value, *put.copy, put.copy->target);
   const std::string tenant = call.connection.tenant;
   s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value)] {
     seal_snapshot_value(*value);
@@ -254,13 +258,130 @@ Handled handle(Call& call, const wire::ListSnapshots& in) {
     entries.push_back(wire::CreateSnapshotEntry(
         b, to_wire(b, s.key), s.layout, b.CreateString(s.layout_name), protocol::to_wire(s.codec),
         b.CreateString(s.tenant), s.arena, s.page_bytes, s.fp32_bytes, s.pinned, s.hits,
-        s.age_seconds, s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0, s.kv_bytes,
-        s.pages));
+        s.age_seconds, s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0, s.kv_bytes, s.pages,
+        b.CreateString(s.layout_digest)));
   }
   const auto space = b.CreateString(pool.snapshot_namespace(call.connection.tenant));
   call.reply<wire::ListSnapshots>(
       wire::CreateListSnapshotsReply(b, b.CreateVector(entries), more, space));
   co_return;
+}
+
+Handled handle(Call& call, const wire::ExportSnapshot& in) {
+  ServerContext& s = call.server;
+  const SnapshotKey key = key_of(in.key());
+  const std::string digest = in.layout_digest() == nullptr ? "" : in.layout_digest()->str();
+  SnapshotGet got = s.pool.export_snapshot(call.connection.tenant, key, digest);
+  auto& b = call.builder();
+  if (!got.copy) {
+    call.reply<wire::ExportSnapshot>(wire::CreateExportSnapshotReply(b, false));
+    co_return;
+  }
+  const SnapshotName name{got.space, key.prefix, key.position, got.layout_digest};
+  const std::optional<kernels::KvBlocks> kv = got.copy->kv;
+  std::uint64_t bytes = 0;
+  if (in.staging_id() == 0) {  // the size only
+    // The header (the same with or without KV blocks), the page, the blocks.
+    bytes = snapshot_value_frame(name, 0).size() + got.page_bytes +
+            (kv ? kernels::kv_blocks_encoded_bytes(*kv) : 0);
+  } else {
+    std::string value = snapshot_value_frame(name, got.page_bytes, kv);
+    bytes = value.size();
+    std::shared_ptr<const Allocation> staging;  // checked before anything is copied
+    const kernels::BufferRef range =
+        staging_range(call.connection, in.staging_id(), in.offset(), value.size(), staging);
+    co_await fill_value(call, value, *got.copy, got.copy->source);
+    got.copy->done();  // the snapshot's pages are read
+    co_await async_run(
+        s.workers, [&] { seal_snapshot_value(value); }, boost::asio::use_awaitable);
+    std::vector<std::shared_ptr<const Allocation>> keep{staging};
+    co_await copy_page(call,
+                       host_buffer({reinterpret_cast<std::byte*>(value.data()), value.size()}),
+                       range, std::move(keep));
+  }
+  auto& out = call.builder();
+  const auto digest_text = out.CreateString(got.layout_digest);
+  const auto kv_table = kv ? protocol::to_wire(out, *kv) : 0;
+  call.reply<wire::ExportSnapshot>(
+      wire::CreateExportSnapshotReply(out, true, bytes, digest_text, kv_table));
+}
+
+namespace {
+
+/// The bytes of a staging range in host memory, copied on the Executor.
+boost::asio::awaitable<std::shared_ptr<std::string>> read_staging(
+    Call& call, kernels::BufferRef range, std::shared_ptr<const Allocation> staging) {
+  auto value = std::make_shared<std::string>(range.size, '\0');
+  std::vector<std::shared_ptr<const Allocation>> keep{std::move(staging)};
+  co_await copy_page(call, range,
+                     host_buffer({reinterpret_cast<std::byte*>(value->data()), value->size()}),
+                     std::move(keep));
+  co_return value;
+}
+
+/// An imported value's page and KV blocks into the pages of `copy`, on the Executor.
+boost::asio::awaitable<void> place_value(Call& call, const SnapshotCopy& copy,
+                                         const SnapshotValueView& view) {
+  const auto mutable_bytes = [](std::span<const std::byte> bytes) {
+    return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
+  };
+  co_await copy_page(call, mutable_bytes(view.page), copy.target, copy.keep_alive);
+  std::size_t at = 0;
+  for (const kernels::BufferRef& chunk : copy.kv_chunks) {
+    co_await copy_page(call, mutable_bytes(view.kv_bytes.subspan(at, chunk.size)), chunk,
+                       copy.keep_alive);
+    at += chunk.size;
+  }
+}
+
+}  // namespace
+
+Handled handle(Call& call, const wire::ImportSnapshot& in) {
+  ServerContext& s = call.server;
+  STATEPOOL_EXPECTS(in.bytes() > 0, Status::invalid_argument, "import of an empty value");
+  std::shared_ptr<const Allocation> staging;
+  const kernels::BufferRef range =
+      staging_range(call.connection, in.staging_id(), in.offset(), in.bytes(), staging);
+  const std::shared_ptr<std::string> value = co_await read_staging(call, range, staging);
+  // Checked whole (the CRC over every byte) on a worker.
+  std::optional<SnapshotValueHeader> header;
+  std::optional<SnapshotValueView> view;
+  std::string why;
+  co_await async_run(
+      s.workers,
+      [&] {
+        header = peek_snapshot_value(*value, why);
+        if (header) view = decode_snapshot_value(*value, header->name, header->page_bytes, why);
+      },
+      boost::asio::use_awaitable);
+  STATEPOOL_EXPECTS(view.has_value(), Status::invalid_argument,
+                    "not a snapshot value statepool can import: " + why);
+  const SnapshotKey key{header->name.prefix, header->name.position};
+  SnapshotPut put =
+      s.pool.import_snapshot(call.connection.tenant, header->name.layout_digest, key, view->kv);
+  STATEPOOL_EXPECTS(!put.copy || put.page_bytes == view->page.size(), Status::invalid_argument,
+                    cat("the value's page is ", view->page.size(),
+                        " bytes, the arena's layout has ", put.page_bytes));
+  if (put.copy) {  // an error below forgets the snapshot
+    co_await place_value(call, *put.copy, *view);
+    if (s.tiers != nullptr && s.tiers->enabled()) {
+      // Into the tiers under the caller's namespace (the value may come from another).
+      SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
+      s.workers.post([tiers = s.tiers, name = std::move(name), tenant = call.connection.tenant,
+                      value, view = *view] {
+        tiers->publish(name, tenant,
+                       std::make_shared<std::string>(
+                           encode_snapshot_value(name, view.page, view.kv, view.kv_bytes)));
+        (void)value;  // captured: the spans of `view` point into it
+      });
+    }
+    put.copy->done();
+  }
+  auto& b = call.builder();
+  const auto k = to_wire(b, key);
+  const auto kv_table = put.kv ? protocol::to_wire(b, *put.kv) : 0;
+  call.reply<wire::ImportSnapshot>(wire::CreateImportSnapshotReply(
+      b, put.created, put.evicted, put.arena, k, kv_table, put.pages));
 }
 
 }  // namespace statepool::service

@@ -163,6 +163,7 @@ struct SnapshotInfo {
   std::optional<kernels::KvBlocks> kv;  ///< hybrid entries: the attention KV blocks
   std::uint64_t kv_bytes = 0;           ///< their encoded bytes (in kv_pages more pages)
   std::uint32_t pages = 1;              ///< pages of the arena it holds
+  std::string layout_digest;            ///< kernels::layout_digest of its layout
 };
 
 class Pool;
@@ -203,6 +204,7 @@ class SnapshotCopy {
 struct SnapshotPut {
   bool created = false;       ///< false: the key had a snapshot for this layout already
   std::uint32_t evicted = 0;  ///< snapshots evicted to make room for this one
+  ArenaId arena = 0;          ///< the arena that holds (or would hold) the key's entry
   std::size_t page_bytes = 0;
   std::string space;                 ///< the namespace, and the arena's layout digest: the
   std::string layout_digest;         ///< snapshot's name in lower tiers
@@ -356,6 +358,20 @@ class Pool {
   /// as it is (created = false, no copy), KV blocks or not.
   SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key,
                            const std::optional<kernels::KvBlocks>& kv = std::nullopt);
+  /// Publishes a snapshot whose bytes the caller holds (an imported value: statepoolctl
+  /// snapshot-put): as put_snapshot, into the tenant's first arena of the layout whose
+  /// kernels::layout_digest is `layout_digest` with room for it (else the first one, which
+  /// evicts), with copy->target and copy->kv_chunks for the caller to fill and no source.
+  /// not_found when the tenant has no arena of that layout.
+  SnapshotPut import_snapshot(std::string_view tenant, std::string_view layout_digest,
+                              const SnapshotKey& key,
+                              const std::optional<kernels::KvBlocks>& kv = std::nullopt);
+  /// Reads the key's snapshot out (statepoolctl snapshot-get): the entry under the layout
+  /// whose digest is `layout_digest` (empty: the first in layout order) as copy->source
+  /// and copy->kv_chunks, no target; hit = false (no copy) when there is none. Not counted
+  /// in the tenant's hits and misses (an operator's read, not an engine's lookup).
+  SnapshotGet export_snapshot(std::string_view tenant, const SnapshotKey& key,
+                              std::string_view layout_digest);
   /// Looks the key up for the layout of the arena of `slot` (a slot the lease owns); a
   /// hit returns the copy of the snapshot's page into the slot's page. A miss is no error;
   /// it is counted unless `lower_tiers` (the caller asks the tiers below and reports the
@@ -420,8 +436,14 @@ class Pool {
   void free_snapshot_pages(const std::optional<Snapshot>& gone) noexcept;
   /// Evicts the entries (idle: erase() frees at once) and frees their pages.
   void evict(std::span<const SnapshotId> victims) noexcept;
-  [[nodiscard]] SnapshotCopy snapshot_copy(const Snapshot& s, const Arena& other, SlotId slot,
+  /// `other` null: only the snapshot's side is set (import, export).
+  [[nodiscard]] SnapshotCopy snapshot_copy(const Snapshot& s, const Arena* other, SlotId slot,
                                            bool write);
+  /// put_snapshot and import_snapshot after their checks: `source` (a slot of `arena`) or
+  /// null for bytes the caller holds.
+  SnapshotPut publish(std::size_t tenant, Arena& arena, const SlotId* source,
+                      const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
+                      Clock::time_point now);
   [[nodiscard]] std::vector<std::string> check_snapshots() const;
   // SnapshotCopy's ends.
   friend class SnapshotCopy;

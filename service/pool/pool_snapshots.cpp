@@ -81,11 +81,11 @@ void Pool::evict(std::span<const SnapshotId> victims) noexcept {
   }
 }
 
-SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena& other, SlotId slot, bool write) {
+SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena* other, SlotId slot, bool write) {
   const Arena& home = arenas_.get(s.arena);
   SnapshotCopy copy(s.id, write);  // unarmed: the caller arms it once nothing can fail
   const kernels::BufferRef snapshot = home.page(s.slot);
-  const kernels::BufferRef page = other.page(slot);
+  const kernels::BufferRef page = other != nullptr ? other->page(slot) : kernels::BufferRef{};
   copy.source = write ? page : snapshot;
   copy.target = write ? snapshot : page;
   if (s.kv) {
@@ -98,7 +98,8 @@ SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena& other, SlotId s
       copy.kv_chunks.push_back(chunk);
     }
   }
-  copy.keep_alive = {home.memory, other.memory};
+  copy.keep_alive = {home.memory};
+  if (other != nullptr) copy.keep_alive.push_back(other->memory);
   return copy;
 }
 
@@ -123,24 +124,69 @@ const std::string& Pool::snapshot_namespace(std::string_view tenant) const {
   return spaces_[tenants_[tenant_index(tenant)].space];
 }
 
+namespace {
+
+/// Encoded bytes of well-formed KV blocks (invalid_argument otherwise); 0 without.
+std::uint64_t expect_kv(const std::optional<kernels::KvBlocks>& kv) {
+  if (!kv) return 0;
+  const char* problem = kernels::kv_blocks_problem(*kv);
+  STATEPOOL_EXPECTS(problem == nullptr, Status::invalid_argument,
+                    std::string("the snapshot's KV blocks: ") + (problem ? problem : ""));
+  return kernels::kv_blocks_encoded_bytes(*kv);
+}
+
+}  // namespace
+
 SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
                                const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv) {
   expect_key(key);
-  std::uint64_t kv_bytes = 0;
-  if (kv) {
-    const char* problem = kernels::kv_blocks_problem(*kv);
-    STATEPOOL_EXPECTS(problem == nullptr, Status::invalid_argument,
-                      std::string("the snapshot's KV blocks: ") + (problem ? problem : ""));
-    kv_bytes = kernels::kv_blocks_encoded_bytes(*kv);
-  }
+  (void)expect_kv(kv);
   const Clock::time_point now = Clock::now();
   const std::lock_guard lock(mutex_);
   const Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);
   expect_owned(lease, arena, slot);
-  Tenant& tenant = tenants_[lease.tenant];
+  return publish(lease.tenant, arena, &slot, key, kv, now);
+}
+
+SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view layout_digest,
+                                  const SnapshotKey& key,
+                                  const std::optional<kernels::KvBlocks>& kv) {
+  expect_key(key);
+  const std::uint64_t kv_bytes = expect_kv(kv);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard lock(mutex_);
+  // The tenant's arenas of the layout: the first with room, else the first (which evicts).
+  Arena* chosen = nullptr;
+  for (const auto& arena : arenas_.all()) {
+    if (arena->tenant != tenant || arena->layout_digest != layout_digest || !arena->memory)
+      continue;
+    const std::uint64_t page_bytes = arena->codec->page_bytes();
+    const std::uint64_t needed = 1 + (kv_bytes + page_bytes - 1) / page_bytes;
+    if (chosen == nullptr) chosen = arena.get();
+    if (arena->slots.available() >= needed) {
+      chosen = arena.get();
+      break;
+    }
+  }
+  STATEPOOL_EXPECTS(chosen != nullptr, Status::not_found,
+                    "tenant '" + tenants_[tenant].config->name +
+                        "' has no arena of the snapshot's layout (digest " +
+                        std::string(layout_digest) +
+                        "): an engine of the model must open one before its snapshots can "
+                        "be put");
+  return publish(tenant, *chosen, nullptr, key, kv, now);
+}
+
+SnapshotPut Pool::publish(std::size_t tenant_index, Arena& arena, const SlotId* source,
+                          const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
+                          Clock::time_point now) {
+  const std::uint64_t kv_bytes = expect_kv(kv);
+  Tenant& tenant = tenants_[tenant_index];
   const std::size_t page_bytes = arena.codec->page_bytes();
   SnapshotPut out;
+  out.arena = arena.id;
   out.page_bytes = page_bytes;
   out.space = spaces_[tenant.space];
   out.layout_digest = arena.layout_digest;
@@ -184,14 +230,15 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
     entry.prefix = key.prefix;
     entry.position = key.position;
     entry.layout = arena.layout;
-    entry.tenant = lease.tenant;
+    entry.tenant = tenant_index;
     entry.arena = arena.id;
     entry.slot = pages[0];
     entry.kv = kv;
     entry.kv_pages.assign(pages.begin() + 1, pages.end());
     const Snapshot& s = snapshots_.put(std::move(entry), now);
     try {
-      out.copy.emplace(snapshot_copy(s, arena, slot, true));
+      out.copy.emplace(snapshot_copy(s, source != nullptr ? &arena : nullptr,
+                                     source != nullptr ? *source : 0, true));
     } catch (...) {
       snapshots_.abort(s.id);
       throw;
@@ -229,11 +276,35 @@ SnapshotGet Pool::get_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
         snapshots_.with_key(tenant.space, key.prefix, key.position).size());
     return out;
   }
-  out.copy.emplace(snapshot_copy(*s, arena, slot, false));
+  out.copy.emplace(snapshot_copy(*s, &arena, slot, false));
   (void)snapshots_.acquire(s->id, now);
   out.copy->pool_ = this;  // armed: its end releases the read
   out.hit = true;
   ++tenant.hits;
+  return out;
+}
+
+SnapshotGet Pool::export_snapshot(std::string_view tenant_name, const SnapshotKey& key,
+                                  std::string_view layout_digest) {
+  expect_key(key);
+  const std::size_t tenant = tenant_index(tenant_name);
+  const Clock::time_point now = Clock::now();
+  const std::lock_guard lock(mutex_);
+  Tenant& t = tenants_[tenant];
+  SnapshotGet out;
+  out.space = spaces_[t.space];
+  for (const SnapshotId id : snapshots_.with_key(t.space, key.prefix, key.position)) {
+    const Snapshot& s = *snapshots_.get(id);
+    const Arena& arena = arenas_.get(s.arena);
+    if (!layout_digest.empty() && arena.layout_digest != layout_digest) continue;
+    out.page_bytes = arena.codec->page_bytes();
+    out.layout_digest = arena.layout_digest;
+    out.copy.emplace(snapshot_copy(s, nullptr, 0, false));
+    (void)snapshots_.acquire(s.id, now);
+    out.copy->pool_ = this;  // armed: its end releases the read
+    out.hit = true;
+    return out;
+  }
   return out;
 }
 
@@ -322,6 +393,7 @@ std::vector<SnapshotInfo> Pool::list_snapshots(std::string_view tenant_name, std
     info.kv = s.kv;
     info.kv_bytes = s.kv ? kernels::kv_blocks_encoded_bytes(*s.kv) : 0;
     info.pages = static_cast<std::uint32_t>(s.pages());
+    info.layout_digest = arena.layout_digest;
     out.push_back(std::move(info));
   }
   return out;

@@ -213,6 +213,30 @@ std::optional<SnapshotValueView> decode_snapshot_value(std::string_view value,
                            std::span<const std::byte>(data + page, kv_bytes)};
 }
 
+std::optional<SnapshotValueHeader> peek_snapshot_value(std::string_view value, std::string& why) {
+  if (value.size() < kVersionOffset + 2 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0) {
+    why = "not a snapshot value (" + std::to_string(value.size()) + " bytes)";
+    return std::nullopt;
+  }
+  if (const std::uint64_t version = get_le(value, kVersionOffset, 2); version != kVersion) {
+    why = "snapshot value format version " + std::to_string(version) + ", this daemon reads " +
+          std::to_string(kVersion);
+    return std::nullopt;
+  }
+  if (value.size() < kFixedBytes || header_bytes(value) > value.size()) {
+    why = "truncated: " + std::to_string(value.size()) + " bytes, shorter than its header";
+    return std::nullopt;
+  }
+  SnapshotValueHeader out;
+  const std::size_t space = get_le(value, 10, 2);
+  out.name.space.assign(value.data() + kFixedBytes, space);
+  out.name.prefix.assign(value.data() + kFixedBytes + space, get_le(value, 12, 2));
+  out.name.position = get_le(value, 20, 8);
+  out.name.layout_digest.assign(value.data() + kDigestOffset, kDigestBytes);
+  out.page_bytes = get_le(value, kPageBytesOffset, 8);
+  return out;
+}
+
 std::string remote_key(const SnapshotName& name) {
   std::string key = "statepool:snap:2:" + name.space + ":" + name.layout_digest + ":" +
                     std::to_string(name.position) + ":";

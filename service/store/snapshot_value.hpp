@@ -93,6 +93,18 @@ struct SnapshotValueView {
                                                                      std::string& why,
                                                                      bool check_crc = true);
 
+/// What a value says it is, read from its header alone (nothing checked beyond the magic,
+/// the version and that the header is there): the name and page size to hand to
+/// decode_snapshot_value, which checks the rest. For values whose name the reader does
+/// not know beforehand (a file statepoolctl snapshot-put sends). nullopt and `why` when
+/// the bytes are no version-2 value.
+struct SnapshotValueHeader {
+  SnapshotName name;
+  std::uint64_t page_bytes = 0;
+};
+[[nodiscard]] std::optional<SnapshotValueHeader> peek_snapshot_value(std::string_view value,
+                                                                     std::string& why);
+
 /// The key of a snapshot in a remote store:
 /// "statepool:snap:2:<namespace>:<layout digest>:<position>:<prefix as hex>" (the format
 /// version is part of it). Without a Redis Cluster hash tag, so that snapshots spread

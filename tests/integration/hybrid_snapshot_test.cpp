@@ -21,6 +21,8 @@
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/kv.hpp"
+#include "statepool/support/atomic_file.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/redis_server.hpp"
 #include "statepoolctl_run.hpp"
@@ -198,6 +200,7 @@ TEST(HybridSnapshots, KvBlocksOfEveryCodecTravelWithTheStateToAnotherEngine) {
   EXPECT_EQ(row.at("kv").at("bytes").to_number<std::uint64_t>(),
             kernels::kv_blocks_encoded_bytes(blocks(kernels::KvCodecId::flexgen4, 300)));
   EXPECT_GT(row.at("pages").to_number<std::uint32_t>(), 1u);
+  EXPECT_EQ(row.at("layout_digest").as_string().size(), 16u);
 
   const client::SnapshotList list = publisher.conn.list_snapshots("chat/", 0);
   ASSERT_EQ(list.snapshots.size(), 5u);
@@ -343,4 +346,78 @@ TEST(HybridSnapshots, ASecondDaemonServesTheKvBlocksThroughRedis) {
   EXPECT_LT(bytes, payload + 512);
   EXPECT_EQ(first.stop(SIGTERM, 10s), 0);
   EXPECT_EQ(second.stop(SIGTERM, 10s), 0);
+}
+
+// statepoolctl snapshot-get / snapshot-put: a hybrid snapshot out of one daemon into a
+// file and into another daemon, byte for byte; a corrupted file, a missing key and a
+// tenant without an arena of the layout are clear errors that publish nothing.
+TEST(HybridSnapshots, StatepoolctlMovesASnapshotThroughAFileToAnotherDaemon) {
+  DaemonProcess first({}, true);
+  DaemonProcess second({}, true);
+  const kernels::KvBlocks b = blocks(kernels::KvCodecId::flexgen4, 160);
+  const std::size_t room = kernels::kv_blocks_plain_bytes(b, kernels::DType::f32);
+  Engine a(first.socket_path(), 64, room);
+  Engine c(second.socket_path(), 64, room);
+  a.park(31);
+  const std::vector<std::byte> state = a.page();
+  const std::vector<std::byte> kv = a.stage_kv(b, 31);
+  const client::SnapshotKey key{"chat/system-v4", 160};
+  ASSERT_TRUE(
+      a.conn.put_snapshot(a.slot[0], key, client::SnapshotKv{b, a.kv_at(kernels::DType::bf16)})
+          .created);
+
+  using statepool::testing::statepoolctl;
+  const std::string file = ::testing::TempDir() + "/system-v4.snap";
+  const auto got = statepoolctl("--socket " + first.socket_path() +
+                                " snapshot-get chat/system-v4 160 --out " + file);
+  ASSERT_EQ(got.code, 0) << got.output;
+  EXPECT_NE(got.output.find("bytes written to " + file), std::string::npos) << got.output;
+  EXPECT_NE(got.output.find("flexgen4 KV blocks"), std::string::npos) << got.output;
+  const std::string value = statepool::support::read_file(file, std::size_t{1} << 30);
+  EXPECT_EQ(value.size(), 80 + std::string("default").size() + key.prefix.size() +
+                              a.info.page_bytes + kernels::kv_blocks_encoded_bytes(b));
+
+  const std::string ctl2 = "--socket " + second.socket_path() + " ";
+  const auto put = statepoolctl(ctl2 + "snapshot-put " + file);
+  ASSERT_EQ(put.code, 0) << put.output;
+  EXPECT_NE(put.output.find("published in arena 1"), std::string::npos) << put.output;
+  const client::SnapshotGet hit = c.conn.get_snapshot(key, c.slot[0], c.kv_at(kernels::DType::f32));
+  ASSERT_TRUE(hit.hit);
+  EXPECT_TRUE(hit.kv_delivered);
+  EXPECT_EQ(c.page(), state);
+  EXPECT_EQ(c.kv_in_staging(room), reference(b, kv, kernels::DType::f32));
+  const auto again = statepoolctl(ctl2 + "snapshot-put --json " + file);
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_EQ(boost::json::parse(again.output).at("created").as_bool(), false);
+
+  // One flipped byte in the KV blocks: refused by the checksum, nothing changes.
+  std::string bad = value;
+  bad[bad.size() - 100] = static_cast<char>(bad[bad.size() - 100] ^ 0x10);
+  const std::string bad_file = ::testing::TempDir() + "/bad.snap";
+  statepool::support::write_file_atomic(bad_file, std::as_bytes(std::span(bad)));
+  ASSERT_EQ(c.conn.delete_snapshot(key), 1u);
+  const auto refused = statepoolctl(ctl2 + "snapshot-put " + bad_file);
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.output.find("checksum mismatch"), std::string::npos) << refused.output;
+  EXPECT_EQ(stats_of(c.conn).snapshots, 0u);
+  // Not a snapshot at all; a missing key; a daemon whose tenant has no arena of the layout.
+  const auto junk = statepoolctl(ctl2 + "snapshot-put " + STATEPOOLCTL_PATH);
+  EXPECT_NE(junk.code, 0);
+  EXPECT_NE(junk.output.find("not a snapshot value"), std::string::npos) << junk.output;
+  const auto missing = statepoolctl("--socket " + first.socket_path() +
+                                    " snapshot-get chat/other 160 --out " + file);
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.output.find("no snapshot of chat/other at position 160"), std::string::npos)
+      << missing.output;
+  DaemonProcess third({}, true);  // no engine there: no arena of the layout
+  const auto no_arena = statepoolctl("--socket " + third.socket_path() + " snapshot-put " + file);
+  EXPECT_NE(no_arena.code, 0);
+  EXPECT_NE(no_arena.output.find("no arena of the snapshot's layout"), std::string::npos)
+      << no_arena.output;
+  // Usage errors.
+  EXPECT_EQ(statepoolctl(ctl2 + "snapshot-get chat/system-v4 160").code, 2);
+  EXPECT_EQ(statepoolctl(ctl2 + "snapshots --out x").code, 2);
+  EXPECT_EQ(first.stop(SIGTERM, 10s), 0);
+  EXPECT_EQ(second.stop(SIGTERM, 10s), 0);
+  EXPECT_EQ(third.stop(SIGTERM, 10s), 0);
 }

@@ -322,6 +322,21 @@ Fields request_fields(const wire::Request& r) {
       f["limit"] = std::to_string(b->limit());
       break;
     }
+    case B::ExportSnapshot: {
+      const auto* b = r.body_as_ExportSnapshot();
+      put_snapshot_key(f, b->key());
+      f["layout_digest"] = text(b->layout_digest());
+      f["staging_id"] = std::to_string(b->staging_id());
+      f["offset"] = std::to_string(b->offset());
+      break;
+    }
+    case B::ImportSnapshot: {
+      const auto* b = r.body_as_ImportSnapshot();
+      f["staging_id"] = std::to_string(b->staging_id());
+      f["offset"] = std::to_string(b->offset());
+      f["bytes"] = std::to_string(b->bytes());
+      break;
+    }
     case B::Stats:
     case B::Ping:
     case B::Drain:
@@ -458,6 +473,18 @@ Fields reply_fields(const wire::Reply& r) {
           std::to_string(b->snapshots() == nullptr ? 0 : b->snapshots()->size());
       f["truncated"] = boolean(b->truncated());
       f["snapshot_namespace"] = text(b->snapshot_namespace());
+      break;
+    }
+    case B::ExportSnapshotReply: {
+      const auto* b = r.body_as_ExportSnapshotReply();
+      f["found"] = boolean(b->found());
+      f["value_bytes"] = std::to_string(b->value_bytes());
+      break;
+    }
+    case B::ImportSnapshotReply: {
+      const auto* b = r.body_as_ImportSnapshotReply();
+      f["created"] = boolean(b->created());
+      f["arena_id"] = std::to_string(b->arena_id());
       break;
     }
     case B::CloseStagingReply:

@@ -469,6 +469,46 @@ TEST_F(PoolSnapshots, AHybridPutWhoseCopyFailsFreesEveryPage) {
   EXPECT_FALSE(fetch(key("lost"), src).hit);
 }
 
+// Import and export (statepoolctl snapshot-put / snapshot-get): by layout digest, with
+// only the snapshot's side of the copy, and no lookup counted.
+TEST_F(PoolSnapshots, ImportPublishesIntoTheArenaOfTheLayoutAndExportReadsOut) {
+  const SlotId src = slot(lease_, arena_, 0x3C);
+  const std::size_t page = pool_->page(lease_, arena_.id, src).bytes.size();
+  const std::string digest =
+      kernels::layout_digest(pool_->page(lease_, arena_.id, src).codec->layout());
+  SnapshotPut put = pool_->import_snapshot("alice", digest, key("imported"), kv_of_bytes(page));
+  ASSERT_TRUE(put.copy);
+  EXPECT_EQ(put.arena, arena_.id);
+  EXPECT_EQ(put.copy->source.data, nullptr);
+  ASSERT_EQ(put.copy->kv_chunks.size(), 1u);
+  std::memset(put.copy->target.data, 0x5E, put.copy->target.size);
+  std::memset(put.copy->kv_chunks[0].data, 0x6F, put.copy->kv_chunks[0].size);
+  put.copy->done();
+  EXPECT_TRUE(fetch(key("imported"), src).hit);
+  EXPECT_EQ(first_byte(lease_, arena_, src), 0x5E);
+  EXPECT_FALSE(pool_->import_snapshot("alice", digest, key("imported")).created);
+
+  const std::uint64_t hits = usage("alice").snapshot_hits;
+  SnapshotGet out = pool_->export_snapshot("alice", key("imported"), "");
+  ASSERT_TRUE(out.copy);
+  EXPECT_EQ(out.layout_digest, digest);
+  EXPECT_EQ(out.copy->target.data, nullptr);
+  EXPECT_EQ(static_cast<int>(out.copy->source.data[0]), 0x5E);
+  EXPECT_EQ(static_cast<int>(out.copy->kv_chunks.at(0).data[0]), 0x6F);
+  out.copy->done();
+  EXPECT_EQ(usage("alice").snapshot_hits, hits);  // an operator's read, not a lookup
+  EXPECT_FALSE(pool_->export_snapshot("alice", key("imported"), "0000000000000000").hit);
+  EXPECT_FALSE(pool_->export_snapshot("alice", key("absent"), "").hit);
+
+  // No arena of the layout: not_found, nothing published.
+  const std::string msg = expect_status(Status::not_found, [&] {
+    (void)pool_->import_snapshot("alice", "0000000000000000", key("elsewhere"));
+  });
+  EXPECT_NE(msg.find("no arena of the snapshot's layout"), std::string::npos) << msg;
+  expect_status(Status::not_found,
+                [&] { (void)pool_->import_snapshot("bob", digest, key("bob's")); });
+}
+
 TEST_F(PoolSnapshots, BadKeysAreRefusedAndChangeNothing) {
   const SlotId src = slot(lease_, arena_, 0x01);
   const PoolStats before = pool_->stats();

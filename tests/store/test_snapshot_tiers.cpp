@@ -142,6 +142,32 @@ TEST(SnapshotValue, AVersionOneValueIsRefused) {
   EXPECT_EQ(refused(v1, n, 100), "snapshot value format version 1, this daemon reads 2");
 }
 
+// A value's own header names it, for a reader that does not know it (an imported file).
+TEST(SnapshotValue, PeekReadsTheNameAndPageSizeFromTheHeader) {
+  const SnapshotName n = name(std::string("\x00\xff chat", 7), 4096, "fedcba9876543210");
+  const std::vector<std::byte> p = page(300, 5);
+  const kernels::KvBlocks kv = kv_blocks();
+  const std::string value = encode_snapshot_value(n, p, kv, kv_bytes_of(kv));
+  std::string why;
+  const auto header = peek_snapshot_value(value, why);
+  ASSERT_TRUE(header) << why;
+  EXPECT_EQ(header->name.space, n.space);
+  EXPECT_EQ(header->name.prefix, n.prefix);
+  EXPECT_EQ(header->name.position, 4096u);
+  EXPECT_EQ(header->name.layout_digest, n.layout_digest);
+  EXPECT_EQ(header->page_bytes, 300u);
+  EXPECT_TRUE(decode_snapshot_value(value, header->name, header->page_bytes, why)) << why;
+
+  EXPECT_FALSE(peek_snapshot_value("hello", why));
+  EXPECT_NE(why.find("not a snapshot value"), std::string::npos) << why;
+  EXPECT_FALSE(peek_snapshot_value(value.substr(0, 60), why));
+  EXPECT_NE(why.find("truncated"), std::string::npos) << why;
+  std::string v1 = value;
+  v1[8] = 1;
+  EXPECT_FALSE(peek_snapshot_value(v1, why));
+  EXPECT_NE(why.find("format version 1"), std::string::npos) << why;
+}
+
 TEST(SnapshotValue, CarriesKvBlocksBesideThePage) {
   const SnapshotName n = name("hybrid");
   const std::vector<std::byte> p = page(700, 9);

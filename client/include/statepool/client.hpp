@@ -321,6 +321,26 @@ struct SnapshotInfo {
   std::optional<kernels::KvBlocks> kv;  ///< a hybrid entry's KV blocks
   std::uint64_t kv_bytes = 0;           ///< their encoded bytes
   std::uint32_t pages = 1;              ///< pages of the arena it holds
+  std::string layout_digest;            ///< names the layout across daemons
+};
+
+/// What export_snapshot found (docs/prefix-store.md, "Moving snapshots").
+struct SnapshotExport {
+  bool found = false;
+  std::uint64_t value_bytes = 0;  ///< the value's size (written, or needed)
+  std::string layout_digest;      ///< the entry's
+  std::optional<kernels::KvBlocks> kv;
+  explicit operator bool() const noexcept { return found; }
+};
+
+/// What import_snapshot did.
+struct SnapshotImport {
+  bool created = false;  ///< false: the key had an entry for this layout already
+  std::uint32_t evicted = 0;
+  ArenaId arena_id = 0;  ///< the caller's tenant's arena that holds it
+  SnapshotKey key;
+  std::optional<kernels::KvBlocks> kv;
+  std::uint32_t pages = 1;
 };
 
 struct SnapshotList {
@@ -654,6 +674,17 @@ class Connection {
                            const std::optional<KvStaging>& kv = std::nullopt);
   SnapshotGet get_snapshot(const SnapshotKey& key, ArenaId arena, SlotId slot,
                            const std::optional<KvStaging>& kv = std::nullopt);
+  /// Writes the key's snapshot (under the layout of `layout_digest`; empty: the first)
+  /// into `staging` at `offset` as one self-checking value (header, page, KV blocks,
+  /// CRC-32: the tiers' format), for a file or another daemon. With `staging` null, only
+  /// the size: found and value_bytes. Error(invalid_argument) when the range is too small.
+  SnapshotExport export_snapshot(const SnapshotKey& key, const Staging* staging,
+                                 std::uint64_t offset = 0, std::string_view layout_digest = {});
+  /// Publishes a value made by export_snapshot (here or on another daemon), `bytes` bytes
+  /// of `staging` at `offset`, into this tenant's namespace and its arena of the value's
+  /// layout. Error(invalid_argument) for a value that is corrupt, truncated or of another
+  /// format; Error(not_found) when the tenant has no arena of that layout.
+  SnapshotImport import_snapshot(const Staging& staging, std::uint64_t offset, std::uint64_t bytes);
   /// Deletes the key's snapshots (every layout, pinned ones too). Returns how many.
   std::uint32_t delete_snapshot(const SnapshotKey& key);
   /// Pins (never evicted) or unpins the key's snapshots. Returns how many changed.

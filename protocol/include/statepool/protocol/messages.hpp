@@ -41,6 +41,8 @@ STATEPOOL_PAIR(GetSnapshot)
 STATEPOOL_PAIR(DeleteSnapshot)
 STATEPOOL_PAIR(PinSnapshot)
 STATEPOOL_PAIR(ListSnapshots)
+STATEPOOL_PAIR(ExportSnapshot)
+STATEPOOL_PAIR(ImportSnapshot)
 #undef STATEPOOL_PAIR
 
 template <class Request>
@@ -54,8 +56,8 @@ inline constexpr wire::ReplyBody kReplyType = wire::ReplyBodyTraits<Reply>::enum
 // The two unions list the same messages in the same order, so every request's value is
 // its reply's value; a union member added to one and not the other fails here.
 static_assert(static_cast<int>(wire::RequestBody::MAX) == static_cast<int>(wire::ReplyBody::MAX));
-static_assert(static_cast<int>(kRequestType<wire::ListSnapshots>) ==
-              static_cast<int>(kReplyType<ReplyFor<wire::ListSnapshots>>));
+static_assert(static_cast<int>(kRequestType<wire::ImportSnapshot>) ==
+              static_cast<int>(kReplyType<ReplyFor<wire::ImportSnapshot>>));
 
 /// Calls f.template operator()<Request>() for every request table, in union order.
 template <class F>
@@ -81,6 +83,8 @@ constexpr void for_each_request(F&& f) {
   f.template operator()<wire::DeleteSnapshot>();
   f.template operator()<wire::PinSnapshot>();
   f.template operator()<wire::ListSnapshots>();
+  f.template operator()<wire::ExportSnapshot>();
+  f.template operator()<wire::ImportSnapshot>();
 }
 
 }  // namespace statepool::protocol
