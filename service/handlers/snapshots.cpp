@@ -1,6 +1,7 @@
-// PutSnapshot, GetSnapshot (the page copies on the Executor, the tiers below the pool on a
-// worker; replied to when they are done), DeleteSnapshot, PinSnapshot, ListSnapshots (the
-// pool's tables only: inline). docs/prefix-store.md.
+// PutSnapshot, GetSnapshot (the page copies and KV codecs on the Executor, the tiers below
+// the pool on a worker; replied to when they are done), DeleteSnapshot, PinSnapshot,
+// ListSnapshots (the pool's tables only: inline), ExportSnapshot and ImportSnapshot (a
+// snapshot as one value through a staging buffer). docs/prefix-store.md.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -85,9 +86,6 @@ boost::asio::awaitable<void> run_kv(Call& call, OperationKind kind, const kernel
   co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
 }
 
-/// A published snapshot into the tiers below the pool: its page is copied into a value
-/// while the snapshot is still being written (so its page cannot go meanwhile); the
-/// checksum and the tiers' work run on a worker, the remote write later.
 /// A value framed by snapshot_value_frame, filled from a snapshot's pages (its state's
 /// page, then its KV pages into the KV area), one copy each on the Executor; not sealed.
 boost::asio::awaitable<void> fill_value(Call& call, std::string& value, const SnapshotCopy& pages,
@@ -101,6 +99,9 @@ boost::asio::awaitable<void> fill_value(Call& call, std::string& value, const Sn
   }
 }
 
+/// A published snapshot into the tiers below the pool: its pages are copied into a value
+/// while the snapshot is still being written (so they cannot go meanwhile); the checksum
+/// and the tiers' work run on a worker, the remote write later.
 boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
                                            const SnapshotKey& key) {
   ServerContext& s = call.server;
