@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -200,6 +203,73 @@ std::optional<client::KvStaging> kv_range(const StagingHandle* staging, std::uin
     return std::nullopt;
   }
   return client::KvStaging{staging_of(*staging).id(), offset, dtype};
+}
+
+// --- moving snapshots (docs/prefix-store.md, "Moving snapshots") ---------------------------
+
+/// The host mapping of a staging buffer opened for a snapshot value; RuntimeError (after
+/// closing it) when the daemon's staging buffers are device memory.
+std::span<std::byte> host_bytes(client::Staging& staging, const char* call) {
+  if (!staging.bytes().empty()) return staging.bytes();
+  staging.close();
+  throw std::runtime_error(std::string(call) +
+                           " needs a staging buffer in host memory, and this daemon's are device "
+                           "memory (cuda backend): use export_snapshot()/import_snapshot() with a "
+                           "staging buffer and copy the value with the engine's own kernels");
+}
+
+/// export_snapshot_bytes(): the size, a staging buffer of it, the export, the bytes copied
+/// out, the buffer closed. None when the key has no snapshot (or it went meanwhile).
+std::optional<py::bytes> export_bytes(const ConnectionHandle& c, const client::SnapshotKey& key,
+                                      const std::string& layout_digest) {
+  const std::shared_ptr<Connection> conn = c.get();
+  client::Staging staging;
+  std::span<std::byte> value;
+  {
+    ReleaseGil release;
+    const client::SnapshotExport size = conn->export_snapshot(key, nullptr, 0, layout_digest);
+    if (!size) return std::nullopt;
+    staging = conn->open_staging(size.value_bytes);
+    const std::span<std::byte> mapped = host_bytes(staging, "export_snapshot_bytes()");
+    // The layout the size was asked for, so both calls name the same entry.
+    const client::SnapshotExport got = conn->export_snapshot(key, &staging, 0, size.layout_digest);
+    if (!got) {  // deleted between the two calls
+      staging.close();
+      return std::nullopt;
+    }
+    value = mapped.first(std::min<std::uint64_t>(got.value_bytes, mapped.size()));
+  }
+  py::bytes out(nullptr, value.size());  // filled below, before anything else sees it
+  char* data = PyBytes_AsString(out.ptr());
+  {
+    ReleaseGil release;
+    std::memcpy(data, value.data(), value.size());
+    staging.close();
+  }
+  return out;
+}
+
+/// import_snapshot_bytes(): a staging buffer of the value's size, the bytes copied in, the
+/// import, the buffer closed.
+client::SnapshotImport import_bytes(const ConnectionHandle& c, const py::bytes& data) {
+  char* begin = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(data.ptr(), &begin, &size) != 0) throw py::error_already_set();
+  if (size == 0) throw py::value_error("an empty value: nothing to import");
+  // The bytes object is immutable and held by the caller: read without the GIL.
+  return call(c, [&](Connection& conn) {
+    client::Staging staging = conn.open_staging(static_cast<std::uint64_t>(size));
+    std::memcpy(host_bytes(staging, "import_snapshot_bytes()").data(), begin,
+                static_cast<std::size_t>(size));
+    client::SnapshotImport put = conn.import_snapshot(staging, 0, static_cast<std::uint64_t>(size));
+    staging.close();
+    return put;
+  });
+}
+
+/// "b'...'", as Python writes the prefix bytes. Needs the GIL.
+std::string bytes_repr(const std::string& bytes) {
+  return py::repr(py::bytes(bytes)).cast<std::string>();
 }
 
 }  // namespace
@@ -414,7 +484,58 @@ stream per layer. Not validated when built: the daemon refuses ill-formed blocks
       .def_readonly("kv_bytes", &client::SnapshotInfo::kv_bytes,
                     "Encoded bytes of its KV blocks (0 without).")
       .def_readonly("pages", &client::SnapshotInfo::pages,
-                    "Pages of the arena it holds: 1 + its KV blocks' pages.");
+                    "Pages of the arena it holds: 1 + its KV blocks' pages.")
+      .def_readonly("layout_digest", &client::SnapshotInfo::layout_digest,
+                    "Names its layout across daemons (16 hex digits): export_snapshot()'s "
+                    "layout_digest.");
+  py::class_<client::SnapshotExport>(m, "SnapshotExport",
+                                     "What export_snapshot() found; true when found.")
+      .def_readonly("found", &client::SnapshotExport::found,
+                    "True: the key has a snapshot (for the layout asked for).")
+      .def_readonly("value_bytes", &client::SnapshotExport::value_bytes,
+                    "Bytes of the value: written into the staging buffer, or needed there.")
+      .def_readonly("layout_digest", &client::SnapshotExport::layout_digest,
+                    "The digest of the entry's layout.")
+      .def_property_readonly(
+          "kv", [](const client::SnapshotExport& e) { return e.kv; },
+          "A hybrid entry's KV blocks (in the value), or None.")
+      .def(
+          "__bool__", [](const client::SnapshotExport& e) { return e.found; }, "found.")
+      .def("__repr__", [](const client::SnapshotExport& e) {
+        std::string out = "SnapshotExport(found=" + std::string(e.found ? "True" : "False");
+        if (e.found) {
+          out += ", value_bytes=" + std::to_string(e.value_bytes) + ", layout_digest='" +
+                 e.layout_digest + "'";
+        }
+        if (e.kv) out += ", kv=" + kv_repr(*e.kv);
+        return out + ")";
+      });
+  py::class_<client::SnapshotImport>(m, "SnapshotImport", "What import_snapshot() did.")
+      .def_readonly("created", &client::SnapshotImport::created,
+                    "False: the key had a snapshot for this layout already (nothing copied).")
+      .def_readonly("evicted", &client::SnapshotImport::evicted,
+                    "Older snapshots evicted from the arena to make room.")
+      .def_readonly("arena_id", &client::SnapshotImport::arena_id,
+                    "This tenant's arena that holds it.")
+      .def_property_readonly(
+          "prefix", [](const client::SnapshotImport& i) { return py::bytes(i.key.prefix); },
+          "The key's prefix bytes (the value's key).")
+      .def_property_readonly(
+          "position", [](const client::SnapshotImport& i) { return i.key.position; },
+          "The key's token position.")
+      .def_property_readonly(
+          "kv", [](const client::SnapshotImport& i) { return i.kv; },
+          "The entry's KV blocks, or None for a state-only entry.")
+      .def_readonly("pages", &client::SnapshotImport::pages,
+                    "Pages of the arena the entry holds: 1 + its KV blocks' pages.")
+      .def("__repr__", [](const client::SnapshotImport& i) {
+        std::string out =
+            "SnapshotImport(created=" + std::string(i.created ? "True" : "False") +
+            ", evicted=" + std::to_string(i.evicted) + ", arena_id=" + std::to_string(i.arena_id) +
+            ", prefix=" + bytes_repr(i.key.prefix) + ", position=" + std::to_string(i.key.position);
+        if (i.kv) out += ", kv=" + kv_repr(*i.kv);
+        return out + ", pages=" + std::to_string(i.pages) + ")";
+      });
   py::class_<client::SnapshotList>(m, "SnapshotList", "What list_snapshots() returns.")
       .def_readonly("snapshots", &client::SnapshotList::snapshots)
       .def_readonly("truncated", &client::SnapshotList::truncated, "More matched than the limit.")
@@ -966,6 +1087,59 @@ With ``kv_staging`` (a staging buffer of this connection), a hit on a hybrid ent
 its KV blocks into it at byte ``kv_offset``, as ``kv_dtype`` values (kv.plain_bytes(kv_dtype)
 bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
 so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.)doc")
+      .def(
+          "export_snapshot",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
+             const StagingHandle* staging, std::uint64_t offset, const std::string& layout_digest) {
+            if (staging == nullptr && offset != 0) {
+              throw py::value_error("offset without staging: name the staging buffer");
+            }
+            const client::Staging* into = staging == nullptr ? nullptr : &staging_of(*staging);
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(c, [&](Connection& conn) {
+              return conn.export_snapshot(key, into, offset, layout_digest);
+            });
+          },
+          py::arg("prefix"), py::arg("position"), py::arg("staging") = py::none(),
+          py::arg("offset") = 0, py::arg("layout_digest") = "", R"doc(
+Writes the key's snapshot into ``staging`` (a staging buffer of this connection) at byte
+``offset`` as one self-checking value: header, page, KV blocks, CRC-32, the format of
+``statepoolctl snapshot-get`` files (docs/prefix-store.md, "Moving snapshots"). With
+``layout_digest`` (SnapshotInfo.layout_digest) the entry of that layout, else the key's
+first. Without ``staging`` only asks: found and value_bytes (the range it needs). A miss is
+no error (found False); a range too small is InvalidArgument. export_snapshot_bytes() does
+it all in one call.)doc")
+      .def(
+          "import_snapshot",
+          [](const ConnectionHandle& c, const StagingHandle& staging, std::uint64_t offset,
+             std::uint64_t bytes) {
+            const client::Staging& from = staging_of(staging);
+            return call(
+                c, [&](Connection& conn) { return conn.import_snapshot(from, offset, bytes); });
+          },
+          py::arg("staging"), py::arg("offset"), py::arg("bytes"), R"doc(
+Publishes a value made by export_snapshot() (by this daemon or another), ``bytes`` bytes of
+``staging`` from byte ``offset``, under the value's key in this tenant's namespace, into the
+tenant's arena of the value's layout (same layout, codec and plan: an engine of the model must
+have opened one, else NotFound). As put_snapshot(): idempotent, evicting. InvalidArgument,
+naming the problem (checksum mismatch, truncated, another format), for a value it refuses;
+nothing is published then.)doc")
+      .def(
+          "export_snapshot_bytes",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
+             const std::string& layout_digest) {
+            return export_bytes(c, client::SnapshotKey{prefix_bytes(prefix), position},
+                                layout_digest);
+          },
+          py::arg("prefix"), py::arg("position"), py::arg("layout_digest") = "", R"doc(
+The key's snapshot as one self-checking value (the bytes of a ``statepoolctl snapshot-get``
+file), or None when it has none: asks the size, opens a staging buffer of it, exports,
+copies the bytes out and closes the buffer. RuntimeError where staging buffers are not host
+memory (the cuda backend).)doc")
+      .def("import_snapshot_bytes", &import_bytes, py::arg("data"), R"doc(
+Publishes a value from export_snapshot_bytes() (or a ``statepoolctl snapshot-get`` file) as
+import_snapshot() does, through a staging buffer it opens and closes. ValueError for empty
+``data``; RuntimeError where staging buffers are not host memory (the cuda backend).)doc")
       .def(
           "delete_snapshot",
           [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position) {

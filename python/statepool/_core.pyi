@@ -857,6 +857,56 @@ class SnapshotInfo:
     @property
     def pages(self) -> int:
         """Pages of the arena it holds: 1 + its KV blocks' pages."""
+    @property
+    def layout_digest(self) -> str:
+        """Names its layout across daemons (16 hex digits): export_snapshot()'s layout_digest."""
+
+class SnapshotExport:
+    """What export_snapshot() found; true when found."""
+
+    @property
+    def found(self) -> bool:
+        """True: the key has a snapshot (for the layout asked for)."""
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of the value: written into the staging buffer, or needed there."""
+    @property
+    def layout_digest(self) -> str:
+        """The digest of the entry's layout."""
+    @property
+    def kv(self) -> KvBlocks | None:
+        """A hybrid entry's KV blocks (in the value), or None."""
+    def __bool__(self) -> bool:
+        """found."""
+    def __repr__(self) -> str:
+        """SnapshotExport(found=...), with value_bytes=..., layout_digest='...' when found and kv=... for a hybrid entry."""
+
+class SnapshotImport:
+    """What import_snapshot() did."""
+
+    @property
+    def created(self) -> bool:
+        """False: the key had a snapshot for this layout already (nothing copied)."""
+    @property
+    def evicted(self) -> int:
+        """Older snapshots evicted from the arena to make room."""
+    @property
+    def arena_id(self) -> int:
+        """This tenant's arena that holds it."""
+    @property
+    def prefix(self) -> bytes:
+        """The key's prefix bytes (the value's key)."""
+    @property
+    def position(self) -> int:
+        """The key's token position."""
+    @property
+    def kv(self) -> KvBlocks | None:
+        """The entry's KV blocks, or None for a state-only entry."""
+    @property
+    def pages(self) -> int:
+        """Pages of the arena the entry holds: 1 + its KV blocks' pages."""
+    def __repr__(self) -> str:
+        """SnapshotImport(created=..., evicted=..., arena_id=..., prefix=b'...', position=..., pages=...), with kv=... for a hybrid entry."""
 
 class SnapshotList:
     """What list_snapshots() returns."""
@@ -1258,6 +1308,47 @@ class Connection:
         its KV blocks into it at byte ``kv_offset``, as ``kv_dtype`` values (kv.plain_bytes(kv_dtype)
         bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
         so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.
+        """
+    def export_snapshot(
+        self,
+        prefix: bytes | str,
+        position: int,
+        staging: Staging | None = None,
+        offset: int = 0,
+        layout_digest: str = "",
+    ) -> SnapshotExport:
+        """
+        Writes the key's snapshot into ``staging`` (a staging buffer of this connection) at byte
+        ``offset`` as one self-checking value: header, page, KV blocks, CRC-32, the format of
+        ``statepoolctl snapshot-get`` files (docs/prefix-store.md, "Moving snapshots"). With
+        ``layout_digest`` (SnapshotInfo.layout_digest) the entry of that layout, else the key's
+        first. Without ``staging`` only asks: found and value_bytes (the range it needs). A miss is
+        no error (found False); a range too small is InvalidArgument. export_snapshot_bytes() does
+        it all in one call.
+        """
+    def import_snapshot(self, staging: Staging, offset: int, bytes: int) -> SnapshotImport:
+        """
+        Publishes a value made by export_snapshot() (by this daemon or another), ``bytes`` bytes of
+        ``staging`` from byte ``offset``, under the value's key in this tenant's namespace, into the
+        tenant's arena of the value's layout (same layout, codec and plan: an engine of the model must
+        have opened one, else NotFound). As put_snapshot(): idempotent, evicting. InvalidArgument,
+        naming the problem (checksum mismatch, truncated, another format), for a value it refuses;
+        nothing is published then.
+        """
+    def export_snapshot_bytes(
+        self, prefix: bytes | str, position: int, layout_digest: str = ""
+    ) -> bytes | None:
+        """
+        The key's snapshot as one self-checking value (the bytes of a ``statepoolctl snapshot-get``
+        file), or None when it has none: asks the size, opens a staging buffer of it, exports,
+        copies the bytes out and closes the buffer. RuntimeError where staging buffers are not host
+        memory (the cuda backend).
+        """
+    def import_snapshot_bytes(self, data: bytes) -> SnapshotImport:
+        """
+        Publishes a value from export_snapshot_bytes() (or a ``statepoolctl snapshot-get`` file) as
+        import_snapshot() does, through a staging buffer it opens and closes. ValueError for empty
+        ``data``; RuntimeError where staging buffers are not host memory (the cuda backend).
         """
     def delete_snapshot(self, prefix: bytes | str, position: int) -> int:
         """Deletes the key's snapshots (every layout, pinned ones too); returns how many."""

@@ -304,3 +304,150 @@ def test_kv_arguments_are_checked_before_anything_is_sent(conn):
     assert blocks != kv and blocks.encoded_bytes == 2 * 3 * 8
     assert repr(blocks) == ("KvBlocks(codec=KvCodec.fp8, layers=1, key_channels=8, "
                             "value_channels=8, tokens=3)")
+
+
+# --- moving snapshots: one self-checking value out and back (docs/prefix-store.md) ------------
+
+def _is_digest(text: str) -> bool:
+    return len(text) == 16 and all(ch in "0123456789abcdef" for ch in text.lower())
+
+
+def test_a_hybrid_snapshot_leaves_as_bytes_and_comes_back(daemon):
+    kv = statepool.KvBlocks(codec=statepool.KvCodec.kivi4, layers=1, key_channels=32,
+                            value_channels=32, tokens=40)
+    f32 = statepool.DType.f32
+    want = kv.plain_bytes(f32)
+    with daemon.connect() as conn:
+        info = conn.register_layout(_hybrid_layout("pytest-move-hybrid"))
+        arena = conn.open_arena(info, 128)
+        at = _align(info.state_bytes_f32)
+        with conn.open_staging(at + want) as staging, conn.allocate(arena)[0] as slot:
+            _stage_state(conn, info, staging, slot, seed=8)
+            vals = np.asarray(staging.view("float32", (want // 4,), offset=at))
+            vals[:] = np.random.default_rng(9).standard_normal(vals.size)
+            del vals
+            put = conn.put_snapshot(slot, "move/hybrid", 40, kv, staging, at, f32)
+            assert put.created and put.pages > 1
+            published = np.asarray(arena.page(slot)).copy()
+            got = conn.get_snapshot("move/hybrid", 40, slot, kv_staging=staging, kv_offset=at,
+                                    kv_dtype=f32)
+            assert got.kv_delivered
+            decoded = np.asarray(staging.view("uint8", (want,), offset=at)).copy()
+
+        [entry] = conn.list_snapshots("move/hybrid").snapshots
+        assert _is_digest(entry.layout_digest)
+
+        # The size first (nothing written), then the value itself.
+        size = conn.export_snapshot("move/hybrid", 40)
+        assert size and size.found and size.kv == kv
+        assert size.layout_digest == entry.layout_digest
+        assert size.value_bytes > put.page_bytes + put.kv_bytes
+        assert repr(size) == (f"SnapshotExport(found=True, value_bytes={size.value_bytes}, "
+                              f"layout_digest='{entry.layout_digest}', kv={kv!r})")
+        data = conn.export_snapshot_bytes("move/hybrid", 40)
+        assert isinstance(data, bytes) and len(data) == size.value_bytes
+        assert conn.export_snapshot_bytes(b"move/hybrid", 40, entry.layout_digest) == data
+        # Into a staging buffer of the caller's, at an offset: the same bytes.
+        with conn.open_staging(64 + size.value_bytes) as out:
+            written = conn.export_snapshot("move/hybrid", 40, out, 64, entry.layout_digest)
+            assert written.found and written.value_bytes == size.value_bytes
+            assert bytes(np.asarray(out.view("uint8", (len(data),), offset=64))) == data
+
+        assert conn.delete_snapshot("move/hybrid", 40) == 1
+        assert conn.export_snapshot_bytes("move/hybrid", 40) is None
+        imported = conn.import_snapshot_bytes(data)
+        assert imported.created and imported.evicted == 0 and imported.arena_id == arena.id
+        assert imported.prefix == b"move/hybrid" and imported.position == 40
+        assert imported.kv == kv and imported.pages == put.pages
+        assert repr(imported) == (f"SnapshotImport(created=True, evicted=0, "
+                                  f"arena_id={arena.id}, prefix=b'move/hybrid', position=40, "
+                                  f"kv={kv!r}, pages={put.pages})")
+        [back] = conn.list_snapshots("move/hybrid").snapshots
+        assert back.layout_digest == entry.layout_digest and back.kv_bytes == put.kv_bytes
+
+        # The state and the KV blocks, bit for bit, in another slot.
+        with conn.open_staging(want) as mine_kv, conn.allocate(arena)[0] as mine:
+            hit = conn.get_snapshot("move/hybrid", 40, mine, kv_staging=mine_kv, kv_dtype=f32)
+            assert hit and hit.kv_delivered and hit.kv == kv
+            assert np.array_equal(np.asarray(arena.page(mine)), published)
+            assert np.array_equal(np.asarray(mine_kv.view("uint8", (want,))), decoded)
+
+        # Idempotent; and import_snapshot() from a staging buffer at an offset.
+        with conn.open_staging(128 + len(data)) as src:
+            np.asarray(src.view("uint8", (len(data),), offset=128))[:] = np.frombuffer(data,
+                                                                                      np.uint8)
+            again = conn.import_snapshot(src, 128, len(data))
+            assert not again.created and again.kv == kv and again.prefix == b"move/hybrid"
+        assert conn.delete_snapshot("move/hybrid", 40) == 1
+
+
+def test_a_plain_snapshot_moves_to_another_tenant(daemon):
+    layout = small_layout(statepool.CodecId.int8, name="pytest-move-plain")
+    with daemon.connect() as conn, daemon.connect("small") as other:
+        info = conn.register_layout(layout)
+        arena = conn.open_arena(info, 4)
+        with conn.open_staging(info.state_bytes_f32) as staging, conn.allocate(arena)[0] as slot:
+            _stage_state(conn, info, staging, slot, seed=10)
+            assert conn.put_snapshot(slot, b"\x00move\xff", 9).created
+            published = np.asarray(arena.page(slot)).copy()
+        data = conn.export_snapshot_bytes(b"\x00move\xff", 9)
+        assert data is not None
+        size = conn.export_snapshot(b"\x00move\xff", 9)
+        assert size.kv is None and size.value_bytes == len(data) and "kv=" not in repr(size)
+
+        # Another tenant's namespace: it needs an arena of the layout first.
+        with pytest.raises(statepool.NotFound):
+            other.import_snapshot_bytes(data)
+        arena2 = other.open_arena(other.register_layout(layout), 2)
+        put = other.import_snapshot_bytes(data)
+        assert put.created and put.arena_id == arena2.id and put.kv is None and put.pages == 1
+        assert put.prefix == b"\x00move\xff" and put.position == 9
+        assert repr(put).endswith("prefix=b'\\x00move\\xff', position=9, pages=1)")
+        with other.allocate(arena2)[0] as mine:
+            assert other.get_snapshot(b"\x00move\xff", 9, mine).hit
+            assert np.array_equal(np.asarray(arena2.page(mine)), published)
+        assert other.delete_snapshot(b"\x00move\xff", 9) == 1
+        assert conn.delete_snapshot(b"\x00move\xff", 9) == 1
+
+
+def test_a_corrupted_value_is_refused_and_publishes_nothing(conn):
+    info = conn.register_layout(small_layout(statepool.CodecId.int8, name="pytest-move-bad"))
+    arena = conn.open_arena(info, 4)
+    with conn.open_staging(info.state_bytes_f32) as staging, conn.allocate(arena)[0] as slot:
+        _stage_state(conn, info, staging, slot, seed=11)
+        assert conn.put_snapshot(slot, "move/bad", 3).created
+    data = conn.export_snapshot_bytes("move/bad", 3)
+    assert conn.delete_snapshot("move/bad", 3) == 1
+
+    flipped = bytearray(data)
+    flipped[-10] ^= 0x01  # a byte of the page
+    with pytest.raises(statepool.InvalidArgument, match="checksum mismatch"):
+        conn.import_snapshot_bytes(bytes(flipped))
+    with pytest.raises(statepool.InvalidArgument, match="truncated"):
+        conn.import_snapshot_bytes(data[:-1])
+    with pytest.raises(statepool.InvalidArgument, match="not a snapshot value"):
+        conn.import_snapshot_bytes(b"not a snapshot at all")
+    with pytest.raises(ValueError, match="empty"):
+        conn.import_snapshot_bytes(b"")
+    assert conn.list_snapshots("move/bad").snapshots == []
+    assert conn.healthy
+
+
+def test_export_of_a_missing_key_is_no_error(conn):
+    assert conn.export_snapshot_bytes("move/missing", 1) is None
+    missing = conn.export_snapshot("move/missing", 1)
+    assert not missing and not missing.found and missing.value_bytes == 0
+    assert missing.kv is None and repr(missing) == "SnapshotExport(found=False)"
+    with conn.open_staging(4096) as staging:
+        assert not conn.export_snapshot("move/missing", 1, staging)
+    with pytest.raises(ValueError, match="offset without staging"):
+        conn.export_snapshot("move/missing", 1, offset=64)
+    info = conn.register_layout(small_layout(statepool.CodecId.int8, name="pytest-move-digest"))
+    arena = conn.open_arena(info, 4)
+    with conn.allocate(arena)[0] as slot:
+        assert conn.put_snapshot(slot, "move/digest", 5).created
+    [entry] = conn.list_snapshots("move/digest").snapshots
+    assert _is_digest(entry.layout_digest)
+    other = "0" * 16 if entry.layout_digest != "0" * 16 else "1" * 16
+    assert conn.export_snapshot_bytes("move/digest", 5, other) is None  # another layout's
+    assert conn.delete_snapshot("move/digest", 5) == 1
