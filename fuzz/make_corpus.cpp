@@ -192,6 +192,18 @@ std::vector<Step> session_steps(const std::string& model_config) {
     const auto where = wire::CreateKvStaging(b, 1, 0, wire::DType::f16);
     return wire::CreateGetSnapshot(b, 1, 1, k, where);
   }));
+  // The entry out as one value (the size, then into the staging buffer) and back in (a
+  // range longer than the value: refused as trailing bytes).
+  add(frame<wire::ExportSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreateExportSnapshot(b, k, 0, 0, 0);
+  }));
+  add(frame<wire::ExportSnapshot>(id, [&](auto& b) {
+    const auto k = key(b);
+    return wire::CreateExportSnapshot(b, k, 0, 1, 0);
+  }));
+  add(frame<wire::ImportSnapshot>(
+      id, [](auto& b) { return wire::CreateImportSnapshot(b, 1, 0, 4096); }));
   add(frame<wire::DeleteSnapshot>(id, [&](auto& b) {
     const auto k = key(b);
     return wire::CreateDeleteSnapshot(b, k);
