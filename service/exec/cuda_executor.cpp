@@ -372,8 +372,11 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
   const std::size_t layers = op.kv.layers;
   const std::size_t pointers = 2 * layers * sizeof(void*);
   const std::size_t results = layers * sizeof(unsigned long long);
-  Scratch tables(2 * (pointers + results + layers), stream, kind);
-  std::array<std::byte*, 2> base{tables.data(), tables.data() + pointers + results + layers};
+  // Per role: [plain pointers][encoded pointers][scan results][roles], each role's block
+  // starting 256-byte aligned (as cudaMallocAsync's own base is).
+  const std::size_t block = (pointers + results + layers + 255) / 256 * 256;
+  Scratch tables(2 * block, stream, kind);
+  std::array<std::byte*, 2> base{tables.data(), tables.data() + block};
   for (std::size_t r = 0; r < 2; ++r) {
     const KvArrays& a = roles[r];
     if (a.plain.empty()) continue;
