@@ -150,6 +150,50 @@ Handled handle(Call& call, const wire::PutSnapshot& in) {
       b, put.created, put.evicted, put.page_bytes, kv_table, put.kv_bytes, put.pages));
 }
 
+namespace {
+
+/// Read only: the executor's buffers are mutable in general.
+kernels::BufferRef read_only(std::span<const std::byte> bytes) {
+  return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
+}
+
+/// A pool hit: the snapshot's page into the slot, and its KV blocks into the caller's range
+/// when it asked for them (the range is checked before the page is copied: a refusal
+/// leaves the slot as it was). Returns whether the KV blocks were delivered.
+boost::asio::awaitable<bool> serve_from_pool(Call& call, SnapshotCopy& copy,
+                                             const wire::KvStaging* where) {
+  KvRange range;
+  if (copy.kv && where != nullptr) range = kv_range(call, *where, *copy.kv);
+  co_await copy_page(call, copy.source, copy.target, copy.keep_alive);
+  bool delivered = false;
+  if (range.memory != nullptr) {
+    co_await run_kv(call, OperationKind::kv_decode, *copy.kv, range, copy.kv_chunks,
+                    copy.keep_alive);
+    delivered = true;
+  }
+  copy.done();
+  co_return delivered;
+}
+
+/// A hit below the pool: the value's page into the slot (looked up again: it may have been
+/// freed while the tiers were asked), its KV blocks into the caller's range as above.
+boost::asio::awaitable<bool> serve_from_tier(Call& call, const wire::GetSnapshot& in,
+                                             const SnapshotTiers::Found& found) {
+  KvRange range;
+  if (found.kv && in.kv_staging() != nullptr) range = kv_range(call, *in.kv_staging(), *found.kv);
+  const PageRef page = call.server.pool.page(call.connection.lease, in.arena_id(), in.slot());
+  // A named vector: GCC 12 rejects a braced list inside this co_await.
+  std::vector<std::shared_ptr<const Allocation>> keep{page.memory};
+  co_await copy_page(call, read_only(found.page), page.buffer(), keep);
+  if (range.memory == nullptr) co_return false;
+  std::vector<kernels::BufferRef> chunks{read_only(found.kv_bytes)};
+  co_await run_kv(call, OperationKind::kv_decode, *found.kv, range, std::move(chunks),
+                  std::move(keep));
+  co_return true;
+}
+
+}  // namespace
+
 Handled handle(Call& call, const wire::GetSnapshot& in) {
   ServerContext& s = call.server;
   const SnapshotKey key = key_of(in.key());
@@ -159,19 +203,10 @@ Handled handle(Call& call, const wire::GetSnapshot& in) {
   std::string tier;                     // the tier that served a hit
   std::optional<kernels::KvBlocks> kv;  // the hit's KV blocks
   bool delivered = false;
-  if (get.hit) tier = "pool";
   if (get.copy) {
+    tier = "pool";
     kv = get.copy->kv;
-    KvRange range;
-    // The range is checked before the page is copied: a refusal leaves the slot as it was.
-    if (kv && in.kv_staging() != nullptr) range = kv_range(call, *in.kv_staging(), *kv);
-    co_await copy_page(call, get.copy->source, get.copy->target, get.copy->keep_alive);
-    if (range.memory != nullptr) {
-      co_await run_kv(call, OperationKind::kv_decode, *kv, range, get.copy->kv_chunks,
-                      get.copy->keep_alive);
-      delivered = true;
-    }
-    get.copy->done();
+    delivered = co_await serve_from_pool(call, *get.copy, in.kv_staging());
   } else if (below) {
     const SnapshotName name{get.space, key.prefix, key.position, get.layout_digest};
     std::optional<SnapshotTiers::Found> found;
@@ -183,23 +218,7 @@ Handled handle(Call& call, const wire::GetSnapshot& in) {
       s.pool.count_lower_tier_lookup(tenant, "");  // a miss in every tier
     } else {
       kv = found->kv;
-      KvRange range;
-      if (kv && in.kv_staging() != nullptr) range = kv_range(call, *in.kv_staging(), *kv);
-      // The slot is looked up again: it may have been freed while the tiers were asked.
-      const PageRef page = s.pool.page(call.connection.lease, in.arena_id(), in.slot());
-      // Read only: the executor's buffers are mutable in general.
-      const auto mutable_bytes = [](std::span<const std::byte> bytes) {
-        return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
-      };
-      // A named vector: GCC 12 rejects a braced list inside this co_await.
-      std::vector<std::shared_ptr<const Allocation>> keep{page.memory};
-      co_await copy_page(call, mutable_bytes(found->page), page.buffer(), keep);
-      if (range.memory != nullptr) {
-        std::vector<kernels::BufferRef> chunks{mutable_bytes(found->kv_bytes)};
-        co_await run_kv(call, OperationKind::kv_decode, *kv, range, std::move(chunks),
-                        std::move(keep));
-        delivered = true;
-      }
+      delivered = co_await serve_from_tier(call, in, *found);
       s.pool.count_lower_tier_lookup(tenant, found->tier);
       get.hit = true;
       get.other_layouts = 0;
@@ -323,13 +342,10 @@ boost::asio::awaitable<std::shared_ptr<std::string>> read_staging(
 /// An imported value's page and KV blocks into the pages of `copy`, on the Executor.
 boost::asio::awaitable<void> place_value(Call& call, const SnapshotCopy& copy,
                                          const SnapshotValueView& view) {
-  const auto mutable_bytes = [](std::span<const std::byte> bytes) {
-    return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
-  };
-  co_await copy_page(call, mutable_bytes(view.page), copy.target, copy.keep_alive);
+  co_await copy_page(call, read_only(view.page), copy.target, copy.keep_alive);
   std::size_t at = 0;
   for (const kernels::BufferRef& chunk : copy.kv_chunks) {
-    co_await copy_page(call, mutable_bytes(view.kv_bytes.subspan(at, chunk.size)), chunk,
+    co_await copy_page(call, read_only(view.kv_bytes.subspan(at, chunk.size)), chunk,
                        copy.keep_alive);
     at += chunk.size;
   }
