@@ -126,6 +126,11 @@ const std::string& Pool::snapshot_namespace(std::string_view tenant) const {
 
 namespace {
 
+/// Pages of `page_bytes` a snapshot with `kv_bytes` of KV blocks takes beside its state's.
+std::uint64_t kv_page_count(std::uint64_t kv_bytes, std::uint64_t page_bytes) noexcept {
+  return (kv_bytes + page_bytes - 1) / page_bytes;
+}
+
 /// Encoded bytes of well-formed KV blocks (invalid_argument otherwise); 0 without.
 std::uint64_t expect_kv(const std::optional<kernels::KvBlocks>& kv) {
   if (!kv) return 0;
@@ -163,7 +168,7 @@ SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view
     if (arena->tenant != tenant || arena->layout_digest != layout_digest || !arena->memory)
       continue;
     const std::uint64_t page_bytes = arena->codec->page_bytes();
-    const std::uint64_t needed = 1 + (kv_bytes + page_bytes - 1) / page_bytes;
+    const std::uint64_t needed = 1 + kv_page_count(kv_bytes, page_bytes);
     if (chosen == nullptr) chosen = arena.get();
     if (arena->slots.available() >= needed) {
       chosen = arena.get();
@@ -198,7 +203,7 @@ SnapshotPut Pool::publish(std::size_t tenant_index, Arena& arena, const SlotId* 
     out.pages = static_cast<std::uint32_t>(existing->pages());
     return out;  // idempotent: the first publication stands
   }
-  const std::uint64_t needed = 1 + (kv_bytes + page_bytes - 1) / page_bytes;
+  const std::uint64_t needed = 1 + kv_page_count(kv_bytes, page_bytes);
   STATEPOOL_EXPECTS(needed <= arena.page_count(), Status::invalid_argument,
                     arena_label(arena) + ": the snapshot takes " + std::to_string(needed) +
                         " pages of " + std::to_string(page_bytes) + " bytes (" +
@@ -423,7 +428,7 @@ std::vector<std::string> Pool::check_snapshots() const {
     }
     const std::uint64_t kv_bytes = s.kv ? kernels::kv_blocks_encoded_bytes(*s.kv) : 0;
     const std::uint64_t page_bytes = arena.codec->page_bytes();
-    if (s.kv_pages.size() != (kv_bytes + page_bytes - 1) / page_bytes) {
+    if (s.kv_pages.size() != kv_page_count(kv_bytes, page_bytes)) {
       problems.push_back(name + ": " + std::to_string(s.kv_pages.size()) + " KV pages for " +
                          std::to_string(kv_bytes) + " bytes of KV blocks");
     }

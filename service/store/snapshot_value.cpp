@@ -46,6 +46,26 @@ std::uint32_t crc_from(std::string_view value, std::size_t offset) {
   return static_cast<std::uint32_t>(crc.checksum());
 }
 
+/// The checks every reader starts with: the magic, this format's version, and the fixed
+/// header there. False and `why` otherwise.
+bool fixed_header(std::string_view value, std::string& why) {
+  if (value.size() < kVersionOffset + 2 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0) {
+    why = "not a snapshot value (" + std::to_string(value.size()) + " bytes)";
+    return false;
+  }
+  if (const std::uint64_t version = get_le(value, kVersionOffset, 2); version != kVersion) {
+    why = "snapshot value format version " + std::to_string(version) + ", this daemon reads " +
+          std::to_string(kVersion);
+    return false;
+  }
+  if (value.size() < kFixedBytes) {
+    why = "truncated: " + std::to_string(value.size()) + " bytes, the header alone is " +
+          std::to_string(kFixedBytes);
+    return false;
+  }
+  return true;
+}
+
 std::size_t header_bytes(std::string_view value) noexcept {
   return kFixedBytes + get_le(value, 10, 2) + get_le(value, 12, 2);
 }
@@ -132,18 +152,7 @@ std::optional<SnapshotValueView> decode_snapshot_value(std::string_view value,
     why = std::move(reason);
     return std::nullopt;
   };
-  if (value.size() < kVersionOffset + 2 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0) {
-    return refuse("not a snapshot value (" + std::to_string(value.size()) + " bytes)");
-  }
-  const std::uint64_t version = get_le(value, kVersionOffset, 2);
-  if (version != kVersion) {
-    return refuse("snapshot value format version " + std::to_string(version) +
-                  ", this daemon reads " + std::to_string(kVersion));
-  }
-  if (value.size() < kFixedBytes) {
-    return refuse("truncated: " + std::to_string(value.size()) + " bytes, the header alone is " +
-                  std::to_string(kFixedBytes));
-  }
+  if (!fixed_header(value, why)) return std::nullopt;
   if (value[15] != '\0') return refuse("header byte 15 is not 0");
 
   // The KV fields: all zero without a codec, else well formed and consistent with k.
@@ -214,16 +223,8 @@ std::optional<SnapshotValueView> decode_snapshot_value(std::string_view value,
 }
 
 std::optional<SnapshotValueHeader> peek_snapshot_value(std::string_view value, std::string& why) {
-  if (value.size() < kVersionOffset + 2 || std::memcmp(value.data(), kMagic, sizeof kMagic) != 0) {
-    why = "not a snapshot value (" + std::to_string(value.size()) + " bytes)";
-    return std::nullopt;
-  }
-  if (const std::uint64_t version = get_le(value, kVersionOffset, 2); version != kVersion) {
-    why = "snapshot value format version " + std::to_string(version) + ", this daemon reads " +
-          std::to_string(kVersion);
-    return std::nullopt;
-  }
-  if (value.size() < kFixedBytes || header_bytes(value) > value.size()) {
+  if (!fixed_header(value, why)) return std::nullopt;
+  if (header_bytes(value) > value.size()) {
     why = "truncated: " + std::to_string(value.size()) + " bytes, shorter than its header";
     return std::nullopt;
   }
