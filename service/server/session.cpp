@@ -25,8 +25,12 @@ constexpr std::size_t kReceivePiece = std::size_t{256} << 10;
 constexpr std::size_t kKeptPayload = std::size_t{64} << 10;
 }  // namespace
 
-void Session::resize_payload(std::vector<std::byte>& payload, std::size_t bytes) {
+void Session::resize_payload(std::vector<std::byte>& payload, std::size_t bytes,
+                             std::size_t limit) {
   const std::size_t before = payload.capacity();
+  // Grow geometrically, as resize would, but never past the frame's announced length:
+  // a buffer holds at most the largest frame (docs/operations.md, 8.1).
+  if (bytes > before) payload.reserve(std::min(limit, std::max(bytes, 2 * before)));
   payload.resize(bytes);
   if (server_.metrics_ != nullptr && payload.capacity() != before) {
     server_.metrics_->request_buffers_changed(static_cast<std::int64_t>(payload.capacity()) -
@@ -206,10 +210,10 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     co_await refuse(wire::Status::protocol_error, message);
     co_return false;
   }
-  resize_payload(payload, 0);
+  resize_payload(payload, 0, header.length);
   for (std::size_t got = 0; got < header.length;) {
     const std::size_t piece = std::min<std::size_t>(kReceivePiece, header.length - got);
-    resize_payload(payload, got + piece);
+    resize_payload(payload, got + piece, header.length);
     auto [ec2, n2] =
         co_await asio::async_read(socket_, asio::buffer(payload.data() + got, piece), kAsTuple);
     if (ec2) {
@@ -356,7 +360,7 @@ asio::awaitable<void> Session::run() {
   busy_ = false;
   close();
   leave_unattached();
-  resize_payload(payload, 0);
+  resize_payload(payload, 0, 0);
   shrink_payload(payload);
   if (server_.metrics_ != nullptr && payload.capacity() != 0) {
     server_.metrics_->request_buffers_changed(-static_cast<std::int64_t>(payload.capacity()));

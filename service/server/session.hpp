@@ -54,8 +54,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Hands the staging buffers to a worker to release (unmapping GiBs takes a while).
   void release_staging() noexcept;
   boost::asio::awaitable<void> refuse(wire::Status status, const std::string& message);
-  /// Resizes the request buffer, keeping statepool_request_buffer_bytes up to date.
-  void resize_payload(std::vector<std::byte>& payload, std::size_t bytes);
+  /// Resizes the request buffer to `bytes`, its capacity never above `limit` (the frame's
+  /// length), keeping statepool_request_buffer_bytes up to date.
+  void resize_payload(std::vector<std::byte>& payload, std::size_t bytes, std::size_t limit);
   /// Lets a large request buffer go after its request (idle connections hold none).
   void shrink_payload(std::vector<std::byte>& payload);
   /// True when at least one unread byte is in the socket (a request has begun to arrive).

@@ -259,6 +259,22 @@ TEST(Daemon, RequestBuffersGrowWithWhatArrivedAndAreLetGoAfterTheRequest) {
   }
   EXPECT_TRUE(eventually([&] { return buffers() == 0; }, 10s)) << buffers();
 
+  // A frame of 2.5 MiB, all but its last byte sent: its buffer has grown to the frame's
+  // length, and not past it (doubling 256 KiB pieces would reach 4 MiB).
+  {
+    statepool::testing::RawPeer partial(daemon.socket_path());
+    protocol::FrameHeader h;
+    h.type = protocol::FrameType::request;
+    h.length = 5u << 19;
+    const auto head = protocol::encode_header(h);
+    const std::vector<char> body(h.length - 1, 'x');
+    ASSERT_TRUE(partial.send_bytes(head.data(), head.size()));
+    ASSERT_TRUE(partial.send_bytes(body.data(), body.size()));
+    ASSERT_TRUE(eventually([&] { return buffers() >= h.length; }, 10s)) << buffers();
+    EXPECT_EQ(buffers(), h.length);
+  }
+  EXPECT_TRUE(eventually([&] { return buffers() == 0; }, 10s)) << buffers();
+
   // A 3 MiB request, handled (refused as a bad plan; the connection stays): afterwards the
   // idle connection holds no large buffer.
   statepool::testing::RawPeer peer(daemon.socket_path());
