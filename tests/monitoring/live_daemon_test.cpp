@@ -137,6 +137,33 @@ TEST(LiveMetrics, PromtoolCheckMetricsAcceptsEveryFamily) {
 // Guards against the demo's requests showing up as errors: it used to register each
 // stepquant layout first and install its plan only after the daemon answered not_found,
 // which counted one not_found per plan in statepool_errors_total on every run.
+// statepool-demo run again by the same tenant with more slots: its arenas from the first
+// run are full, so the daemon adds larger ones beside them (the quota allows) instead of
+// refusing the second run.
+TEST(LiveMetrics, DemoRunAgainWithMoreSlotsGetsTheArenasItNeeds) {
+  DaemonProcess daemon({}, true);
+  TempDir dir;
+  const auto demo = [&](const char* slots) {
+    return run_program(dir,
+                       {STATEPOOL_DEMO, "--socket", daemon.socket_path(), "--layers", "1",
+                        "--heads", "2", "--slots", slots, "--steps", "4", "--decode-tokens", "2"},
+                       "/dev/null");
+  };
+  const Outcome first = demo("1");
+  ASSERT_EQ(first.status, 0) << first.out;
+  const Outcome second = demo("3");
+  ASSERT_EQ(second.status, 0) << second.out;
+  const std::string text = statepool::testing::http_get(daemon.metrics_port(), "/metrics");
+  EXPECT_EQ(samples_of(text, "statepool_errors_total"), std::vector<std::string>{})
+      << "second statepool-demo output:\n"
+      << second.out;
+  // The int8 layout has two arenas now: the first run's page and the second run's three.
+  const std::string free_pages =
+      "layout=\"demo-qwen3next-int8\",codec=\"int8\",backend=\"host\",state=\"free\"} ";
+  EXPECT_NE(text.find(free_pages + "1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find(free_pages + "3\n"), std::string::npos) << text;
+}
+
 TEST(LiveMetrics, DemoRunLeavesNoErrorCounted) {
   DaemonProcess daemon({}, true);
   TempDir dir;
