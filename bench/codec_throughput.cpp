@@ -9,7 +9,7 @@
 // f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
 // after one warm-up; "x memcpy" is that throughput divided by memcpy's.
 //
-// stepquant6 runs with bench::synthetic_plan (common.hpp), not a calibrated plan: every
+// stepquant6 runs with testing::mixed_width_plan (plans.hpp), not a calibrated plan: every
 // head at 6 bits except every 16th head (from 3) at 8 bits, every 16th (from 7) at 4
 // bits, and up to two FP16 pivot heads; unit impact factors. dsq6 needs no plan.
 //
@@ -27,7 +27,6 @@
 #include <cstring>
 #include <exception>
 #include <optional>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +38,7 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/random.hpp"
 #include "statepool/testing/synthetic_state.hpp"
 #include "statepool/tools/cli.hpp"
 
@@ -87,8 +87,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
 }
 
 std::shared_ptr<const stepquant::Plan> bench_plan(const Options& o) {
-  return statepool::bench::synthetic_plan(statepool::kernels::Arch::gdn, o.layers, o.heads, 6,
-                                          "bench_codec_throughput");
+  return statepool::testing::mixed_width_plan(statepool::kernels::Arch::gdn, o.layers, o.heads, 6,
+                                              "bench_codec_throughput");
 }
 
 StateLayout make_layout(const Options& o, CodecId codec) {
@@ -101,18 +101,12 @@ StateLayout make_layout(const Options& o, CodecId codec) {
 
 /// bf16 keys or values: N(0, 1) times a per-channel scale in [0.25, 4], every 61st channel
 /// an outlier channel (x 20).
+/// tokens x channels bf16 values shaped like keys or values (testing::channel_scaled_values).
 std::vector<std::byte> kv_values(std::uint64_t tokens, std::uint64_t channels, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_real_distribution<float> unit(-2.0f, 2.0f);
-  std::vector<float> scale(channels);
-  for (std::uint64_t c = 0; c < channels; ++c) {
-    scale[c] = (c % 61 == 7 ? 20.0f : 1.0f) * std::exp2(unit(rng));
-  }
-  std::vector<std::byte> out(tokens * channels * 2);
-  for (std::uint64_t i = 0; i < tokens * channels; ++i) {
-    const std::uint16_t b =
-        statepool::kernels::float_to_bf16_bits(normal(rng) * scale[i % channels]);
+  const std::vector<float> v = statepool::testing::channel_scaled_values(tokens, channels, seed);
+  std::vector<std::byte> out(v.size() * 2);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::uint16_t b = statepool::kernels::float_to_bf16_bits(v[i]);
     std::memcpy(out.data() + 2 * i, &b, 2);
   }
   return out;

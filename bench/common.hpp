@@ -1,7 +1,8 @@
 #pragma once
 // What the benchmarks share: the one way they time a piece of work (one warm-up run for
 // page faults and caches, then the median of `iters` timed runs, in seconds), the GDN
-// layout they measure on, and the stand-in for a calibrated STEPQuant plan.
+// layout they measure on, and the fused-step shapes. Their synthetic data come from
+// statepool::testing (random.hpp, plans.hpp).
 // Header-only, benchmarks only.
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::bench {
 
@@ -55,44 +57,6 @@ inline kernels::StateLayout gdn_layout(std::uint32_t layers, std::uint32_t heads
   return layout;
 }
 
-/// A plan built here, not calibrated, with unit impact factors: every unit (a GDN head, a
-/// KDA key row) at `budget` bits, except every 16th unit (from 3) one width step wider
-/// (8 at a 6-bit budget, 6 at 4), every 16th (from 7) one step narrower (4 at 6, 2 at 4),
-/// and up to two FP16 pivots (units 5 and units / 2 + 1). `who` names the benchmark in
-/// the plan's source field.
-inline std::shared_ptr<const kernels::stepquant::Plan> synthetic_plan(kernels::Arch arch,
-                                                                      std::uint32_t layers,
-                                                                      std::uint32_t heads,
-                                                                      std::uint32_t budget,
-                                                                      const std::string& who) {
-  auto plan = std::make_shared<kernels::stepquant::Plan>();
-  plan->arch = arch;
-  plan->num_layers = layers;
-  plan->num_heads = heads;
-  plan->key_dim = 128;
-  plan->value_dim = 128;
-  plan->budget_bits = budget;
-  const std::size_t units =
-      std::size_t{layers} * heads * (arch == kernels::Arch::kda ? plan->key_dim : 1u);
-  const auto width = static_cast<std::uint8_t>(budget);
-  plan->widths.assign(units, width);
-  for (std::size_t u = 0; u < units; ++u) {
-    if (u % 16 == 3) {
-      plan->widths[u] = static_cast<std::uint8_t>(width + 2);
-    } else if (u % 16 == 7) {
-      plan->widths[u] = static_cast<std::uint8_t>(width - 2);
-    }
-  }
-  for (const std::size_t u : {std::size_t{5}, units / 2 + 1}) {
-    if (u < units && units > 2) {
-      plan->widths[u] = kernels::stepquant::kPivotWidth;
-    }
-  }
-  plan->impact.assign(std::size_t{layers} * heads * plan->key_dim, 1.0f);
-  plan->source = who + " synthetic plan (unit impact)";
-  return plan;
-}
-
 /// The items of a comma-separated list ("1,32,128" -> "1", "32", "128").
 inline std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> out;
@@ -124,6 +88,21 @@ inline std::vector<std::uint32_t> parse_batches(const std::string& text, const c
   return out;
 }
 
+/// A comma-separated list of codec names (kernels::parse_codec); std::invalid_argument
+/// naming `option` otherwise.
+inline std::vector<kernels::CodecId> parse_codecs(const std::string& text, const char* option) {
+  std::vector<kernels::CodecId> out;
+  for (const std::string& item : split_list(text)) {
+    kernels::CodecId id{};
+    if (!kernels::parse_codec(item, id)) {
+      throw std::invalid_argument(std::string(option) + ": unknown codec '" + item + "'");
+    }
+    out.push_back(id);
+  }
+  if (out.empty()) throw std::invalid_argument(std::string(option) + ": no codec given");
+  return out;
+}
+
 /// The layer shapes of the fused-step benchmarks (one linear layer, K = V = 128).
 struct StepShape {
   const char* name;
@@ -137,7 +116,7 @@ inline constexpr StepShape kStepShapes[] = {
 };
 
 /// One layer of `shape` under `codec` (no conv state: the step does not touch it), with
-/// synthetic_plan for the stepquant codecs.
+/// testing::mixed_width_plan for the stepquant codecs.
 inline kernels::StateLayout step_layout(const StepShape& shape, kernels::CodecId codec,
                                         const std::string& who) {
   kernels::StateLayout l = gdn_layout(1, shape.heads, 0, codec);
@@ -145,8 +124,8 @@ inline kernels::StateLayout step_layout(const StepShape& shape, kernels::CodecId
   l.arch = shape.arch;
   l.conv_width = 0;
   if (codec == kernels::CodecId::stepquant6 || codec == kernels::CodecId::stepquant4) {
-    l.plan = synthetic_plan(shape.arch, 1, shape.heads,
-                            codec == kernels::CodecId::stepquant6 ? 6 : 4, who);
+    l.plan = testing::mixed_width_plan(shape.arch, 1, shape.heads,
+                                       codec == kernels::CodecId::stepquant6 ? 6 : 4, who);
   }
   return l;
 }

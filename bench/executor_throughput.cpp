@@ -7,7 +7,7 @@
 // Default shape: Qwen3.5-27B (48 GDN layers x 48 value heads x 128 x 128, conv 10240 x 3
 // bf16): a 151 MB FP32 state, far larger than any cache. GB/s are of the f32 staged state
 // (recurrent FP32 + raw conv); "x memcpy" divides by one thread's memcpy of those bytes.
-// The values are deterministic pseudo-random normals (the codecs' speed does not depend
+// The values are seeded normals of statepool::testing (the codecs' speed does not depend
 // on the recurrence that made a state); median of --iters runs after one warm-up.
 
 #include <algorithm>
@@ -30,6 +30,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/support/worker_pool.hpp"
+#include "statepool/testing/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -69,24 +70,16 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return cli.parse(argc, argv);
 }
 
-/// Deterministic normals (Box-Muller over a 64-bit LCG) in the f32 recurrent part, a
-/// bf16 conv part.
+/// N(0, 0.05^2) values (testing::fill_gaussian) in the f32 recurrent part, the bf16 bits
+/// of more of them in the conv part.
 std::vector<std::byte> staged_state(const PageCodec& codec) {
   std::vector<std::byte> out(codec.staged_bytes(DType::f32));
   const std::size_t values = (out.size() - codec.conv_bytes()) / 4;
-  std::uint64_t x = 0x9E3779B97F4A7C15ull;
-  const auto uniform = [&x] {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return (static_cast<double>(x >> 11) + 0.5) / 9007199254740992.0;
-  };
-  for (std::size_t i = 0; i < values; ++i) {
-    const double g =
-        std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform());
-    const float v = static_cast<float>(0.05 * g);
-    std::memcpy(out.data() + 4 * i, &v, 4);
-  }
-  for (std::size_t i = values * 4; i + 1 < out.size(); i += 2) {
-    const std::uint16_t h = statepool::kernels::float_to_bf16_bits(static_cast<float>(uniform()));
+  std::vector<float> v(values + codec.conv_bytes() / 2);
+  statepool::testing::fill_gaussian(v, 7, 0.05f);
+  std::memcpy(out.data(), v.data(), 4 * values);
+  for (std::size_t i = values * 4, j = values; i + 1 < out.size(); i += 2, ++j) {
+    const std::uint16_t h = statepool::kernels::float_to_bf16_bits(v[j]);
     std::memcpy(out.data() + i, &h, 2);
   }
   return out;

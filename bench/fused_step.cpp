@@ -8,7 +8,7 @@
 //   qwen3-next  GDN, 32 value heads, 16 q/k heads, one gate per head
 //   kimi-linear KDA, 32 heads, q/k per head, one gate per key channel
 // Codecs: fp32, bf16, int8, stepquant6, stepquant4; the stepquant plans are
-// bench::synthetic_plan (common.hpp), not calibrated plans. Every page starts from the same
+// testing::mixed_width_plan (plans.hpp), not calibrated plans. Every page starts from the same
 // synthetic state (synthetic_state.hpp); inputs are seeded random, q and k normalised.
 //
 // Per row: time of one call for the whole batch (median of `iters` after a warm-up),
@@ -74,19 +74,6 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       ("steps", bounded(o.steps, 1, 1000000));
   // clang-format on
   return cli.parse(argc, argv);
-}
-
-std::vector<CodecId> parse_codecs(const std::string& text) {
-  std::vector<CodecId> out;
-  for (const std::string& item : statepool::bench::split_list(text)) {
-    CodecId id{};
-    if (!statepool::kernels::parse_codec(item, id)) {
-      throw std::invalid_argument("--codecs: unknown codec '" + item + "'");
-    }
-    out.push_back(id);
-  }
-  if (out.empty()) throw std::invalid_argument("--codecs: no codec given");
-  return out;
 }
 
 statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, CodecId id,
@@ -163,8 +150,9 @@ int main(int argc, char** argv) {
         threads, o.iters, o.steps);
 
     statepool::bench::print_step_tables(
-        statepool::bench::parse_batches(o.batches, "--batches"), parse_codecs(o.codecs), "ms",
-        "memcpy", [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
+        statepool::bench::parse_batches(o.batches, "--batches"),
+        statepool::bench::parse_codecs(o.codecs, "--codecs"), "ms", "memcpy",
+        [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
         [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
           return measure(shape, id, batch, o, pool);
         });

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -98,6 +97,14 @@ int main(int argc, char** argv) {
     // clang-format on
     if (const auto exit_status = cli.parse(argc, argv)) return *exit_status;
   }
+  std::vector<std::uint32_t> batches;
+  std::vector<CodecId> codecs;
+  try {
+    batches = statepool::bench::parse_batches(slots_text, "--slots");
+    codecs = statepool::bench::parse_codecs(codecs_text, "--codecs");
+  } catch (const std::invalid_argument& e) {
+    return statepool::tools::report_usage_error("bench_gpu_codec_throughput", e.what(), kUsage);
+  }
 
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -110,23 +117,6 @@ int main(int argc, char** argv) {
     check(cudaGetDeviceProperties(&prop, static_cast<int>(device)), "cudaGetDeviceProperties");
     cudaStream_t stream = nullptr;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-
-    std::vector<std::uint32_t> batches;
-    for (std::stringstream in(slots_text); in.good();) {
-      std::string item;
-      std::getline(in, item, ',');
-      if (!item.empty()) batches.push_back(static_cast<std::uint32_t>(std::stoul(item)));
-    }
-    std::vector<CodecId> codecs;
-    for (std::stringstream in(codecs_text); in.good();) {
-      std::string item;
-      std::getline(in, item, ',');
-      CodecId id{};
-      if (item.empty()) continue;
-      if (!statepool::kernels::parse_codec(item, id))
-        throw std::runtime_error("unknown codec " + item);
-      codecs.push_back(id);
-    }
 
     // The ceiling: a large device-to-device copy (reads and writes 1 GiB).
     const std::size_t copy_bytes = std::size_t{1} << 30;

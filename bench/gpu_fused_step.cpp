@@ -6,7 +6,7 @@
 //
 // Shapes and codecs as bench_fused_step (the host path): one linear layer, K = V = 128,
 // qwen3-next (GDN, 32 value heads, 16 q/k heads) and kimi-linear (KDA, 32 heads, a gate
-// per key channel); fp32, bf16, int8, stepquant6, stepquant4 with bench::synthetic_plan.
+// per key channel); fp32, bf16, int8, stepquant6, stepquant4 with testing::mixed_width_plan.
 // Per row: device time of one launch for the batch, "x fp32" = fp32's time / this one's,
 // "moved" = bytes the step must move (each page's layer read and written once, plus the
 // inputs and outputs) per second, "x copy" = that rate over the rate at which a

@@ -30,6 +30,7 @@
 
 #include "common.hpp"
 #include "statepool/client.hpp"
+#include "statepool/testing/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -151,12 +152,9 @@ int main(int argc, char** argv) {
           sc::Arena arena = conn.open_arena(info, 2 * args.loaders);
           sc::Staging staging = conn.open_staging(info.state_bytes_f32);
           const auto bytes = staging.bytes();
-          const std::size_t values = (bytes.size() - (bytes.size() % 4)) / 4;
-          for (std::size_t v = 0; v < values; ++v) {
-            const float x =
-                0.05f * std::sin(static_cast<float>(v % 100003) * 0.37f + static_cast<float>(i));
-            std::memcpy(bytes.data() + 4 * v, &x, 4);
-          }
+          std::vector<float> values(bytes.size() / 4);
+          statepool::testing::fill_gaussian(values, i, 0.05f);
+          std::memcpy(bytes.data(), values.data(), 4 * values.size());
           // The conv tail holds bf16 bit patterns of those floats: finite either way.
           std::vector<sc::Slot> slots = conn.allocate(arena, 1);
           conn.compress(slots[0], staging, 0);

@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,12 +33,14 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/recurrence.hpp"
+#include "statepool/testing/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
 
 namespace sc = statepool::client;
 namespace kernels = statepool::kernels;
+namespace testing = statepool::testing;
 
 struct Args {
   std::string publisher;
@@ -128,13 +129,13 @@ void measure(const Args& args, kernels::CodecId codec, std::optional<kernels::Kv
   sc::Staging rstaging = rd.open_staging(std::max<std::uint64_t>(kv_plain, 1));
   std::vector<sc::Slot> slots = pub.allocate(arena, 2);
   std::vector<sc::Slot> rslot = rd.allocate(rarena, 1);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal;
   auto* values = reinterpret_cast<float*>(staging.bytes().data());
-  for (std::size_t i = 0; i < info.state_bytes_f32 / 4; ++i) values[i] = normal(rng);
+  testing::fill_gaussian({values, info.state_bytes_f32 / 4}, 7, 1.0f);
+  std::vector<float> kv_floats(kv_plain / 2);
+  testing::fill_gaussian(kv_floats, 8, 1.0f);
   auto* kv_values = reinterpret_cast<std::uint16_t*>(staging.bytes().data() + info.state_bytes_f32);
-  for (std::size_t i = 0; i < kv_plain / 2; ++i) {
-    kv_values[i] = kernels::float_to_bf16_bits(normal(rng));
+  for (std::size_t i = 0; i < kv_floats.size(); ++i) {
+    kv_values[i] = kernels::float_to_bf16_bits(kv_floats[i]);
   }
   pub.compress(slots[0], staging, 0);
   std::string name = kernels::to_string(codec);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,30 @@ inline kernels::stepquant::Plan uniform_plan(kernels::Arch arch, std::uint32_t l
                                              std::uint32_t value_dim, std::uint32_t budget) {
   return make_plan(arch, layers, heads, key_dim, value_dim, budget,
                    [budget](std::size_t) { return static_cast<std::uint8_t>(budget); });
+}
+
+/// A plan with every width and pivots, built here, not calibrated, with unit impact, for
+/// layers x heads heads of 128 x 128 (the benchmarks' stand-in for a calibrated plan):
+/// every unit (a GDN head, a KDA key row) at `budget` bits, except every 16th unit (from
+/// 3) one width step wider (8 at a 6-bit budget, 6 at 4), every 16th (from 7) one step
+/// narrower (4 at 6, 2 at 4), and up to two FP16 pivots (units 5 and units / 2 + 1).
+/// `who` names the user in the plan's source field.
+inline std::shared_ptr<const kernels::stepquant::Plan> mixed_width_plan(kernels::Arch arch,
+                                                                        std::uint32_t layers,
+                                                                        std::uint32_t heads,
+                                                                        std::uint32_t budget,
+                                                                        const std::string& who) {
+  const std::size_t units = std::size_t{layers} * heads * (arch == kernels::Arch::kda ? 128u : 1u);
+  const auto width = static_cast<std::uint8_t>(budget);
+  auto plan = std::make_shared<kernels::stepquant::Plan>(
+      make_plan(arch, layers, heads, 128, 128, budget, [&](std::size_t u) -> std::uint8_t {
+        if (units > 2 && (u == 5 || u == units / 2 + 1)) return kernels::stepquant::kPivotWidth;
+        if (u % 16 == 3) return static_cast<std::uint8_t>(width + 2);
+        if (u % 16 == 7) return static_cast<std::uint8_t>(width - 2);
+        return width;
+      }));
+  plan->source = who + " synthetic plan (unit impact)";
+  return plan;
 }
 
 /// Impact factors drawn log-normally around 1 (as calibration's geometric-mean

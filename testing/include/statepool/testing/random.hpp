@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace statepool::testing {
@@ -76,6 +77,30 @@ template <class Engine = std::mt19937_64>
     v = normal(rng);
   }
   return values;
+}
+
+/// Fills `out` with N(0, sigma^2) from PortableNormal(seed): the same values everywhere
+/// (the benchmarks' stand-in for a state whose recurrence does not matter to the timing).
+inline void fill_gaussian(std::span<float> out, std::uint64_t seed, float sigma) {
+  PortableNormal normal(seed);
+  for (float& v : out) v = sigma * normal.next();
+}
+
+/// tokens x channels values (token-major) shaped like attention keys or values: N(0, 1)
+/// times a per-channel scale 2^U(-2, 2), and every 61st channel (from 7) 20x larger, the
+/// outlier channels of keys. From PortableNormal(seed).
+[[nodiscard]] inline std::vector<float> channel_scaled_values(std::size_t tokens,
+                                                              std::size_t channels,
+                                                              std::uint64_t seed) {
+  PortableNormal normal(seed);
+  std::vector<float> scale(channels);
+  for (std::size_t c = 0; c < channels; ++c) {
+    const double e = 4.0 * normal.uniform() - 2.0;
+    scale[c] = (c % 61 == 7 ? 20.0f : 1.0f) * static_cast<float>(std::exp2(e));
+  }
+  std::vector<float> out(tokens * channels);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = normal.next() * scale[i % channels];
+  return out;
 }
 
 }  // namespace statepool::testing
