@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "statepool/client.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/raw_peer.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace client = statepool::client;
 namespace protocol = statepool::protocol;
@@ -225,12 +227,11 @@ using statepool::testing::run_daemon;
 class BadConfig : public ::testing::Test {
  protected:
   void SetUp() override {
-    char templ[] = "/tmp/statepool-config-XXXXXX";
-    ASSERT_NE(::mkdtemp(templ), nullptr);
-    dir_ = templ;
+    tmp_.emplace("/tmp/statepool-config");
+    dir_ = tmp_->path();
     socket_ = dir_ + "/sock";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }
   void expect_rejected(std::vector<std::string> args, const std::string& mention) {
     args.insert(args.begin(), {"--metrics-address", "off"});
     if (std::find(args.begin(), args.end(), "--socket") == args.end())
@@ -240,6 +241,7 @@ class BadConfig : public ::testing::Test {
     EXPECT_NE(e.stderr_text.find(mention), std::string::npos) << e.stderr_text;
     EXPECT_FALSE(std::filesystem::exists(socket_)) << "created the socket before validating";
   }
+  std::optional<statepool::testing::TempDir> tmp_;
   std::string dir_;
   std::string socket_;
 };
@@ -345,13 +347,11 @@ TEST(CudaBackend, WithoutAUsableGpuStatepooldExitsOneNamingTheDeviceAndTheWayOut
 #if !defined(STATEPOOL_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA (the configuration refuses --backend cuda: BadConfig)";
 #else
-  char templ[] = "/tmp/statepool-cuda-XXXXXX";
-  ASSERT_NE(::mkdtemp(templ), nullptr);
-  const std::string dir = templ;
+  const statepool::testing::TempDir tmp("/tmp/statepool-cuda");
+  const std::string& dir = tmp.path();
   const Exit e = run_daemon({"--socket", dir + "/sock", "--metrics-address", "off", "--api-address",
                              "off", "--backend", "cuda", "--device", "7"},
                             dir);
-  std::filesystem::remove_all(dir);
   if (e.code == 0) GTEST_SKIP() << "device 7 exists here";
   EXPECT_EQ(e.code, 1) << e.stderr_text;
   EXPECT_NE(e.stderr_text.find("CUDA device 7"), std::string::npos) << e.stderr_text;

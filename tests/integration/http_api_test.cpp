@@ -369,16 +369,16 @@ using statepool::testing::run_daemon;
 class ApiConfig : public ::testing::Test {
  protected:
   void SetUp() override {
-    char templ[] = "/tmp/statepool-api-config-XXXXXX";
-    ASSERT_NE(::mkdtemp(templ), nullptr);
-    dir_ = templ;
+    tmp_.emplace("/tmp/statepool-api-config");
+    dir_ = tmp_->path();
     socket_ = dir_ + "/sock";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }
   Exit run(std::vector<std::string> args) {
     args.insert(args.begin(), {"--socket", socket_, "--metrics-address", "off"});
     return run_daemon(args, dir_);
   }
+  std::optional<statepool::testing::TempDir> tmp_;
   std::string dir_;
   std::string socket_;
 };

@@ -15,6 +15,7 @@
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace sp = statepool;
 namespace client = statepool::client;
@@ -108,9 +109,8 @@ TEST(StepQuantDaemon, ClientInstallsThePlanAndPagesMatchTheLocalEncoder) {
 }
 
 TEST(StepQuantDaemon, PlansLoadAtStartAndBadPlansAreClearErrors) {
-  char dir_template[] = "/tmp/statepool-plans-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  const statepool::testing::TempDir tmp("/tmp/statepool-plans");
+  const std::string& dir = tmp.path();
   const auto plan = small_plan();
   sq::save(*plan, dir + "/good.spqp");
 
@@ -172,5 +172,4 @@ TEST(StepQuantDaemon, PlansLoadAtStartAndBadPlansAreClearErrors) {
   EXPECT_EQ(exit.code, 2) << exit.stderr_text;
   EXPECT_NE(exit.stderr_text.find("bad.spqp"), std::string::npos) << exit.stderr_text;
   EXPECT_FALSE(std::filesystem::exists(dir + "/sock"));
-  std::filesystem::remove_all(dir);
 }

@@ -26,6 +26,7 @@
 #include "statepool/client.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 extern char** environ;
 
@@ -75,26 +76,6 @@ std::vector<double> vector_values(const std::string& json) {
   }
   return values;
 }
-
-// A temporary directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = (std::filesystem::temp_directory_path() / "statepool-prom-XXXXXX").string();
-    if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A Prometheus server on 127.0.0.1:port, scraping `target` every second as job "statepool"
 // and evaluating `rules` every second. Stopped (SIGTERM, then SIGKILL) on destruction.
@@ -196,7 +177,7 @@ TEST(Prometheus, ScrapesTheDaemonAndEvaluatesTheRules) {
   const auto slots = conn.allocate(arena, 3);
   ASSERT_EQ(slots.size(), 3u);
 
-  TempDir dir;
+  const statepool::testing::TempDir dir;
   PrometheusProcess prometheus(dir.path(), "127.0.0.1:" + std::to_string(daemon.metrics_port()),
                                STATEPOOL_RULES_FILE);
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "statepool/support/atomic_file.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::support {
 namespace {
@@ -54,15 +56,14 @@ std::string failure(Write write) {
 class AtomicFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "statepool-support-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
+    tmp_.emplace();
+    dir_ = tmp_->path();
     fds_ = open_descriptors();
   }
   void TearDown() override {
     EXPECT_EQ(open_descriptors(), fds_) << "a descriptor leaked";
     fs::permissions(dir_, fs::perms::owner_all);
-    fs::remove_all(dir_);
+    tmp_.reset();
   }
   [[nodiscard]] std::string file(const std::string& name) const { return dir_ + "/" + name; }
   // Names in the directory: what a failed or finished write leaves there.
@@ -73,6 +74,7 @@ class AtomicFile : public ::testing::Test {
     return names;
   }
 
+  std::optional<statepool::testing::TempDir> tmp_;
   std::string dir_;
   std::size_t fds_ = 0;
 };

@@ -8,11 +8,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "statepool/support/atomic_file.hpp"
 #include "statepool/support/read_file.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::support {
 namespace {
@@ -22,11 +24,10 @@ namespace fs = std::filesystem;
 class ReadFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    char templ[] = "/tmp/statepool-read-XXXXXX";
-    ASSERT_NE(::mkdtemp(templ), nullptr);
-    dir_ = templ;
+    tmp_.emplace("/tmp/statepool-read");
+    dir_ = tmp_->path();
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }
   std::string error_of(const std::string& path, std::size_t max_bytes = 1 << 20) {
     try {
       (void)read_file(path, max_bytes);
@@ -35,6 +36,7 @@ class ReadFile : public ::testing::Test {
     }
     return "no error";
   }
+  std::optional<statepool::testing::TempDir> tmp_;
   std::string dir_;
 };
 
