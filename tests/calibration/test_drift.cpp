@@ -23,8 +23,8 @@
 
 #include "statepool/calibration/accumulator.hpp"
 #include "statepool/calibration/plan_builder.hpp"
-#include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
 
@@ -33,11 +33,11 @@ namespace {
 
 namespace kn = kernels;
 namespace sq = kernels::stepquant;
-using testing::SyntheticOptions;
-using testing::SyntheticSource;
 using kernels::gdn_step;
 using kernels::kda_step;
 using kernels::normalize_qk;
+using testing::SyntheticOptions;
+using testing::SyntheticSource;
 
 constexpr std::uint32_t kHeads = 8;  // 4 long-lived, 4 short-lived
 constexpr std::uint32_t kDim = 64;   // K = V
@@ -66,7 +66,8 @@ bool slow_head(std::uint32_t h) {
   return h % 2 == 0;
 }
 
-std::shared_ptr<const sq::Plan> calibrate_plan(const sq::Plan** out_report_plan, Report* report) {
+std::shared_ptr<const sq::Plan> calibrate_plan(const sq::Plan** out_report_plan, Report* report,
+                                               std::uint32_t budget = 6) {
   SyntheticSource source(options(kCalibrationTokens, 11));
   TokenBlock block;
   source.generate(0, kCalibrationTokens, block);
@@ -85,8 +86,8 @@ std::shared_ptr<const sq::Plan> calibrate_plan(const sq::Plan** out_report_plan,
     }
   }
   PlanOptions plan_options;
-  plan_options.budget_bits = 6;
-  plan_options.pivots = 0;  // same nominal budget as int6: 6 bits per value exactly
+  plan_options.budget_bits = budget;
+  plan_options.pivots = 0;  // the nominal budget exactly
   const LayerCosts costs = measure_layer(accumulator, plan_options);
   PlanResult result =
       build_plan(PlanShape{kn::Arch::gdn, 1, kHeads, kDim, kDim},
@@ -245,6 +246,40 @@ TEST(Drift, StepQuant6DriftsLessThanInt6OverALongRecurrence) {
   EXPECT_LT(step.state_error, matched.state_error) << table;
   EXPECT_LT(step.output_error, plain.output_error) << table;
   EXPECT_LT(step.state_error, plain.state_error) << table;
+}
+
+// The paper's stronger claim: a 4-bit budget beats uniform 6-bit, because the allocation
+// moves bits from the heads that forget fast (2 bits) to the long-lived ones. Here, where
+// half of the heads keep an error for ~2000 steps, it holds with a page 0.73x the size.
+// (On the small trained models of eval/, whose heads all forget within ten tokens, it
+// does not: eval/README.md.)
+TEST(Drift, StepQuant4DriftsLessThanInt6WhereHeadsLiveLong) {
+  const sq::Plan* plan_view = nullptr;
+  Report report;
+  const std::shared_ptr<const sq::Plan> plan = calibrate_plan(&plan_view, &report, 4);
+  std::string widths;
+  for (std::uint32_t h = 0; h < kHeads; ++h) {
+    widths += (h ? " " : "") + std::to_string(plan->width(0, h)) + (slow_head(h) ? "s" : "f");
+  }
+  const kn::PageCodec sq4(layout(kn::CodecId::stepquant4, 0, plan));
+  const kn::PageCodec int6(layout(kn::CodecId::int6, 0, nullptr));
+  const kn::PageCodec int4(layout(kn::CodecId::int4, 0, nullptr));
+  std::vector<float> ref_out;
+  std::vector<float> ref_state;
+  run(nullptr, ref_out, ref_state);
+  const Drift step = measure("stepquant4 + plan", &sq4, ref_out, ref_state);
+  const Drift six = measure("int6 group 128", &int6, ref_out, ref_state);
+  const Drift four = measure("int4 group 128", &int4, ref_out, ref_state);
+  const std::string table = "plan widths (s = slow, f = fast): " + widths + "\n" + describe(step) +
+                            "\n" + describe(six) + "\n" + describe(four);
+  std::printf("%s\n", table.c_str());
+  RecordProperty("drift", table);
+
+  EXPECT_LT(sq4.page_bytes(), int6.page_bytes());
+  EXPECT_LT(step.output_error, six.output_error) << table;
+  EXPECT_LT(step.state_error, six.state_error) << table;
+  EXPECT_LT(step.output_error, four.output_error) << table;
+  EXPECT_LT(step.state_error, four.state_error) << table;
 }
 
 }  // namespace
