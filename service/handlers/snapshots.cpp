@@ -101,18 +101,27 @@ boost::asio::awaitable<void> fill_value(Call& call, std::string& value, const Sn
 
 /// A published snapshot into the tiers below the pool: its pages are copied into a value
 /// while the snapshot is still being written (so they cannot go meanwhile); the checksum
-/// and the tiers' work run on a worker, the remote write later.
+/// and the tiers' work run on a worker, the remote write later. `hold` (the one the pool
+/// keeps with the snapshot) follows the value down.
 boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
-                                           const SnapshotKey& key) {
+                                           const SnapshotKey& key,
+                                           std::shared_ptr<SnapshotTierHold> hold) {
   ServerContext& s = call.server;
   SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
   auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes, put.kv));
   co_await fill_value(call, *value, *put.copy, put.copy->target);
   const std::string tenant = call.connection.tenant;
-  s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value)] {
+  s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value),
+                  hold = std::move(hold)] {
     seal_snapshot_value(*value);
-    tiers->publish(name, tenant, value);
+    tiers->publish(name, tenant, value, hold);
   });
+}
+
+/// What the tiers below the pool will hold of a snapshot published now: null without
+/// tiers (its eviction is then no demotion).
+std::shared_ptr<SnapshotTierHold> tier_hold(const ServerContext& s) {
+  return s.tiers != nullptr && s.tiers->enabled() ? std::make_shared<SnapshotTierHold>() : nullptr;
 }
 
 }  // namespace
@@ -133,15 +142,16 @@ Handled handle(Call& call, const wire::PutSnapshot& in) {
     STATEPOOL_EXPECTS(in.kv_staging() == nullptr, Status::invalid_argument,
                       "kv_staging without kv: say what KV blocks the range holds");
   }
+  std::shared_ptr<SnapshotTierHold> hold = tier_hold(call.server);
   SnapshotPut put =
-      call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(), key, kv);
+      call.server.pool.put_snapshot(call.connection.lease, in.arena_id(), in.slot(), key, kv, hold);
   if (put.copy) {  // an error below forgets the snapshot
     co_await copy_page(call, put.copy->source, put.copy->target, put.copy->keep_alive);
     if (kv) {
       co_await run_kv(call, OperationKind::kv_encode, *kv, range, put.copy->kv_chunks,
                       put.copy->keep_alive);
     }
-    if (call.server.tiers != nullptr) co_await write_through(call, put, key);
+    if (hold != nullptr) co_await write_through(call, put, key, std::move(hold));
     put.copy->done();
   }
   auto& b = call.builder();
@@ -374,21 +384,28 @@ Handled handle(Call& call, const wire::ImportSnapshot& in) {
   STATEPOOL_EXPECTS(view.has_value(), Status::invalid_argument,
                     "not a snapshot value statepool can import: " + why);
   const SnapshotKey key{header->name.prefix, header->name.position};
-  SnapshotPut put =
-      s.pool.import_snapshot(call.connection.tenant, header->name.layout_digest, key, view->kv);
+  std::shared_ptr<SnapshotTierHold> hold = tier_hold(s);
+  SnapshotPut put = s.pool.import_snapshot(call.connection.tenant, header->name.layout_digest, key,
+                                           view->kv, hold);
   STATEPOOL_EXPECTS(!put.copy || put.page_bytes == view->page.size(), Status::invalid_argument,
                     cat("the value's page is ", view->page.size(),
                         " bytes, the arena's layout has ", put.page_bytes));
   if (put.copy) {  // an error below forgets the snapshot
     co_await place_value(call, *put.copy, *view);
-    if (s.tiers != nullptr && s.tiers->enabled()) {
+    if (hold != nullptr) {
       // Into the tiers under the caller's namespace (the value may come from another).
       SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
       s.workers.post([tiers = s.tiers, name = std::move(name), tenant = call.connection.tenant,
-                      value, view = *view] {
-        tiers->publish(name, tenant,
-                       std::make_shared<std::string>(
-                           encode_snapshot_value(name, view.page, view.kv, view.kv_bytes)));
+                      value, view = *view, hold = std::move(hold)] {
+        std::shared_ptr<std::string> encoded;
+        try {
+          encoded = std::make_shared<std::string>(
+              encode_snapshot_value(name, view.page, view.kv, view.kv_bytes));
+        } catch (...) {
+          hold->publishing = false;  // it goes nowhere: its eviction is no demotion
+          throw;
+        }
+        tiers->publish(name, tenant, std::move(encoded), hold);
         (void)value;  // captured: the spans of `view` point into it
       });
     }

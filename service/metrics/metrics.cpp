@@ -232,12 +232,12 @@ class PoolCollector final : public prometheus::Collectable {
                        MetricType::Counter);
     auto evictions = family("statepool_snapshot_evictions_total",
                             "Snapshots of a tenant a tier let go for room, per tier (pool: for "
-                            "slots or newer snapshots, with no lower tier; host: least "
-                            "recently used past --snapshot-host-capacity).",
+                            "slots or newer snapshots, while no lower tier held them; host: "
+                            "least recently used past --snapshot-host-capacity).",
                             MetricType::Counter);
     auto demotions = family("statepool_snapshot_demotions_total",
-                            "Snapshots of a tenant evicted from the pool while lower tiers "
-                            "keep them (written through at publication).",
+                            "Snapshots of a tenant evicted from the pool while a lower tier "
+                            "held them (the host tier, or a remote write queued or done).",
                             MetricType::Counter);
     auto tier_hits = family("statepool_snapshot_tier_hits_total",
                             "GetSnapshot hits of a tenant, per tier that served them (pool, "
@@ -301,8 +301,13 @@ class PoolCollector final : public prometheus::Collectable {
       const RemoteCounters r = tiers_->remote_counters();
       auto writes = family("statepool_remote_store_writes_total",
                            "Snapshot writes to the remote store (--snapshot-remote), by result: "
-                           "ok, failed (unreachable or refused), dropped (queue full).",
+                           "ok, existing (the key had a value, which stays), failed "
+                           "(unreachable or refused), dropped (queue full).",
                            MetricType::Counter);
+      auto write_bytes = family("statepool_remote_store_write_bytes_total",
+                                "Bytes of the snapshot values sent to the remote store by "
+                                "writes that completed (ok or existing).",
+                                MetricType::Counter);
       auto reads = family("statepool_remote_store_reads_total",
                           "Snapshot lookups in the remote store, by result: hit, missing, "
                           "failed (unreachable or an error reply), rejected (corrupted, "
@@ -312,6 +317,8 @@ class PoolCollector final : public prometheus::Collectable {
                             "Snapshot writes waiting for the remote store.", MetricType::Gauge);
       const auto c = [](std::uint64_t v) { return static_cast<double>(v); };
       writes.metric.push_back(sample({{"result", "ok"}}, c(r.writes_ok), MetricType::Counter));
+      writes.metric.push_back(
+          sample({{"result", "existing"}}, c(r.writes_existing), MetricType::Counter));
       writes.metric.push_back(
           sample({{"result", "failed"}}, c(r.writes_failed), MetricType::Counter));
       writes.metric.push_back(
@@ -324,7 +331,9 @@ class PoolCollector final : public prometheus::Collectable {
       reads.metric.push_back(
           sample({{"result", "rejected"}}, c(r.reads_rejected), MetricType::Counter));
       pending.metric.push_back(sample({}, c(r.pending), MetricType::Gauge));
+      write_bytes.metric.push_back(sample({}, c(r.write_bytes), MetricType::Counter));
       out.push_back(std::move(writes));
+      out.push_back(std::move(write_bytes));
       out.push_back(std::move(reads));
       out.push_back(std::move(pending));
     }

@@ -76,8 +76,11 @@ struct PoolConfig {
   std::chrono::milliseconds grace_period{30000};
   std::vector<TenantConfig> tenants;  ///< empty -> a "default" tenant without quota
   TenantLimits default_limits;        ///< the "default" tenant's limits
-  /// Snapshots are written through to tiers below the pool (host, remote): a snapshot
-  /// evicted from the pool is counted as demoted, not as evicted.
+  /// Snapshots are written through to tiers below the pool (host, remote). A snapshot
+  /// evicted from the pool is then counted as demoted, not as evicted, when its
+  /// SnapshotTierHold (put_snapshot's `below`) says a tier below still holds its value
+  /// (or is being given it); without a hold, or with one that says no tier holds it (the
+  /// host tier let it go, the remote write was dropped or failed), as evicted.
   bool snapshot_lower_tiers = false;
 };
 
@@ -122,7 +125,9 @@ struct TenantUsage {
   std::uint64_t snapshot_puts_created = 0;
   std::uint64_t snapshot_puts_existing = 0;
   std::uint64_t snapshot_evictions = 0;
-  std::uint64_t snapshot_demotions = 0;    ///< evicted from the pool, kept by lower tiers
+  /// Evicted from the pool while a tier below held them (PoolConfig::snapshot_lower_tiers);
+  /// those evicted while no tier held them count in snapshot_evictions.
+  std::uint64_t snapshot_demotions = 0;
   std::uint64_t snapshot_hits_host = 0;    ///< of snapshot_hits, found in the host tier
   std::uint64_t snapshot_hits_remote = 0;  ///< of snapshot_hits, found in the remote store
 };
@@ -355,17 +360,21 @@ class Pool {
   /// more pages, all taken (and evicted for) together, returned as copy->kv_chunks;
   /// invalid_argument for ill-formed blocks or blocks that need more pages than the arena
   /// has. A key that has a snapshot for the layout (visible or being published) is left
-  /// as it is (created = false, no copy), KV blocks or not.
+  /// as it is (created = false, no copy), KV blocks or not. `below`: what the tiers below
+  /// the pool will hold of the snapshot's value when the caller writes it through (null:
+  /// it does not); read when the snapshot is evicted, to count a demotion or an eviction.
   SnapshotPut put_snapshot(LeaseId lease, ArenaId arena, SlotId slot, const SnapshotKey& key,
-                           const std::optional<kernels::KvBlocks>& kv = std::nullopt);
+                           const std::optional<kernels::KvBlocks>& kv = std::nullopt,
+                           std::shared_ptr<const SnapshotTierHold> below = nullptr);
   /// Publishes a snapshot whose bytes the caller holds (an imported value: statepoolctl
   /// snapshot-put): as put_snapshot, into the tenant's first arena of the layout whose
   /// kernels::layout_digest is `layout_digest` with room for it (else the first one, which
   /// evicts), with copy->target and copy->kv_chunks for the caller to fill and no source.
-  /// not_found when the tenant has no arena of that layout.
+  /// not_found when the tenant has no arena of that layout. `below` as for put_snapshot.
   SnapshotPut import_snapshot(std::string_view tenant, std::string_view layout_digest,
                               const SnapshotKey& key,
-                              const std::optional<kernels::KvBlocks>& kv = std::nullopt);
+                              const std::optional<kernels::KvBlocks>& kv = std::nullopt,
+                              std::shared_ptr<const SnapshotTierHold> below = nullptr);
   /// Reads the key's snapshot out (statepoolctl snapshot-get): the entry under the layout
   /// whose digest is `layout_digest` (empty: the first in layout order) as copy->source
   /// and copy->kv_chunks, no target; hit = false (no copy) when there is none. Not counted
@@ -434,7 +443,9 @@ class Pool {
   void free_snapshot_pages(ArenaId arena, SlotId state, std::span<const SlotId> kv_pages) noexcept;
   /// The pages of an entry the table handed back (nothing when it stays).
   void free_snapshot_pages(const std::optional<Snapshot>& gone) noexcept;
-  /// Evicts the entries (idle: erase() frees at once) and frees their pages.
+  /// Evicts the entries (idle: erase() frees at once) and frees their pages; each one
+  /// counts as a demotion when a tier below holds its value (Snapshot::below), else as an
+  /// eviction.
   void evict(std::span<const SnapshotId> victims) noexcept;
   /// `other` null: only the snapshot's side is set (import, export).
   [[nodiscard]] SnapshotCopy snapshot_copy(const Snapshot& s, const Arena* other, SlotId slot,
@@ -443,7 +454,7 @@ class Pool {
   /// null for bytes the caller holds.
   SnapshotPut publish(std::size_t tenant, Arena& arena, const SlotId* source,
                       const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
-                      Clock::time_point now);
+                      std::shared_ptr<const SnapshotTierHold> below, Clock::time_point now);
   [[nodiscard]] std::vector<std::string> check_snapshots() const;
   // SnapshotCopy's ends.
   friend class SnapshotCopy;

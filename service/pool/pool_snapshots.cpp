@@ -72,7 +72,9 @@ void Pool::evict(std::span<const SnapshotId> victims) noexcept {
     const std::size_t tenant = s->tenant;
     if (const std::optional<Snapshot> gone = snapshots_.erase(id)) {
       free_snapshot_pages(gone);
-      if (config_.snapshot_lower_tiers) {
+      // A demotion only when the value really is below: the host tier may have let it go
+      // already, the remote write may have been dropped or have failed.
+      if (config_.snapshot_lower_tiers && gone->below != nullptr && gone->below->held()) {
         ++tenants_[tenant].demotions;
       } else {
         ++tenants_[tenant].evictions;
@@ -143,7 +145,8 @@ std::uint64_t expect_kv(const std::optional<kernels::KvBlocks>& kv) {
 }  // namespace
 
 SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
-                               const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv) {
+                               const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
+                               std::shared_ptr<const SnapshotTierHold> below) {
   expect_key(key);
   (void)expect_kv(kv);
   const Clock::time_point now = Clock::now();
@@ -151,12 +154,13 @@ SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
   const Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);
   expect_owned(lease, arena, slot);
-  return publish(lease.tenant, arena, &slot, key, kv, now);
+  return publish(lease.tenant, arena, &slot, key, kv, std::move(below), now);
 }
 
 SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view layout_digest,
                                   const SnapshotKey& key,
-                                  const std::optional<kernels::KvBlocks>& kv) {
+                                  const std::optional<kernels::KvBlocks>& kv,
+                                  std::shared_ptr<const SnapshotTierHold> below) {
   expect_key(key);
   const std::uint64_t kv_bytes = expect_kv(kv);
   const std::size_t tenant = tenant_index(tenant_name);
@@ -181,12 +185,12 @@ SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view
                         std::string(layout_digest) +
                         "): an engine of the model must open one before its snapshots can "
                         "be put");
-  return publish(tenant, *chosen, nullptr, key, kv, now);
+  return publish(tenant, *chosen, nullptr, key, kv, std::move(below), now);
 }
 
 SnapshotPut Pool::publish(std::size_t tenant_index, Arena& arena, const SlotId* source,
                           const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
-                          Clock::time_point now) {
+                          std::shared_ptr<const SnapshotTierHold> below, Clock::time_point now) {
   const std::uint64_t kv_bytes = expect_kv(kv);
   Tenant& tenant = tenants_[tenant_index];
   const std::size_t page_bytes = arena.codec->page_bytes();
@@ -240,6 +244,7 @@ SnapshotPut Pool::publish(std::size_t tenant_index, Arena& arena, const SlotId* 
     entry.slot = pages[0];
     entry.kv = kv;
     entry.kv_pages.assign(pages.begin() + 1, pages.end());
+    entry.below = std::move(below);
     const Snapshot& s = snapshots_.put(std::move(entry), now);
     try {
       out.copy.emplace(snapshot_copy(s, source != nullptr ? &arena : nullptr,

@@ -18,8 +18,10 @@
 //
 // Thread-safety: none; the Pool serializes every call.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -40,6 +42,34 @@ using SnapshotId = std::uint64_t;  ///< 0 never names a snapshot
 /// Largest prefix (key) of a snapshot, in bytes.
 inline constexpr std::size_t kMaxSnapshotPrefixBytes = 256;
 
+/// What the tiers below the pool (store/tiers.hpp) hold of one published snapshot's value,
+/// so that the pool's eviction can tell a demotion (the value is still below, or on its
+/// way there) from an eviction (it is gone from the daemon and from the remote store as far
+/// as this daemon knows). The handler that publishes a snapshot makes one and hands it to
+/// the pool (Snapshot::below) and to the tiers, which keep it up to date; the pool reads
+/// it, under its lock, when it evicts the snapshot.
+///
+/// Thread-safety: atomics, written by the tiers' threads and read by the pool. The tiers
+/// set `host` and `remote` before they clear `publishing`, and held() reads `publishing`
+/// first, so that a value on its way is never seen as held by no tier.
+struct SnapshotTierHold {
+  /// The value is copied out of the pool and not yet offered to the tiers (its checksum
+  /// is being computed on a worker).
+  std::atomic<bool> publishing{true};
+  /// The host tier holds the value; cleared when it lets it go for room or deletes it.
+  std::atomic<bool> host{false};
+  /// A remote write of the value is queued, in flight, or done (stored, or the key was
+  /// there already: the first publication stands); cleared when the write failed. A write
+  /// dropped because the queue was full never sets it. What the remote store does later
+  /// (its ttl, its maxmemory policy) is not seen.
+  std::atomic<bool> remote{false};
+
+  /// Whether a tier below the pool holds the value, or soon will.
+  [[nodiscard]] bool held() const noexcept {
+    return publishing.load() || host.load() || remote.load();
+  }
+};
+
 struct Snapshot {
   SnapshotId id = 0;
   std::size_t space = 0;  ///< namespace index (the pool's)
@@ -53,6 +83,9 @@ struct Snapshot {
   /// and spread over these further pages of the arena, in order; the last one partly used.
   std::optional<kernels::KvBlocks> kv;
   std::vector<SlotId> kv_pages;
+  /// Where its value went below the pool; null when it was not written through (no tiers
+  /// below), so that its eviction is no demotion.
+  std::shared_ptr<const SnapshotTierHold> below;
   bool visible = false;  ///< committed and not erased
   bool erased = false;   ///< out of the index, page freed when idle
   bool pinned = false;

@@ -5,6 +5,7 @@
 namespace statepool::service {
 
 void HostTier::erase(Lru::iterator it) {
+  if (it->hold != nullptr) it->hold->host = false;
   TierUsage& u = usage_[it->tenant];
   u.snapshots -= 1;
   u.bytes -= it->value->size();
@@ -14,23 +15,36 @@ void HostTier::erase(Lru::iterator it) {
 }
 
 bool HostTier::put(const SnapshotName& name, const std::string& tenant,
-                   std::shared_ptr<const std::string> value) {
-  if (value == nullptr || value->size() > capacity_) return false;
+                   std::shared_ptr<const std::string> value,
+                   std::shared_ptr<SnapshotTierHold> hold) {
   const std::string key = remote_key(name);
   const std::lock_guard lock(mutex_);
-  if (const auto it = index_.find(key); it != index_.end()) erase(it->second);
+  if (const auto it = index_.find(key); it != index_.end()) {
+    // Immutable: the first value stands. The entry now answers for the latest publication
+    // (an earlier one's snapshot has left the pool, or it would not be published again).
+    const Lru::iterator entry = it->second;
+    lru_.splice(lru_.begin(), lru_, entry);
+    if (hold != nullptr && hold != entry->hold) {
+      if (entry->hold != nullptr) entry->hold->host = false;
+      hold->host = true;
+      entry->hold = std::move(hold);
+    }
+    return true;
+  }
+  if (value == nullptr || value->size() > capacity_) return false;
   while (used_ + value->size() > capacity_ && !lru_.empty()) {
     ++usage_[lru_.back().tenant].evictions;
     erase(std::prev(lru_.end()));
   }
   const std::uint64_t bytes = value->size();
-  lru_.push_front(Entry{name, tenant, std::move(value)});
+  lru_.push_front(Entry{name, tenant, std::move(value), hold});
   try {
     index_.emplace(key, lru_.begin());
   } catch (...) {
     lru_.pop_front();
     throw;
   }
+  if (hold != nullptr) hold->host = true;
   TierUsage& u = usage_[tenant];
   u.snapshots += 1;
   u.bytes += bytes;

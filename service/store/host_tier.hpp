@@ -2,7 +2,11 @@
 // The host tier of the prefix-state store (docs/prefix-store.md, "Tiers"): snapshot
 // values (snapshot_value.hpp) in the daemon's memory, at most `capacity` bytes of them,
 // the least recently used leaving first. Entries are immutable and shared: a reader keeps
-// its value alive while it copies it, whatever happens to the entry meanwhile.
+// its value alive while it copies it, whatever happens to the entry meanwhile. A name
+// keeps its first value: putting it again (another daemon's value read from the remote
+// store, a publication after the pool let the snapshot go) leaves the entry as it is.
+// An entry may carry the SnapshotTierHold of the publication that put it there (or put it
+// again), whose `host` flag says whether the entry is still here.
 //
 // Thread-safety: every member function may be called concurrently (one mutex).
 
@@ -15,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pool/snapshot_table.hpp"
 #include "store/snapshot_value.hpp"
 
 namespace statepool::service {
@@ -30,11 +35,15 @@ class HostTier {
  public:
   explicit HostTier(std::uint64_t capacity) : capacity_(capacity) {}
 
-  /// Keeps `value` for `name`, published by `tenant` (replacing an entry of the same
-  /// name), evicting the least recently used entries for room. False, keeping nothing,
-  /// when the value alone is larger than the capacity.
+  /// Keeps `value` for `name`, published by `tenant`, evicting the least recently used
+  /// entries for room. A name that has an entry keeps it (its value and its tenant): the
+  /// entry only becomes the most recently used. True when the tier holds a value for the
+  /// name afterwards; false, keeping nothing, when the value alone is larger than the
+  /// capacity. `hold` (may be null): the publication's, whose `host` flag is set while
+  /// the entry stays (and cleared when it goes).
   bool put(const SnapshotName& name, const std::string& tenant,
-           std::shared_ptr<const std::string> value);
+           std::shared_ptr<const std::string> value,
+           std::shared_ptr<SnapshotTierHold> hold = nullptr);
   /// The value (the entry becomes the most recently used), or nullptr.
   [[nodiscard]] std::shared_ptr<const std::string> get(const SnapshotName& name);
   [[nodiscard]] bool contains(const SnapshotName& name) const;
@@ -52,6 +61,7 @@ class HostTier {
     SnapshotName name;
     std::string tenant;
     std::shared_ptr<const std::string> value;
+    std::shared_ptr<SnapshotTierHold> hold;  ///< the latest publication's; may be null
   };
   using Lru = std::list<Entry>;  // most recently used first
 

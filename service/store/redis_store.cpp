@@ -1,12 +1,12 @@
-// The Redis client behind make_redis_store (store/redis_store.hpp): nodes (one blocking
-// hiredis connection each, behind a mutex), and the store that routes keys to them
-// (standalone, or Redis Cluster with a slot map). Without hiredis only the stubs at the end
-// are built.
+// The Redis client behind make_redis_store (store/redis_store.hpp): nodes (two blocking
+// hiredis connections each, one for lookups and one for writes, each behind a mutex), and
+// the store that routes keys to them (standalone, or Redis Cluster with a slot map).
+// Without hiredis only the stubs at the end are built.
 //
-// Thread-safety: a Node serializes its calls with its mutex; the store's topology (mode,
-// nodes, slot map) sits behind a shared mutex that is never held during I/O, and one
-// refresh of it runs at a time (refresh_mutex_). Lock order: refresh_mutex_, then a
-// node's mutex, then topology_mutex_.
+// Thread-safety: a Node serializes the calls of one Use with that connection's mutex; the
+// store's topology (mode, nodes, slot map) sits behind a shared mutex that is never held
+// during I/O, and one refresh of it runs at a time (refresh_mutex_). Lock order:
+// refresh_mutex_, then a node connection's mutex, then topology_mutex_.
 
 #include "store/redis_store.hpp"
 
@@ -127,7 +127,7 @@ class Command {
   [[nodiscard]] const std::size_t* lengths() const noexcept { return lengths_.data(); }
 
  private:
-  static constexpr std::size_t kMaxWords = 5;  // SET key value PX ms
+  static constexpr std::size_t kMaxWords = 6;  // SET key value NX PX ms
   const char* name_;
   std::array<const char*, kMaxWords> argv_{};
   std::array<std::size_t, kMaxWords> lengths_{};
@@ -144,7 +144,16 @@ std::string io_reason(const redisContext& context, int saved_errno,
   return context.errstr;
 }
 
-// One server: its endpoint, one connection made on demand, and the reconnect rate limit.
+// What a command is for, which chooses the connection it goes over: lookups (GET, and
+// the CLUSTER SLOTS that a lookup asks) never queue behind writes (SET, DEL, and the
+// CLUSTER SLOTS the writer asks), whose values may take long to send.
+enum class Use : std::size_t { lookup = 0, write = 1 };
+
+// One server: its endpoint, and one connection per Use, each made on demand with its own
+// mutex and reconnect rate limit. What one connection learns about the server going away
+// (a connect that failed, a connection the server closed) is shared: the other connection
+// then fails fast instead of finding out by its own I/O or connect timeout, until a
+// connect works again. A timeout is not shared (a slow write says nothing about lookups).
 class Node {
  public:
   Node(RedisEndpoint endpoint, std::chrono::milliseconds timeout, std::string password)
@@ -160,82 +169,132 @@ class Node {
   /// "redis 127.0.0.1:6379": how messages name it.
   [[nodiscard]] const std::string& label() const noexcept { return label_; }
   /// Whether it has a connection now (a hint for choosing whom to ask first).
-  [[nodiscard]] bool connected() const noexcept { return connected_.load(); }
+  [[nodiscard]] bool connected() const noexcept {
+    return std::any_of(links_.begin(), links_.end(),
+                       [](const Link& link) { return link.connected.load(); });
+  }
 
-  /// Sends `command` (preceded by ASKING when `asking`) and returns its reply, error
-  /// replies included. Throws RemoteError when the node cannot be reached or the I/O
-  /// fails (the connection is then dropped).
-  Reply run(Command& command, bool asking) {
-    const std::lock_guard lock(mutex_);
+  /// Sends `command` (preceded by ASKING when `asking`) over the connection for `use` and
+  /// returns its reply, error replies included. Throws RemoteError when the node cannot
+  /// be reached or the I/O fails (that connection is then dropped).
+  Reply run(Command& command, bool asking, Use use) {
+    Link& link = links_[static_cast<std::size_t>(use)];
+    const std::lock_guard lock(link.mutex);
     const SigpipeBlock sigpipe;
+    // The server went away since this connection was made (the other one found out): it
+    // is dead too, whatever came back since.
+    if (link.context != nullptr) {
+      std::string why;
+      if (broken_since(link.last_attempt, why)) drop_locked(link, why);
+    }
     for (int attempt = 0;; ++attempt) {
-      const bool reused = context_ != nullptr;
-      if (!reused) connect_locked();
+      const bool reused = link.context != nullptr;
+      if (!reused) connect_locked(link);
       int saved_errno = 0;
-      Reply reply = issue_locked(command, asking, saved_errno);
+      Reply reply = issue_locked(link, command, asking, saved_errno);
       if (reply) {
-        trim_reader_locked();
+        trim_reader_locked(link);
         return reply;
       }
-      const int error = context_->err;
-      const std::string reason = io_reason(*context_, saved_errno, timeout_);
-      drop_locked(reason);
+      const int error = link.context->err;
+      const std::string reason = io_reason(*link.context, saved_errno, timeout_);
+      drop_locked(link, reason);
       // A connection that the server closed while it sat idle (a restart, the server's
-      // `timeout` setting) is made again at once, once: SET, GET and DEL can be repeated.
+      // `timeout` setting) is made again at once, once: SET NX, GET and DEL can be
+      // repeated.
       const bool closed =
           error == REDIS_ERR_EOF ||
           (error == REDIS_ERR_IO && (saved_errno == EPIPE || saved_errno == ECONNRESET));
-      if (reused && closed && attempt == 0 && may_connect_locked(Clock::now())) continue;
+      std::string why;
+      if (reused && closed && attempt == 0 && may_connect_locked(link, Clock::now(), why)) {
+        continue;
+      }
+      if (closed) note_broken(reason);  // not a timeout: a slow write says nothing
       throw RemoteError(label_ + ": " + command.name() + " failed: " + reason);
     }
   }
 
  private:
-  [[nodiscard]] bool may_connect_locked(Clock::time_point now) const {
-    return !attempted_ || now - last_attempt_ >= timeout_;
+  // One connection and its reconnect rate limit; everything but `connected` under `mutex`.
+  struct Link {
+    std::mutex mutex;
+    Context context;
+    std::atomic<bool> connected{false};
+    bool attempted = false;
+    Clock::time_point last_attempt{};
+    std::string last_error;
+  };
+
+  // At most one connect per `timeout` per connection, and none within `timeout` of the
+  // server going away unless a connect worked since. `why`: the reason when not.
+  [[nodiscard]] bool may_connect_locked(const Link& link, Clock::time_point now,
+                                        std::string& why) const {
+    if (link.attempted && now - link.last_attempt < timeout_) {
+      why = link.last_error;
+      return false;
+    }
+    const std::lock_guard lock(health_mutex_);
+    if (broken_ && now - broken_at_ < timeout_ && connected_at_ < broken_at_) {
+      why = broken_reason_;
+      return false;
+    }
+    return true;
   }
 
-  void connect_locked() {
+  // Whether the server went away (as one connection found) after `since`.
+  [[nodiscard]] bool broken_since(Clock::time_point since, std::string& why) const {
+    const std::lock_guard lock(health_mutex_);
+    if (!broken_ || broken_at_ <= since) return false;
+    why = broken_reason_;
+    return true;
+  }
+
+  void note_broken(const std::string& reason) {
+    const std::lock_guard lock(health_mutex_);
+    broken_ = true;
+    broken_at_ = Clock::now();
+    broken_reason_ = reason;
+  }
+
+  void connect_locked(Link& link) {
     const Clock::time_point now = Clock::now();
-    if (!may_connect_locked(now)) throw RemoteError(label_ + " unreachable: " + last_error_);
-    attempted_ = true;
-    last_attempt_ = now;
+    std::string why;
+    if (!may_connect_locked(link, now, why)) throw RemoteError(label_ + " unreachable: " + why);
+    link.attempted = true;
+    link.last_attempt = now;
+    // Every failure below is the server's or the network's: the other connection is told.
+    const auto refused = [&](std::string reason, const char* how) {
+      link.last_error = std::move(reason);
+      note_broken(link.last_error);
+      return RemoteError(label_ + how + link.last_error);
+    };
     const timeval tv = to_timeval(timeout_);
     Context context(redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv));
-    if (!context) {
-      last_error_ = "cannot allocate a connection";
-      throw RemoteError(label_ + " unreachable: " + last_error_);
-    }
-    if (context->err != 0) {
-      last_error_ = context->errstr;
-      throw RemoteError(label_ + " unreachable: " + last_error_);
-    }
+    if (!context) throw refused("cannot allocate a connection", " unreachable: ");
+    if (context->err != 0) throw refused(context->errstr, " unreachable: ");
     // hiredis 0.14 uses the connect timeout for connecting only: reads and writes get it
     // here (SO_RCVTIMEO / SO_SNDTIMEO).
     if (redisSetTimeout(context.get(), tv) != REDIS_OK) {
-      last_error_ = std::string("cannot set the timeout: ") + context->errstr;
-      throw RemoteError(label_ + " unreachable: " + last_error_);
+      throw refused(std::string("cannot set the timeout: ") + context->errstr, " unreachable: ");
     }
     (void)redisEnableKeepAlive(context.get());  // best effort: finds half-dead peers
     if (!password_.empty()) {
       const char* argv[] = {"AUTH", password_.data()};
       const std::size_t lengths[] = {4, password_.size()};
       Reply reply(static_cast<redisReply*>(redisCommandArgv(context.get(), 2, argv, lengths)));
-      if (!reply) {
-        last_error_ = "AUTH: " + io_reason(*context, errno, timeout_);
-        throw RemoteError(label_ + " unreachable: " + last_error_);
-      }
+      if (!reply) throw refused("AUTH: " + io_reason(*context, errno, timeout_), " unreachable: ");
       if (reply->type == REDIS_REPLY_ERROR) {
-        last_error_ = "AUTH failed: " + std::string(text_of(*reply));
-        throw RemoteError(label_ + ": " + last_error_);
+        throw refused("AUTH failed: " + std::string(text_of(*reply)), ": ");
       }
     }
-    context_ = std::move(context);
-    connected_ = true;
+    link.context = std::move(context);
+    link.connected = true;
+    const std::lock_guard lock(health_mutex_);
+    connected_at_ = Clock::now();
   }
 
-  Reply issue_locked(Command& command, bool asking, int& saved_errno) {
-    redisContext* context = context_.get();
+  static Reply issue_locked(Link& link, Command& command, bool asking, int& saved_errno) {
+    redisContext* context = link.context.get();
     if (asking && redisAppendCommand(context, "ASKING") != REDIS_OK) {
       saved_errno = errno;
       return nullptr;
@@ -263,11 +322,12 @@ class Node {
   }
 
   // hiredis's reader frees a large empty buffer only when the next reply arrives
-  // (maxbuf), so a 150 MB GET would keep 150 MB per node until the next call; give it
-  // back now. The reader's fields are public in hiredis 0.14 (its sds names change in 1.x).
-  void trim_reader_locked() {
+  // (maxbuf), so a 150 MB GET would keep 150 MB per connection until the next call; give
+  // it back now. The reader's fields are public in hiredis 0.14 (its sds names change in
+  // 1.x).
+  static void trim_reader_locked(Link& link) {
 #if HIREDIS_MAJOR == 0
-    redisReader* reader = context_->reader;
+    redisReader* reader = link.context->reader;
     if (reader->buf != nullptr && reader->pos == reader->len &&
         sdsalloc(reader->buf) > kKeptReadBuffer) {
       sds fresh = sdsempty();
@@ -277,13 +337,15 @@ class Node {
       reader->pos = 0;
       reader->len = 0;
     }
+#else
+    (void)link;
 #endif
   }
 
-  void drop_locked(const std::string& reason) {
-    context_.reset();
-    connected_ = false;
-    last_error_ = reason;
+  static void drop_locked(Link& link, const std::string& reason) {
+    link.context.reset();
+    link.connected = false;
+    link.last_error = reason;
   }
 
   const RedisEndpoint endpoint_;
@@ -291,13 +353,14 @@ class Node {
   const std::string label_;
   const std::chrono::milliseconds timeout_;
   const std::string password_;
+  std::array<Link, 2> links_;  // by Use
 
-  std::mutex mutex_;
-  Context context_;
-  std::atomic<bool> connected_{false};
-  bool attempted_ = false;
-  Clock::time_point last_attempt_{};
-  std::string last_error_;
+  // Shared by the connections; never held during I/O.
+  mutable std::mutex health_mutex_;
+  bool broken_ = false;               // the server went away once (a connect failed, or it
+  Clock::time_point broken_at_{};     // closed a connection), the last time at broken_at_,
+  std::string broken_reason_;         // for this reason
+  Clock::time_point connected_at_{};  // the last connect that worked
 };
 
 // A MOVED or ASK error reply: "MOVED 3999 127.0.0.1:6381".
@@ -402,13 +465,13 @@ class RedisStore final : public RemoteStore {
     for (const RedisEndpoint& seed : options_.seeds) seeds_.push_back(node_for(seed));
     try {
       const std::lock_guard lock(refresh_mutex_);
-      update_topology_locked();
+      update_topology_locked(Use::lookup);
     } catch (const RemoteError&) {
       // All seeds down: the first call says so, and later calls try again.
     }
   }
 
-  void put(std::string_view key, std::string_view value) override {
+  bool put(std::string_view key, std::string_view value) override {
     // hiredis 0.14 formats a command into a buffer whose length is an int.
     if (key.size() + value.size() > kMaxCommandBytes) {
       throw RemoteError(describe() + ": SET of " + std::to_string(value.size()) +
@@ -419,15 +482,19 @@ class RedisStore final : public RemoteStore {
     if (with_ttl) {
       ttl_ms = std::to_string(std::chrono::milliseconds(options_.ttl).count());
     }
-    Command command = with_ttl ? Command("SET", {"SET", key, value, "PX", ttl_ms})
-                               : Command("SET", {"SET", key, value});
-    const auto [reply, node] = execute(key, command);
+    // NX: a key keeps its first value (RemoteStore). Answered +OK when stored, nil when
+    // the key was there.
+    Command command = with_ttl ? Command("SET", {"SET", key, value, "NX", "PX", ttl_ms})
+                               : Command("SET", {"SET", key, value, "NX"});
+    const auto [reply, node] = execute(key, command, Use::write);
+    if (reply->type == REDIS_REPLY_NIL) return false;
     if (reply->type != REDIS_REPLY_STATUS) unexpected(*node, command, *reply);
+    return true;
   }
 
   std::optional<std::string> get(std::string_view key) override {
     Command command("GET", {"GET", key});
-    const auto [reply, node] = execute(key, command);
+    const auto [reply, node] = execute(key, command, Use::lookup);
     if (reply->type == REDIS_REPLY_NIL) return std::nullopt;
     if (reply->type != REDIS_REPLY_STRING) unexpected(*node, command, *reply);
     return std::string(text_of(*reply));
@@ -435,7 +502,7 @@ class RedisStore final : public RemoteStore {
 
   void remove(std::string_view key) override {
     Command command("DEL", {"DEL", key});
-    const auto [reply, node] = execute(key, command);
+    const auto [reply, node] = execute(key, command, Use::write);
     if (reply->type != REDIS_REPLY_INTEGER) unexpected(*node, command, *reply);
   }
 
@@ -495,9 +562,9 @@ class RedisStore final : public RemoteStore {
     return it->second.get();
   }
 
-  // Runs `command` for `key` where the topology sends it; error replies other than
-  // redirects become RemoteError.
-  Answer execute(std::string_view key, Command& command) {
+  // Runs `command` for `key` where the topology sends it, over the nodes' connections for
+  // `use`; error replies other than redirects become RemoteError.
+  Answer execute(std::string_view key, Command& command, Use use) {
     Mode mode = Mode::unknown;
     Node* standalone = nullptr;
     {
@@ -506,13 +573,13 @@ class RedisStore final : public RemoteStore {
       standalone = standalone_;
     }
     if (mode == Mode::unknown) {
-      discover();
+      discover(use);
       const std::shared_lock lock(topology_mutex_);
       mode = mode_;
       standalone = standalone_;
     }
-    if (mode == Mode::cluster) return execute_cluster(key, command);
-    Reply reply = standalone->run(command, false);
+    if (mode == Mode::cluster) return execute_cluster(key, command, use);
+    Reply reply = standalone->run(command, false, use);
     if (reply->type == REDIS_REPLY_ERROR) {
       throw RemoteError(standalone->label() + ": " + command.name() +
                         " failed: " + std::string(text_of(*reply)));
@@ -520,11 +587,11 @@ class RedisStore final : public RemoteStore {
     return {std::move(reply), standalone};
   }
 
-  Answer execute_cluster(std::string_view key, Command& command) {
+  Answer execute_cluster(std::string_view key, Command& command, Use use) {
     const std::uint16_t slot = redis_key_slot(key);
     Node* node = owner_of(slot);
     if (node == nullptr) {
-      refresh_if_due();
+      refresh_if_due(use);
       node = owner_of(slot);
       if (node == nullptr) {
         throw RemoteError("redis cluster: no node serves slot " + std::to_string(slot) + " (" +
@@ -537,12 +604,12 @@ class RedisStore final : public RemoteStore {
     while (true) {
       Reply reply;
       try {
-        reply = node->run(command, asking);
+        reply = node->run(command, asking, use);
       } catch (const RemoteError&) {
         // The node is down or slow: another may have taken over its slots (a replica
         // promoted). Otherwise only this node's slots fail.
         if (asking || retried_elsewhere) throw;
-        refresh_if_due();
+        refresh_if_due(use);
         Node* owner = owner_of(slot);
         if (owner == nullptr || owner == node) throw;
         node = owner;
@@ -565,7 +632,7 @@ class RedisStore final : public RemoteStore {
         asking = true;  // this once, for this key only
       } else {
         set_owner(redirect->slot, target);
-        refresh_if_due();
+        refresh_if_due(use);
       }
       node = target;
     }
@@ -583,32 +650,33 @@ class RedisStore final : public RemoteStore {
 
   // Mode unknown: ask the seeds now (each one's reconnect rate limit keeps this fast when
   // they are down). Throws RemoteError when none answers.
-  void discover() {
+  void discover(Use use) {
     const std::lock_guard lock(refresh_mutex_);
     {
       const std::shared_lock topology(topology_mutex_);
       if (mode_ != Mode::unknown) return;  // another thread found out meanwhile
     }
-    update_topology_locked();
+    update_topology_locked(use);
   }
 
   // Cluster map refresh, at most once per `timeout`, and never waiting for one that
   // another thread runs (a call that fails must fail fast). Failures are left for the
   // calls to find (each node's own errors are more precise).
-  void refresh_if_due() {
+  void refresh_if_due(Use use) {
     try {
       const std::unique_lock lock(refresh_mutex_, std::try_to_lock);
       if (!lock.owns_lock()) return;
       if (refreshed_ && Clock::now() - last_refresh_ < options_.timeout) return;
-      update_topology_locked();
+      update_topology_locked(use);
     } catch (const RemoteError&) {
     }
   }
 
   // Asks for CLUSTER SLOTS: the nodes of the map with a live connection first, then the
-  // other nodes of the map, then the seeds; the first usable answer wins. Holds
-  // refresh_mutex_. Throws RemoteError naming every failure when there is no answer.
-  void update_topology_locked() {
+  // other nodes of the map, then the seeds; the first usable answer wins, asked over the
+  // connections for `use` (the caller's). Holds refresh_mutex_. Throws RemoteError naming
+  // every failure when there is no answer.
+  void update_topology_locked(Use use) {
     refreshed_ = true;
     last_refresh_ = Clock::now();
     std::vector<Node*> candidates;
@@ -636,7 +704,7 @@ class RedisStore final : public RemoteStore {
       Command command("CLUSTER SLOTS", {"CLUSTER", "SLOTS"});
       Reply reply;
       try {
-        reply = node->run(command, false);
+        reply = node->run(command, false, use);
       } catch (const RemoteError& error) {
         failures.emplace_back(error.what());
         continue;

@@ -8,12 +8,19 @@
 //     (slot map of the masters, one connection per node), an error such as "cluster
 //     support disabled" a standalone client (one connection). Seeds that are all down do
 //     not stop construction: the first call throws RemoteError and later calls find out.
-//   - Each node has one blocking connection guarded by a mutex (calls to one node are
-//     serialized; calls to different cluster nodes run in parallel). A connection that
-//     fails (I/O error, timeout, protocol error) is dropped and made again by a later
-//     call, at most once per `timeout` per node: in between, calls to that node throw
+//   - put is SET key value NX [PX ttl]: a key keeps its first value (RemoteStore).
+//   - Each node has two blocking connections, each guarded by a mutex: one for lookups
+//     (GET) and one for writes (SET, DEL), so that a lookup never waits behind a large
+//     value being sent to the same node. Calls of one kind to one node are serialized;
+//     the two kinds, and calls to different cluster nodes, run in parallel. A connection
+//     that fails (I/O error, timeout, protocol error) is dropped and made again by a later
+//     call, at most once per `timeout` per connection: in between, calls over it throw
 //     RemoteError at once, so a dead Redis costs a fast failure, not a hang. A connection
-//     the server closed while it was idle is made again at once, in the same call.
+//     the server closed while it was idle is made again at once, in the same call. A
+//     connect that fails, or a connection the server closed, tells the node's other
+//     connection too (it drops its own and makes no new one within `timeout` unless a
+//     connect works meanwhile); a timeout does not (a slow write says nothing of lookups).
+//     CLUSTER SLOTS goes over the connection of the call that needs the map.
 //   - Cluster routing: slot = redis_key_slot(key). MOVED updates the slot, refreshes the
 //     map (at most once per `timeout`) and retries on the named node; ASK sends ASKING and
 //     the command to the named node. At most kMaxRedisRedirects redirects per call. A node
@@ -25,7 +32,8 @@
 //     addresses where a slow resolver matters.
 //   - Memory: a put briefly holds two copies of the value inside hiredis (the formatted
 //     command and its output buffer), a get one copy in hiredis's reply and the returned
-//     string; hiredis's read buffer is given back after each large reply. One SET is at
+//     string; hiredis's read buffer is given back after each large reply. A node costs
+//     the server two client connections per daemon. One SET is at
 //     most 2 GiB (hiredis 0.14 counts a command's bytes in an int); Redis's own limit,
 //     proto-max-bulk-len, is 512 MB unless configured.
 //

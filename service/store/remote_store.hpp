@@ -3,10 +3,15 @@
 // (docs/prefix-store.md), and RemoteError, the one exception it throws. The Redis client
 // (store/redis_store.hpp) is the implementation; tests and other tiers may add more.
 //
-// Keys and values are bytes (any values, NUL included). The store logs nothing: a failure
-// is a RemoteError whose message names the node and the reason, for the caller to log.
+// Keys and values are bytes (any values, NUL included). A key keeps its first value: put
+// stores only a key that is absent (snapshots are immutable, and a second publisher's
+// value must not replace the first one that other daemons may be reading). The store
+// logs nothing: a failure is a RemoteError whose message names the node and the reason,
+// for the caller to log.
 //
 // Thread-safety: every member of a RemoteStore may be called from several threads at once.
+// A get never waits for a put or a remove in flight (an implementation keeps lookups and
+// writes on separate connections), so that a large write cannot delay a client's lookup.
 
 #include <optional>
 #include <stdexcept>
@@ -31,9 +36,10 @@ class RemoteStore {
   RemoteStore(const RemoteStore&) = delete;
   RemoteStore& operator=(const RemoteStore&) = delete;
 
-  /// SET key value (with PX ttl when the store has one). Throws RemoteError (unreachable,
-  /// timeout, error reply).
-  virtual void put(std::string_view key, std::string_view value) = 0;
+  /// SET key value NX (with PX ttl when the store has one): true when the value was
+  /// stored, false when the key had a value, which stays as it was (its ttl too). Throws
+  /// RemoteError (unreachable, timeout, error reply).
+  virtual bool put(std::string_view key, std::string_view value) = 0;
   /// GET: the value, or nullopt when the key is absent. Throws RemoteError.
   virtual std::optional<std::string> get(std::string_view key) = 0;
   /// DEL (absent keys are fine). Throws RemoteError.

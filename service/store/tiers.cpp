@@ -48,15 +48,27 @@ void SnapshotTiers::warn(const char* what, const std::string& message) {
 }
 
 void SnapshotTiers::publish(const SnapshotName& name, const std::string& tenant,
-                            std::shared_ptr<const std::string> value) {
-  if (host_ != nullptr) (void)host_->put(name, tenant, value);
+                            std::shared_ptr<const std::string> value,
+                            std::shared_ptr<SnapshotTierHold> hold) {
+  // Whatever happens below, the value is no longer on its way once this returns: its
+  // tiers have said (in `host` and `remote`) whether they took it.
+  struct Published {
+    SnapshotTierHold* hold;
+    ~Published() {
+      if (hold != nullptr) hold->publishing = false;
+    }
+  } const published{hold.get()};
+  if (host_ != nullptr) (void)host_->put(name, tenant, value, hold);
   if (remote_ == nullptr) return;
   {
     const std::lock_guard lock(mutex_);
     if (queue_.size() >= max_pending_) {
       ++counters_.writes_dropped;
     } else {
-      queue_.push_back(Write{remote_key(name), std::move(value)});
+      queue_.push_back(Write{remote_key(name), std::move(value), hold});
+      // Set under the lock: the writer, which clears it on a failure, cannot have taken
+      // the write yet.
+      if (hold != nullptr) hold->remote = true;
       wake_.notify_one();
       return;
     }
@@ -127,7 +139,7 @@ void SnapshotTiers::remove(const std::string& space, const std::string& prefix,
       ++counters_.writes_dropped;
       continue;
     }
-    queue_.push_back(Write{remote_key(n), nullptr});
+    queue_.push_back(Write{remote_key(n), nullptr, nullptr});
   }
   wake_.notify_one();
 }
@@ -147,10 +159,11 @@ void SnapshotTiers::run() {
     writing_ = true;
     lock.unlock();
     bool ok = true;
+    bool stored = true;  // false: SET NX found the key (the first value stands)
     std::string error;
     try {
       if (write.value != nullptr) {
-        remote_->put(write.key, *write.value);
+        stored = remote_->put(write.key, *write.value);
       } else {
         remote_->remove(write.key);
       }
@@ -158,14 +171,20 @@ void SnapshotTiers::run() {
       ok = false;
       error = e.what();
     }
-    if (!ok) warn("write", "remote snapshot write failed (the snapshot stays local): " + error);
+    if (!ok) {
+      if (write.hold != nullptr) write.hold->remote = false;
+      warn("write", "remote snapshot write failed (the snapshot stays local): " + error);
+    }
     lock.lock();
     writing_ = false;
-    if (ok) {
+    if (!ok) {
+      ++counters_.writes_failed;
+    } else if (stored) {
       ++counters_.writes_ok;
     } else {
-      ++counters_.writes_failed;
+      ++counters_.writes_existing;
     }
+    if (ok && write.value != nullptr) counters_.write_bytes += write.value->size();
     if (queue_.empty()) idle_.notify_all();
   }
 }

@@ -4,9 +4,13 @@
 // Cluster). Publication writes through: the value goes into the host tier at once and
 // into the remote store from a background thread, through a bounded queue, so that a slow
 // or dead remote never blocks a client's request (writes that do not fit the queue are
-// dropped and counted). Lookups try the host tier, then the remote store; a remote value
-// that is missing, unreadable, corrupted, stale (another layout) or unreachable is a
-// miss, counted, and logged as a warning (at most once per 10 s per kind).
+// dropped and counted). Both tiers keep the first value of a name: the remote write
+// stores only a key that is absent (RemoteStore::put), so a second daemon publishing the
+// same key leaves the first one's value. Lookups try the host tier, then the remote store;
+// a remote value that is missing, unreadable, corrupted, stale (another layout) or
+// unreachable is a miss, counted, and logged as a warning (at most once per 10 s per
+// kind). A publication's SnapshotTierHold (pool/snapshot_table.hpp) follows where its
+// value is, for the pool to count demotions.
 //
 // Thread-safety: every member function may be called concurrently. find() may block on
 // the remote store for its timeout: call it from a worker, never from an I/O thread.
@@ -38,9 +42,11 @@ struct TiersConfig {
 
 /// Remote-store counters since start (metrics).
 struct RemoteCounters {
-  std::uint64_t writes_ok = 0;
-  std::uint64_t writes_failed = 0;   ///< the store refused or was unreachable
-  std::uint64_t writes_dropped = 0;  ///< the queue was full
+  std::uint64_t writes_ok = 0;        ///< the value was stored
+  std::uint64_t writes_existing = 0;  ///< the key had a value already, which stays
+  std::uint64_t write_bytes = 0;      ///< value bytes of the ok and existing writes
+  std::uint64_t writes_failed = 0;    ///< the store refused or was unreachable
+  std::uint64_t writes_dropped = 0;   ///< the queue was full
   std::uint64_t reads_hit = 0;
   std::uint64_t reads_missing = 0;   ///< no such key
   std::uint64_t reads_failed = 0;    ///< unreachable or an error reply
@@ -63,9 +69,13 @@ class SnapshotTiers {
   [[nodiscard]] std::string describe() const;
 
   /// A publication: `value` (encode_snapshot_value) into the host tier now and into the
-  /// remote store soon. Never blocks on the remote store.
+  /// remote store soon. Never blocks on the remote store. `hold` (may be null): the
+  /// publication's, kept up to date from here on: `host` while the host tier keeps the
+  /// value, `remote` while a remote write of it is queued, in flight or done, and
+  /// `publishing` cleared when this returns (or throws).
   void publish(const SnapshotName& name, const std::string& tenant,
-               std::shared_ptr<const std::string> value);
+               std::shared_ptr<const std::string> value,
+               std::shared_ptr<SnapshotTierHold> hold = nullptr);
 
   struct Found {
     std::shared_ptr<const std::string> value;  ///< keeps `page` and `kv_bytes` alive
@@ -96,6 +106,7 @@ class SnapshotTiers {
   struct Write {
     std::string key;
     std::shared_ptr<const std::string> value;  ///< null: a delete
+    std::shared_ptr<SnapshotTierHold> hold;    ///< the publication's; may be null
   };
   void run();
   void warn(const char* what, const std::string& message);

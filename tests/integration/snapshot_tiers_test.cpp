@@ -1,7 +1,10 @@
 // The prefix-state store's tiers with real parts (docs/prefix-store.md, "Tiers"): two
 // statepoold processes sharing a real redis-server (and a three-node Redis Cluster), the
-// second serving a key only the first published; a corrupted remote value and a Redis
-// killed mid-run are misses with a warning and a metric, never a failed request.
+// second serving a key only the first published; the first publication of a key standing
+// in Redis whoever publishes it again; a corrupted remote value and a Redis killed mid-run
+// are misses with a warning and a metric, never a failed request; a lookup that asks Redis
+// while a write is in flight (held at a proxy) is answered without waiting for it; and
+// the pool's evictions counted as demotions only while the host tier holds the snapshot.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -14,13 +17,16 @@
 #include <vector>
 
 #include "statepool/client.hpp"
+#include "statepool/kernels/page.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/redis_proxy.hpp"
 #include "statepool/testing/redis_server.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 using statepool::testing::DaemonProcess;
 using statepool::testing::RedisCluster;
+using statepool::testing::RedisProxy;
 using statepool::testing::RedisServer;
 using namespace std::chrono_literals;
 
@@ -37,7 +43,7 @@ kernels::StateLayout layout() {
   return l;
 }
 
-/// One engine on one daemon: an arena, a staging buffer, one slot.
+/// One engine on one daemon: an arena (of `pages` pages), a staging buffer, one slot.
 struct Engine {
   client::Connection conn;
   client::LayoutInfo info;
@@ -45,10 +51,10 @@ struct Engine {
   client::Staging staging;
   std::vector<client::Slot> slot;
 
-  explicit Engine(const std::string& socket)
+  explicit Engine(const std::string& socket, std::uint32_t pages = 16)
       : conn(client::Connection::connect(options(socket))),
         info(conn.register_layout(layout())),
-        arena(conn.open_arena(info, 16)),
+        arena(conn.open_arena(info, pages)),
         staging(conn.open_staging(info.state_bytes_f32)),
         slot(conn.allocate(arena, 1)) {}
   static client::Options options(const std::string& socket) {
@@ -94,6 +100,17 @@ double metric(DaemonProcess& daemon, const std::string& series) {
   const auto at = text.find("\n" + series + " ");
   if (at == std::string::npos) return -1;
   return std::stod(text.substr(at + series.size() + 2));
+}
+
+/// Waits until `done()` (the daemon's background work: a remote write, a host-tier
+/// publication) or `patience` runs out; returns done().
+template <class Done>
+bool eventually(Done done, std::chrono::milliseconds patience = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  return done();
 }
 
 class SnapshotTiers : public ::testing::Test {
@@ -248,4 +265,142 @@ TEST_F(SnapshotTiers, RedisKilledMidRunDegradesToMissesAndComesBack) {
   }
   EXPECT_GT(redis.query({"DBSIZE"}).integer, 0) << daemon->log();
   EXPECT_EQ(daemon->stop(SIGTERM, 10s), 0);
+}
+
+// Publishing is idempotent across daemons: the remote write is SET NX, so a second daemon
+// that publishes the same key (with other contents: another engine's state at the same
+// position) leaves the first value in Redis, and a third daemon gets the first one.
+TEST_F(SnapshotTiers, TheFirstPublicationOfAKeyStandsInRedis) {
+  RedisServer redis;
+  const std::string url = "redis://127.0.0.1:" + std::to_string(redis.port());
+  auto first = daemon_with(url, "16MiB");
+  auto second = daemon_with(url, "16MiB");
+  auto third = daemon_with(url, "");
+  Engine a(first->socket_path());
+  Engine b(second->socket_path());
+  Engine c(third->socket_path());
+  const client::SnapshotKey key{"sha256:same-prefix", 512};
+
+  const std::vector<std::byte> first_page = a.park(31);
+  ASSERT_TRUE(a.conn.put_snapshot(a.slot[0], key).created);
+  ASSERT_TRUE(eventually([&] { return redis.query({"DBSIZE"}).integer == 1; })) << first->log();
+  const auto keys = redis.query({"KEYS", "statepool:snap:2:*"});
+  ASSERT_EQ(keys.elements.size(), 1u);
+  const std::string stored = redis.query({"GET", keys.elements[0].text}).text;
+
+  const std::vector<std::byte> second_page = b.park(32);
+  ASSERT_NE(second_page, first_page);
+  ASSERT_TRUE(b.conn.put_snapshot(b.slot[0], key).created);  // b's pool had no entry
+  const auto tried = [&] {
+    const auto count = [&](const char* result) {
+      return std::max(0.0, metric(*second, std::string("statepool_remote_store_writes_total{"
+                                                       "result=\"") +
+                                               result + "\"}"));
+    };
+    return count("ok") + count("existing") + count("failed") >= 1;
+  };
+  ASSERT_TRUE(eventually(tried)) << second->log();
+  EXPECT_EQ(metric(*second, "statepool_remote_store_writes_total{result=\"existing\"}"), 1);
+  EXPECT_EQ(metric(*second, "statepool_remote_store_writes_total{result=\"ok\"}"), 0);
+  // Not overwritten (compared whole: a failure does not print the bytes).
+  EXPECT_TRUE(redis.query({"GET", keys.elements[0].text}).text == stored);
+
+  const client::SnapshotGet got = c.conn.get_snapshot(key, c.slot[0]);
+  ASSERT_TRUE(got.hit) << third->log();
+  EXPECT_EQ(got.tier, "remote");
+  EXPECT_TRUE(c.page() == first_page);
+  EXPECT_FALSE(c.page() == second_page);
+  EXPECT_EQ(first->stop(SIGTERM, 10s), 0);
+  EXPECT_EQ(second->stop(SIGTERM, 10s), 0);
+  EXPECT_EQ(third->stop(SIGTERM, 10s), 0);
+}
+
+// The writer thread has connections of its own: a GetSnapshot that falls through to Redis
+// is answered while a write to the same node is in flight (held at a proxy for as long as
+// the test likes; the remote timeout is long so that the write cannot time out meanwhile).
+TEST_F(SnapshotTiers, ALookupIsAnsweredWhileAWriteToTheSameNodeIsInFlight) {
+  RedisServer redis;
+  RedisProxy proxy(redis.port());
+  auto daemon =
+      std::make_unique<DaemonProcess>(std::vector<std::string>{"--snapshot-remote", proxy.url(),
+                                                               "--snapshot-remote-timeout", "30s"},
+                                      true);
+  Engine e(daemon->socket_path());
+  // A first lookup below the pool: the lookup side is connected.
+  EXPECT_FALSE(e.conn.get_snapshot({"absent", 1}, e.slot[0]).hit);
+
+  proxy.hold("SET");
+  e.park(41);
+  ASSERT_TRUE(e.conn.put_snapshot(e.slot[0], {"large", 4096}).created);
+  ASSERT_TRUE(proxy.wait_held(10s)) << daemon->log();
+
+  // Another key: a pool miss that asks Redis. It is answered (a miss) while the SET is
+  // still held, and Redis was really asked (not a failure).
+  client::SnapshotGet got;
+  EXPECT_NO_THROW(got = e.conn.get_snapshot({"elsewhere", 2}, e.slot[0]));
+  EXPECT_FALSE(got.hit);
+  EXPECT_EQ(proxy.held(), 1);  // the write is still in flight
+  EXPECT_EQ(metric(*daemon, "statepool_remote_store_reads_total{result=\"missing\"}"), 2);
+  EXPECT_EQ(metric(*daemon, "statepool_remote_store_reads_total{result=\"failed\"}"), 0);
+  EXPECT_EQ(metric(*daemon, "statepool_remote_store_pending_writes"), 1);
+
+  proxy.release();
+  EXPECT_TRUE(eventually([&] {
+    return metric(*daemon, "statepool_remote_store_writes_total{result=\"ok\"}") == 1;
+  })) << daemon->log();
+  EXPECT_EQ(redis.query({"DBSIZE"}).integer, 1);
+  EXPECT_EQ(metric(*daemon, "statepool_remote_store_writes_total{result=\"failed\"}"), 0);
+  EXPECT_EQ(daemon->stop(SIGTERM, 10s), 0);
+}
+
+// A snapshot evicted from the pool is a demotion only while a tier below holds it: here
+// the host tier (no Redis), which holds one value at a time, so that most snapshots have
+// left it before the pool evicts them.
+TEST(SnapshotDemotions, CountOnlySnapshotsTheHostTierStillHolds) {
+  const std::size_t page = kernels::PageCodec(layout()).page_bytes();
+  // The value of a snapshot of tenant "default" (its namespace) under a 3-byte prefix:
+  // the value format's 80-byte header, the namespace, the prefix, the page.
+  const std::size_t value = 80 + std::string("default").size() + 3 + page;
+  DaemonProcess daemon({"--snapshot-host-capacity", std::to_string(value + value / 2)}, true);
+  Engine e(daemon.socket_path(), 4);  // one live slot and three snapshot pages
+  const auto series = [&](const std::string& name, const std::string& tier) {
+    return metric(daemon, name + "{tenant=\"default\",tier=\"" + tier + "\"}");
+  };
+  const auto host_evictions = [&] { return series("statepool_snapshot_evictions_total", "host"); };
+  const auto put = [&](const char* prefix, std::uint32_t seed) {
+    e.park(seed);
+    return e.conn.put_snapshot(e.slot[0], {prefix, 7});
+  };
+
+  ASSERT_TRUE(put("p-a", 1).created);
+  ASSERT_TRUE(eventually([&] { return series("statepool_snapshots", "host") == 1; }))
+      << daemon.log();
+  ASSERT_TRUE(put("p-b", 2).created);  // the host tier lets p-a go for p-b
+  ASSERT_TRUE(eventually([&] { return host_evictions() == 1; })) << daemon.log();
+  ASSERT_TRUE(put("p-c", 3).created);  // and p-b for p-c
+  ASSERT_TRUE(eventually([&] { return host_evictions() == 2; })) << daemon.log();
+  // Pool hits make p-a and p-b the pool's most recently used: p-c is its oldest.
+  EXPECT_EQ(e.conn.get_snapshot({"p-a", 7}, e.slot[0]).tier, "pool");
+  EXPECT_EQ(e.conn.get_snapshot({"p-b", 7}, e.slot[0]).tier, "pool");
+
+  // The pool evicts p-c, which the host tier holds: a demotion.
+  EXPECT_EQ(put("p-d", 4).evicted, 1u);
+  ASSERT_TRUE(eventually([&] { return host_evictions() == 3; })) << daemon.log();
+  // The pool evicts p-a, which the host tier let go long ago: an eviction.
+  EXPECT_EQ(put("p-e", 5).evicted, 1u);
+  ASSERT_TRUE(eventually([&] { return host_evictions() == 4; })) << daemon.log();
+
+  const client::TenantStats stats = e.conn.stats().tenants.at(0);
+  EXPECT_EQ(stats.snapshot_demotions, 1u);
+  EXPECT_EQ(stats.snapshot_evictions, 1u);
+  EXPECT_EQ(stats.snapshots, 3u);
+  EXPECT_EQ(metric(daemon, "statepool_snapshot_demotions_total{tenant=\"default\"}"), 1);
+  EXPECT_EQ(series("statepool_snapshot_evictions_total", "pool"), 1);
+  EXPECT_EQ(host_evictions(), 4);
+  EXPECT_EQ(series("statepool_snapshots", "host"), 1);
+  EXPECT_EQ(series("statepool_snapshot_bytes", "host"), static_cast<double>(value));
+  // What the tiers say matches: p-c is nowhere now, p-e is in the pool.
+  EXPECT_FALSE(e.conn.get_snapshot({"p-c", 7}, e.slot[0]).hit);
+  EXPECT_EQ(e.conn.get_snapshot({"p-e", 7}, e.slot[0]).tier, "pool");
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0);
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -236,6 +237,44 @@ TEST_F(PoolSnapshots, APublicationIntoAFullArenaEvictsTheOldestSnapshot) {
   const std::string msg = expect_status(Status::pool_exhausted, [&] { publish(key("four"), a); });
   EXPECT_NE(msg.find("no room for the snapshot's 1 page(s)"), std::string::npos) << msg;
   EXPECT_TRUE(same_stats(before, pool_->stats()));
+}
+
+// With tiers below the pool, an evicted snapshot is a demotion only while its value is
+// below (its hold says so: on its way there, in the host tier, or written or queued for
+// the remote store); otherwise, or without a hold (not written through), an eviction.
+TEST_F(PoolSnapshots, AnEvictionIsADemotionOnlyWhileATierBelowHoldsTheValue) {
+  PoolConfig c = config({tenant("alice")});
+  c.snapshot_lower_tiers = true;
+  pool_ = make_pool(std::move(c));
+  layout_ = pool_->register_layout(small_layout());
+  arena_ = pool_->open_arena("alice", layout_, 6);  // a slot and five snapshots
+  lease_ = pool_->attach_lease("alice", "").id;
+  const SlotId src = slot(lease_, arena_, 0x10);
+  const auto hold = [](bool publishing, bool host, bool remote) {
+    auto h = std::make_shared<SnapshotTierHold>();
+    h->publishing = publishing;
+    h->host = host;
+    h->remote = remote;
+    return h;
+  };
+  const auto put = [&](const char* name, std::shared_ptr<const SnapshotTierHold> below) {
+    SnapshotPut p =
+        pool_->put_snapshot(lease_, arena_.id, src, key(name), std::nullopt, std::move(below));
+    ASSERT_TRUE(p.copy.has_value());
+    run(*p.copy);
+  };
+  put("on-its-way", hold(true, false, false));
+  put("in-host", hold(false, true, false));
+  put("in-remote", hold(false, false, true));
+  const auto let_go = hold(false, true, false);
+  put("let-go", let_go);
+  put("not-written", nullptr);
+  let_go->host = false;  // the host tier let it go after its publication
+
+  (void)pool_->allocate(lease_, arena_.id, 5);  // evicts all five
+  EXPECT_EQ(usage("alice").snapshots, 0u);
+  EXPECT_EQ(usage("alice").snapshot_demotions, 3u);
+  EXPECT_EQ(usage("alice").snapshot_evictions, 2u);
 }
 
 TEST_F(PoolSnapshots, AReadInFlightKeepsItsPageThroughADeleteAndAnEviction) {

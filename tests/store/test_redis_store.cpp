@@ -1,7 +1,9 @@
 // The remote tier's Redis client (store/redis_store.hpp) against real redis-server
 // processes: URL parsing, the cluster hash slot (against the spec and CLUSTER KEYSLOT),
-// a standalone server (round trips, binary and 64 MiB values, ttl, AUTH, error replies,
-// a server that is down, killed, hung or restarted, 8 threads at once) and a 3-node
+// a standalone server (round trips, SET NX keeping a key's first value, binary and 64 MiB
+// values, ttl, AUTH, error replies, a server that is down, killed, hung or restarted, a
+// lookup answered while a write to the same server is held in flight at a proxy, 8
+// threads at once) and a 3-node
 // Redis Cluster (keys spread over every node, hash tags, one seed, MOVED and ASK after
 // real slot moves, a killed node failing only its own keys, 8 threads at once).
 //
@@ -23,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "statepool/testing/redis_proxy.hpp"
 #include "statepool/testing/redis_server.hpp"
 #include "store/redis_store.hpp"
 
@@ -41,6 +44,7 @@ using statepool::service::RemoteError;
 using statepool::service::RemoteStore;
 using statepool::testing::redis_query;
 using statepool::testing::RedisCluster;
+using statepool::testing::RedisProxy;
 using statepool::testing::RedisServer;
 using statepool::testing::RedisServerOptions;
 using Clock = std::chrono::steady_clock;
@@ -279,14 +283,17 @@ TEST_F(StandaloneTest, PutGetRemove) {
   const auto remote = store();
   EXPECT_EQ(remote->describe(), "redis " + server_->address());
   EXPECT_EQ(remote->get("absent"), std::nullopt);
-  remote->put("k", "v1");
+  EXPECT_TRUE(remote->put("k", "v1"));
   EXPECT_EQ(remote->get("k"), "v1");
-  remote->put("k", "v2");  // overwrites
-  EXPECT_EQ(remote->get("k"), "v2");
-  EXPECT_EQ(server_->query({"GET", "k"}).text, "v2");
+  EXPECT_FALSE(remote->put("k", "v2"));  // SET NX: the first value stays
+  EXPECT_EQ(remote->get("k"), "v1");
+  EXPECT_EQ(server_->query({"GET", "k"}).text, "v1");
   EXPECT_EQ(server_->query({"TTL", "k"}).integer, -1);  // no ttl: never expires
   remote->remove("k");
   EXPECT_EQ(remote->get("k"), std::nullopt);
+  EXPECT_TRUE(remote->put("k", "v3"));  // deleted: a new first value
+  EXPECT_EQ(remote->get("k"), "v3");
+  remote->remove("k");
   EXPECT_NO_THROW(remote->remove("k"));  // absent keys are fine
   EXPECT_NO_THROW(remote->remove("never-there"));
 }
@@ -330,10 +337,15 @@ TEST_F(StandaloneTest, TtlExpiresKeys) {
   RedisOptions options = options_for(server_->url());
   options.ttl = std::chrono::seconds(1);
   const auto remote = make_redis_store(options);
-  remote->put("short-lived", "v");
+  EXPECT_TRUE(remote->put("short-lived", "v"));
   const long long pttl = server_->query({"PTTL", "short-lived"}).integer;
   EXPECT_GT(pttl, 0);
   EXPECT_LE(pttl, 1000);
+  // NX with PX: a second put neither replaces the value nor renews its ttl.
+  ASSERT_EQ(server_->query({"SET", "kept", "first", "PX", "100000"}).text, "OK");
+  EXPECT_FALSE(remote->put("kept", "second"));
+  EXPECT_EQ(server_->query({"GET", "kept"}).text, "first");
+  EXPECT_GT(server_->query({"PTTL", "kept"}).integer, 1000);
   EXPECT_TRUE(eventually([&] { return !remote->get("short-lived").has_value(); }, 5s));
 }
 
@@ -476,10 +488,11 @@ void hammer(RemoteStore& remote, int threads, int rounds) {
           const std::string key = "t" + std::to_string(t) + "-" + std::to_string(i % 25);
           const std::string value = random_bytes(1 + static_cast<std::size_t>((i * 37 + t) % 5000),
                                                  static_cast<std::uint32_t>(t * 100000 + i));
-          remote.put(key, value);
+          remote.remove(key);  // SET NX: a key keeps its first value
+          if (!remote.put(key, value)) ++mismatches;
           if (remote.get(key) != value) ++mismatches;
           (void)remote.get("shared");  // every thread on one key too
-          if (i % 10 == 0) remote.put("shared", key);
+          if (i % 10 == 0) (void)remote.put("shared", key);
           if (i % 7 == 0) {
             remote.remove(key);
             if (remote.get(key).has_value()) ++mismatches;
@@ -493,6 +506,38 @@ void hammer(RemoteStore& remote, int threads, int rounds) {
   for (std::thread& worker : workers) worker.join();
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(errors.load(), 0);
+}
+
+// Lookups and writes go over connections of their own: a GET is answered while a SET to
+// the same server is in flight (held at a proxy for as long as the test likes; the timeout
+// is long so that it cannot expire meanwhile), and the SET completes once let go.
+TEST_F(StandaloneTest, ALookupIsAnsweredWhileAWriteIsInFlight) {
+  RedisProxy proxy(server_->port());
+  const auto remote = make_redis_store(options_for(proxy.url(), 30000ms));
+  EXPECT_TRUE(remote->put("before", "x"));  // both kinds of connection made before the hold
+  EXPECT_EQ(remote->get("before"), "x");
+
+  proxy.hold("SET");
+  const std::string big = random_bytes(std::size_t{8} << 20, 5);
+  std::atomic<bool> stored{false};
+  std::string failure;
+  std::thread writer([&] {
+    try {
+      stored = remote->put("big", big);
+    } catch (const RemoteError& error) {
+      failure = error.what();
+    }
+  });
+  ASSERT_TRUE(proxy.wait_held(10s));
+  std::optional<std::string> got;
+  EXPECT_NO_THROW(got = remote->get("before"));
+  EXPECT_EQ(got, "x");
+  EXPECT_EQ(remote->get("big"), std::nullopt);  // not there yet
+  EXPECT_EQ(proxy.held(), 1);                   // the SET is still in flight
+  proxy.release();
+  writer.join();
+  EXPECT_TRUE(stored) << failure;
+  EXPECT_EQ(server_->query({"STRLEN", "big"}).integer, static_cast<long long>(big.size()));
 }
 
 TEST_F(StandaloneTest, EightThreadsAtOnce) {

@@ -1,6 +1,8 @@
 // The prefix-state store below the pool, without a daemon: the snapshot value format
-// (every way a value is refused), the host tier's byte-bounded LRU, and SnapshotTiers over
-// an in-memory remote store that can fail, block or hold corrupted values.
+// (every way a value is refused), the host tier's byte-bounded LRU that keeps the first
+// value of a name, and SnapshotTiers over an in-memory remote store (SET NX, as Redis)
+// that can fail, block or hold corrupted values, with the SnapshotTierHold that tells the
+// pool whether an evicted snapshot is still held below it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -322,9 +324,56 @@ TEST(HostTier, KeepsAtMostItsCapacityLeastRecentlyUsedOutFirst) {
   // Too large for the tier: kept nowhere, nothing evicted.
   EXPECT_FALSE(tier.put(name("huge"), "alice", value_of(name("huge"), 4 * 1000)));
   EXPECT_EQ(tier.used(), 3 * one);
-  // The same name again replaces the entry.
+  // The same name again keeps the entry.
   EXPECT_TRUE(tier.put(name("a"), "alice", value_of(name("a"), 1000)));
   EXPECT_EQ(tier.used(), 3 * one);
+}
+
+// Snapshots are immutable below the pool too: a second value for a name (another daemon's,
+// read from the remote store; a publication after the pool let the snapshot go) leaves the
+// first value, its size and its publisher as they were.
+TEST(HostTier, KeepsTheFirstValueOfAName) {
+  HostTier tier(1 << 20);
+  const SnapshotName n = name("k");
+  const auto first = std::make_shared<const std::string>(encode_snapshot_value(n, page(100, 1)));
+  const auto second = std::make_shared<const std::string>(encode_snapshot_value(n, page(300, 2)));
+  EXPECT_TRUE(tier.put(n, "alice", first));
+  EXPECT_TRUE(tier.put(n, "bob", second));  // the tier holds a value for the name
+  EXPECT_EQ(tier.get(n), first);
+  EXPECT_EQ(tier.used(), first->size());
+  EXPECT_EQ(tier.usage().at("alice").snapshots, 1u);
+  EXPECT_EQ(tier.usage().count("bob"), 0u);
+  // Even one too large for the tier: the entry stays.
+  EXPECT_TRUE(tier.put(n, "bob", value_of(n, 2 << 20)));
+  EXPECT_EQ(tier.get(n), first);
+}
+
+// The hold of the publication that put (or put again) an entry says whether it is here.
+TEST(HostTier, AHoldSaysWhetherTheEntryIsStillThere) {
+  const std::size_t one = value_of(name("a"), 1000)->size();
+  HostTier tier(2 * one);
+  auto a = std::make_shared<SnapshotTierHold>();
+  auto b = std::make_shared<SnapshotTierHold>();
+  auto c = std::make_shared<SnapshotTierHold>();
+  EXPECT_TRUE(tier.put(name("a"), "alice", value_of(name("a"), 1000), a));
+  EXPECT_TRUE(tier.put(name("b"), "alice", value_of(name("b"), 1000), b));
+  EXPECT_TRUE(a->host);
+  EXPECT_TRUE(b->host);
+  EXPECT_TRUE(tier.put(name("c"), "alice", value_of(name("c"), 1000), c));  // a goes
+  EXPECT_FALSE(a->host);
+  EXPECT_TRUE(b->host);
+  EXPECT_TRUE(c->host);
+  // b published again (its first snapshot left the pool): the entry answers for the new
+  // hold, which the tier keeps up to date from now on.
+  auto b2 = std::make_shared<SnapshotTierHold>();
+  EXPECT_TRUE(tier.put(name("b"), "alice", value_of(name("b"), 1000), b2));
+  EXPECT_TRUE(b2->host);
+  EXPECT_EQ(tier.remove_key("team", "b", 64).size(), 1u);
+  EXPECT_FALSE(b2->host);
+  // Too large: not held.
+  auto huge = std::make_shared<SnapshotTierHold>();
+  EXPECT_FALSE(tier.put(name("huge"), "alice", value_of(name("huge"), 3000), huge));
+  EXPECT_FALSE(huge->host);
 }
 
 TEST(HostTier, RemovingAKeyRemovesItUnderEveryLayout) {
@@ -341,15 +390,16 @@ TEST(HostTier, RemovingAKeyRemovesItUnderEveryLayout) {
 
 // --- the tiers over a fake remote ----------------------------------------------------------
 
-/// An in-memory remote store that can be made to fail or to block its writes.
+/// An in-memory remote store that can be made to fail or to block its writes. put is SET
+/// NX, as RedisStore's: a key keeps its first value.
 class FakeRemote final : public RemoteStore {
  public:
-  void put(std::string_view key, std::string_view value) override {
+  bool put(std::string_view key, std::string_view value) override {
     std::unique_lock lock(mutex_);
     ++entered_;
     released_.wait(lock, [&] { return !blocked_; });
     if (down_) throw RemoteError("fake redis unreachable: Connection refused");
-    data_[std::string(key)] = std::string(value);
+    return data_.emplace(std::string(key), std::string(value)).second;
   }
   std::optional<std::string> get(std::string_view key) override {
     const std::lock_guard lock(mutex_);
@@ -534,6 +584,94 @@ TEST(SnapshotTiers, RemoveDeletesEveryLayoutFromBothTiers) {
   ASSERT_TRUE(tiers.flush(5s));
   EXPECT_TRUE(fake.data().empty());
   EXPECT_FALSE(tiers.find(a, 10, "alice").has_value());
+}
+
+}  // namespace
+}  // namespace statepool::service
+
+namespace statepool::service {
+namespace {
+
+// A second publication of a name (another daemon's, or this one's after its pool let the
+// snapshot go) leaves the first value in the remote store and is counted as "existing";
+// the bytes of both writes count as sent.
+TEST(SnapshotTiers, TheRemoteKeepsTheFirstValueOfAName) {
+  auto remote = std::make_unique<FakeRemote>();
+  FakeRemote& fake = *remote;
+  SnapshotTiers tiers(TiersConfig{0, 16}, std::move(remote));  // remote only
+  const SnapshotName n = name("p");
+  const auto first = std::make_shared<const std::string>(encode_snapshot_value(n, page(100, 1)));
+  const auto second = std::make_shared<const std::string>(encode_snapshot_value(n, page(100, 2)));
+  tiers.publish(n, "alice", first);
+  ASSERT_TRUE(tiers.flush(5s));
+  tiers.publish(n, "bob", second);
+  ASSERT_TRUE(tiers.flush(5s));
+  EXPECT_TRUE(fake.data().at(remote_key(n)) == *first);
+  const RemoteCounters c = tiers.remote_counters();
+  EXPECT_EQ(c.writes_ok, 1u);
+  EXPECT_EQ(c.writes_existing, 1u);
+  EXPECT_EQ(c.write_bytes, first->size() + second->size());
+  const auto found = tiers.find(n, 100, "carol");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_TRUE(same(found->page, page(100, 1)));
+}
+
+// What a publication's hold says as its value goes down: on its way until publish()
+// returns; then held by the host tier until it lets the value go, and by the remote store
+// while its write is queued, in flight or done; never by a remote write that was dropped
+// or failed.
+TEST(SnapshotTiers, AHoldFollowsTheValueIntoEachTier) {
+  auto remote = std::make_unique<FakeRemote>();
+  FakeRemote& fake = *remote;
+  const std::size_t one = value_of(name("a"), 100)->size();
+  SnapshotTiers tiers(TiersConfig{one, 1}, std::move(remote));  // one value, one write queued
+
+  auto a = std::make_shared<SnapshotTierHold>();
+  EXPECT_TRUE(a->held());  // on its way
+  tiers.publish(name("a"), "alice", value_of(name("a"), 100), a);
+  EXPECT_FALSE(a->publishing);
+  EXPECT_TRUE(a->host);
+  EXPECT_TRUE(a->remote);  // queued or written
+  ASSERT_TRUE(tiers.flush(5s));
+  EXPECT_TRUE(a->remote);  // written
+
+  // The host tier lets a go for b: a is held by the remote store alone.
+  auto b = std::make_shared<SnapshotTierHold>();
+  tiers.publish(name("b"), "alice", value_of(name("b"), 100), b);
+  ASSERT_TRUE(tiers.flush(5s));
+  EXPECT_FALSE(a->host);
+  EXPECT_TRUE(a->held());
+  EXPECT_TRUE(b->host && b->remote);
+
+  // A failed write: c is held by the host tier only, until d pushes it out.
+  fake.set_down(true);
+  auto c = std::make_shared<SnapshotTierHold>();
+  tiers.publish(name("c"), "alice", value_of(name("c"), 100), c);
+  ASSERT_TRUE(tiers.flush(5s));
+  EXPECT_TRUE(c->host);
+  EXPECT_FALSE(c->remote);
+  fake.set_down(false);
+  fake.set_blocked(true);
+  auto d = std::make_shared<SnapshotTierHold>();
+  tiers.publish(name("d"), "alice", value_of(name("d"), 100), d);
+  while (fake.entered() < 4) std::this_thread::sleep_for(1ms);  // the writer holds d
+  EXPECT_FALSE(c->held());
+  EXPECT_TRUE(d->remote);  // in flight
+
+  // A dropped write (one is queued already, d is in flight): e is held by the host tier
+  // only, and by nothing once the tier lets it go.
+  auto queued = std::make_shared<SnapshotTierHold>();
+  tiers.publish(name("q"), "alice", value_of(name("q"), 100), queued);
+  auto e = std::make_shared<SnapshotTierHold>();
+  tiers.publish(name("e"), "alice", value_of(name("e"), 100), e);
+  EXPECT_EQ(tiers.remote_counters().writes_dropped, 1u);
+  EXPECT_TRUE(e->host);
+  EXPECT_FALSE(e->remote);
+  tiers.publish(name("f"), "alice", value_of(name("f"), 100));  // no hold: a remote hit, say
+  EXPECT_FALSE(e->held());
+  fake.set_blocked(false);
+  ASSERT_TRUE(tiers.flush(5s));
+  EXPECT_TRUE(d->remote && queued->remote);
 }
 
 }  // namespace
