@@ -6,7 +6,18 @@ client-only, and builds the one target statepool_python (python/CMakeLists.txt) 
 into setuptools' build folder. Needs (Debian packages): cmake (>= 3.25), a C++20 compiler
 (g++ >= 12), flatbuffers-compiler and libflatbuffers-dev, pybind11-dev, python3-dev and
 libdlpack-dev. Environment: CMAKE_BUILD_PARALLEL_LEVEL (jobs; default: the usable CPUs),
-CMAKE_ARGS (extra configure arguments), STATEPOOL_PYTHON_BUILD_DIR (the build folder).
+CMAKE_ARGS (extra configure arguments), STATEPOOL_PYTHON_BUILD_DIR (the build folder),
+STATEPOOL_PYTHON_CUDA (auto, on or off; below).
+
+CUDA: by default (auto) the module is built with the client's CUDA side (device memory of
+the cuda backend mapped here, Pending.synchronize/wait, DeviceDecoder, DeviceDecodeStep:
+statepool.HAVE_CUDA) when CMake finds nvcc (on PATH, $CUDACXX or /usr/local/cuda/bin/nvcc),
+and without it otherwise, as the project's own build does. "on" fails when nvcc is not
+found; "off" never builds it. A CUDA module links the toolkit's shared libcudart (found at
+run time through the module's RUNPATH, the toolkit's library folder) and reaches the driver
+through it, so it imports and works on the host backend on machines without a GPU or driver.
+The kernels are built for STATEPOOL_CUDA_ARCHITECTURES (80;90; CMAKE_ARGS can say
+"-DSTATEPOOL_CUDA_ARCHITECTURES=native").
 """
 
 import os
@@ -34,6 +45,16 @@ def fail(problem):
                      f"statepool: on Debian/Ubuntu: apt-get install {PACKAGES}")
 
 
+def cuda_mode():
+    """STATEPOOL_PYTHON_CUDA as 'auto', 'on' or 'off'."""
+    value = os.environ.get("STATEPOOL_PYTHON_CUDA", "auto").strip().lower()
+    modes = {"auto": "auto", "": "auto", "on": "on", "1": "on", "yes": "on", "true": "on",
+             "off": "off", "0": "off", "no": "off", "false": "off"}
+    if value not in modes:
+        fail(f"STATEPOOL_PYTHON_CUDA={value!r}: use auto, on or off")
+    return modes[value]
+
+
 def cmake_cache(build_dir):
     """The entries NAME:TYPE=VALUE of CMakeCache.txt, as {NAME: VALUE}."""
     entries = {}
@@ -57,10 +78,12 @@ class CMakeBuild(build_ext):
         # Where setuptools wants the module: <build_lib>/statepool/_core<EXT_SUFFIX>. CMake
         # puts it, and copies the .py files, into ${STATEPOOL_PYTHON_DIR}/statepool.
         module = Path(self.get_ext_fullpath(ext.name)).resolve()
+        cuda = cuda_mode()
         build_dir = Path(self.build_temp).resolve() / "cmake"
         configure = [cmake, "-S", str(ROOT), "-B", str(build_dir),
                      "-DCMAKE_BUILD_TYPE=" + ("Debug" if self.debug else "Release"),
                      "-DSTATEPOOL_CLIENT_ONLY=ON", "-DSTATEPOOL_PYTHON=ON",
+                     "-DSTATEPOOL_CLIENT_CUDA=" + ("OFF" if cuda == "off" else "ON"),
                      "-DPython3_EXECUTABLE=" + sys.executable,
                      "-DSTATEPOOL_PYTHON_DIR=" + str(module.parent.parent)]
         if shutil.which("ninja") and not (build_dir / "CMakeCache.txt").exists():
@@ -86,6 +109,10 @@ class CMakeBuild(build_ext):
                        if cache.get(entry, "NOTFOUND").endswith("NOTFOUND")]
             fail("CMake skipped the Python module: missing "
                  + (", ".join(missing) or f"python3-dev (Python.h of {sys.executable})"))
+        # The same summary line says "CUDA kernels ON" when nvcc was found and used.
+        if cuda == "on" and "CUDA kernels ON" not in result.stdout:
+            fail("STATEPOOL_PYTHON_CUDA=on, but CMake found no nvcc (put it on PATH, set "
+                 "CUDACXX, or install the CUDA toolkit in /usr/local/cuda)")
 
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(
             len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")

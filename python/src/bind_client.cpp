@@ -20,6 +20,7 @@
 
 #include "bindings.hpp"
 #include "gil.hpp"
+#include "handles.hpp"
 #include "statepool/client.hpp"
 #include "statepool/decode_step.hpp"
 #include "statepool/kernels/kv.hpp"
@@ -84,22 +85,10 @@ struct StagingHandle {
   }
 };
 
-struct ArenaHandle {
-  std::shared_ptr<client::Arena> arena;
-};
-
 // A DecodeStep shares its arena object, so Arena.close() refuses while one exists.
 struct DecodeStepHandle {
   std::shared_ptr<client::Arena> arena;
   std::unique_ptr<client::DecodeStep> step;
-};
-
-struct SlotHandle {
-  client::Slot slot;
-  explicit SlotHandle(client::Slot s) : slot(std::move(s)) {}
-  SlotHandle(const SlotHandle&) = delete;
-  SlotHandle& operator=(const SlotHandle&) = delete;
-  ~SlotHandle() = default;  // frees the slot (with the GIL: gil.hpp)
 };
 
 // A view's owner: destroying the last one may close a staging buffer on the daemon.
@@ -141,30 +130,12 @@ py::object pending_event(const client::Pending& p) {
   return py::bytes(reinterpret_cast<const char*>(p.event->data()), p.event->size());
 }
 
-// The slot an argument names: a Slot object or (arena, id) through the other overload.
 /// A snapshot key's prefix as Python gives it: bytes as they are, str as its UTF-8 bytes.
 using PrefixArg = std::variant<py::bytes, std::string>;
 
 std::string prefix_bytes(const PrefixArg& prefix) {
   if (const auto* b = std::get_if<py::bytes>(&prefix)) return std::string(*b);
   return std::get<std::string>(prefix);
-}
-
-const client::Slot& slot_of(const SlotHandle& s) {
-  if (!s.slot.valid()) throw py::value_error("the slot was freed, released or closed");
-  return s.slot;
-}
-
-// The id of a page of `arena` an argument names: a Slot of that arena, or an id.
-client::SlotId slot_in(const client::Arena& arena, const py::handle& slot) {
-  if (!py::isinstance<SlotHandle>(slot)) return slot.cast<client::SlotId>();
-  const client::Slot& s = slot_of(slot.cast<const SlotHandle&>());
-  if (s.arena_id() != arena.id()) {
-    throw py::value_error("slot " + std::to_string(s.id()) + " is a slot of arena " +
-                          std::to_string(s.arena_id()) + ", not of arena " +
-                          std::to_string(arena.id()));
-  }
-  return s.id();
 }
 
 const client::Staging& staging_of(const StagingHandle& s) {
@@ -203,6 +174,23 @@ std::optional<client::KvStaging> kv_range(const StagingHandle* staging, std::uin
     return std::nullopt;
   }
   return client::KvStaging{staging_of(*staging).id(), offset, dtype};
+}
+
+/// put_snapshot()'s KV blocks and their range, checked before anything is sent: both or
+/// neither.
+std::optional<client::SnapshotKv> snapshot_kv(const std::optional<kernels::KvBlocks>& kv,
+                                              const StagingHandle* kv_staging,
+                                              std::uint64_t kv_offset, DType kv_dtype) {
+  if (kv && kv_staging == nullptr) {
+    throw py::value_error(
+        "kv without kv_staging: name the staging buffer that holds the KV values");
+  }
+  if (!kv && kv_staging != nullptr) {
+    throw py::value_error("kv_staging without kv: name the KV blocks it holds");
+  }
+  const std::optional<client::KvStaging> range = kv_range(kv_staging, kv_offset, kv_dtype);
+  if (!kv) return std::nullopt;
+  return client::SnapshotKv{*kv, *range};
 }
 
 // --- moving snapshots (docs/prefix-store.md, "Moving snapshots") ---------------------------
@@ -701,16 +689,27 @@ live on in the daemon). page(slot) views one page; decode(slot, out) decodes it 
           "A uint8 view of the whole mapping, shape (page_count, page_stride).")
       .def(
           "decode",
-          [](const ArenaHandle& a, const py::object& slot, const py::object& out, DType dtype) {
+          [](const ArenaHandle& a, const py::object& slot, const py::object& out, DType dtype,
+             std::uintptr_t stream) {
             const std::shared_ptr<client::Arena> keep = a.arena;  // close() refuses meanwhile
+            if (keep->device_data() != nullptr) {
+              decode_on_device(keep, slot_in(*keep, slot), out, dtype, stream);
+              return;
+            }
             const std::span<std::byte> page = keep->page(slot_in(*keep, slot));
             const Borrowed staged(out, true, "out");
             ReleaseGil release;
             keep->codec().decode(page, dtype, staged.bytes());
           },
-          py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, R"doc(
-Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
-tensor of codec.staged_bytes(dtype) bytes). Host arenas only.)doc")
+          py::arg("slot"), py::arg("out"), py::arg("dtype") = DType::f32, py::kw_only(),
+          py::arg("stream") = 0, R"doc(
+Decodes page ``slot`` here, with the daemon's codec code, into ``out``: the staged state,
+codec.staged_bytes(dtype) bytes. A host arena decodes on the CPU into a C-contiguous host
+buffer (numpy array, CPU tensor). A device arena (cuda backend, mapped here; a module built
+with CUDA) decodes with the daemon's CUDA kernels into device memory on the arena's device (a
+CUDA tensor, a device View: DLPack or __cuda_array_interface__) on CUDA stream ``stream`` (an
+int handle such as torch.cuda.Stream.cuda_stream; 0 the legacy default stream) and returns
+when it is done; DeviceDecoder decodes without waiting.)doc")
       .def(
           "close",
           [](ArenaHandle& a) {
@@ -899,6 +898,18 @@ it; 0 takes any existing one or the daemon's default size.)doc")
           py::arg("arena"), py::arg("count") = 1,
           "Allocates ``count`` slots of an arena, all or none (PoolExhausted when full).")
       .def(
+          "allocate",
+          [](const ConnectionHandle& c, client::ArenaId arena, std::uint32_t count) {
+            std::vector<client::Slot> slots =
+                call(c, [&](Connection& conn) { return conn.allocate(arena, count); });
+            py::list out;
+            for (auto& s : slots)
+              out.append(
+                  py::cast(new SlotHandle(std::move(s)), py::return_value_policy::take_ownership));
+            return out;
+          },
+          py::arg("arena_id"), py::arg("count") = 1)
+      .def(
           "adopt",
           [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot) {
             return new SlotHandle(c.get()->adopt(arena, slot));  // sends nothing
@@ -1036,20 +1047,10 @@ arguments take the planner's defaults.)doc")
           [](const ConnectionHandle& c, const SlotHandle& slot, const PrefixArg& prefix,
              std::uint64_t position, const std::optional<kernels::KvBlocks>& kv,
              const StagingHandle* kv_staging, std::uint64_t kv_offset, DType kv_dtype) {
-            if (kv && kv_staging == nullptr) {
-              throw py::value_error(
-                  "kv without kv_staging: name the staging buffer that holds "
-                  "the KV values");
-            }
-            if (!kv && kv_staging != nullptr) {
-              throw py::value_error("kv_staging without kv: name the KV blocks it holds");
-            }
-            const std::optional<client::KvStaging> range =
-                kv_range(kv_staging, kv_offset, kv_dtype);
+            const std::optional<client::SnapshotKv> with =
+                snapshot_kv(kv, kv_staging, kv_offset, kv_dtype);
             const client::Slot& s = slot_of(slot);
             client::SnapshotKey key{prefix_bytes(prefix), position};
-            std::optional<client::SnapshotKv> with;
-            if (kv) with = client::SnapshotKv{*kv, *range};
             return call(c, [&](Connection& conn) { return conn.put_snapshot(s, key, with); });
           },
           py::arg("slot"), py::arg("prefix"), py::arg("position"), py::arg("kv") = py::none(),
@@ -1066,6 +1067,21 @@ the arena (the result's pages and kv_bytes). NotFinite for a NaN/Inf value, Inva
 for ill-formed blocks or blocks that need more pages than the arena has; in both cases
 nothing is published. ValueError, before anything is sent, for kv without kv_staging or the
 reverse.)doc")
+      .def(
+          "put_snapshot",
+          [](const ConnectionHandle& c, client::ArenaId arena, client::SlotId slot,
+             const PrefixArg& prefix, std::uint64_t position,
+             const std::optional<kernels::KvBlocks>& kv, const StagingHandle* kv_staging,
+             std::uint64_t kv_offset, DType kv_dtype) {
+            const std::optional<client::SnapshotKv> with =
+                snapshot_kv(kv, kv_staging, kv_offset, kv_dtype);
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(
+                c, [&](Connection& conn) { return conn.put_snapshot(arena, slot, key, with); });
+          },
+          py::arg("arena_id"), py::arg("slot_id"), py::arg("prefix"), py::arg("position"),
+          py::arg("kv") = py::none(), py::arg("kv_staging") = py::none(), py::arg("kv_offset") = 0,
+          py::arg("kv_dtype") = DType::bf16)
       .def(
           "get_snapshot",
           [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
@@ -1087,6 +1103,20 @@ With ``kv_staging`` (a staging buffer of this connection), a hit on a hybrid ent
 its KV blocks into it at byte ``kv_offset``, as ``kv_dtype`` values (kv.plain_bytes(kv_dtype)
 bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
 so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.)doc")
+      .def(
+          "get_snapshot",
+          [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,
+             client::ArenaId arena, client::SlotId slot, const StagingHandle* kv_staging,
+             std::uint64_t kv_offset, DType kv_dtype) {
+            const std::optional<client::KvStaging> range =
+                kv_range(kv_staging, kv_offset, kv_dtype);
+            client::SnapshotKey key{prefix_bytes(prefix), position};
+            return call(
+                c, [&](Connection& conn) { return conn.get_snapshot(key, arena, slot, range); });
+          },
+          py::arg("prefix"), py::arg("position"), py::arg("arena_id"), py::arg("slot_id"),
+          py::arg("kv_staging") = py::none(), py::arg("kv_offset") = 0,
+          py::arg("kv_dtype") = DType::bf16)
       .def(
           "export_snapshot",
           [](const ConnectionHandle& c, const PrefixArg& prefix, std::uint64_t position,

@@ -11,5 +11,8 @@ namespace py = pybind11;
 void bind_kernels(py::module_& m);
 /// connect(), Connection, Arena, Staging, Slot and the result types (bind_client.cpp).
 void bind_client(py::module_& m);
+/// HAVE_CUDA, Pending.synchronize()/wait(), DeviceDecoder, DeviceDecodeStep (bind_cuda.cpp;
+/// after bind_client, whose Pending it extends).
+void bind_cuda(py::module_& m);
 
 }  // namespace statepool::python

@@ -61,5 +61,6 @@ PYBIND11_MODULE(_core, m) {
   bind_views(m);
   bind_kernels(m);
   bind_client(m);
+  bind_cuda(m);
   py::register_exception_translator(&translate);
 }

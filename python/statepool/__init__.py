@@ -26,6 +26,7 @@ from __future__ import annotations
 from . import errors
 from ._core import (
     DEFAULT_SOCKET_PATH,
+    HAVE_CUDA,
     Arch,
     Arena,
     ArenaStats,
@@ -34,6 +35,8 @@ from ._core import (
     Connection,
     DType,
     DecodeStep,
+    DeviceDecoder,
+    DeviceDecodeStep,
     Fits,
     KvBlocks,
     KvCodec,
@@ -84,8 +87,9 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_SOCKET_PATH", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId", "Connection",
-    "DType", "DecodeStep", "Fits", "KvBlocks", "KvCodec", "LayoutInfo", "PageCodec", "Pending",
+    "DEFAULT_SOCKET_PATH", "HAVE_CUDA", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId",
+    "Connection", "DType", "DecodeStep", "DeviceDecoder", "DeviceDecodeStep", "Fits",
+    "KvBlocks", "KvCodec", "LayoutInfo", "PageCodec", "Pending",
     "Plan", "PlanInfo", "Slot",
     "SnapshotExport", "SnapshotGet", "SnapshotImport", "SnapshotInfo", "SnapshotList",
     "SnapshotPut",

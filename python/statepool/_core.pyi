@@ -18,6 +18,11 @@ _BufferLike: TypeAlias = Any
 # A C-contiguous host buffer borrowed for one call: anything with the buffer protocol (numpy
 # array, bytearray, memoryview, statepool.View) or __dlpack__ (a torch CPU tensor).
 
+_DeviceBufferLike: TypeAlias = Any
+# C-contiguous device memory borrowed for one call (a module built with CUDA): a CUDA tensor or
+# a device statepool.View (__dlpack__ / __dlpack_device__), or anything with
+# __cuda_array_interface__ (CuPy, Numba).
+
 if sys.version_info >= (3, 13):
     from types import CapsuleType as _PyCapsule
 else:
@@ -25,6 +30,9 @@ else:
 
 DEFAULT_SOCKET_PATH: Final = "/run/statepool/statepool.sock"
 """Where statepoold listens unless configured otherwise (connect()'s default socket_path)."""
+
+HAVE_CUDA: bool
+"""True when the module was built with CUDA: Pending.synchronize()/wait() on device work, Arena.decode() of device arenas, DeviceDecoder and DeviceDecodeStep work (they raise RuntimeError otherwise), and arenas and staging buffers of the cuda backend are mapped here as device memory."""
 
 # --- enums (pybind11 enums: not enum.Enum subclasses, and not iterable; the members are
 # class attributes and __members__ maps their names to them) ---------------------------------
@@ -930,6 +938,21 @@ class Pending:
     @property
     def event(self) -> builtins.bytes | None:  # builtins.: the property bytes shadows it
         """The 64 bytes of a cudaIpcEventHandle_t that completes with the work, or None when the work was done already (host backend)."""
+    def synchronize(self) -> None:
+        """
+        Blocks this thread (the GIL released) until the daemon's device work is done. Returns at once
+        when there is no event (the host backend: the work was done when the reply came). Call it
+        before the next request on the connection that returned this Pending. RuntimeError (no event
+        waited for) in a module built without CUDA.
+        """
+    def wait(self, stream: int) -> None:
+        """
+        Makes CUDA stream ``stream`` wait for the daemon's device work, without blocking this thread
+        (cudaStreamWaitEvent on the daemon's IPC event): an int handle such as
+        torch.cuda.current_stream().cuda_stream, 0 the legacy default stream. Nothing to do when there
+        is no event. Call it before the next request on the connection that returned this Pending.
+        RuntimeError (for an event) in a module built without CUDA.
+        """
 
 # --- client: slots, staging, arenas ----------------------------------------------------------
 
@@ -1057,10 +1080,22 @@ class Arena:
         """A uint8 view of one page (a Slot or a slot id)."""
     def pages(self) -> View:
         """A uint8 view of the whole mapping, shape (page_count, page_stride)."""
-    def decode(self, slot: Slot | int, out: _BufferLike, dtype: DType = DType.f32) -> None:
+    def decode(
+        self,
+        slot: Slot | int,
+        out: _BufferLike | _DeviceBufferLike,
+        dtype: DType = DType.f32,
+        *,
+        stream: int = 0,
+    ) -> None:
         """
-        Decodes page ``slot`` here, with the daemon's codec code, into ``out`` (a numpy array or CPU
-        tensor of codec.staged_bytes(dtype) bytes). Host arenas only.
+        Decodes page ``slot`` here, with the daemon's codec code, into ``out``: the staged state,
+        codec.staged_bytes(dtype) bytes. A host arena decodes on the CPU into a C-contiguous host
+        buffer (numpy array, CPU tensor). A device arena (cuda backend, mapped here; a module built
+        with CUDA) decodes with the daemon's CUDA kernels into device memory on the arena's device (a
+        CUDA tensor, a device View: DLPack or __cuda_array_interface__) on CUDA stream ``stream`` (an
+        int handle such as torch.cuda.Stream.cuda_stream; 0 the legacy default stream) and returns
+        when it is done; DeviceDecoder decodes without waiting.
         """
     def close(self) -> None:
         """Unmaps the arena here (the daemon keeps it). BufferError while views are alive."""
@@ -1124,6 +1159,76 @@ batch order). float32 C-contiguous buffers (numpy arrays, CPU tensors): q and k
 [batch][H] (GDN) or [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written).
 ``qk_heads`` 0 means H. ValueError when a size does not fit (nothing written); a head whose
 new state is not finite keeps its old bytes and is counted in the StepResult."""
+
+# --- client: CUDA (a module built with CUDA; RuntimeError otherwise) ------------------------
+
+class DeviceDecoder:
+    """
+    Decodes pages of a device arena (the cuda backend, mapped here) on the engine's CUDA stream
+    with the daemon's own kernels, without a round trip: byte for byte what the daemon's
+    decompress() writes. The page format's tables are uploaded once, when it is made; decode()
+    only enqueues. Keeps the arena mapped while it exists (Arena.close() refuses). Needs a
+    module built with CUDA (HAVE_CUDA).
+    """
+
+    def __init__(self, arena: Arena, dtype: DType = DType.f32) -> None:
+        """``dtype``: the staged recurrent part's type (f32 or bf16). ValueError for an arena that is not device memory mapped here or has no page format."""
+    @property
+    def dtype(self) -> DType:
+        """The staged recurrent part's type."""
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes decode() writes: the staged state (codec.staged_bytes(dtype))."""
+    def decode(self, slot: Slot | int, out: _DeviceBufferLike, *, stream: int = 0) -> None:
+        """
+        Enqueues on CUDA stream ``stream`` (an int handle, 0 the legacy default stream): ``out`` <-
+        the staged state of page ``slot`` (a Slot of the arena or an id). ``out`` is device memory on
+        the arena's device, C-contiguous, staged_bytes bytes: a CUDA tensor or a device View (DLPack)
+        or anything with __cuda_array_interface__. Returns without waiting: keep ``out`` and this
+        decoder alive until the stream has run it. IndexError for a slot outside the arena.
+        """
+
+class DeviceDecodeStep:
+    """
+    The fused gated-delta-rule step on a device arena's pages (the cuda backend, mapped here), on
+    the engine's CUDA stream, with no round trip to the daemon: one launch per call advances one
+    layer of a batch of requests by one token, decoding, updating and re-encoding each request's
+    page in place; bit for bit the host DecodeStep. Keeps the arena mapped while it exists. Needs
+    a module built with CUDA (HAVE_CUDA).
+    """
+
+    def __init__(self, arena: Arena) -> None:
+        """Uploads the page format's tables to the arena's device. ValueError for an arena that is not device memory mapped here or has no page format."""
+    @property
+    def codec(self) -> PageCodec:
+        """The arena's page format."""
+    def run(
+        self,
+        layer: int,
+        slots: _DeviceBufferLike,
+        q: _DeviceBufferLike,
+        k: _DeviceBufferLike,
+        v: _DeviceBufferLike,
+        log_decay: _DeviceBufferLike,
+        beta: _DeviceBufferLike,
+        out: _DeviceBufferLike,
+        *,
+        rejected: _DeviceBufferLike | None = None,
+        qk_heads: int = 0,
+        stream: int = 0,
+    ) -> None:
+        """
+        Enqueues one step of ``layer`` on CUDA stream ``stream`` (an int handle, 0 the legacy default
+        stream) for the requests whose pages are ``slots``: a device array of int32 (or uint32) slot
+        ids, one per request, distinct. Every other buffer is C-contiguous float32 device memory on
+        the arena's device (CUDA tensors, or __cuda_array_interface__): q and k [batch][qk_heads][K]
+        (L2-normalised, q scaled by 1/sqrt(K)), v [batch][H][V], log_decay [batch][H] (GDN) or
+        [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written). ``rejected``: None or a
+        uint8 device array [batch][H], written with 0 (stored), 1 (a non-finite new state: the head
+        kept its bytes) or 2 (a slot outside the arena: nothing touched). ``qk_heads`` 0 means H.
+        ValueError/TypeError for what the host can check (the layer, a size or type that does not
+        fit, host memory), before anything is launched. Returns without waiting.
+        """
 
 # --- client: connections -------------------------------------------------------------------
 
@@ -1202,8 +1307,12 @@ class Connection:
         """open_arena() by the id of a registered layout."""
     def open_staging(self, bytes: int) -> Staging:
         """Opens a staging buffer of at least ``bytes`` bytes."""
+    @overload
     def allocate(self, arena: Arena, count: int = 1) -> list[Slot]:
         """Allocates ``count`` slots of an arena, all or none (PoolExhausted when full)."""
+    @overload
+    def allocate(self, arena_id: int, count: int = 1) -> list[Slot]:
+        """allocate() by the arena's id (an arena this process has not opened: the slots are used by id)."""
     def adopt(self, arena_id: int, slot_id: int) -> Slot:
         """Takes ownership of a slot this lease holds (released, or back with a resumed lease)."""
     @overload
@@ -1268,6 +1377,7 @@ class Connection:
         docs/capacity.md (what ``statepoolctl plan --json`` prints, plus "fits_now"). Zero/empty/None
         arguments take the planner's defaults.
         """
+    @overload
     def put_snapshot(
         self,
         slot: Slot,
@@ -1291,6 +1401,20 @@ class Connection:
         nothing is published. ValueError, before anything is sent, for kv without kv_staging or the
         reverse.
         """
+    @overload
+    def put_snapshot(
+        self,
+        arena_id: int,
+        slot_id: int,
+        prefix: bytes | str,
+        position: int,
+        kv: KvBlocks | None = None,
+        kv_staging: Staging | None = None,
+        kv_offset: int = 0,
+        kv_dtype: DType = DType.bf16,
+    ) -> SnapshotPut:
+        """put_snapshot() by ids: the arena and a slot of this lease (a released or adopted one)."""
+    @overload
     def get_snapshot(
         self,
         prefix: bytes | str,
@@ -1309,6 +1433,18 @@ class Connection:
         bytes; a range too small is InvalidArgument and leaves the slot unchanged); kv_delivered says
         so. Without it the result still names the blocks (kv, kv_bytes) and kv_delivered is False.
         """
+    @overload
+    def get_snapshot(
+        self,
+        prefix: bytes | str,
+        position: int,
+        arena_id: int,
+        slot_id: int,
+        kv_staging: Staging | None = None,
+        kv_offset: int = 0,
+        kv_dtype: DType = DType.bf16,
+    ) -> SnapshotGet:
+        """get_snapshot() by ids: the arena and a slot of this lease (a released or adopted one)."""
     def export_snapshot(
         self,
         prefix: bytes | str,

@@ -235,14 +235,23 @@ class MambaPool(_Parker):
 
     @dataclasses.dataclass(frozen=True)
     class State:
+        """The live states, as SGLang's ``MambaPool.State``: ``conv`` is a list of conv state
+        tensors (one per conv tensor of a layer, ``[layers][size + 1][channels][conv_width]``;
+        empty for a layout without conv state) and ``temporal`` the recurrent states
+        ``[layers][size + 1][heads][key_dim][value_dim]``. Slot 0 is the padding slot."""
+
         conv: List[torch.Tensor]
         temporal: torch.Tensor
 
         def at_layer_idx(self, layer: int) -> "MambaPool.State":
+            """The states of one layer: views (no copies) ``conv[i][layer]`` and
+            ``temporal[layer]``, indexed by slot."""
             return MambaPool.State(conv=[c[layer] for c in self.conv],
                                    temporal=self.temporal[layer])
 
         def mem_usage_bytes(self) -> int:
+            """Bytes of the tensors (or, for a layer's State, of that layer's views): the
+            engine-side memory, not counting parked pages in statepool."""
             return sum(t.numel() * t.element_size() for t in [*self.conv, self.temporal])
 
     def __init__(self, conn: Connection, layout: StateLayout, size: int, *,
@@ -267,9 +276,14 @@ class MambaPool(_Parker):
 
     # --- SGLang's MambaPool interface --------------------------------------------------
     def mamba2_layer_cache(self, layer_id: int) -> "MambaPool.State":
+        """Layer ``layer_id``'s states, what a GDN/KDA layer's kernel reads and writes:
+        ``conv[i]`` ``[size + 1][channels][conv_width]`` and ``temporal``
+        ``[size + 1][heads][key_dim][value_dim]``, views of ``mamba_cache``."""
         return self.mamba_cache.at_layer_idx(layer_id)
 
     def available_size(self) -> int:
+        """Free engine slots (not counting the padding slot 0). Parked states take arena
+        pages, not slots: see ``parked_pages``."""
         return len(self.free_slots)
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
@@ -288,6 +302,8 @@ class MambaPool(_Parker):
         self.free_slots = torch.cat((self.free_slots, index))
 
     def clear(self) -> None:
+        """Marks every slot free again (their contents are left as they are: alloc()
+        zeroes the slots it hands out). States parked with get_cpu_copy stay parked."""
         self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
 
     def clear_slots(self, indices: torch.Tensor) -> None:
@@ -297,11 +313,15 @@ class MambaPool(_Parker):
         self.mamba_cache.temporal[:, indices] = 0
 
     def copy_from(self, src_index: torch.Tensor, dst_index: torch.Tensor) -> None:
+        """Copies the states at ``src_index`` over those at ``dst_index`` (tensors of slot
+        indices, pairwise), every layer, conv and temporal, in the engine's tensors."""
         for conv in self.mamba_cache.conv:
             conv[:, dst_index] = conv[:, src_index]
         self.mamba_cache.temporal[:, dst_index] = self.mamba_cache.temporal[:, src_index]
 
     def fork_from(self, src_index: torch.Tensor) -> Optional[torch.Tensor]:
+        """A new slot (``alloc(1)``) holding a copy of the state at ``src_index`` (one slot),
+        or None when no slot is free."""
         dst_index = self.alloc(1)
         if dst_index is None:
             return None

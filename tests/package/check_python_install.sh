@@ -5,10 +5,17 @@
 #   2. pip install --no-build-isolation --no-deps --no-index ./python: setup.py builds
 #      statepool._core with CMake (client-only) into a build folder of WORK_DIR;
 #   3. from outside the repository, the venv's python imports statepool from the venv and
-#      round-trips a state through a PageCodec (int8) in numpy buffers.
+#      round-trips a state through a PageCodec (int8) in numpy buffers; statepool.HAVE_CUDA
+#      is what CMake's summary said (setup.py builds with CUDA where nvcc is found, unless
+#      STATEPOOL_PYTHON_CUDA=off), and a CUDA module imports on a machine without a GPU.
 # Exits 77 (ctest: skipped) with a SKIPPED: line when a prerequisite is missing.
+# The module is built without CUDA here unless STATEPOOL_PYTHON_CUDA says otherwise
+# (auto, on): the test run builds the CUDA sources once, in the main build; set
+# STATEPOOL_PYTHON_CUDA=auto to check the pip-installed CUDA module too (about 3 more
+# minutes on two cores).
 # Usage: check_python_install.sh SOURCE_DIR WORK_DIR [CXX_COMPILER]
 set -euo pipefail
+export STATEPOOL_PYTHON_CUDA=${STATEPOOL_PYTHON_CUDA:-off}
 source_dir=$1
 work=$2
 if [[ -n "${3:-}" ]]; then export CXX=$3; fi
@@ -47,6 +54,10 @@ if ! (cd "$source_dir" && STATEPOOL_PYTHON_BUILD_DIR="$work/build" PIP_CONFIG_FI
   exit 1
 fi
 echo "built and installed in $((SECONDS - start)) s"
+# The configure summary of setup.py's CMake run: "statepool: CUDA kernels ON|OFF, ...".
+cuda=$(sed -n 's/.*statepool: CUDA kernels \(ON\|OFF\),.*/\1/p' "$work/pip.log" | tail -n 1)
+[[ -n $cuda ]] || { echo "no CMake summary line in $work/pip.log" >&2; exit 1; }
+echo "CMake built the module with CUDA kernels $cuda"
 
 echo "== import from outside the repository, PageCodec round trip =="
 cd /
@@ -75,4 +86,8 @@ error = float(np.abs(back - state).max())
 assert error <= 0.01 * float(np.abs(state).max()), f"int8 round trip off by {error}"
 print(f"statepool {statepool.__version__} from {Path(statepool.__file__).parent}: "
       f"{state.nbytes} -> {page.nbytes} bytes, max error {error:.4g}")
-' "$venv" "$source_dir"
+
+cuda = sys.argv[3] == "ON"
+assert statepool.HAVE_CUDA == cuda, f"HAVE_CUDA is {statepool.HAVE_CUDA}, CMake said {sys.argv[3]}"
+print(f"statepool.HAVE_CUDA: {statepool.HAVE_CUDA}")
+' "$venv" "$source_dir" "$cuda"

@@ -182,3 +182,22 @@ def test_parked_states_resume_only_into_their_own_pool(conn):
     with pytest.raises(ValueError, match="parked with layout"):
         b.resume(parked, b.alloc(1))
     a.resume(parked, [2])
+
+
+def test_every_public_engine_call_is_documented():
+    """Editors and help() show a docstring for every public class, method and property of
+    the adapters (SGLang's method names included: mamba2_layer_cache, available_size, ...)."""
+    import inspect
+
+    missing = []
+    for cls in (MambaPool, MambaPool.State, MambaBlocks, ParkedStates):
+        if not inspect.getdoc(cls) or inspect.getdoc(cls).startswith(cls.__name__ + "("):
+            missing.append(cls.__qualname__)  # (a dataclass's generated signature is no doc)
+        for name, member in inspect.getmembers(cls):
+            if name.startswith("_") or not (callable(member) or isinstance(member, property)):
+                continue
+            if isinstance(member, type):
+                continue  # a nested class: checked above
+            if not (inspect.getdoc(member) or "").strip():
+                missing.append(f"{cls.__qualname__}.{name}")
+    assert missing == []
