@@ -173,6 +173,15 @@ std::string describe(const Drift& d) {
   return buf;
 }
 
+/// The plan's head widths, "8s 4f ...": s for a slow head, f for a fast one.
+std::string describe_widths(const sq::Plan& plan) {
+  std::string widths;
+  for (std::uint32_t h = 0; h < kHeads; ++h) {
+    widths += (h ? " " : "") + std::to_string(plan.width(0, h)) + (slow_head(h) ? "s" : "f");
+  }
+  return widths;
+}
+
 kn::StateLayout layout(kn::CodecId id, std::uint32_t group, std::shared_ptr<const sq::Plan> plan,
                        kn::StepQuantVariant variant = kn::StepQuantVariant::full) {
   kn::StateLayout l;
@@ -193,10 +202,7 @@ TEST(Drift, StepQuant6DriftsLessThanInt6OverALongRecurrence) {
   const sq::Plan* plan_view = nullptr;
   Report report;
   const std::shared_ptr<const sq::Plan> plan = calibrate_plan(&plan_view, &report);
-  std::string widths;
-  for (std::uint32_t h = 0; h < kHeads; ++h) {
-    widths += (h ? " " : "") + std::to_string(plan->width(0, h)) + (slow_head(h) ? "s" : "f");
-  }
+  const std::string widths = describe_widths(*plan);
   // The point of the method: long-lived heads get the bits.
   for (std::uint32_t h = 0; h < kHeads; ++h) {
     for (std::uint32_t o = 0; o < kHeads; ++o) {
@@ -257,10 +263,7 @@ TEST(Drift, StepQuant4DriftsLessThanInt6WhereHeadsLiveLong) {
   const sq::Plan* plan_view = nullptr;
   Report report;
   const std::shared_ptr<const sq::Plan> plan = calibrate_plan(&plan_view, &report, 4);
-  std::string widths;
-  for (std::uint32_t h = 0; h < kHeads; ++h) {
-    widths += (h ? " " : "") + std::to_string(plan->width(0, h)) + (slow_head(h) ? "s" : "f");
-  }
+  const std::string widths = describe_widths(*plan);
   const kn::PageCodec sq4(layout(kn::CodecId::stepquant4, 0, plan));
   const kn::PageCodec int6(layout(kn::CodecId::int6, 0, nullptr));
   const kn::PageCodec int4(layout(kn::CodecId::int4, 0, nullptr));
