@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "statepool/calibration/seed.hpp"
 
@@ -61,12 +62,67 @@ LayerAccumulator::LayerAccumulator(kernels::Arch arch, std::uint32_t layer, std:
   if (options.snapshot_every == 0 || options.reservoir == 0) {
     throw std::invalid_argument("accumulator: snapshot_every and reservoir must be positive");
   }
+  if (options.probe_every != 0 && options.probe_horizon == 0) {
+    throw std::invalid_argument("accumulator: probe_horizon must be positive");
+  }
   per_head_.reserve(heads);
   for (std::uint32_t h = 0; h < heads; ++h) {
     const std::uint64_t seed = mix_seed(options.seed ^ mix_seed((std::uint64_t{layer} << 32) | h));
-    per_head_.push_back(
-        Head{0, std::vector<LogDecayStatistic>(units_per_head()), std::vector<double>(key_dim, 0.0),
-             SnapshotReservoir(options.reservoir, std::size_t{key_dim} * value_dim, seed)});
+    Head head(units_per_head(), key_dim,
+              SnapshotReservoir(options.reservoir, std::size_t{key_dim} * value_dim, seed));
+    per_head_.push_back(std::move(head));
+  }
+}
+
+namespace {
+
+/// A probe whose matrix has this fraction of its starting energy (K) left is done: what
+/// it would still add is below the noise of the other probes.
+constexpr double kFadedProbe = 1e-6;
+
+}  // namespace
+
+void LayerAccumulator::follow_probes(Head& h, std::span<const float> q, std::span<const float> k,
+                                     std::span<const float> log_decay, float beta) const {
+  const std::size_t K = key_dim_;
+  std::vector<double> w(K);
+  std::vector<double> r(K);
+  for (std::size_t n = 0; n < h.probes.size();) {
+    Probe& probe = h.probes[n];
+    std::vector<double>& p = probe.p;
+    // P <- D P, then P <- P - beta k (k^T P); r = P^T q.
+    std::fill(w.begin(), w.end(), 0.0);
+    for (std::size_t i = 0; i < K; ++i) {
+      const double d =
+          std::exp(static_cast<double>(log_decay.size() == 1 ? log_decay[0] : log_decay[i]));
+      const double ki = k[i];
+      double* row = p.data() + i * K;
+      for (std::size_t j = 0; j < K; ++j) {
+        row[j] *= d;
+        w[j] += ki * row[j];
+      }
+    }
+    std::fill(r.begin(), r.end(), 0.0);
+    double energy = 0.0;
+    for (std::size_t i = 0; i < K; ++i) {
+      const double bk = static_cast<double>(beta) * k[i];
+      const double qi = q[i];
+      double* row = p.data() + i * K;
+      for (std::size_t j = 0; j < K; ++j) {
+        row[j] -= bk * w[j];
+        r[j] += qi * row[j];
+        energy += row[j] * row[j];
+      }
+    }
+    for (std::size_t j = 0; j < K; ++j) h.readout_sum[j] += r[j] * r[j];
+    ++probe.age;
+    if (probe.age >= options_.probe_horizon || energy < kFadedProbe * static_cast<double>(K)) {
+      h.spare.push_back(std::move(probe.p));
+      h.probes[n] = std::move(h.probes.back());
+      h.probes.pop_back();
+    } else {
+      ++n;
+    }
   }
 }
 
@@ -99,9 +155,39 @@ void LayerAccumulator::add(std::uint32_t head, std::span<const float> q, std::sp
     const double c = std::exp(g) * (q[i] - static_cast<double>(beta) * k[i] * kq);
     h.omega_sum[i] += c * c;
   }
+  // The probes started before this token follow it; then this token's output.
+  follow_probes(h, q, k, log_decay, beta);
+  double out_energy = 0.0;
+  for (std::size_t j = 0; j < value_dim_; ++j) {
+    double o = 0.0;
+    for (std::size_t i = 0; i < K; ++i) o += static_cast<double>(state[i * value_dim_ + j]) * q[i];
+    out_energy += o * o;
+  }
+  h.output_energy_sum += out_energy;
   ++h.tokens;
   if (h.tokens % options_.snapshot_every == 0) {
     h.reservoir.offer(state);
+  }
+  // A probe of the error in the state this token stored.
+  if (options_.probe_every != 0 && h.sequence_tokens % options_.probe_every == 0) {
+    Probe probe;
+    if (!h.spare.empty()) {
+      probe.p = std::move(h.spare.back());
+      h.spare.pop_back();
+    }
+    probe.p.assign(K * K, 0.0);
+    for (std::size_t i = 0; i < K; ++i) probe.p[i * K + i] = 1.0;
+    h.probes.push_back(std::move(probe));
+    ++h.probes_started;
+  }
+  ++h.sequence_tokens;
+}
+
+void LayerAccumulator::end_sequence() {
+  for (Head& h : per_head_) {
+    for (Probe& probe : h.probes) h.spare.push_back(std::move(probe.p));
+    h.probes.clear();
+    h.sequence_tokens = 0;
   }
 }
 
@@ -137,6 +223,23 @@ std::vector<double> LayerAccumulator::omega(std::uint32_t head) const {
   return out;
 }
 
+std::uint64_t LayerAccumulator::probes(std::uint32_t head) const {
+  return head_at(head).probes_started;
+}
+
+std::vector<double> LayerAccumulator::readout_weight(std::uint32_t head) const {
+  const Head& h = head_at(head);
+  if (h.probes_started == 0) return {};
+  std::vector<double> out(h.readout_sum);
+  for (double& value : out) value /= static_cast<double>(h.probes_started);
+  return out;
+}
+
+double LayerAccumulator::output_energy(std::uint32_t head) const {
+  const Head& h = head_at(head);
+  return h.tokens == 0 ? 0.0 : h.output_energy_sum / static_cast<double>(h.tokens);
+}
+
 const SnapshotReservoir& LayerAccumulator::snapshots(std::uint32_t head) const {
   return head_at(head).reservoir;
 }
@@ -152,9 +255,9 @@ std::size_t LayerAccumulator::stored_snapshots() const noexcept {
 std::size_t LayerAccumulator::memory_bytes() const noexcept {
   std::size_t bytes = 0;
   for (const Head& h : per_head_) {
-    bytes +=
-        h.reservoir.stored_bytes() + h.log_decay.size() * sizeof(LogDecayStatistic) +
-        h.omega_sum.size() * sizeof(double);
+    bytes += h.reservoir.stored_bytes() + h.log_decay.size() * sizeof(LogDecayStatistic) +
+             (h.omega_sum.size() + h.readout_sum.size()) * sizeof(double) +
+             (h.probes.size() + h.spare.size()) * std::size_t{key_dim_} * key_dim_ * sizeof(double);
   }
   return bytes;
 }

@@ -70,6 +70,7 @@ void accumulate_layer(const TraceReader& trace, std::uint32_t layer, LayerAccumu
       for (HeadWork& w : work) {
         std::fill(w.state.begin(), w.state.end(), 0.0f);
       }
+      accumulator.end_sequence();
       ++next_start;
     }
     if (next_start < m.sequence_starts.size()) {
@@ -119,8 +120,11 @@ PlanResult calibrate_trace(const TraceReader& trace, const CalibrateOptions& opt
   const Clock::time_point start = Clock::now();
   for (std::uint32_t layer = 0; layer < m.layers; ++layer) {
     const Clock::time_point layer_start = Clock::now();
+    AccumulatorOptions accumulator_options = options.accumulator;
+    accumulator_options.probe_horizon = plan_options.horizon;
+    if (plan_options.cost != CostModel::output) accumulator_options.probe_every = 0;
     LayerAccumulator accumulator(m.arch, layer, m.heads, m.key_dim, m.value_dim,
-                                 options.accumulator);
+                                 accumulator_options);
     accumulate_layer(trace, layer, accumulator, options, progress);
     const double run_seconds = seconds_since(layer_start);
     costs.push_back(measure_layer(accumulator, plan_options));

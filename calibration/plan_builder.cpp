@@ -37,6 +37,29 @@ void check_options(const PlanOptions& options) {
   }
 }
 
+}  // namespace
+
+const char* to_string(CostModel cost) noexcept {
+  switch (cost) {
+    case CostModel::relative: return "relative";
+    case CostModel::absolute: return "absolute";
+    case CostModel::output: return "output";
+  }
+  return "unknown";
+}
+
+bool parse_cost_model(std::string_view text, CostModel& out) noexcept {
+  for (const CostModel cost : {CostModel::relative, CostModel::absolute, CostModel::output}) {
+    if (text == to_string(cost)) {
+      out = cost;
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace {
+
 float fp16_round(float x) {
   return kernels::half_bits_to_float(kernels::float_to_half_bits(x));
 }
@@ -129,6 +152,23 @@ LayerCosts measure_layer(const LayerAccumulator& accumulator, const PlanOptions&
       out.mean_log_decay[h * per_head + u] = g;
       out.lifetime[h * per_head + u] = lifetime_weight(g, options.horizon);
     }
+    // The output cost: rows weighted by their readout weights W_i, relative to the
+    // head's output energy (see the header comment).
+    const bool output = options.cost == CostModel::output;
+    std::vector<double> readout;
+    double output_energy = 0.0;
+    if (output) {
+      readout = accumulator.readout_weight(head);
+      output_energy = accumulator.output_energy(head);
+      if (readout.size() != K) {
+        throw std::invalid_argument("layer " + std::to_string(out.layer) + " head " +
+                                    std::to_string(head) +
+                                    ": the output cost needs readout probes (probe_every > 0)");
+      }
+    }
+    // GDN row weights of the errors: w_i^2 (impact), or W_i under the output cost.
+    std::vector<double> row_weight(K, 1.0);
+    for (std::uint32_t i = 0; i < K; ++i) row_weight[i] = output ? readout[i] : weight2[i];
 
     const SnapshotReservoir& reservoir = accumulator.snapshots(head);
     const auto count = static_cast<double>(reservoir.size());
@@ -149,7 +189,7 @@ LayerCosts measure_layer(const LayerAccumulator& accumulator, const PlanOptions&
             row_error += d * d;
           }
           if (arch == kernels::Arch::gdn) {
-            out.mse[h * W + w] += weight2[i] * row_error / (static_cast<double>(K) * V) / count;
+            out.mse[h * W + w] += row_weight[i] * row_error / (static_cast<double>(K) * V) / count;
           } else {
             out.mse[(h * K + i) * W + w] += row_error / V / count;
           }
@@ -171,13 +211,22 @@ LayerCosts measure_layer(const LayerAccumulator& accumulator, const PlanOptions&
         const double scale = arch == kernels::Arch::gdn ? weight2[i] : 1.0;
         energy += scale * row_energy / (static_cast<double>(K) * V) / count;
         if (arch == kernels::Arch::gdn) {
-          out.pivot_mse[h] += weight2[i] * row_error / (static_cast<double>(K) * V) / count;
+          out.pivot_mse[h] += row_weight[i] * row_error / (static_cast<double>(K) * V) / count;
         } else {
           out.pivot_mse[h * K + i] += row_error / V / count;
         }
       }
     }
-    if (options.cost == CostModel::relative && energy > 0.0) {
+    if (output) {
+      // cost = mse x lifetime = (output error energy per token) / (output energy): GDN's
+      // mse above is sum_i W_i e_i / (K V), KDA's row mse e_i / V (e_i: the row's summed
+      // squared error).
+      for (std::uint32_t u = 0; u < per_head; ++u) {
+        const double scale = arch == kernels::Arch::gdn ? static_cast<double>(K) * V
+                                                        : static_cast<double>(V) * readout[u];
+        out.lifetime[h * per_head + u] = output_energy > 0.0 ? scale / output_energy : scale;
+      }
+    } else if (options.cost == CostModel::relative && energy > 0.0) {
       for (std::uint32_t u = 0; u < per_head; ++u) {
         for (std::size_t w = 0; w < W; ++w) out.mse[(h * per_head + u) * W + w] /= energy;
         out.pivot_mse[h * per_head + u] /= energy;
@@ -224,7 +273,8 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
     }
   }
 
-  const std::uint32_t pivots = options.pivots.value_or(kernels::stepquant::default_pivot_count(shape.arch, n));
+  const std::uint32_t pivots =
+      options.pivots.value_or(kernels::stepquant::default_pivot_count(shape.arch, n));
   if (pivots > n) {
     throw std::invalid_argument("build_plan: " + std::to_string(pivots) +
                                 " pivots requested, the " + "model has " + std::to_string(n) +
@@ -274,7 +324,8 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
     }
     const CostTable sub = table.subset(rest);
     const std::uint64_t bits = nominal - 8ull * p;
-    std::vector<std::uint8_t> chosen = gdn ? allocate_dp(sub, bits) : allocate_lagrangian(sub, bits);
+    std::vector<std::uint8_t> chosen =
+        gdn ? allocate_dp(sub, bits) : allocate_lagrangian(sub, bits);
     double cost = 0.0;
     for (std::size_t u = 0; u < n; ++u) {
       if (is_pivot[u]) cost += pivot_cost[u];
@@ -423,8 +474,7 @@ std::string format_report(const Report& r) {
       << s.heads << " heads, K=" << s.key_dim << " V=" << s.value_dim << ", budget "
       << r.budget_bits << " bits, " << r.units
       << (s.arch == kernels::Arch::gdn ? " heads" : " rows") << " (units), " << r.tokens
-      << " calibration tokens, "
-      << (r.cost == CostModel::relative ? "relative" : "absolute") << " costs\n";
+      << " calibration tokens, " << to_string(r.cost) << " costs\n";
   out << "average width " << fixed(r.average_width, 3) << " bits per value (pivots counted at 16), "
       << r.pivots.size() << " pivot" << (r.pivots.size() == 1 ? "" : "s") << "\n";
   char line[200];

@@ -11,8 +11,8 @@
 #include <sstream>
 #include <utility>
 
-#include "statepool/support/read_file.hpp"
 #include "statepool/support/atomic_file.hpp"
+#include "statepool/support/read_file.hpp"
 
 namespace statepool::calibration {
 namespace {

@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "statepool/calibration/calibrate.hpp"
-#include "statepool/support/read_file.hpp"
 #include "statepool/calibration/npy.hpp"
 #include "statepool/calibration/page_file.hpp"
 #include "statepool/calibration/statistics.hpp"
@@ -27,6 +26,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/atomic_file.hpp"
+#include "statepool/support/read_file.hpp"
 #include "statepool/testing/synthetic_trace.hpp"
 #include "statepool/tools/cli.hpp"
 
@@ -62,8 +62,10 @@ constexpr const char* kCalibrateUsage =
                    round(0.625% of the key rows) for KDA
   --gamma G        impact exponent (0 = no spatial axis); default 0.25
   --horizon T      lifetime horizon in tokens; default 2048
-  --cost C         relative (a unit's error relative to its head's state energy; the
-                   default) or absolute (the paper's cost)
+  --cost C         output (a unit's error in its head's output over the error's life
+                   through the delta rule, measured by probes on the trace; the
+                   default), relative (its error relative to its head's state energy,
+                   over its decay lifetime) or absolute (the paper's cost)
   --report FILE    also write the report to FILE
   --threads N      worker threads (heads in parallel); default 1
   --seed S         seed of the snapshot reservoirs; default 24301
@@ -110,9 +112,11 @@ using statepool::tools::UsageError;
 constexpr const char* kTool = "statepool-quant";
 
 cal::CostModel parse_cost(const std::string& text) {
-  if (text == "relative") return cal::CostModel::relative;
-  if (text == "absolute") return cal::CostModel::absolute;
-  throw UsageError("--cost must be relative or absolute, got '" + text + "'");
+  cal::CostModel cost{};
+  if (!cal::parse_cost_model(text, cost)) {
+    throw UsageError("--cost must be output, relative or absolute, got '" + text + "'");
+  }
+  return cost;
 }
 
 kn::Arch parse_arch(const std::string& text) {

@@ -160,5 +160,71 @@ TEST(Accumulator, OmegaAndMeanDecayByHand) {
                std::invalid_argument);
 }
 
+// Readout weights by hand. With decay alone (beta = 0) an error in row i is read at every
+// later token as d^tau q_i: W_i = sum over tau = 1..n-1 of d^(2 tau) q_i^2 (one probe, at the
+// first token of an n-token sequence, followed to the sequence's end).
+TEST(Accumulator, ReadoutWeightWithDecayAloneIsTheLifetimeSum) {
+  constexpr std::uint32_t n = 50;
+  AccumulatorOptions options;
+  options.probe_every = n;
+  options.probe_horizon = 4096;
+  LayerAccumulator acc(kernels::Arch::gdn, 0, 1, 2, 2, options);
+  const std::vector<float> q = {0.6f, 0.8f}, k = {1.0f, 0.0f}, state(4, 0.0f);
+  const float g = std::log(0.9f);
+  for (std::uint32_t t = 0; t < n; ++t) acc.add(0, q, k, std::vector<float>{g}, 0.0f, state);
+  double lifetime = 0.0;
+  for (std::uint32_t tau = 1; tau < n; ++tau) lifetime += std::pow(0.9, 2.0 * tau);
+  ASSERT_EQ(acc.probes(0), 1u);
+  const std::vector<double> w = acc.readout_weight(0);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_NEAR(w[0], lifetime * 0.36, 1e-5);
+  EXPECT_NEAR(w[1], lifetime * 0.64, 1e-5);
+}
+
+// The delta rule erases an error along the key it writes: with beta = 1 and k = e0 at every
+// token, an error in row 0 is gone after one token, while row 1's lives on undecayed.
+// KDA's per-row gates decay each row on its own.
+TEST(Accumulator, ReadoutWeightSeesTheDeltaRuleEraseErrors) {
+  constexpr std::uint32_t n = 11;
+  AccumulatorOptions options;
+  options.probe_every = 1000;
+  LayerAccumulator acc(kernels::Arch::kda, 0, 1, 2, 1, options);
+  const float r = std::sqrt(0.5f);
+  const std::vector<float> q = {r, r}, k = {1.0f, 0.0f}, state(2, 0.0f);
+  for (std::uint32_t t = 0; t < n; ++t) {
+    acc.add(0, q, k, std::vector<float>{0.0f, std::log(0.5f)}, 1.0f, state);
+  }
+  double row1 = 0.0;  // q_1^2 sum over tau of 0.25^tau
+  for (std::uint32_t tau = 1; tau < n; ++tau) row1 += 0.5 * std::pow(0.25, tau);
+  const std::vector<double> w = acc.readout_weight(0);
+  EXPECT_EQ(w[0], 0.0);
+  EXPECT_NEAR(w[1], row1, 1e-6);
+}
+
+// A probe ends with its sequence (the state is reset), at its horizon, and probes start
+// every probe_every tokens of a sequence; W is their mean. No probes: no weights.
+TEST(Accumulator, ProbesEndWithTheirSequenceAndHorizon) {
+  AccumulatorOptions options;
+  options.probe_every = 4;
+  options.probe_horizon = 3;
+  LayerAccumulator acc(kernels::Arch::gdn, 0, 1, 1, 1, options);
+  const std::vector<float> one = {1.0f}, zero = {0.0f};
+  const auto token = [&] { acc.add(0, one, zero, zero, 0.0f, one); };
+  // Sequence 1: 6 tokens, probes at tokens 0 and 4; the first reads 3 tokens (its
+  // horizon), the second 1 (the sequence ends). Sequence 2: 2 tokens, one probe, 1 read.
+  for (int t = 0; t < 6; ++t) token();
+  acc.end_sequence();
+  for (int t = 0; t < 2; ++t) token();
+  EXPECT_EQ(acc.probes(0), 3u);
+  EXPECT_NEAR(acc.readout_weight(0)[0], (3.0 + 1.0 + 1.0) / 3.0, 1e-12);
+  EXPECT_NEAR(acc.output_energy(0), 1.0, 1e-12);  // S^T q = 1 at every token
+
+  options.probe_every = 0;
+  LayerAccumulator none(kernels::Arch::gdn, 0, 1, 1, 1, options);
+  none.add(0, one, zero, zero, 0.0f, one);
+  EXPECT_TRUE(none.readout_weight(0).empty());
+  EXPECT_EQ(none.probes(0), 0u);
+}
+
 }  // namespace
 }  // namespace statepool::calibration

@@ -72,7 +72,7 @@ TEST(Cli, HelpAndUsageErrors) {
   EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--gamma", "abc"}), 2,
                     "--gamma must be a number");
   EXPECT_FAILS_WITH(run(dir, {"calibrate", "--trace", "x", "--out", "p", "--cost", "mse"}), 2,
-                    "--cost must be relative or absolute, got 'mse'");
+                    "--cost must be output, relative or absolute, got 'mse'");
   EXPECT_FAILS_WITH(run(dir, {"synth-trace", "--out", dir.file("t"), "--arch", "mamba"}), 2,
                     "--arch must be gdn or kda");
   EXPECT_FAILS_WITH(run(dir, {"codec", "squash", "--in", "a", "--out", "b"}), 2,

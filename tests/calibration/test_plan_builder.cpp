@@ -164,11 +164,13 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
 /// Calibrates a one-layer GDN trace of `heads` heads (K = V = 16, 512 tokens of seeded
 /// random q, k, v, beta 0.5) whose head h at token t has log-decay gate(h, t) and values
 /// scaled by value_scale(h).
-sq::Plan calibrate_gdn(std::uint32_t heads, const std::function<float(std::uint32_t, std::uint32_t)>& gate,
-                       const std::function<float(std::uint32_t)>& value_scale,
-                       PlanOptions plan_options) {
+// A one-layer GDN trace in `dir`: 512 tokens of uniform q, k, v (v scaled per head),
+// gate(head, token), beta(head) (default 0.5).
+void write_gdn_trace(const std::string& dir, std::uint32_t heads,
+                     const std::function<float(std::uint32_t, std::uint32_t)>& gate,
+                     const std::function<float(std::uint32_t)>& value_scale,
+                     const std::function<float(std::uint32_t)>& beta = {}) {
   constexpr std::uint32_t dim = 16, tokens = 512;
-  TempDir dir;
   TraceManifest m;
   m.arch = kernels::Arch::gdn;
   m.layers = 1;
@@ -176,7 +178,7 @@ sq::Plan calibrate_gdn(std::uint32_t heads, const std::function<float(std::uint3
   m.key_dim = dim;
   m.value_dim = dim;
   m.tokens = tokens;
-  TraceWriter writer(dir.path(), m);
+  TraceWriter writer(dir, m);
   TokenBlock block;
   block.count = tokens;
   std::uint64_t x = 12345;
@@ -192,13 +194,21 @@ sq::Plan calibrate_gdn(std::uint32_t heads, const std::function<float(std::uint3
         block.v.push_back(next() * value_scale(h));
       }
       block.g.push_back(gate(h, t));
-      block.beta.push_back(0.5f);
+      block.beta.push_back(beta ? beta(h) : 0.5f);
     }
   }
   writer.begin_layer(0);
   writer.append(block);
   writer.end_layer();
   writer.finish();
+}
+
+sq::Plan calibrate_gdn(std::uint32_t heads,
+                       const std::function<float(std::uint32_t, std::uint32_t)>& gate,
+                       const std::function<float(std::uint32_t)>& value_scale,
+                       PlanOptions plan_options) {
+  TempDir dir;
+  write_gdn_trace(dir.path(), heads, gate, value_scale);
   CalibrateOptions options;
   options.plan = std::move(plan_options);
   return calibrate_trace(TraceReader(dir.path()), options).plan;
@@ -245,6 +255,36 @@ TEST(PlanBuilder, RelativeCostsIgnoreAHeadsScale) {
   EXPECT_GT(absolute[0], absolute[1]);
 }
 
+// Two heads that decay alike (slowly), one writing with beta 0.9, the other with 0.02: the
+// delta rule erases the first head's errors within a few tokens (its random keys cover
+// every direction), the second's live as long as the decay lets them. The output cost,
+// which follows an error through the delta rule, makes the same relative error cost the
+// second head more than ten times as much; the relative cost (the decay lifetime) cannot
+// tell the two apart.
+TEST(PlanBuilder, OutputCostsSeeTheDeltaRuleEraseErrors) {
+  TempDir dir;
+  write_gdn_trace(
+      dir.path(), 2, [](std::uint32_t, std::uint32_t) { return -1e-4f; },
+      [](std::uint32_t) { return 1.0f; }, [](std::uint32_t h) { return h == 0 ? 0.9f : 0.02f; });
+  const TraceReader trace(dir.path());
+  // cost(head 1) / cost(head 0) at 4 bits (width index 1 of {2, 4, 6, 8}).
+  const auto ratio = [&](CostModel cost) {
+    CalibrateOptions options;
+    options.plan.budget_bits = 4;
+    options.plan.cost = cost;
+    AccumulatorOptions accumulator = options.accumulator;
+    if (cost != CostModel::output) accumulator.probe_every = 0;
+    LayerAccumulator acc(kernels::Arch::gdn, 0, 2, 16, 16, accumulator);
+    accumulate_layer(trace, 0, acc, options, {});
+    const LayerCosts c = measure_layer(acc, options.plan);
+    return (c.mse[4 + 1] * c.lifetime[1]) / (c.mse[1] * c.lifetime[0]);
+  };
+  EXPECT_GT(ratio(CostModel::output), 10.0);
+  const double relative = ratio(CostModel::relative);
+  EXPECT_GT(relative, 0.5);
+  EXPECT_LT(relative, 2.0);
+}
+
 // Pivots take 8 bits each from the other units; asking for more must never raise the
 // expected cost (it used to: 2 pivots raised it from 2.46 to 2.68 on a synthetic trace at
 // budget 4). The allocation uses only the pivots that pay for themselves.
@@ -259,8 +299,8 @@ TEST(PlanBuilder, MorePivotsNeverRaiseTheExpectedCost) {
       options.plan.budget_bits = budget;
       options.plan.pivots = pivots;
       const PlanResult result = calibrate_trace(trace, options);
-      EXPECT_LE(result.report.expected_cost, previous) << "budget " << budget << ", " << pivots
-                                                      << " pivots";
+      EXPECT_LE(result.report.expected_cost, previous)
+          << "budget " << budget << ", " << pivots << " pivots";
       EXPECT_LE(result.report.pivots.size(), pivots);
       EXPECT_EQ(result.report.pivots_requested, pivots);
       previous = result.report.expected_cost;

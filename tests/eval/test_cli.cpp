@@ -52,7 +52,7 @@ TEST(EvalCli, TraceCalibrateRun) {
                              {"calibrate", "--trace", dir.file("trace"), "--out",
                               dir.file("plan6.spqp"), "--budget", "6"});
   ASSERT_EQ(calibrate.code, 0) << calibrate.stderr_text;
-  EXPECT_NE(calibrate.stdout_text.find("relative costs"), std::string::npos);
+  EXPECT_NE(calibrate.stdout_text.find("output costs"), std::string::npos);
 
   const Exit r = eval(dir, {"run",
                             "--model",

@@ -8,10 +8,22 @@
 //     next output (o_next = S_next^T q = S^T diag(d) (I - beta k k^T) q + ...),
 //   - a reservoir of state snapshots per head: every `snapshot_every`-th token of the head
 //     is offered; the reservoir keeps a uniform sample of at most `reservoir` of them
-//     (Algorithm R with a seeded RNG per head).
-// Memory is O(heads * (reservoir * K * V + K)), independent of the number of tokens. A
-// whole model is calibrated one layer at a time (calibrate.hpp), so at most one layer's
-// snapshots are held at once.
+//     (Algorithm R with a seeded RNG per head),
+//   - the readout weight W_i of every key row: how much of an error in row i of the stored
+//     state reaches the outputs over the error's whole life, summed over the later tokens.
+//     An error E in the state after token t evolves as the state does without its input,
+//     E <- (I - beta k k^T) D E (D = diag(exp(g)): the decay; the delta rule then erases
+//     the part along the key it writes), and is read as E^T q at every later token. A
+//     probe P (K x K, the identity when it starts) follows that product; W_i sums
+//     ((P^T q)_i)^2 over the probe's life (at most `probe_horizon` tokens, to the end of
+//     its sequence, or until P has faded below 1e-6 of its start in energy), averaged over
+//     the probes started every `probe_every` tokens of a sequence. With decay alone (beta
+//     = 0) W_i is the lifetime weight of statistics.hpp times the mean q_i^2; the delta
+//     rule makes it shorter for the rows of keys that are written often,
+//   - the output energy of the head, the mean of ||S^T q||^2.
+// Memory is O(heads * (reservoir * K * V + (probe_horizon / probe_every) * K * K)),
+// independent of the number of tokens. A whole model is calibrated one layer at a time
+// (calibrate.hpp), so at most one layer's snapshots are held at once.
 //
 // Thread-safety: one accumulator per thread, or external locking; different heads of one
 // accumulator may be fed from different threads concurrently (per-head state only).
@@ -20,6 +32,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "statepool/calibration/statistics.hpp"
@@ -59,6 +72,11 @@ struct AccumulatorOptions {
   std::uint32_t reservoir = 64;
   /// Seed of the reservoir RNGs (each head derives its own from it and its position).
   std::uint64_t seed = 0x5EED;
+  /// Start a readout probe every n-th token of a sequence (0: no probes, no readout
+  /// weights).
+  std::uint32_t probe_every = 256;
+  /// Tokens a probe follows its error at most (the plan's horizon).
+  std::uint32_t probe_horizon = 2048;
 };
 
 class LayerAccumulator {
@@ -71,6 +89,9 @@ class LayerAccumulator {
   /// for KDA), beta, and the FP32 state after this token's step (K * V values).
   void add(std::uint32_t head, std::span<const float> q, std::span<const float> k,
            std::span<const float> log_decay, float beta, std::span<const float> state);
+  /// The sequence ends (the state is reset to zero before the next token): every probe
+  /// of every head ends with it.
+  void end_sequence();
 
   [[nodiscard]] kernels::Arch arch() const noexcept { return arch_; }
   [[nodiscard]] std::uint32_t layer() const noexcept { return layer_; }
@@ -86,6 +107,13 @@ class LayerAccumulator {
   [[nodiscard]] double mean_log_decay(std::uint32_t head, std::uint32_t unit = 0) const;
   /// omega of every key row of `head` (K values); zeros before any token.
   [[nodiscard]] std::vector<double> omega(std::uint32_t head) const;
+  /// Probes started in `head` (each one's weights count, whether it has ended or not).
+  [[nodiscard]] std::uint64_t probes(std::uint32_t head) const;
+  /// W_i of every key row of `head` (K values): the mean over its probes of their summed
+  /// squared readouts; empty when no probe has started.
+  [[nodiscard]] std::vector<double> readout_weight(std::uint32_t head) const;
+  /// Mean of ||S^T q||^2 over the head's tokens (0 before any token).
+  [[nodiscard]] double output_energy(std::uint32_t head) const;
   [[nodiscard]] const SnapshotReservoir& snapshots(std::uint32_t head) const;
   /// Snapshots stored over all heads.
   [[nodiscard]] std::size_t stored_snapshots() const noexcept;
@@ -93,12 +121,30 @@ class LayerAccumulator {
   [[nodiscard]] std::size_t memory_bytes() const noexcept;
 
  private:
+  struct Probe {
+    std::vector<double> p;  // K x K, row-major: the error rows now from the rows at its start
+    std::uint32_t age = 0;  // tokens followed
+  };
   struct Head {
+    Head(std::uint32_t units, std::uint32_t key_dim, SnapshotReservoir snapshots)
+        : log_decay(units),
+          omega_sum(key_dim, 0.0),
+          reservoir(std::move(snapshots)),
+          readout_sum(key_dim, 0.0) {}
     std::uint64_t tokens = 0;
     std::vector<LogDecayStatistic> log_decay;  // units_per_head
-    std::vector<double> omega_sum;      // key_dim
+    std::vector<double> omega_sum;             // key_dim
     SnapshotReservoir reservoir;
+    std::uint64_t sequence_tokens = 0;       // tokens of the current sequence
+    std::vector<Probe> probes;               // live
+    std::vector<std::vector<double>> spare;  // ended probes' matrices, reused
+    std::vector<double> readout_sum;         // key_dim
+    std::uint64_t probes_started = 0;
+    double output_energy_sum = 0.0;
   };
+
+  void follow_probes(Head& h, std::span<const float> q, std::span<const float> k,
+                     std::span<const float> log_decay, float beta) const;
 
   [[nodiscard]] const Head& head_at(std::uint32_t head) const;
 

@@ -8,7 +8,15 @@
 //                   (kernels::stepquant::fit_head / reconstruct).
 //   build_plan      all layers' costs -> pivots, allocation, Plan, Report.
 //
-// Costs. cost(u, b) = mse(u, b) * L_u with L_u = lifetime_weight(mean log-decay, horizon).
+// Costs. The default, CostModel::output: the error a unit's quantization puts into its
+//   head's output over the error's life, relative to the head's output energy:
+//   cost(u, b) = sum over the unit's rows i of W_i e_i(b) / E_out, with W_i the readout
+//   weights the accumulator's probes measure through the delta rule, e_i(b) the row's
+//   summed squared error (mean over snapshots) and E_out the head's mean ||S^T q||^2.
+//   Stored as mse(u, b) * L_u (GDN: mse = sum_i W_i e_i / (K V), L = K V / E_out; KDA:
+//   mse = e_i / V, L = V W_i / E_out), so that the allocation below is the same for
+//   every cost model. The other two (docs/calibration.md, "Costs"):
+// cost(u, b) = mse(u, b) * L_u with L_u = lifetime_weight(mean log-decay, horizon).
 //   GDN (unit = head): the head is fitted with every row at width b and impact w;
 //     mse = mean over snapshots of sum_ij w_i^2 (x_ij - x̂_ij)^2 / (K V).
 //   KDA (unit = key row): the head is fitted with *every* row at width b (one fit per
@@ -48,6 +56,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "statepool/calibration/accumulator.hpp"
@@ -68,7 +77,16 @@ enum class CostModel : std::uint8_t {
   relative = 0,
   /// Absolute squared error (the paper's cost).
   absolute = 1,
+  /// The unit's expected error in its head's output over the error's life, relative to the
+  /// head's output energy: row errors weighted by the readout weights W_i that the
+  /// accumulator's probes measure through the delta rule (see the header comment).
+  output = 2,
 };
+
+/// "relative", "absolute", "output".
+[[nodiscard]] const char* to_string(CostModel cost) noexcept;
+/// The model named `text` (to_string's names); false for any other text.
+[[nodiscard]] bool parse_cost_model(std::string_view text, CostModel& out) noexcept;
 
 struct PlanOptions {
   /// Nominal bits per value: 6 (widths {4,6,8}) or 4 (widths {2,4,6,8}).
@@ -79,7 +97,7 @@ struct PlanOptions {
   double gamma = 0.25;
   /// Lifetime horizon T in tokens.
   std::uint32_t horizon = 2048;
-  CostModel cost = CostModel::relative;
+  CostModel cost = CostModel::output;
   /// Free text stored in the plan (model, trace, tool version).
   std::string source;
   /// Worker threads for measure_layer (heads in parallel); 0 or 1 = the calling thread.
@@ -142,11 +160,11 @@ struct Report {
 
   PlanShape shape;
   std::uint32_t budget_bits = 0;
-  CostModel cost = CostModel::relative;
+  CostModel cost = CostModel::output;
   std::size_t units = 0;
   std::uint64_t tokens = 0;
   std::vector<Layer> layers;
-  std::vector<Pivot> pivots;          ///< the pivots used (at most pivots_requested)
+  std::vector<Pivot> pivots;           ///< the pivots used (at most pivots_requested)
   std::uint32_t pivots_requested = 0;  ///< P: the most the allocation could use
   std::vector<DecayBand> bands;
   /// Average nominal width, pivots at 16: B + 8 P / n at most.
