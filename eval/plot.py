@@ -3,7 +3,7 @@
 
     /usr/bin/python3 eval/plot.py --out eval/state-error.png GDN=gdn.csv KDA=kda.csv
 
-One panel per model (TITLE=FILE), log-log axes, one line per codec: the error after
+One panel per model (TITLE=FILE), two to a row, log-log axes, one line per codec: the error after
 each token, smoothed by a trailing mean over the last t/10 tokens (the raw values swing
 with the text). The STEPQuant ablations are drawn thin and dashed. Needs matplotlib
 (Debian: python3-matplotlib).
@@ -57,9 +57,10 @@ def main() -> None:
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("panels", nargs="+", metavar="TITLE=FILE")
     args = p.parse_args()
-    fig, axes = plt.subplots(1, len(args.panels), figsize=(7 * len(args.panels), 5.2),
-                             squeeze=False)
-    for ax, panel in zip(axes[0], args.panels):
+    columns = min(2, len(args.panels))
+    rows = (len(args.panels) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(7 * columns, 5.2 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, args.panels):
         title, _, path = panel.partition("=")
         if not path:
             sys.exit(f"plot.py: expected TITLE=FILE, got {panel!r}")
@@ -83,7 +84,9 @@ def main() -> None:
     fig.legend(handles, labels, loc="lower center", ncol=8, fontsize=8, frameon=False)
     fig.suptitle("State re-encoded every token: error against the FP32-state run "
                  "(trailing mean over t/10 tokens)")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    for ax in list(axes.flat)[len(args.panels):]:
+        ax.set_visible(False)
+    fig.tight_layout(rect=(0, 0.08 / rows, 1, 1))
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 

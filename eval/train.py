@@ -226,6 +226,39 @@ class Model(torch.nn.Module):
         return self.final_norm(x) @ self.embed.weight.T, new_states
 
 
+def long_lived_lifetimes(cfg: dict, n: int) -> list[list[float]]:
+    """Per long-lived head j < n: the lifetime (tokens) of each of its gates: 1024 / 8^j
+    (1024, 128, 16, ...); a KDA head spreads its key channels from half to twice that."""
+    out = []
+    for j in range(n):
+        life = 1024.0 / 8.0 ** j
+        if cfg["arch"] == "gdn":
+            out.append([life])
+        else:
+            k = cfg["key_dim"]
+            out.append([life * 2.0 ** (2.0 * c / max(1, k - 1) - 1.0) for c in range(k)])
+    return out
+
+
+def fix_long_lived_gates(model: Model, lifetimes: list[list[float]]) -> None:
+    """Gives the first len(lifetimes) heads of every layer constant log-decays g = -1 /
+    lifetime, independent of the input: their rows of the gate projection are zero,
+    A_log = 0 and dt_bias = softplus^-1(1 / lifetime). Called after initialisation and
+    after every optimiser step (AdamW's weight decay would move them otherwise), so the
+    exported weights hold the gates and the C++ inference needs nothing else."""
+    with torch.no_grad():
+        for layer in model.layers:
+            attn = layer.attn
+            per_head = attn.dt_bias.numel() // attn.h
+            for j, lives in enumerate(lifetimes):
+                attn.A_log[j] = 0.0
+                for c, life in enumerate(lives):
+                    gate = j * per_head + c
+                    rate = torch.tensor(1.0 / life, dtype=torch.float64)
+                    attn.dt_bias[gate] = float(rate + torch.log(-torch.expm1(-rate)))
+                    attn.a.weight[gate].zero_()
+
+
 def nats_per_byte(model: Model, data: torch.Tensor, chunk: int) -> float:
     """Mean cross-entropy over `data`, run as one sequence in chunks (state carried)."""
     with torch.no_grad():
@@ -299,6 +332,9 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--long-lived-heads", type=int, default=0,
+                   help="heads per layer whose gates are fixed at long lifetimes "
+                        "(1024, 128, 16, ... tokens; see fix_long_lived_gates)")
     p.add_argument("--write-data", action="store_true",
                    help="also (re)write eval/data/calibration.txt and heldout.txt")
     args = p.parse_args()
@@ -323,6 +359,10 @@ def main() -> None:
            "key_dim": 64, "value_dim": 64, "mlp_hidden": 384,
            "gate_rank": 0 if args.arch == "gdn" else 16, "rms_eps": EPS}
     model = Model(cfg)
+    if not 0 <= args.long_lived_heads <= cfg["heads"]:
+        sys.exit(f"train.py: --long-lived-heads must be between 0 and {cfg['heads']}")
+    lifetimes = long_lived_lifetimes(cfg, args.long_lived_heads)
+    fix_long_lived_gates(model, lifetimes)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 50
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -339,6 +379,7 @@ def main() -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        fix_long_lived_gates(model, lifetimes)
         schedule.step()
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
         elapsed = time.monotonic() - start
@@ -357,6 +398,8 @@ def main() -> None:
             "train_bytes": len(train), "steps": step, "batch": args.batch, "seq": args.seq,
             "lr": args.lr, "seed": args.seed, "seconds": round(time.monotonic() - start),
             "threads": args.threads, "train_loss": round(loss_avg, 4),
+            "long_lived_heads": args.long_lived_heads,
+            "long_lived_lifetimes": [[round(x, 3) for x in lives] for lives in lifetimes],
             "heldout_loss_8192": round(held, 4), "torch": torch.__version__}
     export(model, args.out, info, heldout[:REFERENCE_TOKENS])
     print(f"{args.arch}: wrote {args.out}", flush=True)

@@ -80,6 +80,7 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
   EXPECT_LT(ratio6, 1.15);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Fidelity, ::testing::Values("gdn", "kda"));
+INSTANTIATE_TEST_SUITE_P(Models, Fidelity,
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long"));
 
 }  // namespace

@@ -38,7 +38,7 @@ class ModelTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(ModelTest, LoadsWithItsConfiguration) {
   const auto model = ev::Model::load(model_dir(GetParam()));
   const ev::ModelConfig& c = model->config();
-  EXPECT_EQ(c.arch, GetParam() == "gdn" ? kn::Arch::gdn : kn::Arch::kda);
+  EXPECT_EQ(c.arch, GetParam().starts_with("gdn") ? kn::Arch::gdn : kn::Arch::kda);
   EXPECT_EQ(c.vocab, 256u);
   EXPECT_GE(c.layers, 2u);
   EXPECT_GE(c.key_dim, 64u);
@@ -99,7 +99,8 @@ TEST_P(ModelTest, StateIsStoredThroughTheCodec) {
   EXPECT_TRUE(std::all_of(state.begin(), state.end(), [](float v) { return v == 0.0f; }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ModelTest, ::testing::Values("gdn", "kda"));
+INSTANTIATE_TEST_SUITE_P(Models, ModelTest,
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long"));
 
 // --- validation: a copy of the GDN model, damaged one way at a time ---------------------
 
