@@ -22,6 +22,7 @@ try:
 except ImportError:
     sys.exit("plot.py: matplotlib is missing: apt-get install python3-matplotlib")
 
+CEILING = 10.0  # the y axis stops here: an error of 10x the state is a diverged run
 MAIN = ["bf16", "fp16", "int8", "int6", "int4", "dsq6", "dsq4", "stepquant6", "stepquant4"]
 COLOURS = {"bf16": "#999999", "fp16": "#555555", "int8": "#1f77b4", "int6": "#ff7f0e",
            "int4": "#d62728", "dsq6": "#bcbd22", "dsq4": "#8c564b", "stepquant6": "#2ca02c",
@@ -76,6 +77,10 @@ def main() -> None:
                     linestyle="--" if ablation else "-", alpha=0.7 if ablation else 1.0)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        if ax.get_ylim()[1] > CEILING:  # a codec whose state diverged: keep the rest readable
+            ax.set_ylim(top=CEILING)
+            ax.text(0.02, 0.97, f"lines that leave the top diverged (error > {CEILING:g})",
+                    transform=ax.transAxes, fontsize=8, va="top")
         ax.set_xlabel("decode step t (tokens)")
         ax.set_ylabel("relative state error ||S - S_fp32|| / ||S_fp32||")
         ax.set_title(title)
