@@ -12,6 +12,7 @@
 // (tests/gpu/test_cuda_executor_gpu.cpp, skipped without a device).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -261,6 +262,21 @@ TYPED_TEST_P(ExecutorConformance, CopyCopiesAWholePage) {
   op.page = this->buffer(source);  // onto itself: nothing changes
   ASSERT_EQ(status_of(this->run(op)), Status::ok);
   EXPECT_EQ(page, source);
+
+  // Neither end aligned (a copy may take a path of its own for aligned lines): the 9 MiB
+  // from source byte 5 onto page byte 3; the bytes around the range stay as they were.
+  std::vector<std::byte> shifted(source.size(), std::byte{0x5a});
+  const std::size_t n = source.size() - 8;
+  op.source = this->buffer(source);
+  op.source.data += 5;
+  op.source.size = n;
+  op.page = this->buffer(shifted);
+  op.page.data += 3;
+  op.page.size = n;
+  ASSERT_EQ(status_of(this->run(op)), Status::ok);
+  std::vector<std::byte> expected(source.size(), std::byte{0x5a});
+  std::copy_n(source.begin() + 5, n, expected.begin() + 3);
+  EXPECT_EQ(shifted, expected);
 }
 
 TYPED_TEST_P(ExecutorConformance, CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory) {
