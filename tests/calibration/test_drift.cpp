@@ -257,8 +257,9 @@ TEST(Drift, StepQuant6DriftsLessThanInt6OverALongRecurrence) {
 // The paper's stronger claim: a 4-bit budget beats uniform 6-bit, because the allocation
 // moves bits from the heads that forget fast (2 bits) to the long-lived ones. Here, where
 // half of the heads keep an error for ~2000 steps, it holds with a page 0.73x the size.
-// (On the small trained models of eval/, whose heads all forget within ten tokens, it
-// does not: eval/README.md.)
+// (On the small trained models of eval/ it does not hold on every measure, not even on
+// those with long-lived heads: there the fast heads' 2-bit error, read at the very next
+// token, costs the output more than int6's accumulation; eval/README.md.)
 TEST(Drift, StepQuant4DriftsLessThanInt6WhereHeadsLiveLong) {
   const sq::Plan* plan_view = nullptr;
   Report report;
