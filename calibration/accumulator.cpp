@@ -155,15 +155,20 @@ void LayerAccumulator::add(std::uint32_t head, std::span<const float> q, std::sp
     const double c = std::exp(g) * (q[i] - static_cast<double>(beta) * k[i] * kq);
     h.omega_sum[i] += c * c;
   }
-  // The probes started before this token follow it; then this token's output.
-  follow_probes(h, q, k, log_decay, beta);
-  double out_energy = 0.0;
-  for (std::size_t j = 0; j < value_dim_; ++j) {
-    double o = 0.0;
-    for (std::size_t i = 0; i < K; ++i) o += static_cast<double>(state[i * value_dim_ + j]) * q[i];
-    out_energy += o * o;
+  // With probes: the ones started before this token follow it; then this token's output
+  // (both only for the output cost, which is the one that reads them).
+  if (options_.probe_every != 0) {
+    follow_probes(h, q, k, log_decay, beta);
+    double out_energy = 0.0;
+    for (std::size_t j = 0; j < value_dim_; ++j) {
+      double o = 0.0;
+      for (std::size_t i = 0; i < K; ++i) {
+        o += static_cast<double>(state[i * value_dim_ + j]) * q[i];
+      }
+      out_energy += o * o;
+    }
+    h.output_energy_sum += out_energy;
   }
-  h.output_energy_sum += out_energy;
   ++h.tokens;
   if (h.tokens % options_.snapshot_every == 0) {
     h.reservoir.offer(state);

@@ -224,6 +224,7 @@ TEST(Accumulator, ProbesEndWithTheirSequenceAndHorizon) {
   none.add(0, one, zero, zero, 0.0f, one);
   EXPECT_TRUE(none.readout_weight(0).empty());
   EXPECT_EQ(none.probes(0), 0u);
+  EXPECT_EQ(none.output_energy(0), 0.0);
 }
 
 }  // namespace

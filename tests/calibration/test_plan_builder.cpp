@@ -272,9 +272,7 @@ TEST(PlanBuilder, OutputCostsSeeTheDeltaRuleEraseErrors) {
     CalibrateOptions options;
     options.plan.budget_bits = 4;
     options.plan.cost = cost;
-    AccumulatorOptions accumulator = options.accumulator;
-    if (cost != CostModel::output) accumulator.probe_every = 0;
-    LayerAccumulator acc(kernels::Arch::gdn, 0, 2, 16, 16, accumulator);
+    LayerAccumulator acc(kernels::Arch::gdn, 0, 2, 16, 16, options.accumulator);
     accumulate_layer(trace, 0, acc, options, {});
     const LayerCosts c = measure_layer(acc, options.plan);
     return (c.mse[4 + 1] * c.lifetime[1]) / (c.mse[1] * c.lifetime[0]);

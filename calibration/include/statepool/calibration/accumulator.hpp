@@ -73,7 +73,7 @@ struct AccumulatorOptions {
   /// Seed of the reservoir RNGs (each head derives its own from it and its position).
   std::uint64_t seed = 0x5EED;
   /// Start a readout probe every n-th token of a sequence (0: no probes, no readout
-  /// weights).
+  /// weights and no output energy).
   std::uint32_t probe_every = 256;
   /// Tokens a probe follows its error at most (the plan's horizon).
   std::uint32_t probe_horizon = 2048;
@@ -112,7 +112,8 @@ class LayerAccumulator {
   /// W_i of every key row of `head` (K values): the mean over its probes of their summed
   /// squared readouts; empty when no probe has started.
   [[nodiscard]] std::vector<double> readout_weight(std::uint32_t head) const;
-  /// Mean of ||S^T q||^2 over the head's tokens (0 before any token).
+  /// Mean of ||S^T q||^2 over the head's tokens (0 before any token, and without probes:
+  /// probe_every 0 measures neither).
   [[nodiscard]] double output_energy(std::uint32_t head) const;
   [[nodiscard]] const SnapshotReservoir& snapshots(std::uint32_t head) const;
   /// Snapshots stored over all heads.
