@@ -27,26 +27,6 @@ using stepquant::FitKind;
 using stepquant::HeadFit;
 using stepquant::kPivotWidth;
 
-void pack_any(std::uint32_t bits, const std::uint8_t* u, std::size_t n, std::byte* dst) {
-  std::uint8_t* d = as_u8(dst);
-  switch (bits) {
-    case 2: pack_codes<2>(u, n, d); break;
-    case 4: pack_codes<4>(u, n, d); break;
-    case 6: pack_codes<6>(u, n, d); break;
-    default: pack_codes<8>(u, n, d); break;
-  }
-}
-
-void unpack_any(std::uint32_t bits, const std::byte* src, std::size_t n, std::uint8_t* u) {
-  const std::uint8_t* s = as_u8(src);
-  switch (bits) {
-    case 2: unpack_codes<2>(s, n, u); break;
-    case 4: unpack_codes<4>(s, n, u); break;
-    case 6: unpack_codes<6>(s, n, u); break;
-    default: unpack_codes<8>(s, n, u); break;
-  }
-}
-
 // z + offset as bytes (offset binary), and back. Cloned: SSE2 lacks the 32-bit packs.
 STATEPOOL_SIMD_CLONES void narrow_codes(const std::int32_t* z, std::size_t n, std::int32_t offset,
                                         std::uint8_t* u) {
@@ -88,7 +68,7 @@ class Writer {
     u.resize(n);
     const auto offset = static_cast<std::int32_t>(code_qmax(bits));
     narrow_codes(z, n, offset, u.data());
-    pack_any(bits, u.data(), n, dst_.data() + pos_);
+    pack_run(bits, u.data(), n, as_u8(dst_.data() + pos_));
     pos_ += packed_bytes(n, bits);
   }
   void pad() { std::memset(dst_.data() + pos_, 0, dst_.size() - pos_); }
@@ -109,7 +89,7 @@ class Reader {
   }
   void codes(std::int32_t* z, std::size_t n, std::uint32_t bits, std::vector<std::uint8_t>& u) {
     u.resize(n);
-    unpack_any(bits, src_.data() + pos_, n, u.data());
+    unpack_run(bits, as_u8(src_.data() + pos_), n, u.data());
     const auto offset = static_cast<std::int32_t>(code_qmax(bits));
     widen_codes(u.data(), n, offset, z);
     pos_ += packed_bytes(n, bits);

@@ -11,17 +11,15 @@
 // >= 0x7F800000), so encode_head_checked costs nothing extra.
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(STATEPOOL_NO_SIMD_CLONES)
-#define STATEPOOL_UNIFORM_AVX2 1
-#include <immintrin.h>
-#endif
 
 #include "bytes.hpp"
 #include "codecs_internal.hpp"
 #include "simd.hpp"
+
+#if defined(STATEPOOL_KERNELS_AVX2)
+#include <immintrin.h>
+#endif
 #include "statepool/kernels/format.hpp"
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/quantize.hpp"
@@ -83,7 +81,7 @@ STATEPOOL_FORCE_INLINE bool encode_uniform_with(const float* x, std::size_t n, s
         std::memset(dst, static_cast<int>(qmax), len);
       }
       if constexpr (Bits != 8) {
-        pack_codes<Bits>(u, len, cg + packed_bytes(c, Bits));
+        pack_run(Bits, u, len, cg + packed_bytes(c, Bits));
       }
     }
   }
@@ -108,7 +106,7 @@ STATEPOOL_FORCE_INLINE bool encode_uniform_body(const float* x, std::size_t n, s
                                    quantize_generic);
 }
 
-#if defined(STATEPOOL_UNIFORM_AVX2)
+#if defined(STATEPOOL_KERNELS_AVX2)
 
 [[gnu::target("avx2")]] std::uint32_t absmax_bits_avx2(const float* x, std::size_t count) {
   const __m256i magnitude = _mm256_set1_epi32(0x7FFFFFFF);
@@ -166,18 +164,7 @@ template <std::uint32_t Bits>
   return encode_uniform_with<Bits>(x, n, group, out, out_bytes, absmax_bits_avx2, quantize_avx2);
 }
 
-/// The AVX2 loops, unless the CPU lacks AVX2 or STATEPOOL_KERNELS_PORTABLE is set (to
-/// anything but "0"): the tests run the portable loops that way too (docs/codecs.md).
-bool have_avx2() noexcept {
-  static const bool yes = [] {
-    const char* portable = std::getenv("STATEPOOL_KERNELS_PORTABLE");
-    if (portable != nullptr && *portable != '\0' && std::strcmp(portable, "0") != 0) return false;
-    return __builtin_cpu_supports("avx2") != 0;
-  }();
-  return yes;
-}
-
-#endif  // STATEPOOL_UNIFORM_AVX2
+#endif  // STATEPOOL_KERNELS_AVX2
 
 template <std::uint32_t Bits>
 STATEPOOL_FORCE_INLINE void decode_uniform_body(const std::byte* in, std::size_t n,
@@ -200,7 +187,7 @@ STATEPOOL_FORCE_INLINE void decode_uniform_body(const std::byte* in, std::size_t
       if constexpr (Bits == 8) {
         src = cg + c;
       } else {
-        unpack_codes<Bits>(cg + packed_bytes(c, Bits), len, u);
+        unpack_run(Bits, cg + packed_bytes(c, Bits), len, u);
       }
       for (std::size_t i = 0; i < len; ++i) {
         xg[c + i] = uniform_value(src[i], s, qmax);
@@ -239,8 +226,8 @@ STATEPOOL_SIMD_CLONES void decode_int8(const std::byte* in, std::size_t n, std::
 template <std::uint32_t Bits>
 bool encode_uniform(const float* x, std::size_t n, std::uint32_t group, std::byte* out,
                     std::size_t out_bytes) {
-#if defined(STATEPOOL_UNIFORM_AVX2)
-  if (have_avx2()) return encode_uniform_avx2<Bits>(x, n, group, out, out_bytes);
+#if defined(STATEPOOL_KERNELS_AVX2)
+  if (use_avx2_loops()) return encode_uniform_avx2<Bits>(x, n, group, out, out_bytes);
 #endif
   if constexpr (Bits == 4) {
     return encode_int4_portable(x, n, group, out, out_bytes);

@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -118,6 +120,64 @@ TEST(Packing, SetCodeLeavesNeighboursAlone) {
   set_code(packed.data(), 5, 6, 0);
   for (std::size_t i = 0; i < 8; ++i) {
     EXPECT_EQ(get_code(packed.data(), i, 6), i == 5 ? 0u : 63u) << i;
+  }
+}
+
+// pack_run / unpack_run (the host codecs' path: AVX2 steps of 32 codes where the CPU has
+// AVX2, the templates otherwise, and under STATEPOOL_KERNELS_PORTABLE=1 in
+// kernels.portable_uniform_loops) against the templates: every length up to a few steps,
+// so that runs end inside, at and past a step, and guard bytes on both sides.
+template <std::uint32_t Bits>
+void check_runs_match_templates() {
+  std::mt19937 rng(100 + Bits);
+  constexpr std::size_t guard = 32;
+  for (std::size_t count = 0; count <= 200; ++count) {
+    std::vector<std::uint8_t> u(count);
+    for (auto& c : u) c = static_cast<std::uint8_t>(rng() & ((1u << Bits) - 1u));
+    const std::size_t bytes = packed_bytes(count, Bits);
+    std::vector<std::uint8_t> expected(bytes);
+    pack_codes<Bits>(u.data(), count, expected.data());
+
+    std::vector<std::uint8_t> packed(bytes + 2 * guard, 0xA5);
+    pack_run(Bits, u.data(), count, packed.data() + guard);
+    for (std::size_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(packed[i], 0xA5) << "bits " << Bits << " count " << count << " wrote before";
+      ASSERT_EQ(packed[guard + bytes + i], 0xA5)
+          << "bits " << Bits << " count " << count << " wrote past the run";
+    }
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), packed.begin() + guard))
+        << "bits " << Bits << " count " << count;
+
+    std::vector<std::uint8_t> back(count + 2 * guard, 0x5A);
+    unpack_run(Bits, packed.data() + guard, count, back.data() + guard);
+    ASSERT_TRUE(std::equal(u.begin(), u.end(), back.begin() + guard))
+        << "bits " << Bits << " count " << count;
+    for (std::size_t i = 0; i < guard; ++i) {
+      ASSERT_EQ(back[i], 0x5A);
+      ASSERT_EQ(back[guard + count + i], 0x5A) << "bits " << Bits << " count " << count;
+    }
+  }
+}
+
+TEST(Packing, HostRunsMatchTheTemplates) {
+  check_runs_match_templates<2>();
+  check_runs_match_templates<4>();
+  check_runs_match_templates<6>();
+  check_runs_match_templates<8>();
+}
+
+TEST(Packing, HostRunsReadNothingPastTheRun) {
+  // The run ends at the end of an allocation: a read past it is caught by ASan.
+  for (const std::uint32_t bits : {2u, 4u, 6u, 8u}) {
+    for (const std::size_t count : {32u, 64u, 96u, 128u, 131u}) {
+      const std::size_t bytes = packed_bytes(count, bits);
+      auto packed = std::make_unique<std::uint8_t[]>(bytes);
+      std::vector<std::uint8_t> u(count, 1);
+      pack_run(bits, u.data(), count, packed.get());
+      auto back = std::make_unique<std::uint8_t[]>(count);
+      unpack_run(bits, packed.get(), count, back.get());
+      EXPECT_TRUE(std::equal(u.begin(), u.end(), back.get())) << bits << " " << count;
+    }
   }
 }
 

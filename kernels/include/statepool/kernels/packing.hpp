@@ -226,3 +226,19 @@ STATEPOOL_HD inline void set_code(std::uint8_t* dst, std::size_t index, std::uin
 }
 
 }  // namespace statepool::kernels
+
+namespace statepool::kernels {
+
+// --- whole runs on the host ------------------------------------------------------------
+// The CPU codecs pack and unpack through these (kernels/cpu/packing.cpp): the same bytes
+// and codes as pack_codes<bits> / unpack_codes<bits>, with AVX2 loops for the 4- and
+// 6-bit widths where the CPU has AVX2 (docs/codecs.md). Like the templates, they write
+// nothing past the run and read nothing past it. `bits` is 2, 4, 6 or 8 (anything else
+// packs as 8).
+
+void pack_run(std::uint32_t bits, const std::uint8_t* u, std::size_t count,
+              std::uint8_t* dst) noexcept;
+void unpack_run(std::uint32_t bits, const std::uint8_t* src, std::size_t count,
+                std::uint8_t* u) noexcept;
+
+}  // namespace statepool::kernels
