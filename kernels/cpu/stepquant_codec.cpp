@@ -1,7 +1,8 @@
 // stepquant4 / stepquant6 (plan-driven, three variants) and dsq4 / dsq6: a head is fitted
 // (stepquant/fit.hpp) and its fit written in the byte format of stepquant/format.hpp;
-// decoding parses the bytes back into a fit and reconstructs it, so a decoded head is
-// exactly reconstruct(fit) of what encode computed.
+// decoding reconstructs the values straight from the bytes, row by row, with the
+// arithmetic of reconstruct(fit), so a decoded head is exactly reconstruct(fit) of what
+// encode computed (test_codec_conformance.cpp holds every codec to that).
 
 #include <algorithm>
 #include <cstring>
@@ -34,10 +35,33 @@ STATEPOOL_SIMD_CLONES void narrow_codes(const std::int32_t* z, std::size_t n, st
     u[i] = static_cast<std::uint8_t>(z[i] + offset);
   }
 }
-STATEPOOL_SIMD_CLONES void widen_codes(const std::uint8_t* u, std::size_t n, std::int32_t offset,
-                                       std::int32_t* z) {
+
+// One row of a decoded head from its offset-binary codes u = z + offset:
+// x_j = dual_axis_value(r, c_j, z_j g) (dual axis), or r z_j (row absmax), as
+// stepquant::reconstruct computes them.
+STATEPOOL_SIMD_CLONES void reconstruct_dual_codes(const std::uint8_t* u, std::size_t n,
+                                                  std::int32_t offset, float r, const float* c,
+                                                  std::int32_t g, float* x) {
+  for (std::size_t j = 0; j < n; ++j) {
+    x[j] = stepquant::dual_axis_value(r, c[j], (static_cast<std::int32_t>(u[j]) - offset) * g);
+  }
+}
+STATEPOOL_SIMD_CLONES void reconstruct_absmax_codes(const std::uint8_t* u, std::size_t n,
+                                                    std::int32_t offset, float r, float* x) {
+  for (std::size_t j = 0; j < n; ++j) {
+    x[j] = r * static_cast<float>(static_cast<std::int32_t>(u[j]) - offset);
+  }
+}
+
+// fp16 values <-> their little-endian bits (scales and pivot values).
+STATEPOOL_SIMD_CLONES void store_halves(const float* v, std::size_t n, std::byte* dst) {
   for (std::size_t i = 0; i < n; ++i) {
-    z[i] = static_cast<std::int32_t>(u[i]) - offset;
+    store_u16_le(dst + 2 * i, float_to_half_bits(v[i]));
+  }
+}
+STATEPOOL_SIMD_CLONES void load_halves(const std::byte* src, std::size_t n, float* v) {
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = half_bits_to_float(load_u16_le(src + 2 * i));
   }
 }
 
@@ -57,9 +81,7 @@ class Writer {
  public:
   explicit Writer(std::span<std::byte> dst) : dst_(dst) {}
   void halves(const float* v, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      store_u16_le(dst_.data() + pos_ + 2 * i, float_to_half_bits(v[i]));
-    }
+    store_halves(v, n, dst_.data() + pos_);
     pos_ += 2 * n;
   }
   // Signed codes z (offset binary u = z + qmax).
@@ -82,16 +104,12 @@ class Reader {
  public:
   explicit Reader(std::span<const std::byte> src) : src_(src) {}
   void halves(float* v, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      v[i] = half_bits_to_float(load_u16_le(src_.data() + pos_ + 2 * i));
-    }
+    load_halves(src_.data() + pos_, n, v);
     pos_ += 2 * n;
   }
-  void codes(std::int32_t* z, std::size_t n, std::uint32_t bits, std::vector<std::uint8_t>& u) {
-    u.resize(n);
-    unpack_run(bits, as_u8(src_.data() + pos_), n, u.data());
-    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
-    widen_codes(u.data(), n, offset, z);
+  // Offset-binary codes u = z + qmax.
+  void codes(std::uint8_t* u, std::size_t n, std::uint32_t bits) {
+    unpack_run(bits, as_u8(src_.data() + pos_), n, u);
     pos_ += packed_bytes(n, bits);
   }
 
@@ -132,45 +150,48 @@ void write_head(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> wid
   w.pad();
 }
 
+// The inverse of write_head: the values of the head whose bytes are `src`, as
+// reconstruct(fit) gives them for the fit that write_head wrote.
 void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t value_dim,
-               std::span<const std::uint8_t> widths, std::span<const std::byte> src, HeadFit& fit,
-               std::vector<std::uint8_t>& u) {
+               std::span<const std::uint8_t> widths, std::span<const std::byte> src,
+               std::span<float> dst, Scratch& s) {
   const std::size_t K = key_dim;
   const std::size_t V = value_dim;
   const bool dual = kind == FitKind::dual_axis || kind == FitKind::dual_axis_grid8;
-  fit.kind = kind;
-  fit.key_dim = key_dim;
-  fit.value_dim = value_dim;
-  fit.row_scale.assign(K, 0.0f);
-  fit.col_scale.assign(dual ? V : 0, 0.0f);
-  fit.codes.resize(K * V);  // every code is read below; pivot rows are zeroed
-  const auto pivots =
-      static_cast<std::size_t>(std::count(widths.begin(), widths.end(), kPivotWidth));
-  fit.pivot_values.resize(pivots * V);
   Reader r(src);
-  if (arch == Arch::gdn) {
-    const std::uint32_t bits = widths[0];
-    if (bits == kPivotWidth) {
-      // The fit's scales are zero for an all-pivot head; only the values are stored.
-      std::fill(fit.codes.begin(), fit.codes.end(), 0);
-      r.halves(fit.pivot_values.data(), K * V);
-    } else {
-      r.halves(fit.row_scale.data(), fit.row_scale.size());
-      r.halves(fit.col_scale.data(), fit.col_scale.size());
-      r.codes(fit.codes.data(), K * V, bits, u);
-    }
+  if (arch == Arch::gdn && widths[0] == kPivotWidth) {
+    r.halves(dst.data(), K * V);  // an all-pivot head stores only its values
     return;
   }
-  r.halves(fit.row_scale.data(), K);
-  r.halves(fit.col_scale.data(), fit.col_scale.size());
-  float* pivot = fit.pivot_values.data();
+  s.fit.row_scale.resize(K);
+  s.fit.col_scale.resize(dual ? V : 0);
+  r.halves(s.fit.row_scale.data(), K);
+  r.halves(s.fit.col_scale.data(), s.fit.col_scale.size());
+  const auto row = [&](std::size_t i, const std::uint8_t* u) {
+    const std::uint32_t bits = widths[i];
+    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
+    float* x = dst.data() + i * V;
+    if (dual) {
+      const auto g = static_cast<std::int32_t>(
+          kind == FitKind::dual_axis_grid8 ? stepquant::grid_factor(bits) : 1u);
+      reconstruct_dual_codes(u, V, offset, s.fit.row_scale[i], s.fit.col_scale.data(), g, x);
+    } else {
+      reconstruct_absmax_codes(u, V, offset, s.fit.row_scale[i], x);
+    }
+  };
+  if (arch == Arch::gdn) {  // one width, one run of codes
+    s.u.resize(K * V);
+    r.codes(s.u.data(), K * V, widths[0]);
+    for (std::size_t i = 0; i < K; ++i) row(i, s.u.data() + i * V);
+    return;
+  }
+  s.u.resize(V);
   for (std::size_t i = 0; i < K; ++i) {
     if (widths[i] == kPivotWidth) {
-      r.halves(pivot, V);
-      pivot += V;
-      std::fill_n(fit.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
+      r.halves(dst.data() + i * V, V);
     } else {
-      r.codes(fit.codes.data() + i * V, V, widths[i], u);
+      r.codes(s.u.data(), V, widths[i]);
+      row(i, s.u.data());
     }
   }
 }
@@ -186,9 +207,14 @@ class StepQuantCodec final : public Codec {
         value_dim_(layout.value_dim),
         num_heads_(layout.num_heads) {
     head_bytes_.reserve(std::size_t{layout.num_layers} * layout.num_heads);
+    widths_.reserve(std::size_t{layout.num_layers} * layout.num_heads * key_dim_);
     for (std::uint32_t l = 0; l < layout.num_layers; ++l) {
       for (std::uint32_t h = 0; h < layout.num_heads; ++h) {
         head_bytes_.push_back(stepquant::head_bytes(*plan_, variant_, l, h));
+        for (std::uint32_t i = 0; i < key_dim_; ++i) {
+          widths_.push_back(
+              stepquant::stored_width(*plan_, variant_, l, h, arch_ == Arch::kda ? i : 0));
+        }
       }
     }
   }
@@ -203,23 +229,20 @@ class StepQuantCodec final : public Codec {
                    std::span<std::byte> dst) const override {
     check(layer, head, src.size(), dst.size());
     Scratch& s = scratch();
-    row_widths(layer, head, s.widths);
+    const auto widths = row_widths(layer, head);
     if (variant_ == StepQuantVariant::temporal_only) {
-      stepquant::fit_head_absmax(arch_, src, key_dim_, value_dim_, s.widths, s.fit);
+      stepquant::fit_head_absmax(arch_, src, key_dim_, value_dim_, widths, s.fit);
     } else {
-      stepquant::fit_head(arch_, src, key_dim_, value_dim_, s.widths,
+      stepquant::fit_head(arch_, src, key_dim_, value_dim_, widths,
                           plan_->head_impact(layer, head), s.fit);
     }
-    write_head(arch_, s.fit, s.widths, dst, s.u);
+    write_head(arch_, s.fit, widths, dst, s.u);
   }
 
   void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
                    std::span<float> dst) const override {
     check(layer, head, dst.size(), src.size());
-    Scratch& s = scratch();
-    row_widths(layer, head, s.widths);
-    read_head(arch_, kind(), key_dim_, value_dim_, s.widths, src, s.fit, s.u);
-    stepquant::reconstruct(arch_, s.fit, s.widths, dst);
+    read_head(arch_, kind(), key_dim_, value_dim_, row_widths(layer, head), src, dst, scratch());
   }
 
  private:
@@ -232,11 +255,10 @@ class StepQuantCodec final : public Codec {
                        head_bytes(layer, head));
   }
 
-  void row_widths(std::uint32_t layer, std::uint32_t head, std::vector<std::uint8_t>& out) const {
-    out.resize(key_dim_);
-    for (std::uint32_t i = 0; i < key_dim_; ++i) {
-      out[i] = stepquant::stored_width(*plan_, variant_, layer, head, arch_ == Arch::kda ? i : 0);
-    }
+  // The stored width of every row of a head (one per row for GDN heads too).
+  [[nodiscard]] std::span<const std::uint8_t> row_widths(std::uint32_t layer,
+                                                         std::uint32_t head) const {
+    return {widths_.data() + (std::size_t{layer} * num_heads_ + head) * key_dim_, key_dim_};
   }
 
   [[nodiscard]] FitKind kind() const noexcept {
@@ -257,6 +279,7 @@ class StepQuantCodec final : public Codec {
   std::uint32_t value_dim_;
   std::uint32_t num_heads_;
   std::vector<std::size_t> head_bytes_;  // [layer][head]
+  std::vector<std::uint8_t> widths_;     // [layer][head][row]
 };
 
 class DsqCodec final : public Codec {
@@ -289,8 +312,7 @@ class DsqCodec final : public Codec {
                        head_bytes_);
     Scratch& s = scratch();
     s.widths.assign(key_dim_, static_cast<std::uint8_t>(bits_));
-    read_head(Arch::gdn, FitKind::dual_axis, key_dim_, value_dim_, s.widths, src, s.fit, s.u);
-    stepquant::reconstruct(Arch::gdn, s.fit, s.widths, dst);
+    read_head(Arch::gdn, FitKind::dual_axis, key_dim_, value_dim_, s.widths, src, dst, s);
   }
 
  private:

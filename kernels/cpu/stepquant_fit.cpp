@@ -68,26 +68,29 @@ void check_impact(std::span<const float> impact, std::uint32_t key_dim) {
   }
 }
 
-// Step 1 for one row (the sum and its rounding are fit_math.hpp's).
+// Step 1 for one row (the sum and its rounding are fit_math.hpp's): the rows after the
+// last whole group of abs_sums8.
 STATEPOOL_SIMD_CLONES double abs_sum(const float* x, std::uint32_t n) {
   return row_abs_sum(x, n);
 }
 
-// row_abs_sum of four rows `stride` apart, computed together: each row's four lanes are
+// row_abs_sum of eight rows `stride` apart, computed together: each row's four lanes are
 // summed exactly as row_abs_sum sums them (the same additions in the same order), but
-// the four rows' chains of dependent binary64 additions are independent, so they overlap
-// instead of waiting for each other. GCC/Clang vector types keep one row's four lanes in
-// one register (the auto-vectorizer would put the four rows in the lanes and gather).
+// the eight rows' chains of dependent binary64 additions are independent, so they overlap
+// instead of waiting for each other (an addition's latency is four of its throughput).
+// GCC/Clang vector types keep one row's four lanes in one register (the auto-vectorizer
+// would put the rows in the lanes and gather).
 using F32x4 = float __attribute__((vector_size(16)));
 using I32x4 = std::int32_t __attribute__((vector_size(16)));
 using F64x4 = double __attribute__((vector_size(32)));
+constexpr std::size_t kSumRows = 8;
 
-STATEPOOL_SIMD_CLONES void abs_sums4(const float* x, std::size_t stride, std::uint32_t n,
+STATEPOOL_SIMD_CLONES void abs_sums8(const float* x, std::size_t stride, std::uint32_t n,
                                      double* out) {
-  F64x4 s[4] = {};
+  F64x4 s[kSumRows] = {};
   std::uint32_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    for (std::size_t r = 0; r < 4; ++r) {
+    for (std::size_t r = 0; r < kSumRows; ++r) {
       F32x4 v;
       std::memcpy(&v, x + r * stride + j, sizeof v);
       // |x| in binary32 is exact, and so is its conversion: the same value as abs_f64(x).
@@ -95,11 +98,50 @@ STATEPOOL_SIMD_CLONES void abs_sums4(const float* x, std::size_t stride, std::ui
       s[r] += __builtin_convertvector(magnitude, F64x4);
     }
   }
-  for (std::size_t r = 0; r < 4; ++r) {
+  for (std::size_t r = 0; r < kSumRows; ++r) {
     double lane[4] = {s[r][0], s[r][1], s[r][2], s[r][3]};
     for (std::uint32_t l = 0; j + l < n; ++l)
       lane[l] = add_f64(lane[l], abs_f64(x[r * stride + j + l]));
     out[r] = add_f64(add_f64(lane[0], lane[1]), add_f64(lane[2], lane[3]));
+  }
+}
+
+// Step 1's row scales from the row sums, every row (pivot rows too; the caller overwrites
+// theirs). impact: per row, or null for all ones.
+STATEPOOL_SIMD_CLONES void row_scales(const double* sums, std::size_t rows, std::uint32_t n,
+                                      const float* impact, float* out) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    const double w = impact == nullptr ? 1.0 : static_cast<double>(impact[i]);
+    out[i] = row_scale_from_sum(sums[i], n, w);
+  }
+}
+
+// A pivot row's stored values: fp16(x_j) as floats.
+STATEPOOL_SIMD_CLONES void fp16_values(const float* x, std::size_t n, float* out) {
+  for (std::size_t j = 0; j < n; ++j) {
+    out[j] = fp16_value(x[j]);
+  }
+}
+
+// Step 2's column scales from the maxima's bits.
+STATEPOOL_SIMD_CLONES void column_scales(const std::int32_t* max_bits, std::size_t n, float* c) {
+  for (std::size_t j = 0; j < n; ++j) {
+    c[j] = column_scale_from_max(static_cast<std::uint32_t>(max_bits[j]));
+  }
+}
+
+// Step 3's column divisors.
+STATEPOOL_SIMD_CLONES void column_divisors(const float* c, std::size_t n, float* c_div) {
+  for (std::size_t j = 0; j < n; ++j) {
+    c_div[j] = column_divisor(c[j]);
+  }
+}
+
+// Step 4's refitted column scales (in place).
+STATEPOOL_SIMD_CLONES void refit_column_scales(const double* num, const double* den,
+                                               std::size_t n, float* c) {
+  for (std::size_t j = 0; j < n; ++j) {
+    c[j] = refit_column_scale(num[j], den[j], c[j]);
   }
 }
 
@@ -168,20 +210,23 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   const auto row_qmax = [&](std::size_t i) { return row_code_limit(options.grid8, widths[i]); };
   const auto grid = [&](std::size_t i) { return row_grid(options.grid8, widths[i]); };
 
-  // Step 1 (row sums four rows at a time), and the pivot rows.
-  double sums[4] = {};
-  for (std::size_t i = 0; i < K; ++i) {
-    const float* x = head.data() + i * V;
-    if (i % 4 == 0 && i + 4 <= K) abs_sums4(x, V, value_dim, sums);
-    if (widths[i] == kPivotWidth) {
-      for (std::size_t j = 0; j < V; ++j) {
-        out.pivot_values.push_back(fp16_value(x[j]));
-      }
-      std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
-      continue;
-    }
-    const double sum = i - i % 4 + 4 <= K ? sums[i % 4] : abs_sum(x, value_dim);
-    out.row_scale[i] = row_scale_from_sum(sum, value_dim, weight(i));
+  // Step 1: the row sums eight rows at a time, the scales of every row, then the pivot
+  // rows (scale 0, codes 0, values in fp16).
+  std::vector<double> sums(K);
+  const std::size_t grouped = K - K % kSumRows;
+  for (std::size_t r = 0; r < grouped; r += kSumRows) {
+    abs_sums8(head.data() + r * V, V, value_dim, &sums[r]);
+  }
+  for (std::size_t r = grouped; r < K; ++r) sums[r] = abs_sum(head.data() + r * V, value_dim);
+  row_scales(sums.data(), K, value_dim, impact.empty() ? nullptr : impact.data(),
+             out.row_scale.data());
+  for (std::size_t p = 0; p < K; ++p) {
+    if (widths[p] != kPivotWidth) continue;
+    out.row_scale[p] = 0.0f;
+    const std::size_t at = out.pivot_values.size();
+    out.pivot_values.resize(at + V);
+    fp16_values(head.data() + p * V, V, out.pivot_values.data() + at);
+    std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(p * V), V, 0);
   }
 
   // Step 2.
@@ -192,16 +237,12 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
       column_max_row(head.data() + i * V, value_dim, dq, cm.data());
     }
   }
-  for (std::size_t j = 0; j < V; ++j) {
-    out.col_scale[j] = column_scale_from_max(static_cast<std::uint32_t>(cm[j]));
-  }
+  column_scales(cm.data(), V, out.col_scale.data());
 
   // Step 3 (and 4, 3 again).
   std::vector<float> c_div(V);
   const auto encode = [&] {
-    for (std::size_t j = 0; j < V; ++j) {
-      c_div[j] = column_divisor(out.col_scale[j]);
-    }
+    column_divisors(out.col_scale.data(), V, c_div.data());
     for (std::size_t i = 0; i < K; ++i) {
       if (widths[i] != kPivotWidth) {
         encode_row(head.data() + i * V, value_dim, out.row_scale[i] * static_cast<float>(grid(i)),
@@ -222,9 +263,7 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
                 out.row_scale[i] * static_cast<float>(grid(i)), w * w, num.data(), den.data());
     }
   }
-  for (std::size_t j = 0; j < V; ++j) {
-    out.col_scale[j] = refit_column_scale(num[j], den[j], out.col_scale[j]);
-  }
+  refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
   encode();
 }
 
@@ -268,9 +307,9 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
   for (std::size_t i = 0; i < K; ++i) {
     const float* x = head.data() + i * V;
     if (row_widths[i] == kPivotWidth) {
-      for (std::size_t j = 0; j < V; ++j) {
-        out.pivot_values.push_back(fp16_value(x[j]));
-      }
+      const std::size_t at = out.pivot_values.size();
+      out.pivot_values.resize(at + V);
+      fp16_values(x, V, out.pivot_values.data() + at);
       continue;
     }
     const std::uint32_t qmax = code_qmax(row_widths[i]);
