@@ -5,9 +5,9 @@
 // SSE2, which lacks unsigned compares and 32->16-bit packs, so the conversions cost about
 // twice as much as with AVX2. STATEPOOL_SIMD_CLONES compiles a function three times
 // (x86-64-v4, i.e. AVX-512 F/BW/DQ/VL; AVX2; the baseline) and picks one at load time
-// (GCC/Clang target_clones, an ELF ifunc). The v4 clone's 512-bit vectors make the fused
-// step's fit 1.2-1.3x faster than the AVX2 clone on an AVX-512 Xeon (bench/RESULTS.md,
-// 2026-12-03). The v4 and AVX2 targets enable FMA, but the library builds with
+// (GCC/Clang target_clones, an ELF ifunc). The v4 clone's 512-bit vectors made the fused
+// stepquant step 1.1-1.3x faster than the AVX2 clone on an AVX-512 Xeon VM (alternating
+// runs of bench_fused_step, 2026-12-03). The v4 and AVX2 targets enable FMA, but the library builds with
 // -ffp-contract=off, so no multiply-add is fused: every clone performs the same IEEE
 // operations and writes the same bytes.
 

@@ -16,13 +16,13 @@
 #include "bytes.hpp"
 #include "codecs_internal.hpp"
 #include "simd.hpp"
+#include "statepool/kernels/format.hpp"
+#include "statepool/kernels/packing.hpp"
+#include "statepool/kernels/quantize.hpp"
 
 #if defined(STATEPOOL_KERNELS_AVX2)
 #include <immintrin.h>
 #endif
-#include "statepool/kernels/format.hpp"
-#include "statepool/kernels/packing.hpp"
-#include "statepool/kernels/quantize.hpp"
 
 namespace statepool::kernels::detail {
 namespace {
