@@ -66,7 +66,7 @@ struct Tables {
       for (int lane = 0; lane < 4; ++lane) {
         for (int byte = 0; byte < 4; ++byte) {
           m[16 * half + 4 * lane + byte] =
-              byte < quad ? static_cast<std::int8_t>(first + lane * quad + byte) : -1;
+              static_cast<std::int8_t>(byte < quad ? first + lane * quad + byte : -1);
         }
       }
     }
@@ -76,7 +76,7 @@ struct Tables {
     std::array<std::int8_t, 32> m{};
     for (int half = 0; half < 2; ++half) {
       for (int i = 0; i < 16; ++i) {
-        m[16 * half + i] = i < 4 * quad ? static_cast<std::int8_t>(4 * (i / quad) + i % quad) : -1;
+        m[16 * half + i] = static_cast<std::int8_t>(i < 4 * quad ? 4 * (i / quad) + i % quad : -1);
       }
     }
     return m;
