@@ -2,6 +2,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bytes.hpp"
 #include "codecs_internal.hpp"
 #include "simd.hpp"
 #include "statepool/kernels/codec.hpp"
@@ -49,6 +50,34 @@ NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::siz
       index_(index) {}
 
 namespace detail {
+
+namespace {
+template <class IsBad>
+STATEPOOL_FORCE_INLINE std::size_t first_bad(std::size_t n, const IsBad& bad) {
+  // A cheap OR-reduction first (vectorizes); the exact position only when needed.
+  std::uint32_t any = 0;
+  for (std::size_t i = 0; i < n; ++i) any |= static_cast<std::uint32_t>(bad(i));
+  if (any == 0) return n;
+  std::size_t i = 0;
+  while (!bad(i)) ++i;
+  return i;
+}
+}  // namespace
+
+STATEPOOL_SIMD_CLONES std::size_t first_non_finite(const std::byte* src, std::size_t n,
+                                                   DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f32:
+      return first_bad(n, [&](std::size_t i) { return is_non_finite_bits(load_u32(src + 4 * i)); });
+    case DType::bf16:
+      return first_bad(n,
+                       [&](std::size_t i) { return is_non_finite_bf16(load_u16_le(src + 2 * i)); });
+    case DType::f16:
+      return first_bad(n,
+                       [&](std::size_t i) { return is_non_finite_half(load_u16_le(src + 2 * i)); });
+  }
+  return n;
+}
 
 STATEPOOL_SIMD_CLONES bool all_finite(std::span<const float> values) noexcept {
   std::uint32_t any = 0;

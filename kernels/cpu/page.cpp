@@ -1,6 +1,5 @@
 #include "statepool/kernels/page.hpp"
 
-#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <cstring>
@@ -10,7 +9,7 @@
 #include <vector>
 
 #include "bytes.hpp"
-#include "simd.hpp"
+#include "codecs_internal.hpp"
 #include "statepool/kernels/numeric.hpp"
 
 namespace statepool::kernels {
@@ -34,54 +33,9 @@ bool aligned_for_float(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0;
 }
 
-// Index of the first non-finite value among n staged values, or n.
-STATEPOOL_SIMD_CLONES std::size_t first_non_finite(const std::byte* src, std::size_t n,
-                                                   DType dtype) {
-  // A cheap OR-reduction first (vectorizes); the exact position only when needed.
-  std::uint32_t any = 0;
-  if (dtype == DType::f32) {
-    for (std::size_t i = 0; i < n; ++i) {
-      any |= static_cast<std::uint32_t>(is_non_finite_bits(detail::load_u32(src + 4 * i)));
-    }
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      any |= static_cast<std::uint32_t>(is_non_finite_bf16(detail::load_u16_le(src + 2 * i)));
-    }
-  }
-  if (any == 0) {
-    return n;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const bool bad = dtype == DType::f32 ? is_non_finite_bits(detail::load_u32(src + 4 * i))
-                                         : is_non_finite_bf16(detail::load_u16_le(src + 2 * i));
-    if (bad) {
-      return i;
-    }
-  }
-  return n;
-}
-
 float staged_value(const std::byte* src, std::size_t i, DType dtype) {
   return dtype == DType::f32 ? bits_float(detail::load_u32(src + 4 * i))
                              : bf16_bits_to_float(detail::load_u16_le(src + 2 * i));
-}
-
-STATEPOOL_SIMD_CLONES void bf16_to_f32(const std::byte* src, std::size_t n, float* dst) {
-  for (std::size_t i = 0; i < n; ++i) {
-    dst[i] = bf16_bits_to_float(detail::load_u16_le(src + 2 * i));
-  }
-}
-
-STATEPOOL_SIMD_CLONES void f32_to_bf16(const float* src, std::size_t n, std::byte* dst) {
-  constexpr std::size_t kChunk = 1024;
-  std::uint16_t buf[kChunk];
-  for (std::size_t base = 0; base < n; base += kChunk) {
-    const std::size_t len = std::min(kChunk, n - base);
-    for (std::size_t i = 0; i < len; ++i) {
-      buf[i] = float_to_bf16_bits(src[base + i]);
-    }
-    std::memcpy(dst + 2 * base, buf, 2 * len);
-  }
 }
 
 }  // namespace
@@ -172,7 +126,7 @@ void PageCodec::check_finite(std::span<const std::byte> staged, DType dtype, std
   const std::size_t in_head = n * dtype_bytes(dtype);
   for (std::size_t index = first; index < last; ++index) {
     const std::byte* src = staged.data() + index * in_head;
-    const std::size_t bad = first_non_finite(src, n, dtype);
+    const std::size_t bad = detail::first_non_finite(src, n, dtype);
     if (bad != n) {
       const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
       const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
@@ -205,7 +159,7 @@ std::size_t PageCodec::encode_heads_with(std::span<const std::byte> staged, DTyp
       std::memcpy(scratch.data(), src, in_head);
       values = scratch;
     } else {
-      bf16_to_f32(src, n, scratch.data());
+      detail::decode_bf16(src, n, scratch.data());
       values = scratch;
     }
     if (!encode_head(
@@ -271,7 +225,7 @@ void PageCodec::decode_heads(std::span<const std::byte> page, DType dtype,
     if (dtype == DType::f32) {
       std::memcpy(dst, scratch.data(), out_head);
     } else {
-      f32_to_bf16(scratch.data(), n, dst);
+      detail::encode_bf16(scratch.data(), n, dst);
     }
   }
 }

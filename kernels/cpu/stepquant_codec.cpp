@@ -53,18 +53,6 @@ STATEPOOL_SIMD_CLONES void reconstruct_absmax_codes(const std::uint8_t* u, std::
   }
 }
 
-// fp16 values <-> their little-endian bits (scales and pivot values).
-STATEPOOL_SIMD_CLONES void store_halves(const float* v, std::size_t n, std::byte* dst) {
-  for (std::size_t i = 0; i < n; ++i) {
-    store_u16_le(dst + 2 * i, float_to_half_bits(v[i]));
-  }
-}
-STATEPOOL_SIMD_CLONES void load_halves(const std::byte* src, std::size_t n, float* v) {
-  for (std::size_t i = 0; i < n; ++i) {
-    v[i] = half_bits_to_float(load_u16_le(src + 2 * i));
-  }
-}
-
 // Per-thread buffers: encode/decode run concurrently on different heads.
 struct Scratch {
   HeadFit fit;
@@ -81,7 +69,7 @@ class Writer {
  public:
   explicit Writer(std::span<std::byte> dst) : dst_(dst) {}
   void halves(const float* v, std::size_t n) {
-    store_halves(v, n, dst_.data() + pos_);
+    encode_fp16(v, n, dst_.data() + pos_);  // fp16 scales and pivot values
     pos_ += 2 * n;
   }
   // Signed codes z (offset binary u = z + qmax).
@@ -104,7 +92,7 @@ class Reader {
  public:
   explicit Reader(std::span<const std::byte> src) : src_(src) {}
   void halves(float* v, std::size_t n) {
-    load_halves(src_.data() + pos_, n, v);
+    decode_fp16(src_.data() + pos_, n, v);
     pos_ += 2 * n;
   }
   // Offset-binary codes u = z + qmax.

@@ -56,6 +56,11 @@ STATEPOOL_HD inline bool is_non_finite_bf16(std::uint16_t bits) noexcept {
   return (bits & 0x7F80u) == 0x7F80u;
 }
 
+/// True for an IEEE fp16 NaN or +-Inf.
+STATEPOOL_HD inline bool is_non_finite_half(std::uint16_t bits) noexcept {
+  return (bits & 0x7C00u) == 0x7C00u;
+}
+
 /// IEEE correctly rounded a / b (also under --use_fast_math on the device).
 STATEPOOL_HD inline float div_rn(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)
