@@ -1,18 +1,23 @@
-// KV-cache codecs on the CPU (kv.hpp): argument checks, the non-finite scan, and a loop
-// over the stream's work items through kv_math.hpp's functions, the same ones the CUDA
-// kernels run per thread.
+// KV-cache codecs on the CPU (kv.hpp): argument checks, the non-finite scan, and loops over
+// tiles of the stream through kv_math.hpp's per-value functions, the ones the CUDA kernels
+// run per thread.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "codecs_internal.hpp"
+#include "simd.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/kv_math.hpp"
 #include "statepool/kernels/numeric.hpp"
+#include "statepool/kernels/packing.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -57,83 +62,339 @@ void check_bytes(const char* fn, const KvStream& s, const char* what, std::uint6
   }
 }
 
-struct LoadF32 {
-  const std::byte* base;
-  float operator()(std::uint64_t i) const noexcept {
-    float v;
-    std::memcpy(&v, base + 4 * i, 4);
-    return v;
-  }
-};
-struct LoadBf16 {
-  const std::byte* base;
-  float operator()(std::uint64_t i) const noexcept {
-    std::uint16_t b;
-    std::memcpy(&b, base + 2 * i, 2);
-    return bf16_bits_to_float(b);
-  }
-};
-struct LoadF16 {
-  const std::byte* base;
-  float operator()(std::uint64_t i) const noexcept {
-    std::uint16_t b;
-    std::memcpy(&b, base + 2 * i, 2);
-    return half_bits_to_float(b);
-  }
+// --- the host loops ---------------------------------------------------------------------
+//
+// A stream is worked through in tiles of at most 32 tokens (one KIVI key group's worth)
+// by kTileChannels channels (a multiple of 32: a tile holds whole per-token groups). The
+// input of a tile is widened to FP32 in a per-thread buffer; the per-value math is
+// kv_math.hpp's, in loops over plain arrays that vectorize (cloned, simd.hpp), and codes
+// are packed with packing.hpp's pack_run (the quads of the record format). bf16 and fp8
+// go in flat chunks. Every result equals the work-item functions' (kv_encode_item /
+// kv_decode_item), which the CUDA kernels run: test_device_kv_emulation.cpp holds the two
+// to the same bytes, and test_kv_codecs.cpp these loops to an independent transcription
+// of the format.
+
+constexpr std::uint64_t kTileTokens = kKvGroupSize;
+constexpr std::uint64_t kTileChannels = 1024;
+constexpr std::uint64_t kChunkValues = kTileTokens * kTileChannels;
+
+struct KvScratch {
+  std::vector<float> x;         // one tile or chunk of values
+  std::vector<std::uint8_t> u;  // one tile's codes (per-channel groups)
 };
 
-struct StoreF32 {
-  std::byte* base;
-  void operator()(std::uint64_t i, float v) const noexcept { std::memcpy(base + 4 * i, &v, 4); }
-};
-struct StoreBf16 {
-  std::byte* base;
-  void operator()(std::uint64_t i, float v) const noexcept {
-    const std::uint16_t b = float_to_bf16_bits(v);
-    std::memcpy(base + 2 * i, &b, 2);
+KvScratch& kv_scratch() {
+  thread_local KvScratch s;
+  if (s.x.size() < kChunkValues) {
+    s.x.resize(kChunkValues);
+    s.u.resize(kChunkValues);
   }
-};
-struct StoreF16 {
-  std::byte* base;
-  void operator()(std::uint64_t i, float v) const noexcept {
-    const std::uint16_t b = float_to_half_bits(v);
-    std::memcpy(base + 2 * i, &b, 2);
-  }
-};
+  return s;
+}
 
-/// Index of the first NaN / +-Inf among n values, or n.
-template <class Load>
-std::uint64_t first_non_finite(const Load& load, std::uint64_t n) {
-  for (std::uint64_t i = 0; i < n; ++i) {
-    if (is_non_finite_bits(float_bits(load(i)))) {
-      return i;
+/// n values in `dtype` (any alignment) -> FP32 (exact).
+void widen(DType dtype, const std::byte* in, std::size_t n, float* x) {
+  switch (dtype) {
+    case DType::f32: std::memcpy(x, in, 4 * n); return;
+    case DType::bf16: detail::decode_bf16(in, n, x); return;
+    case DType::f16: detail::decode_fp16(in, n, x); return;
+  }
+}
+
+/// FP32 -> n values in `dtype` (round to nearest even, numeric.hpp).
+void narrow(DType dtype, const float* x, std::size_t n, std::byte* out) {
+  switch (dtype) {
+    case DType::f32: std::memcpy(out, x, 4 * n); return;
+    case DType::bf16: detail::encode_bf16(x, n, out); return;
+    case DType::f16: detail::encode_fp16(x, n, out); return;
+  }
+}
+
+STATEPOOL_SIMD_CLONES void encode_e4m3(const float* x, std::size_t n, std::uint8_t* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = float_to_e4m3_bits(x[i]);
+}
+
+STATEPOOL_SIMD_CLONES void decode_e4m3(const std::uint8_t* in, std::size_t n, float* x) {
+  for (std::size_t i = 0; i < n; ++i) x[i] = e4m3_bits_to_float(in[i]);
+}
+
+// Keys of finite floats that order as the values do (-0 below +0, which gives the group
+// the same scale and offset as +0 would): integer min / max reductions vectorize where
+// float ones may not.
+STATEPOOL_FORCE_INLINE std::int32_t order_key(float v) {
+  const auto b = static_cast<std::int32_t>(float_bits(v));
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
+STATEPOOL_FORCE_INLINE float from_order_key(std::int32_t k) {
+  return bits_float(static_cast<std::uint32_t>(k ^ ((k >> 31) & 0x7FFFFFFF)));
+}
+
+// The scale and offset of a group into its record; returns the divisor and offset that
+// its codes use (kv_code_divisor: +Inf for a zero scale).
+STATEPOOL_FORCE_INLINE void put_group_scale(float lo, float hi, std::uint32_t levels,
+                                            std::uint8_t* record, float& divisor, float& offset) {
+  const KvGroupScale g = kv_group_scale(lo, hi, levels);
+  kv_put16(record, g.scale_bits);
+  kv_put16(record + 2, g.offset_bits);
+  const float s = half_bits_to_float(g.scale_bits);
+  divisor = s > 0.0f ? s : std::numeric_limits<float>::infinity();
+  offset = half_bits_to_float(g.offset_bits);
+}
+
+// One per-token group of `count` (<= 32) values into its record (kv_encode_group).
+template <std::uint32_t Bits>
+STATEPOOL_FORCE_INLINE void encode_token_group(const float* v, std::size_t count,
+                                               std::uint8_t* record) {
+  constexpr std::uint32_t levels = kv_levels(Bits);
+  std::int32_t lo = order_key(v[0]);
+  std::int32_t hi = lo;
+  for (std::size_t i = 1; i < count; ++i) {
+    const std::int32_t k = order_key(v[i]);
+    lo = k < lo ? k : lo;
+    hi = k > hi ? k : hi;
+  }
+  float d = 0.0f;
+  float a = 0.0f;
+  put_group_scale(from_order_key(lo), from_order_key(hi), levels, record, d, a);
+  std::uint8_t u[kKvGroupSize] = {};
+  for (std::size_t i = 0; i < count; ++i) {
+    u[i] = static_cast<std::uint8_t>(kv_code_divisor(v[i], d, a, levels));
+  }
+  pack_run(Bits, u, kKvGroupSize, record + 4);
+}
+
+// The per-token groups of n values of one token (whole groups but maybe the last).
+template <std::uint32_t Bits>
+STATEPOOL_FORCE_INLINE void encode_token_groups_t(const float* x, std::size_t n,
+                                                  std::uint8_t* records) {
+  std::size_t g = 0;
+  for (; g + kKvGroupSize <= n; g += kKvGroupSize) {
+    encode_token_group<Bits>(x + g, kKvGroupSize, records);  // constant trip counts
+    records += kv_group_bytes(Bits);
+  }
+  if (g < n) encode_token_group<Bits>(x + g, n - g, records);
+}
+STATEPOOL_SIMD_CLONES void encode_token_groups(std::uint32_t bits, const float* x, std::size_t n,
+                                               std::uint8_t* records) {
+  if (bits == 2) {
+    encode_token_groups_t<2>(x, n, records);
+  } else {
+    encode_token_groups_t<4>(x, n, records);
+  }
+}
+
+// The per-channel groups of a tile: `rows` (<= 32) tokens of `cols` channels, row-major;
+// channel c's record at records + c * group bytes (kv_encode_group over a column).
+template <std::uint32_t Bits>
+STATEPOOL_FORCE_INLINE void encode_channel_groups_t(const float* x, std::size_t rows,
+                                                    std::size_t cols, std::uint8_t* u,
+                                                    std::uint8_t* records) {
+  constexpr std::uint32_t levels = kv_levels(Bits);
+  float lo[kTileChannels];
+  float hi[kTileChannels];
+  float d[kTileChannels];
+  float a[kTileChannels];
+  std::memcpy(lo, x, 4 * cols);
+  std::memcpy(hi, x, 4 * cols);
+  for (std::size_t r = 1; r < rows; ++r) {  // in token order, as kv_encode_group
+    const float* v = x + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) {
+      lo[c] = v[c] < lo[c] ? v[c] : lo[c];
+      hi[c] = v[c] > hi[c] ? v[c] : hi[c];
     }
   }
-  return n;
+  for (std::size_t c = 0; c < cols; ++c) {
+    put_group_scale(lo[c], hi[c], levels, records + c * kv_group_bytes(Bits), d[c], a[c]);
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* v = x + r * cols;
+    std::uint8_t* ur = u + r * cols;
+    for (std::size_t c = 0; c < cols; ++c) {
+      ur[c] = static_cast<std::uint8_t>(kv_code_divisor(v[c], d[c], a[c], levels));
+    }
+  }
+  for (std::size_t c = 0; c < cols; ++c) {
+    std::uint8_t column[kKvGroupSize] = {};
+    for (std::size_t r = 0; r < rows; ++r) column[r] = u[r * cols + c];
+    pack_run(Bits, column, kKvGroupSize, records + c * kv_group_bytes(Bits) + 4);
+  }
+}
+STATEPOOL_SIMD_CLONES void encode_channel_groups(std::uint32_t bits, const float* x,
+                                                 std::size_t rows, std::size_t cols,
+                                                 std::uint8_t* u, std::uint8_t* records) {
+  if (bits == 2) {
+    encode_channel_groups_t<2>(x, rows, cols, u, records);
+  } else {
+    encode_channel_groups_t<4>(x, rows, cols, u, records);
+  }
 }
 
-template <class Load>
-void encode_with(const KvStream& s, const Load& load, std::uint64_t values,
-                 std::span<std::byte> out) {
-  if (const std::uint64_t bad = first_non_finite(load, values); bad != values) {
-    throw KvNonFiniteError(s, bad / s.channels, bad % s.channels, load(bad));
+// The inverse of encode_token_groups: x for n values of one token.
+template <std::uint32_t Bits>
+STATEPOOL_FORCE_INLINE void decode_token_groups_t(const std::uint8_t* records, std::size_t n,
+                                                  float* x) {
+  for (std::size_t g = 0; g < n; g += kKvGroupSize, records += kv_group_bytes(Bits)) {
+    const float s = half_bits_to_float(kv_get16(records));
+    const float a = half_bits_to_float(kv_get16(records + 2));
+    std::uint8_t u[kKvGroupSize];
+    unpack_run(Bits, records + 4, kKvGroupSize, u);
+    const std::size_t count = n - g < kKvGroupSize ? n - g : kKvGroupSize;
+    for (std::size_t i = 0; i < count; ++i) x[g + i] = kv_value(u[i], s, a);
   }
-  const KvGeometry g = kv_geometry(s);
-  auto* dst = reinterpret_cast<std::uint8_t*>(out.data());
-  const std::uint64_t items = kv_work_items(g);
-  for (std::uint64_t item = 0; item < items; ++item) {
-    kv_encode_item(s.codec, g, item, load, dst);
+}
+STATEPOOL_SIMD_CLONES void decode_token_groups(std::uint32_t bits, const std::uint8_t* records,
+                                               std::size_t n, float* x) {
+  if (bits == 2) {
+    decode_token_groups_t<2>(records, n, x);
+  } else {
+    decode_token_groups_t<4>(records, n, x);
   }
 }
 
-template <class Store>
-void decode_with(const KvStream& s, std::span<const std::byte> in, const Store& store) {
-  const KvGeometry g = kv_geometry(s);
-  const auto* src = reinterpret_cast<const std::uint8_t*>(in.data());
-  const std::uint64_t items = kv_work_items(g);
-  for (std::uint64_t item = 0; item < items; ++item) {
-    kv_decode_item(s.codec, g, item, src, store);
+// The inverse of encode_channel_groups.
+template <std::uint32_t Bits>
+STATEPOOL_FORCE_INLINE void decode_channel_groups_t(const std::uint8_t* records, std::size_t rows,
+                                                    std::size_t cols, std::uint8_t* u, float* x) {
+  float s[kTileChannels];
+  float a[kTileChannels];
+  for (std::size_t c = 0; c < cols; ++c) {
+    const std::uint8_t* record = records + c * kv_group_bytes(Bits);
+    s[c] = half_bits_to_float(kv_get16(record));
+    a[c] = half_bits_to_float(kv_get16(record + 2));
+    std::uint8_t column[kKvGroupSize];
+    unpack_run(Bits, record + 4, kKvGroupSize, column);
+    for (std::size_t r = 0; r < rows; ++r) u[r * cols + c] = column[r];
   }
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) x[r * cols + c] = kv_value(u[r * cols + c], s[c], a[c]);
+  }
+}
+STATEPOOL_SIMD_CLONES void decode_channel_groups(std::uint32_t bits, const std::uint8_t* records,
+                                                 std::size_t rows, std::size_t cols,
+                                                 std::uint8_t* u, float* x) {
+  if (bits == 2) {
+    decode_channel_groups_t<2>(records, rows, cols, u, x);
+  } else {
+    decode_channel_groups_t<4>(records, rows, cols, u, x);
+  }
+}
+
+/// A tile: tokens [t0, t0 + rows) x channels [c0, c0 + cols).
+struct Tile {
+  std::uint64_t t0 = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t c0 = 0;
+  std::uint64_t cols = 0;
+};
+
+template <class F>
+void for_each_tile(const KvGeometry& g, F&& f) {
+  for (std::uint64_t t0 = 0; t0 < g.tokens; t0 += kTileTokens) {
+    for (std::uint64_t c0 = 0; c0 < g.channels; c0 += kTileChannels) {
+      f(Tile{t0, std::min(kTileTokens, g.tokens - t0), c0,
+             std::min(kTileChannels, g.channels - c0)});
+    }
+  }
+}
+
+/// Throws KvNonFiniteError for the first NaN / +-Inf among the stream's values.
+void check_finite(const KvStream& s, DType dtype, const std::byte* in, std::uint64_t values) {
+  const std::size_t bad = detail::first_non_finite(in, values, dtype);
+  if (bad == values) return;
+  float value = 0.0f;
+  widen(dtype, in + bad * dtype_bytes(dtype), 1, &value);
+  throw KvNonFiniteError(s, bad / s.channels, bad % s.channels, value);
+}
+
+void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uint64_t values,
+                   std::uint8_t* out) {
+  KvScratch& scratch = kv_scratch();
+  float* x = scratch.x.data();
+  check_finite(s, dtype, in, values);
+  const std::size_t width = dtype_bytes(dtype);
+  if (!is_kv_group_codec(s.codec)) {
+    if (s.codec == KvCodecId::bf16 && dtype == DType::bf16) {
+      std::memcpy(out, in, 2 * values);  // finite bf16 values round to themselves
+      return;
+    }
+    for (std::uint64_t base = 0; base < values; base += kChunkValues) {
+      const std::size_t n = std::min(kChunkValues, values - base);
+      widen(dtype, in + base * width, n, x);
+      if (s.codec == KvCodecId::bf16) {
+        detail::encode_bf16(x, n, reinterpret_cast<std::byte*>(out + 2 * base));
+      } else {
+        encode_e4m3(x, n, out + base);
+      }
+    }
+    return;
+  }
+  const KvGeometry g = kv_geometry(s);
+  for_each_tile(g, [&](const Tile& t) {
+    for (std::uint64_t r = 0; r < t.rows; ++r) {
+      widen(dtype, in + ((t.t0 + r) * g.channels + t.c0) * width, t.cols, x + r * t.cols);
+    }
+    const std::uint64_t quantized = t.t0 < g.quantized ? std::min(t.rows, g.quantized - t.t0) : 0;
+    if (g.per_channel) {
+      if (quantized > 0) {
+        const std::uint64_t record = t.t0 / kKvGroupSize * g.channels + t.c0;
+        encode_channel_groups(g.bits, x, quantized, t.cols, scratch.u.data(),
+                              out + record * g.group_bytes);
+      }
+    } else {
+      for (std::uint64_t r = 0; r < quantized; ++r) {
+        const std::uint64_t record = (t.t0 + r) * g.groups_per_row + t.c0 / kKvGroupSize;
+        encode_token_groups(g.bits, x + r * t.cols, t.cols, out + record * g.group_bytes);
+      }
+    }
+    for (std::uint64_t r = quantized; r < t.rows; ++r) {  // the FP16 residual window
+      const std::uint64_t at = (t.t0 + r - g.quantized) * g.channels + t.c0;
+      detail::encode_fp16(x + r * t.cols, t.cols,
+                          reinterpret_cast<std::byte*>(out + g.residual_offset + 2 * at));
+    }
+  });
+}
+
+void decode_stream(const KvStream& s, const std::uint8_t* in, std::uint64_t values, DType dtype,
+                   std::byte* out) {
+  KvScratch& scratch = kv_scratch();
+  float* x = scratch.x.data();
+  const std::size_t width = dtype_bytes(dtype);
+  if (!is_kv_group_codec(s.codec)) {
+    for (std::uint64_t base = 0; base < values; base += kChunkValues) {
+      const std::size_t n = std::min(kChunkValues, values - base);
+      if (s.codec == KvCodecId::bf16) {
+        detail::decode_bf16(reinterpret_cast<const std::byte*>(in + 2 * base), n, x);
+      } else {
+        decode_e4m3(in + base, n, x);
+      }
+      narrow(dtype, x, n, out + base * width);
+    }
+    return;
+  }
+  const KvGeometry g = kv_geometry(s);
+  for_each_tile(g, [&](const Tile& t) {
+    const std::uint64_t quantized = t.t0 < g.quantized ? std::min(t.rows, g.quantized - t.t0) : 0;
+    if (g.per_channel) {
+      if (quantized > 0) {
+        const std::uint64_t record = t.t0 / kKvGroupSize * g.channels + t.c0;
+        decode_channel_groups(g.bits, in + record * g.group_bytes, quantized, t.cols,
+                              scratch.u.data(), x);
+      }
+    } else {
+      for (std::uint64_t r = 0; r < quantized; ++r) {
+        const std::uint64_t record = (t.t0 + r) * g.groups_per_row + t.c0 / kKvGroupSize;
+        decode_token_groups(g.bits, in + record * g.group_bytes, t.cols, x + r * t.cols);
+      }
+    }
+    for (std::uint64_t r = quantized; r < t.rows; ++r) {
+      const std::uint64_t at = (t.t0 + r - g.quantized) * g.channels + t.c0;
+      detail::decode_fp16(reinterpret_cast<const std::byte*>(in + g.residual_offset + 2 * at),
+                          t.cols, x + r * t.cols);
+    }
+    for (std::uint64_t r = 0; r < t.rows; ++r) {
+      narrow(dtype, x + r * t.cols, t.cols, out + ((t.t0 + r) * g.channels + t.c0) * width);
+    }
+  });
 }
 
 }  // namespace
@@ -196,11 +457,7 @@ void kv_encode(const KvStream& s, DType in_dtype, std::span<const std::byte> in,
                  " values, got " + std::to_string(in.size()) + " bytes");
   }
   check_bytes(fn, s, "output", out.size(), kv_encoded_bytes(s));
-  switch (in_dtype) {
-    case DType::f32: encode_with(s, LoadF32{in.data()}, values, out); break;
-    case DType::bf16: encode_with(s, LoadBf16{in.data()}, values, out); break;
-    case DType::f16: encode_with(s, LoadF16{in.data()}, values, out); break;
-  }
+  encode_stream(s, in_dtype, in.data(), values, reinterpret_cast<std::uint8_t*>(out.data()));
 }
 
 void kv_encode(const KvStream& s, std::span<const float> in, std::span<std::byte> out) {
@@ -216,11 +473,7 @@ void kv_decode(const KvStream& s, std::span<const std::byte> in, DType out_dtype
                  to_string(out_dtype) + " values, got " + std::to_string(out.size()) + " bytes");
   }
   check_bytes(fn, s, "input", in.size(), kv_encoded_bytes(s));
-  switch (out_dtype) {
-    case DType::f32: decode_with(s, in, StoreF32{out.data()}); break;
-    case DType::bf16: decode_with(s, in, StoreBf16{out.data()}); break;
-    case DType::f16: decode_with(s, in, StoreF16{out.data()}); break;
-  }
+  decode_stream(s, reinterpret_cast<const std::uint8_t*>(in.data()), values, out_dtype, out.data());
 }
 
 void kv_decode(const KvStream& s, std::span<const std::byte> in, std::span<float> out) {

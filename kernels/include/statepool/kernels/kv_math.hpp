@@ -76,19 +76,27 @@ STATEPOOL_HD inline KvGroupScale kv_group_scale(float lo, float hi, std::uint32_
   return g;
 }
 
+/// Code of x under a divisor d: the stored scale s when s > 0. d = +Inf gives 0 for any
+/// finite x (and a), which is kv_code's code for s == 0: the CPU loops pass +Inf for a
+/// zero scale instead of branching per value.
+STATEPOOL_HD inline std::uint32_t kv_code_divisor(float x, float d, float a,
+                                                  std::uint32_t levels) noexcept {
+  // round_half_even_small is exact where it matters; far outside [0, L] (only below a
+  // saturated offset) the clamp decides.
+  float r = round_half_even_small(div_rn(x - a, d));
+  const float top = static_cast<float>(levels);
+  r = r > 0.0f ? r : 0.0f;
+  r = r < top ? r : top;
+  return static_cast<std::uint32_t>(r);
+}
+
 /// Code of x under the stored scale s and offset a (0 when s == 0).
 STATEPOOL_HD inline std::uint32_t kv_code(float x, float s, float a,
                                           std::uint32_t levels) noexcept {
   if (!(s > 0.0f)) {
     return 0;
   }
-  // round_half_even_small is exact where it matters; far outside [0, L] (only below a
-  // saturated offset) the clamp decides.
-  float r = round_half_even_small(div_rn(x - a, s));
-  const float top = static_cast<float>(levels);
-  r = r > 0.0f ? r : 0.0f;
-  r = r < top ? r : top;
-  return static_cast<std::uint32_t>(r);
+  return kv_code_divisor(x, s, a, levels);
 }
 
 /// Reconstruction of code q: q * s (exact) + a, one rounding.
@@ -102,42 +110,39 @@ STATEPOOL_HD inline float kv_value(std::uint32_t q, float s, float a) noexcept {
 inline constexpr std::uint8_t kE4m3MaxBits = 0x7Eu;  // 448
 
 /// float -> E4M3 bits, round to nearest even; finite values beyond +-448 (and +-Inf)
-/// saturate to +-448; NaN gives 0x7F with the sign kept.
+/// saturate to +-448; NaN gives 0x7F with the sign kept. Branch-free (select_u32), like
+/// float_to_half_bits, so that the host loops vectorize.
 STATEPOOL_HD inline std::uint8_t float_to_e4m3_bits(float value) noexcept {
   const std::uint32_t x = float_bits(value);
   const std::uint32_t sign = (x >> 24) & 0x80u;
   const std::uint32_t ax = x & 0x7FFFFFFFu;
-  std::uint32_t code = 0;
-  if (ax > 0x7F800000u) {
-    code = 0x7Fu;
-  } else if (ax >= 0x3C800000u) {  // |value| >= 2^-6: a normal E4M3 (or beyond 448)
-    // Re-bias the exponent (127 -> 7) and round the 23-bit mantissa to 3 bits, ties to
-    // even; a carry out of the mantissa bumps the exponent.
-    const std::uint32_t rebased = ax - 0x3C000000u;
-    code = (rebased + 0x7FFFFu + ((rebased >> 20) & 1u)) >> 20;
-    code = code > kE4m3MaxBits ? kE4m3MaxBits : code;
-  } else {
-    // Subnormal or zero: round(|value| * 2^9), ties to even (the product is exact; adding
-    // 2^23 rounds it into the low mantissa bits). 8 is the smallest normal: right.
-    const float scaled = bits_float(ax) * 512.0f;
-    code = float_bits(scaled + 8388608.0f) - 0x4B000000u;
-  }
+  const auto sax = static_cast<std::int32_t>(ax);
+  // |value| >= 2^-6, a normal E4M3 (or beyond 448): re-bias the exponent (127 -> 7) and
+  // round the 23-bit mantissa to 3 bits, ties to even; a carry out of the mantissa bumps
+  // the exponent. (Wraps for small ax: not selected then.)
+  const std::uint32_t rebased = ax - 0x3C000000u;
+  std::uint32_t normal = (rebased + 0x7FFFFu + ((rebased >> 20) & 1u)) >> 20;
+  normal = select_u32(static_cast<std::int32_t>(normal) > static_cast<std::int32_t>(kE4m3MaxBits),
+                      kE4m3MaxBits, normal);
+  // Subnormal or zero: round(|value| * 2^9), ties to even (the product is exact; adding
+  // 2^23 rounds it into the low mantissa bits). 8 is the smallest normal: right.
+  const float scaled = bits_float(ax) * 512.0f;
+  const std::uint32_t subnormal = float_bits(scaled + 8388608.0f) - 0x4B000000u;
+  std::uint32_t code = select_u32(sax >= 0x3C800000, normal, subnormal);
+  code = select_u32(sax > 0x7F800000, 0x7Fu, code);
   return static_cast<std::uint8_t>(sign | code);
 }
 
 /// E4M3 bits -> float (exact; 0x7F / 0xFF give NaN).
 STATEPOOL_HD inline float e4m3_bits_to_float(std::uint8_t b) noexcept {
   const std::uint32_t sign = (static_cast<std::uint32_t>(b) & 0x80u) << 24;
-  const std::uint32_t e = (b >> 3) & 0xFu;
-  const std::uint32_t m = b & 0x7u;
-  std::uint32_t bits = 0;
-  if (e == 0) {
-    bits = float_bits(static_cast<float>(m) * 0.001953125f);  // m * 2^-9
-  } else if (e == 15 && m == 7) {
-    bits = 0x7FC00000u;
-  } else {
-    bits = ((e + 120u) << 23) | (m << 20);
-  }
+  const std::uint32_t em = static_cast<std::uint32_t>(b) & 0x7Fu;  // exponent | mantissa
+  const std::uint32_t m = em & 0x7u;
+  const std::uint32_t normal = (em << 20) + (120u << 23);  // re-bias 7 -> 127
+  const auto mf = static_cast<float>(static_cast<std::int32_t>(m));
+  const std::uint32_t subnormal = float_bits(mf * 0.001953125f);  // m * 2^-9, exact
+  std::uint32_t bits = select_u32(em < 8u, subnormal, normal);
+  bits = select_u32(em == 0x7Fu, 0x7FC00000u, bits);
   return bits_float(sign | bits);
 }
 
