@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
     Backend backend = make_backend(config, workers);
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
              backend.executor->name(), " executor; descriptor limit ", descriptor_limit);
+    if (backend.memory->handle_kinds().front() == statepool::kernels::HandleKind::cuda_ipc) {
+      LOG_WARN("server", "device ", config.device,
+               " has no POSIX file-descriptor handles: arenas and staging are shared as legacy "
+               "CUDA IPC handles (cudaIpcOpenMemHandle) whatever the clients ask for");
+    }
     TrackingResource staging_memory(*backend.memory);
     PoolConfig pool_config = config.pool;
     pool_config.capacity_bytes = pool_capacity(config, *backend.memory);
