@@ -203,10 +203,13 @@ class PoolCollector final : public prometheus::Collectable {
         family("statepool_tenant_reserved_bytes",
                "Arena bytes reserved by a tenant (counted against its quota).", MetricType::Gauge);
     for (const auto& t : stats.tenants) {
-      quota.metric.push_back(
-          sample({{"tenant", t.name}}, static_cast<double>(t.quota_bytes), MetricType::Gauge));
+      // The backend (and device) too: reserved bytes are that memory, and the quota carries
+      // the same labels so that reserved / quota matches one to one.
+      std::vector<ClientMetric::Label> labels = where;
+      labels.push_back({"tenant", t.name});
+      quota.metric.push_back(sample(labels, static_cast<double>(t.quota_bytes), MetricType::Gauge));
       tenant_reserved.metric.push_back(
-          sample({{"tenant", t.name}}, static_cast<double>(t.reserved_bytes), MetricType::Gauge));
+          sample(labels, static_cast<double>(t.reserved_bytes), MetricType::Gauge));
     }
     out.push_back(std::move(quota));
     out.push_back(std::move(tenant_reserved));

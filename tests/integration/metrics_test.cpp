@@ -131,8 +131,10 @@ TEST_F(Metrics, ReportCapacityAccountingRequestsAndErrors) {
             3.0 * static_cast<double>(layout_.fp32_bytes));
   EXPECT_NEAR(sample_value(text_, "statepool_compression_ratio", alice_int6),
               layout_.compression_ratio(), 1e-6);
-  EXPECT_EQ(sample_value(text_, "statepool_tenant_quota_bytes", {{"tenant", "alice"}}),
-            1073741824.0);
+  const Labels alice_host = {{"backend", "host"}, {"tenant", "alice"}};
+  EXPECT_EQ(sample_value(text_, "statepool_tenant_quota_bytes", alice_host), 1073741824.0);
+  EXPECT_EQ(sample_value(text_, "statepool_tenant_reserved_bytes", alice_host),
+            static_cast<double>(arena_->bytes()));
   EXPECT_EQ(sample_value(text_, "statepool_requests_total", {{"type", "allocate"}}), 2);
   EXPECT_EQ(sample_value(text_, "statepool_request_duration_seconds_count", {{"type", "compress"}}),
             1);
