@@ -4,10 +4,16 @@
 
 #include <boost/json.hpp>
 
+#include <cstdint>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 
+#include "memory/host_memfd.hpp"
+#include "memory/resource.hpp"
 #include "server/capacity.hpp"
 #include "statepool/testing/gtest/pool.hpp"
 
@@ -96,6 +102,39 @@ TEST_F(LiveCapacity, UnknownTenantAndZeroSlotsAreRefused) {
                 [&] { (void)fits_now(*pool_, small_layout(), "carol", 1, {}); });
   expect_status(Status::invalid_argument,
                 [&] { (void)fits_now(*pool_, small_layout(), "alice", 0, {}); });
+}
+
+// Host memory that reports a free figure as a device does (the CUDA resource's
+// cudaMemGetInfo): what other processes hold on the card is not the pool's to give.
+class ReportsFreeMemory final : public ResourceAdaptor {
+ public:
+  using ResourceAdaptor::ResourceAdaptor;
+  [[nodiscard]] std::optional<std::uint64_t> available_bytes() const override { return free; }
+  std::uint64_t free = 0;
+
+ private:
+  std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
+                                          HandleKind handle) override {
+    return upstream().allocate(bytes, label, handle);
+  }
+};
+
+TEST(LiveCapacityDevice, TheBackendsFreeMemoryCapsWhatFits) {
+  HostMemfdResource host;
+  auto memory = std::make_shared<ReportsFreeMemory>(host);
+  auto c = testing::config({tenant("alice")});
+  c.capacity_bytes = 1u << 20;
+  Pool pool(c, memory);
+  // fp32 pages of small_layout are 4,096 B.
+  memory->free = 40'960;  // the engine holds the rest of the card
+  auto r = fits_now(pool, small_layout(CodecId::fp32), "alice", 1, {});
+  EXPECT_EQ(r.live.free, 40'960u);
+  EXPECT_EQ(row(r, CodecId::fp32).limit, planner::FitLimit::pool);
+  EXPECT_EQ(row(r, CodecId::fp32).requests, 10u);
+  memory->free = std::uint64_t{1} << 30;  // more than the pool's capacity: that decides
+  r = fits_now(pool, small_layout(CodecId::fp32), "alice", 1, {});
+  EXPECT_EQ(r.live.free, 1u << 20);
+  EXPECT_EQ(row(r, CodecId::fp32).requests, (1u << 20) / 4'096u);
 }
 
 TEST(LiveCapacityPlan, ReportIsThePlannersWithFitsForTheModelsState) {
