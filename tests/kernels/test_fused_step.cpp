@@ -284,19 +284,28 @@ TEST(FusedStepDrift, ThousandStepsDriftAsTheUnfusedPath) {
     StateLayout layout;
     double bound;  // a loose sanity bound on the drift (the equality is the assertion)
   };
+  // Every lossy codec: fp32 is the recurrence itself (no drift), the others round.
   std::vector<Case> cases;
   for (const Arch arch : {Arch::gdn, Arch::kda}) {
-    for (const CodecId id : {CodecId::bf16, CodecId::int8, CodecId::int6}) {
+    for (const CodecId id : {CodecId::bf16, CodecId::fp16, CodecId::int8, CodecId::int6,
+                             CodecId::int4, CodecId::dsq6, CodecId::dsq4}) {
       StateLayout l = gdn_int8(1, 4, 32);
       l.arch = arch;
       l.codec.id = id;
-      cases.push_back({l, 0.2});
+      cases.push_back({l, id == CodecId::int4 || id == CodecId::dsq4 ? 0.5 : 0.2});
     }
-    const auto plan = testing::make_plan(
+    const auto plan6 = testing::make_plan(
         arch, 1, 4, 32, 32, 6,
         [](std::size_t u) { return static_cast<std::uint8_t>(u % 3 == 0 ? 8 : 6); },
         testing::random_impact(8));
-    cases.push_back({testing::plan_layout(plan, CodecId::stepquant6), 0.2});
+    cases.push_back({testing::plan_layout(plan6, CodecId::stepquant6), 0.2});
+    const auto plan4 = testing::make_plan(
+        arch, 1, 4, 32, 32, 4,
+        [](std::size_t u) {
+          return static_cast<std::uint8_t>(u % 3 == 0 ? 6 : u % 3 == 1 ? 4 : 2);
+        },
+        testing::random_impact(9));
+    cases.push_back({testing::plan_layout(plan4, CodecId::stepquant4), 0.5});
   }
   for (const Case& c : cases) {
     const Drift d = drift_over(c.layout, kSteps);
