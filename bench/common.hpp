@@ -88,18 +88,63 @@ inline std::vector<std::uint32_t> parse_batches(const std::string& text, const c
   return out;
 }
 
-/// A comma-separated list of codec names (kernels::parse_codec); std::invalid_argument
+/// A codec to measure: for stepquant4/6 also an ablation variant (docs/codecs.md).
+struct CodecChoice {
+  kernels::CodecId id = kernels::CodecId::fp32;
+  kernels::StepQuantVariant variant = kernels::StepQuantVariant::full;
+  /// "int6", "stepquant6", "stepquant6:spatial_only".
+  [[nodiscard]] std::string name() const {
+    std::string out = kernels::to_string(id);
+    if (variant != kernels::StepQuantVariant::full) out += std::string(":") + to_string(variant);
+    return out;
+  }
+};
+
+/// A comma-separated list of codec names (kernels::parse_codec), a stepquant one
+/// optionally with ":spatial_only", ":temporal_only" or ":full"; std::invalid_argument
 /// naming `option` otherwise.
-inline std::vector<kernels::CodecId> parse_codecs(const std::string& text, const char* option) {
-  std::vector<kernels::CodecId> out;
+inline std::vector<CodecChoice> parse_codec_choices(const std::string& text, const char* option) {
+  std::vector<CodecChoice> out;
   for (const std::string& item : split_list(text)) {
-    kernels::CodecId id{};
-    if (!kernels::parse_codec(item, id)) {
+    const std::size_t colon = item.find(':');
+    CodecChoice c;
+    if (!kernels::parse_codec(item.substr(0, colon), c.id)) {
       throw std::invalid_argument(std::string(option) + ": unknown codec '" + item + "'");
     }
-    out.push_back(id);
+    if (colon != std::string::npos) {
+      const std::string variant = item.substr(colon + 1);
+      bool known = false;
+      for (const auto v : {kernels::StepQuantVariant::full, kernels::StepQuantVariant::spatial_only,
+                           kernels::StepQuantVariant::temporal_only}) {
+        if (variant == to_string(v)) {
+          c.variant = v;
+          known = true;
+        }
+      }
+      const bool stepquant =
+          c.id == kernels::CodecId::stepquant4 || c.id == kernels::CodecId::stepquant6;
+      if (!known || !stepquant) {
+        throw std::invalid_argument(std::string(option) + ": '" + item +
+                                    "': only stepquant4/6 take a variant, one of full, "
+                                    "spatial_only, temporal_only");
+      }
+    }
+    out.push_back(c);
   }
   if (out.empty()) throw std::invalid_argument(std::string(option) + ": no codec given");
+  return out;
+}
+
+/// The same without variants: the codec ids.
+inline std::vector<kernels::CodecId> parse_codecs(const std::string& text, const char* option) {
+  std::vector<kernels::CodecId> out;
+  for (const CodecChoice& c : parse_codec_choices(text, option)) {
+    if (c.variant != kernels::StepQuantVariant::full) {
+      throw std::invalid_argument(std::string(option) + ": '" + c.name() +
+                                  "': this benchmark measures the full codecs only");
+    }
+    out.push_back(c.id);
+  }
   return out;
 }
 

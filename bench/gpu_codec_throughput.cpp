@@ -37,7 +37,8 @@ using statepool::bench::check;
 using statepool::bench::DeviceBytes;
 using statepool::bench::median_gpu_seconds;
 
-StateLayout layout_for(CodecId codec) {
+StateLayout layout_for(const statepool::bench::CodecChoice& choice) {
+  const CodecId codec = choice.id;
   if (codec == CodecId::stepquant4 || codec == CodecId::stepquant6) {
     // The calibrated-looking plans of statepool::testing, at Qwen3-Next's shape.
     const std::uint32_t budget = codec == CodecId::stepquant4 ? 4 : 6;
@@ -52,7 +53,7 @@ StateLayout layout_for(CodecId codec) {
     StateLayout layout = statepool::testing::plan_layout(
         statepool::testing::make_plan(statepool::kernels::Arch::gdn, 36, 32, 128, 128, budget,
                                       width, statepool::testing::random_impact(11)),
-        codec);
+        codec, choice.variant);
     layout.conv_channels = 8192;
     layout.conv_width = 3;
     layout.conv_dtype = DType::bf16;
@@ -64,7 +65,9 @@ StateLayout layout_for(CodecId codec) {
 constexpr const char* kUsage =
     "usage: bench_gpu_codec_throughput [--slots N,N] [--codecs C,C] [--iters N] [--device N]\n"
     "  --slots N,N   batch sizes (default 64,512)\n"
-    "  --codecs C,C  codecs (default fp32,bf16,int8,int6,int4,dsq6,stepquant6,stepquant4)\n"
+    "  --codecs C,C  codecs (default fp32,bf16,int8,int6,int4,dsq6,stepquant6,stepquant4);\n"
+    "                stepquant4/6 take an ablation variant: stepquant6:spatial_only,\n"
+    "                stepquant6:temporal_only\n"
     "  --iters N     timed runs per figure, median reported (default 10)\n"
     "  --device N    CUDA device ordinal (default 0)\n";
 
@@ -98,10 +101,10 @@ int main(int argc, char** argv) {
     if (const auto exit_status = cli.parse(argc, argv)) return *exit_status;
   }
   std::vector<std::uint32_t> batches;
-  std::vector<CodecId> codecs;
+  std::vector<statepool::bench::CodecChoice> codecs;
   try {
     batches = statepool::bench::parse_batches(slots_text, "--slots");
-    codecs = statepool::bench::parse_codecs(codecs_text, "--codecs");
+    codecs = statepool::bench::parse_codec_choices(codecs_text, "--codecs");
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_gpu_codec_throughput", e.what(), kUsage);
   }
@@ -135,8 +138,8 @@ int main(int argc, char** argv) {
                 static_cast<double>(prop.totalGlobalMem) / (1 << 30), ceiling / 1e9);
 
     std::vector<Row> rows;
-    for (const CodecId id : codecs) {
-      const StateLayout layout = layout_for(id);
+    for (const statepool::bench::CodecChoice& choice : codecs) {
+      const StateLayout layout = layout_for(choice);
       const PageCodec codec(layout);
       const std::size_t staged_bytes = codec.staged_bytes(DType::f32);
       const std::size_t stride = (codec.page_bytes() + 255) / 256 * 256;
@@ -184,7 +187,7 @@ int main(int argc, char** argv) {
         });
         const double state = static_cast<double>(staged_bytes) * slots;
         Row row;
-        row.codec = statepool::kernels::to_string(id);
+        row.codec = choice.name();
         row.slots = slots;
         row.ratio = codec.compression_ratio();
         row.compress_gbs = state / compress_s / 1e9;
@@ -195,10 +198,10 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    std::printf("\n%-11s %6s %6s | %12s %8s | %12s %8s\n", "codec", "slots", "ratio", "compress",
+    std::printf("\n%-23s %6s %6s | %12s %8s | %12s %8s\n", "codec", "slots", "ratio", "compress",
                 "of copy", "decompress", "of copy");
     for (const Row& r : rows) {
-      std::printf("%-11s %6u %5.2fx | %7.0f GB/s %7.2fx | %7.0f GB/s %7.2fx\n", r.codec.c_str(),
+      std::printf("%-23s %6u %5.2fx | %7.0f GB/s %7.2fx | %7.0f GB/s %7.2fx\n", r.codec.c_str(),
                   r.slots, r.ratio, r.compress_gbs, r.compress_of_ceiling, r.decompress_gbs,
                   r.decompress_of_ceiling);
     }

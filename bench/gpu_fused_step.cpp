@@ -2,11 +2,12 @@
 // side by side for every page codec, against the fp32 pages of the same kernel and
 // against the card's device-to-device copy bandwidth measured in the same run.
 //
-//   bench_gpu_fused_step [--batches LIST] [--iters N]
+//   bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--device N]
 //
 // Shapes and codecs as bench_fused_step (the host path): one linear layer, K = V = 128,
 // qwen3-next (GDN, 32 value heads, 16 q/k heads) and kimi-linear (KDA, 32 heads, a gate
-// per key channel); fp32, bf16, int8, stepquant6, stepquant4 with testing::mixed_width_plan.
+// per key channel); by default fp32, bf16, int8, stepquant6, stepquant4 (--codecs), the
+// stepquant ones with testing::mixed_width_plan.
 // Per row: device time of one launch for the batch, "x fp32" = fp32's time / this one's,
 // "moved" = bytes the step must move (each page's layer read and written once, plus the
 // inputs and outputs) per second, "x copy" = that rate over the rate at which a
@@ -46,13 +47,18 @@ namespace cuda = statepool::kernels::cuda;
 
 struct Options {
   std::string batches = "1,32,128,512";
+  std::string codecs = "fp32,bf16,int8,stepquant6,stepquant4";
   std::uint32_t iters = 10;
+  std::uint32_t device = 0;
 };
 
 constexpr const char* kUsage =
-    "usage: bench_gpu_fused_step [--batches LIST] [--iters N]\n"
+    "usage: bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--device N]\n"
     "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
-    "  --iters N       timed launches per measurement, median reported (default 10)\n";
+    "  --codecs LIST   comma-separated codecs, fp32 first for the x fp32 column\n"
+    "                  (default fp32,bf16,int8,stepquant6,stepquant4)\n"
+    "  --iters N       timed launches per measurement, median reported (default 10)\n"
+    "  --device N      CUDA device ordinal (default 0)\n";
 
 std::optional<int> parse(int argc, char** argv, Options& o) {
   using statepool::tools::bounded;
@@ -60,7 +66,9 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   // clang-format off
   cli.add_options()
       ("batches", boost::program_options::value(&o.batches))
-      ("iters", bounded(o.iters, 1, 1000000));
+      ("codecs", boost::program_options::value(&o.codecs))
+      ("iters", bounded(o.iters, 1, 1000000))
+      ("device", bounded(o.device, 0, 1023));
   // clang-format on
   return cli.parse(argc, argv);
 }
@@ -138,16 +146,23 @@ double copy_rate(std::size_t bytes, const Options& o, cudaStream_t stream) {
 int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
+  std::vector<std::uint32_t> batches;
+  std::vector<CodecId> codecs;
+  try {
+    batches = statepool::bench::parse_batches(o.batches, "--batches");
+    codecs = statepool::bench::parse_codecs(o.codecs, "--codecs");
+  } catch (const std::invalid_argument& e) {
+    return statepool::tools::report_usage_error("bench_gpu_fused_step", e.what(), kUsage);
+  }
   try {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       std::printf("bench_gpu_fused_step: no CUDA device; nothing measured\n");
       return 0;
     }
+    check(cudaSetDevice(static_cast<int>(o.device)), "cudaSetDevice");
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    const std::vector<std::uint32_t> batches =
-        statepool::bench::parse_batches(o.batches, "--batches");
+    check(cudaGetDeviceProperties(&prop, static_cast<int>(o.device)), "cudaGetDeviceProperties");
     cudaStream_t stream = nullptr;
     check(cudaStreamCreate(&stream), "cudaStreamCreate");
     std::printf(
@@ -155,9 +170,8 @@ int main(int argc, char** argv) {
         "synthetic states and synthetic stepquant plans (unit impact)\n",
         prop.name, o.iters);
     statepool::bench::print_step_tables(
-        batches,
-        {CodecId::fp32, CodecId::bf16, CodecId::int8, CodecId::stepquant6, CodecId::stepquant4},
-        "us", "copy", [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
+        batches, codecs, "us", "copy",
+        [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
         [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
           return measure(shape, id, batch, o, stream);
         });
