@@ -148,6 +148,15 @@ inline std::vector<kernels::CodecId> parse_codecs(const std::string& text, const
   return out;
 }
 
+/// The lists of the fused-step benchmarks (--batches, --codecs).
+struct StepLists {
+  std::vector<std::uint32_t> batches;
+  std::vector<kernels::CodecId> codecs;
+};
+inline StepLists parse_step_lists(const std::string& batches, const std::string& codecs) {
+  return {parse_batches(batches, "--batches"), parse_codecs(codecs, "--codecs")};
+}
+
 /// The layer shapes of the fused-step benchmarks (one linear layer, K = V = 128).
 struct StepShape {
   const char* name;

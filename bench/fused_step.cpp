@@ -138,11 +138,9 @@ double copy_rate(std::size_t bytes, const Options& o, statepool::support::Worker
 int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
-  std::vector<std::uint32_t> batches;
-  std::vector<CodecId> codecs;
+  statepool::bench::StepLists lists;
   try {
-    batches = statepool::bench::parse_batches(o.batches, "--batches");
-    codecs = statepool::bench::parse_codecs(o.codecs, "--codecs");
+    lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_fused_step", e.what(), kUsage);
   }
@@ -158,7 +156,7 @@ int main(int argc, char** argv) {
         threads, o.iters, o.steps);
 
     statepool::bench::print_step_tables(
-        batches, codecs, "ms", "memcpy",
+        lists.batches, lists.codecs, "ms", "memcpy",
         [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
         [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
           return measure(shape, id, batch, o, pool);

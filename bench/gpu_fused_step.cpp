@@ -146,11 +146,9 @@ double copy_rate(std::size_t bytes, const Options& o, cudaStream_t stream) {
 int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
-  std::vector<std::uint32_t> batches;
-  std::vector<CodecId> codecs;
+  statepool::bench::StepLists lists;
   try {
-    batches = statepool::bench::parse_batches(o.batches, "--batches");
-    codecs = statepool::bench::parse_codecs(o.codecs, "--codecs");
+    lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_gpu_fused_step", e.what(), kUsage);
   }
@@ -170,7 +168,7 @@ int main(int argc, char** argv) {
         "synthetic states and synthetic stepquant plans (unit impact)\n",
         prop.name, o.iters);
     statepool::bench::print_step_tables(
-        batches, codecs, "us", "copy",
+        lists.batches, lists.codecs, "us", "copy",
         [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
         [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
           return measure(shape, id, batch, o, stream);
