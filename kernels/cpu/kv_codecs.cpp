@@ -308,6 +308,7 @@ void check_finite(const KvStream& s, DType dtype, const std::byte* in, std::uint
 
 void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uint64_t values,
                    std::uint8_t* out) {
+  if (values == 0) return;  // empty spans may have null data
   KvScratch& scratch = kv_scratch();
   float* x = scratch.x.data();
   check_finite(s, dtype, in, values);
@@ -356,6 +357,7 @@ void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uin
 
 void decode_stream(const KvStream& s, const std::uint8_t* in, std::uint64_t values, DType dtype,
                    std::byte* out) {
+  if (values == 0) return;
   KvScratch& scratch = kv_scratch();
   float* x = scratch.x.data();
   const std::size_t width = dtype_bytes(dtype);
