@@ -175,6 +175,7 @@ std::vector<Step> session_steps(const std::string& model_config) {
     return wire::CreateListSnapshots(
         b, b.CreateVector(reinterpret_cast<const std::uint8_t*>(start.data()), start.size()), 10);
   }));
+  add(frame<wire::CloseArena>(id, [](auto& b) { return wire::CreateCloseArena(b, 1); }));
   add(frame<wire::DeleteSnapshot>(id, [&](auto& b) {
     const auto k = key(b);
     return wire::CreateDeleteSnapshot(b, k);

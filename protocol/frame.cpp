@@ -137,6 +137,7 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::ListSnapshots: return "list_snapshots";
     case wire::RequestBody::ExportSnapshot: return "export_snapshot";
     case wire::RequestBody::ImportSnapshot: return "import_snapshot";
+    case wire::RequestBody::CloseArena: return "close_arena";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

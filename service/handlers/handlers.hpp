@@ -4,7 +4,7 @@
 //
 //   session.cpp    Hello, Ping, Drain, Stats
 //   layouts.cpp    RegisterLayout, InstallPlan
-//   memory.cpp     OpenArena, OpenStaging, CloseStaging, Allocate, Free
+//   memory.cpp     OpenArena, CloseArena, OpenStaging, CloseStaging, Allocate, Free
 //   data.cpp       Compress, Decompress, Copy            (on the Executor)
 //   capacity.cpp   PlanCapacity, FitsNow
 //   snapshots.cpp  PutSnapshot, GetSnapshot (copies on the Executor), DeleteSnapshot,
@@ -116,6 +116,7 @@ Handled handle(Call& call, const wire::Stats& request);
 Handled handle(Call& call, const wire::RegisterLayout& request);
 Handled handle(Call& call, const wire::InstallPlan& request);
 Handled handle(Call& call, const wire::OpenArena& request);
+Handled handle(Call& call, const wire::CloseArena& request);
 Handled handle(Call& call, const wire::OpenStaging& request);
 Handled handle(Call& call, const wire::CloseStaging& request);
 Handled handle(Call& call, const wire::Allocate& request);

@@ -1,5 +1,5 @@
-// OpenArena, OpenStaging, CloseStaging (allocations, on a worker), Allocate, Free (slot
-// tables only: inline).
+// OpenArena, CloseArena, OpenStaging, CloseStaging (allocations and releases, on a worker),
+// Allocate, Free (slot tables only: inline).
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -33,8 +33,8 @@ Handled handle(Call& call, const wire::OpenArena& in) {
   co_await async_run(
       s.workers,
       [&] {
-        a = s.pool.open_arena(tenant, in.layout_id(), in.pages(),
-                              requested_handle(in.legacy_ipc()));
+        a = s.pool.open_arena(tenant, in.layout_id(), in.pages(), requested_handle(in.legacy_ipc()),
+                              call.connection.lease);
       },
       boost::asio::use_awaitable);
   if (a.created) {
@@ -48,6 +48,23 @@ Handled handle(Call& call, const wire::OpenArena& in) {
   call.reply<wire::OpenArena>(wire::CreateOpenArenaReply(
       b, a.id, a.bytes, a.page_bytes, a.page_stride, a.page_count, backend, a.created, memory));
   if (a.memory->info().where.handle_is_fd()) call.result.attach = a.memory;
+}
+
+Handled handle(Call& call, const wire::CloseArena& in) {
+  ServerContext& s = call.server;
+  const ConnectionState& c = call.connection;
+  ClosedArena closed;
+  // Releasing the memory (munmap, cuMemRelease) takes a while for a large arena.
+  co_await async_run(
+      s.workers, [&] { closed = s.pool.close_arena(c.tenant, in.arena_id(), c.lease); },
+      boost::asio::use_awaitable);
+  LOG_INFO("pool", "arena ", closed.id, " of tenant '", c.tenant, "', layout '", closed.layout_name,
+           "' closed by connection ", c.id, " (pid ", c.pid,
+           "): ", support::format_bytes(closed.bytes), " given back",
+           closed.snapshots_dropped > 0 ? cat(", ", closed.snapshots_dropped, " snapshots dropped")
+                                        : std::string());
+  call.reply<wire::CloseArena>(
+      wire::CreateCloseArenaReply(call.builder(), closed.bytes, closed.snapshots_dropped));
 }
 
 Handled handle(Call& call, const wire::OpenStaging& in) {

@@ -16,8 +16,8 @@ Arena* ArenaTable::find(const Key& key, std::uint32_t pages) noexcept {
   if (it == index_.end()) return nullptr;
   Arena* best = nullptr;
   for (const ArenaId id : it->second) {
-    Arena* arena = arenas_[id - 1].get();
-    if (arena->page_count() < pages) continue;
+    Arena* arena = find_id(id);
+    if (arena == nullptr || arena->page_count() < pages) continue;
     if (best == nullptr || arena->slots.available() > best->slots.available()) best = arena;
   }
   return best;
@@ -25,7 +25,7 @@ Arena* ArenaTable::find(const Key& key, std::uint32_t pages) noexcept {
 
 std::size_t ArenaTable::count_for_tenant(std::size_t tenant) const noexcept {
   std::size_t count = 0;
-  for (const auto& arena : arenas_) count += arena->tenant == tenant;
+  for (const auto& [id, arena] : arenas_) count += arena->tenant == tenant;
   for (const auto& key : pending_) count += key.first == tenant;
   return count;
 }
@@ -36,10 +36,21 @@ std::size_t ArenaTable::index_size() const noexcept {
   return count;
 }
 
+Arena* ArenaTable::find_id(ArenaId id) noexcept {
+  const auto it = arenas_.find(id);
+  return it == arenas_.end() ? nullptr : it->second.get();
+}
+
+const Arena* ArenaTable::find_id(ArenaId id) const noexcept {
+  return const_cast<ArenaTable*>(this)->find_id(id);  // NOLINT: same lookup, const view
+}
+
 Arena& ArenaTable::get(ArenaId id) {
-  STATEPOOL_EXPECTS(id >= 1 && id <= arenas_.size(), Status::not_found,
-                    "arena " + std::to_string(id) + " not found");
-  return *arenas_[id - 1];
+  Arena* arena = find_id(id);
+  STATEPOOL_EXPECTS(
+      arena != nullptr, Status::not_found,
+      "arena " + std::to_string(id) + (id >= 1 && id < next_id_ ? " was closed" : " not found"));
+  return *arena;
 }
 
 const Arena& ArenaTable::get(ArenaId id) const {
@@ -47,19 +58,33 @@ const Arena& ArenaTable::get(ArenaId id) const {
 }
 
 Arena& ArenaTable::add(const Key& key, std::unique_ptr<Arena> arena) {
-  const auto id = static_cast<ArenaId>(arenas_.size() + 1);
+  const ArenaId id = next_id_;
   arena->id = id;
   std::vector<ArenaId>& ids = index_[key];
   try {
     ids.push_back(id);
-    arenas_.push_back(std::move(arena));
+    Arena& added = *arenas_.emplace(id, std::move(arena)).first->second;
+    ++next_id_;
+    pending_.erase(key);
+    return added;
   } catch (...) {
     if (!ids.empty() && ids.back() == id) ids.pop_back();
     if (ids.empty()) index_.erase(key);
     throw;
   }
-  pending_.erase(key);
-  return *arenas_.back();
+}
+
+std::unique_ptr<Arena> ArenaTable::remove(ArenaId id) noexcept {
+  const auto it = arenas_.find(id);
+  if (it == arenas_.end()) return nullptr;
+  std::unique_ptr<Arena> arena = std::move(it->second);
+  arenas_.erase(it);
+  const Key key{arena->tenant, arena->layout};
+  if (const auto found = index_.find(key); found != index_.end()) {
+    std::erase(found->second, id);
+    if (found->second.empty()) index_.erase(found);
+  }
+  return arena;
 }
 
 }  // namespace statepool::service

@@ -9,10 +9,14 @@
 // the (tenant, layout) key as being created, the memory is allocated without the lock,
 // and add() or cancel() ends it. Others asking for the same key meanwhile wait for it.
 //
+// An arena that is closed (CloseArena) leaves the table with remove(); ids are never
+// used again, so a client holding a closed arena's id gets not_found, never another arena.
+//
 // Thread-safety: none; the Pool serializes every call.
 
 #include <map>
 #include <memory>
+#include <ranges>
 #include <set>
 #include <string>
 #include <utility>
@@ -36,6 +40,9 @@ struct Arena {
   SlotAllocator slots;
   std::vector<LeaseId> owner;  ///< per slot; 0 = free, kSnapshotOwner = a snapshot's page
   std::uint32_t snapshot_pages = 0;  ///< slots whose owner is kSnapshotOwner
+  /// Attached leases (live connections) that opened the arena and may have it mapped;
+  /// a lease leaves when its connection ends. CloseArena waits for the others to go.
+  std::set<LeaseId> openers;
 
   explicit Arena(std::uint32_t pages) : slots(pages), owner(pages, 0) {}
   [[nodiscard]] std::uint32_t page_count() const noexcept { return slots.capacity(); }
@@ -55,6 +62,9 @@ class ArenaTable {
   /// Throws StatusError(not_found).
   [[nodiscard]] Arena& get(ArenaId id);
   [[nodiscard]] const Arena& get(ArenaId id) const;
+  /// nullptr when there is no arena `id` (never was, or closed).
+  [[nodiscard]] Arena* find_id(ArenaId id) noexcept;
+  [[nodiscard]] const Arena* find_id(ArenaId id) const noexcept;
 
   /// True while another caller is creating the arena for `key`.
   [[nodiscard]] bool creating(const Key& key) const noexcept { return pending_.contains(key); }
@@ -66,15 +76,19 @@ class ArenaTable {
   /// Ends a creation: takes the new arena (its id is assigned here) and returns it.
   /// Strong guarantee: on std::bad_alloc nothing changes (the key stays reserved).
   Arena& add(const Key& key, std::unique_ptr<Arena> arena);
+  /// Takes arena `id` out of the table and hands it to the caller (nullptr: no such arena).
+  std::unique_ptr<Arena> remove(ArenaId id) noexcept;
 
-  [[nodiscard]] const std::vector<std::unique_ptr<Arena>>& all() const noexcept { return arenas_; }
-  [[nodiscard]] std::vector<std::unique_ptr<Arena>>& all() noexcept { return arenas_; }
+  /// The arenas in id order, as `const std::unique_ptr<Arena>&`.
+  [[nodiscard]] auto all() const noexcept { return std::views::values(arenas_); }
+  [[nodiscard]] std::size_t size() const noexcept { return arenas_.size(); }
   /// Arena ids in the index (each arena once).
   [[nodiscard]] std::size_t index_size() const noexcept;
 
  private:
-  std::vector<std::unique_ptr<Arena>> arenas_;  // id = index + 1
-  std::map<Key, std::vector<ArenaId>> index_;   // oldest first
+  std::map<ArenaId, std::unique_ptr<Arena>> arenas_;
+  ArenaId next_id_ = 1;
+  std::map<Key, std::vector<ArenaId>> index_;  // oldest first
   std::set<Key> pending_;
 };
 

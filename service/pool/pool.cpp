@@ -184,21 +184,23 @@ ArenaInfo Pool::info(const Arena& arena) const {
 // --- arenas --------------------------------------------------------------------------
 
 ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages,
-                           std::optional<HandleKind> handle) {
+                           std::optional<HandleKind> handle, LeaseId opener) {
   const std::size_t tenant = tenant_index(tenant_name);
   const auto codec = registry_.layout(layout_id);  // not_found
   const ArenaTable::Key key{tenant, layout_id};
   {
     std::unique_lock lock(mutex_);
     created_.wait(lock, [&] { return !arenas_.creating(key); });
-    if (const Arena* existing = arenas_.find(key, pages)) {
+    if (Arena* existing = arenas_.find(key, pages)) {
       const HandleKind kind = existing->memory->info().where.handle_kind;
       STATEPOOL_EXPECTS(!handle || *handle == kind, Status::invalid_argument,
                         "arena " + std::to_string(existing->id) + " is already shared as " +
                             kernels::to_string(kind) + ", not " +
                             kernels::to_string(handle.value_or(kind)) +
                             " (the first client to open an arena chooses how it is shared)");
-      return info(*existing);
+      ArenaInfo out = info(*existing);
+      if (opener != 0) existing->openers.insert(opener);
+      return out;
     }
     const std::size_t open = arenas_.count_for_tenant(tenant);
     const TenantConfig& t = *tenants_[tenant].config;
@@ -236,9 +238,11 @@ ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std
                           ", layout " + quoted(codec->layout().name) + ")");
     }
     const std::lock_guard lock(mutex_);
-    ArenaInfo out = info(arenas_.add(key, std::move(arena)));
+    Arena& added = arenas_.add(key, std::move(arena));
     created_.notify_all();
+    ArenaInfo out = info(added);
     out.created = true;
+    if (opener != 0) added.openers.insert(opener);
     return out;
   } catch (...) {
     {
@@ -256,6 +260,50 @@ ArenaInfo Pool::arena(std::string_view tenant_name, ArenaId id) const {
   return info(arena_for_tenant(tenant, id));
 }
 
+ClosedArena Pool::close_arena(std::string_view tenant_name, ArenaId id, LeaseId requester) {
+  const std::size_t tenant = tenant_index(tenant_name);
+  std::unique_ptr<Arena> closed;  // destroyed (its memory released) after the lock
+  ClosedArena out;
+  {
+    const std::lock_guard lock(mutex_);
+    Arena& arena = arena_for_tenant(tenant, id);
+    const std::string label = arena_label(arena);
+    const std::size_t others = arena.openers.size() - (arena.openers.contains(requester) ? 1 : 0);
+    STATEPOOL_EXPECTS(others == 0, Status::in_use,
+                      label + " is open on " + std::to_string(others) + " other connection" +
+                          (others == 1 ? "" : "s") +
+                          " of the tenant; it can be closed once they have disconnected");
+    const std::uint32_t leased = arena.slots.used() - arena.snapshot_pages;
+    STATEPOOL_EXPECTS(leased == 0, Status::in_use,
+                      label + " has " + std::to_string(leased) + " page" +
+                          (leased == 1 ? "" : "s") +
+                          " held by leases: free them first (a disconnected lease's pages are "
+                          "freed when its grace period ends)");
+    const std::vector<SnapshotId> victims = snapshots_.evictable(id, arena.page_count());
+    if (snapshots_.pages_of(victims) != arena.snapshot_pages) {
+      std::uint32_t pinned = 0;
+      std::uint32_t busy = 0;
+      for (const auto& [sid, s] : snapshots_.all()) {
+        if (s.arena != id) continue;
+        pinned += s.visible && s.pinned ? 1 : 0;
+        busy += s.busy > 0 ? 1 : 0;
+      }
+      throw StatusError(Status::in_use,
+                        label + " holds " + std::to_string(pinned) + " pinned snapshots and " +
+                            std::to_string(busy) +
+                            " being read or published: unpin or delete them first, or wait");
+    }
+    // Nothing can fail from here.
+    out.id = id;
+    out.layout_name = arena.codec->layout().name;
+    out.bytes = arena.memory->size();
+    out.snapshots_dropped = static_cast<std::uint32_t>(victims.size());
+    evict(victims);
+    closed = arenas_.remove(id);
+  }
+  return out;
+}
+
 // --- leases --------------------------------------------------------------------------
 
 std::uint64_t Pool::drop_lease(LeaseId id) noexcept {
@@ -267,11 +315,10 @@ std::uint64_t Pool::drop_lease(LeaseId id) noexcept {
     const SlotId slot = key_slot(key);
     // The tables agree unless there is a bug; check() reports it, here we free only what
     // is really ours so a bug never frees another lease's slot.
-    if (arena_id < 1 || arena_id > arenas_.all().size()) continue;
-    Arena& arena = *arenas_.all()[arena_id - 1];
-    if (slot >= arena.owner.size() || arena.owner[slot] != id) continue;
-    arena.owner[slot] = 0;
-    if (arena.slots.free(slot) == SlotAllocator::FreeResult::ok) ++freed;
+    Arena* arena = arenas_.find_id(arena_id);
+    if (arena == nullptr || slot >= arena->owner.size() || arena->owner[slot] != id) continue;
+    arena->owner[slot] = 0;
+    if (arena->slots.free(slot) == SlotAllocator::FreeResult::ok) ++freed;
   }
   leases_.erase(id);
   return freed;
@@ -319,6 +366,7 @@ void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
   const std::lock_guard lock(mutex_);
   Lease* lease = leases_.find(lease_id);
   if (lease == nullptr || !lease->attached) return;
+  for (const auto& arena : arenas_.all()) arena->openers.erase(lease_id);  // it unmapped them
   if (lease->slots.empty()) {
     drop_lease(lease_id);
     return;
@@ -458,7 +506,7 @@ PoolStats Pool::stats() const {
     usage.snapshot_hits_remote = t.hits_remote;
     out.tenants.push_back(std::move(usage));
   }
-  out.arenas.reserve(arenas_.all().size());
+  out.arenas.reserve(arenas_.size());
   for (const auto& arena : arenas_.all()) {
     out.arenas.push_back(info(*arena));
     TenantUsage& usage = out.tenants[arena->tenant];
@@ -495,11 +543,10 @@ std::vector<std::string> Pool::check() const {
   std::vector<std::uint64_t> tenant_bytes(tenants_.size(), 0);
   std::uint64_t total_bytes = 0;
   std::uint64_t total_used = 0;
-  const auto& arenas = arenas_.all();
-  for (std::size_t i = 0; i < arenas.size(); ++i) {
-    const Arena& arena = *arenas[i];
+  for (const auto& stored : arenas_.all()) {
+    const Arena& arena = *stored;
     const std::string name = "arena " + std::to_string(arena.id);
-    if (arena.id != i + 1) report(name + ": stored at index " + std::to_string(i));
+    if (arenas_.find_id(arena.id) != &arena) report(name + ": not stored under its id");
     for (const std::string& line : arena.slots.check()) report(name + ": " + line);
     if (arena.tenant >= tenants_.size()) {
       report(name + ": tenant index out of range");
@@ -533,6 +580,14 @@ std::vector<std::string> Pool::check() const {
       }
       if (lease->tenant != arena.tenant) report(where + ": owned by a lease of another tenant");
     }
+    for (const LeaseId opener : arena.openers) {
+      const Lease* lease = leases_.find(opener);
+      if (lease == nullptr || !lease->attached) {
+        report(name + ": opened by lease " + std::to_string(opener) + " that is not attached");
+      } else if (lease->tenant != arena.tenant) {
+        report(name + ": opened by a lease of another tenant");
+      }
+    }
     if (owned + arena.snapshot_pages != arena.slots.used()) {
       report(name + ": " + std::to_string(owned) + " owned slots and " +
              std::to_string(arena.snapshot_pages) + " snapshot pages but allocator has " +
@@ -549,13 +604,13 @@ std::vector<std::string> Pool::check() const {
     for (const std::uint64_t key : lease.slots) {
       const ArenaId arena_id = key_arena(key);
       const SlotId slot = key_slot(key);
-      if (arena_id < 1 || arena_id > arenas.size()) {
+      const Arena* arena = arenas_.find_id(arena_id);
+      if (arena == nullptr) {
         report("lease " + std::to_string(id) + ": lists arena " + std::to_string(arena_id) +
                " that does not exist");
         continue;
       }
-      const Arena& arena = *arenas[arena_id - 1];
-      if (slot >= arena.owner.size() || arena.owner[slot] != id) {
+      if (slot >= arena->owner.size() || arena->owner[slot] != id) {
         report("lease " + std::to_string(id) + ": lists arena " + std::to_string(arena_id) +
                " slot " + std::to_string(slot) + " that it does not own");
       }
@@ -587,14 +642,14 @@ std::vector<std::string> Pool::check() const {
   }
   if (capacity_.used() > capacity_.limit()) report("pool reserved bytes above capacity");
   const MemoryUsage memory = tracking_.usage();
-  if (memory.live_bytes != total_bytes || memory.live_allocations != arenas.size()) {
+  if (memory.live_bytes != total_bytes || memory.live_allocations != arenas_.size()) {
     report(std::string(memory_->name()) + " memory holds " + std::to_string(memory.live_bytes) +
            " bytes in " + std::to_string(memory.live_allocations) + " allocations for " +
-           std::to_string(arenas.size()) + " arenas of " + std::to_string(total_bytes) + " bytes");
+           std::to_string(arenas_.size()) + " arenas of " + std::to_string(total_bytes) + " bytes");
   }
-  if (arenas_.index_size() != arenas.size()) {
+  if (arenas_.index_size() != arenas_.size()) {
     report(std::to_string(arenas_.index_size()) + " arena index entries for " +
-           std::to_string(arenas.size()) + " arenas");
+           std::to_string(arenas_.size()) + " arenas");
   }
   return problems;
 }

@@ -108,6 +108,16 @@ struct ArenaInfo {
   bool created = false;  ///< open_arena only: true when this call created it
 };
 
+/// What close_arena() gave back.
+struct ClosedArena {
+  ArenaId id = 0;
+  std::string layout_name;
+  /// The arena's bytes, no longer charged to the tenant's quota or the pool's capacity once
+  /// work already queued on the arena has ended.
+  std::uint64_t bytes = 0;
+  std::uint32_t snapshots_dropped = 0;  ///< its unpinned, idle snapshots, evicted
+};
+
 struct TenantUsage {
   std::string name;
   std::uint64_t quota_bytes = 0;
@@ -305,8 +315,20 @@ class Pool {
   /// the top of this file).
   /// `handle`: how the arena is shared when this call creates it (unset: the backend's
   /// default); an existing arena shared another way is invalid_argument.
+  /// `opener`: the attached lease of the connection asking (0: none), recorded as one that
+  /// may have the arena mapped until its connection ends (detach_lease).
   ArenaInfo open_arena(std::string_view tenant, LayoutId layout, std::uint32_t pages,
-                       std::optional<HandleKind> handle = {});
+                       std::optional<HandleKind> handle = {}, LeaseId opener = 0);
+  /// Takes an arena of the tenant out of the pool and gives its memory back: the quota and
+  /// the capacity are charged no more, and the backend frees the memory once nothing uses
+  /// it (work queued on it, peers' mappings). Refused with in_use while a lease (attached or
+  /// orphaned) holds one of its pages, while it holds a pinned snapshot or one being read
+  /// or published, or while an attached lease other than `requester` opened it. Its other
+  /// snapshots are evicted (counted as evictions, or demotions when a tier below holds
+  /// them). Throws not_found (no such arena, or closed) and permission_denied (another
+  /// tenant's) as arena() does. The memory is released outside the pool's lock, but
+  /// munmap or cuMemRelease of a large arena may still take a while: call it from a worker.
+  ClosedArena close_arena(std::string_view tenant, ArenaId id, LeaseId requester = 0);
   /// Throws not_found, or permission_denied when the arena belongs to another tenant.
   [[nodiscard]] ArenaInfo arena(std::string_view tenant, ArenaId id) const;
 
@@ -410,7 +432,9 @@ class Pool {
   [[nodiscard]] PoolStats stats() const;
   /// Cross-checks every allocator, owner table, lease, byte counter and memory adaptor.
   /// Returns one line per inconsistency found; empty means consistent (no leaked or
-  /// doubly handed-out page). Waits for arena creations in progress to end first.
+  /// doubly handed-out page). Waits for arena creations in progress to end first. The
+  /// memory of an arena closed while work still used it counts against the tables until
+  /// that work ends (it is still allocated): check when the daemon is idle.
   [[nodiscard]] std::vector<std::string> check() const;
 
  private:

@@ -49,8 +49,9 @@ void SnapshotCopy::done() noexcept {
 
 void Pool::free_snapshot_pages(ArenaId arena_id, SlotId state,
                                std::span<const SlotId> kv_pages) noexcept {
-  if (arena_id < 1 || arena_id > arenas_.all().size()) return;
-  Arena& arena = *arenas_.all()[arena_id - 1];
+  Arena* found = arenas_.find_id(arena_id);
+  if (found == nullptr) return;
+  Arena& arena = *found;
   const auto free_one = [&arena](SlotId slot) {
     if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) return;
     arena.owner[slot] = 0;
@@ -416,11 +417,12 @@ std::vector<std::string> Pool::check_snapshots() const {
   std::set<std::pair<ArenaId, SlotId>> pages;
   for (const auto& [id, s] : snapshots_.all()) {
     const std::string name = "snapshot " + std::to_string(id);
-    if (s.arena < 1 || s.arena > arenas_.all().size()) {
+    const Arena* found = arenas_.find_id(s.arena);
+    if (found == nullptr) {
       problems.push_back(name + ": in arena " + std::to_string(s.arena) + " that does not exist");
       continue;
     }
-    const Arena& arena = *arenas_.all()[s.arena - 1];
+    const Arena& arena = *found;
     for (const SlotId slot : s.all_pages()) {
       if (slot >= arena.owner.size() || arena.owner[slot] != kSnapshotOwner) {
         problems.push_back(name + ": arena " + std::to_string(s.arena) + " slot " +

@@ -337,6 +337,7 @@ Fields request_fields(const wire::Request& r) {
       f["bytes"] = std::to_string(b->bytes());
       break;
     }
+    case B::CloseArena: f["arena_id"] = std::to_string(r.body_as_CloseArena()->arena_id()); break;
     case B::Stats:
     case B::Ping:
     case B::Drain:
@@ -485,6 +486,12 @@ Fields reply_fields(const wire::Reply& r) {
       const auto* b = r.body_as_ImportSnapshotReply();
       f["created"] = boolean(b->created());
       f["arena_id"] = std::to_string(b->arena_id());
+      break;
+    }
+    case B::CloseArenaReply: {
+      const auto* b = r.body_as_CloseArenaReply();
+      f["bytes"] = std::to_string(b->bytes());
+      f["snapshots_dropped"] = std::to_string(b->snapshots_dropped());
       break;
     }
     case B::CloseStagingReply:

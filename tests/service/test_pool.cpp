@@ -236,6 +236,111 @@ TEST(PoolArenas, ATenantNeedingALargerArenaGetsASecondOneBesideTheFirst) {
 
 // --- arenas ----------------------------------------------------------------------------
 
+TEST(PoolArenas, ClosingGivesTheBytesBackAndTheIdIsNeverUsedAgain) {
+  auto pool = make_pool(config({tenant("alice", 0), tenant("bob")}));
+  const auto layout = pool->register_layout(small_layout());
+  const LeaseId lease = pool->attach_lease("alice", "", kT0).id;
+  ArenaInfo a = pool->open_arena("alice", layout, 4, {}, lease);
+  a.memory.reset();  // an ArenaInfo keeps the memory alive (as a reply being sent does)
+  const std::uint64_t reserved = pool->stats().reserved_bytes;
+  ASSERT_EQ(reserved, a.bytes);
+
+  {  // Another tenant may not close it, and learns nothing by trying.
+    const auto before = pool->stats();  // (stats hold the memory too, until they go)
+    expect_status(Status::permission_denied, [&] { (void)pool->close_arena("bob", a.id); });
+    expect_status(Status::not_found, [&] { (void)pool->close_arena("alice", a.id + 1); });
+    EXPECT_TRUE(same_stats(before, pool->stats()));
+  }
+
+  const ClosedArena closed = pool->close_arena("alice", a.id, lease);  // its own opener
+  EXPECT_EQ(closed.id, a.id);
+  EXPECT_EQ(closed.layout_name, "demo");
+  EXPECT_EQ(closed.bytes, a.bytes);
+  EXPECT_EQ(closed.snapshots_dropped, 0u);
+  const PoolStats after = pool->stats();
+  EXPECT_EQ(after.reserved_bytes, 0u);
+  EXPECT_EQ(after.memory.live_bytes, 0u) << "the backend freed the memory";
+  EXPECT_TRUE(after.arenas.empty());
+  for (const auto& t : after.tenants) EXPECT_EQ(t.reserved_bytes, 0u) << t.name;
+
+  // Its id names nothing any more; the message says why.
+  const auto msg = expect_status(Status::not_found, [&] { (void)pool->allocate(lease, a.id, 1); });
+  EXPECT_EQ(msg, "arena " + std::to_string(a.id) + " was closed");
+  expect_status(Status::not_found, [&] { (void)pool->close_arena("alice", a.id); });
+  // A new arena of the same layout gets a new id.
+  const ArenaInfo b = pool->open_arena("alice", layout, 4, {}, lease);
+  EXPECT_TRUE(b.created);
+  EXPECT_GT(b.id, a.id);
+  EXPECT_TRUE(pool->check().empty()) << join(pool->check());
+}
+
+TEST(PoolArenas, ClosingIsRefusedWhileALeaseHoldsAPageOrAnotherConnectionOpenedIt) {
+  auto pool = make_pool();
+  const auto layout = pool->register_layout(small_layout());
+  const LeaseId engine = pool->attach_lease("", "", kT0).id;
+  const LeaseId operator_ = pool->attach_lease("", "", kT0).id;
+  ArenaInfo a = pool->open_arena("", layout, 4, {}, engine);
+  a.memory.reset();
+  const auto slots = pool->allocate(engine, a.id, 2);
+
+  {
+    const auto before = pool->stats();
+    auto msg = expect_status(Status::in_use, [&] { (void)pool->close_arena("", a.id, engine); });
+    EXPECT_NE(msg.find("has 2 pages held by leases"), std::string::npos) << msg;
+    msg = expect_status(Status::in_use, [&] { (void)pool->close_arena("", a.id, operator_); });
+    EXPECT_NE(msg.find("is open on 1 other connection of the tenant"), std::string::npos) << msg;
+    EXPECT_TRUE(same_stats(before, pool->stats()));
+  }
+
+  // The engine disconnects: it no longer counts as having the arena mapped, but its lease
+  // keeps the pages through the grace period.
+  pool->detach_lease(engine, kT0);
+  const auto msg =
+      expect_status(Status::in_use, [&] { (void)pool->close_arena("", a.id, operator_); });
+  EXPECT_NE(msg.find("has 2 pages held by leases"), std::string::npos) << msg;
+  EXPECT_EQ(pool->reclaim_expired(kT0 + 1h), slots.size());
+  EXPECT_EQ(pool->close_arena("", a.id, operator_).bytes, a.bytes);
+  EXPECT_EQ(pool->stats().reserved_bytes, 0u);
+  EXPECT_TRUE(pool->check().empty()) << join(pool->check());
+}
+
+TEST(PoolArenas, OpenersAreCountedOncePerConnectionAndLeaveWithIt) {
+  auto pool = make_pool();
+  const auto layout = pool->register_layout(small_layout());
+  const LeaseId one = pool->attach_lease("", "", kT0).id;
+  const LeaseId two = pool->attach_lease("", "", kT0).id;
+  const ArenaId a = pool->open_arena("", layout, 4, {}, one).id;
+  EXPECT_EQ(pool->open_arena("", layout, 4, {}, one).id, a);  // twice: still one opener
+  EXPECT_EQ(pool->open_arena("", layout, 4, {}, two).id, a);
+  auto msg = expect_status(Status::in_use, [&] { (void)pool->close_arena("", a, one); });
+  EXPECT_NE(msg.find("open on 1 other connection"), std::string::npos) << msg;
+  msg = expect_status(Status::in_use, [&] { (void)pool->close_arena("", a); });
+  EXPECT_NE(msg.find("open on 2 other connections"), std::string::npos) << msg;
+  pool->detach_lease(two, kT0);  // no slots: dropped at once
+  EXPECT_TRUE(pool->check().empty()) << join(pool->check());
+  EXPECT_EQ(pool->close_arena("", a, one).id, a);
+  EXPECT_TRUE(pool->check().empty()) << join(pool->check());
+}
+
+TEST(PoolArenas, ClosingWhileWorkHoldsTheMemoryFreesItWhenTheWorkEnds) {
+  auto pool = make_pool();
+  const auto layout = pool->register_layout(small_layout());
+  const LeaseId lease = pool->attach_lease("", "", kT0).id;
+  ArenaInfo a = pool->open_arena("", layout, 4, {}, lease);
+  a.memory.reset();
+  const SlotId slot = pool->allocate(lease, a.id, 1).at(0);
+  PageRef page = pool->page(lease, a.id, slot);  // what an executor operation holds
+  ASSERT_EQ(pool->free(lease, a.id, std::vector<SlotId>{slot}), 1u);
+  std::shared_ptr<const Allocation> memory = std::move(page.memory);
+  page = {};
+
+  (void)pool->close_arena("", a.id, lease);
+  EXPECT_EQ(pool->stats().memory.live_bytes, a.bytes) << "still in use by the operation";
+  memory.reset();
+  EXPECT_EQ(pool->stats().memory.live_bytes, 0u);
+  EXPECT_EQ(pool->stats().reserved_bytes, 0u);
+}
+
 TEST(PoolArenas, OpenCreatesOnceThenReturnsTheSameArena) {
   auto pool = make_pool();
   const auto layout = pool->register_layout(small_layout());

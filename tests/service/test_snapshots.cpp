@@ -300,6 +300,40 @@ TEST_F(PoolSnapshots, AReadInFlightKeepsItsPageThroughADeleteAndAnEviction) {
   EXPECT_EQ(pool_->arena("alice", arena_.id).pages_used, 3u);
 }
 
+TEST_F(PoolSnapshots, ClosingAnArenaDropsItsSnapshotsButNotPinnedOrBusyOnes) {
+  const SlotId src = slot(lease_, arena_, 0x42);
+  publish(key("pinned"), src);
+  publish(key("plain"), src);
+  EXPECT_EQ(pool_->pin_snapshot("alice", key("pinned"), true), 1u);
+  ASSERT_EQ(pool_->free(lease_, arena_.id, std::vector<SlotId>{src}), 1u);
+  const ArenaId id = arena_.id;
+  arena_.memory.reset();
+
+  auto msg = expect_status(Status::in_use, [&] { (void)pool_->close_arena("alice", id); });
+  EXPECT_NE(msg.find("1 pinned snapshots and 0 being read or published"), std::string::npos) << msg;
+  EXPECT_EQ(pool_->pin_snapshot("alice", key("pinned"), false), 1u);
+
+  // A read in flight holds its snapshot (and the arena) until it ends.
+  const ArenaInfo other = pool_->open_arena("alice", layout_, 8);  // a second, larger one
+  ASSERT_NE(other.id, id);
+  const SlotId dst = slot(lease_, other, 0x00);
+  SnapshotGet get = pool_->get_snapshot(lease_, other.id, dst, key("plain"));
+  ASSERT_TRUE(get.hit) << "a snapshot serves every arena of its layout";
+  msg = expect_status(Status::in_use, [&] { (void)pool_->close_arena("alice", id); });
+  EXPECT_NE(msg.find("0 pinned snapshots and 1 being read or published"), std::string::npos) << msg;
+  run(*get.copy);
+  EXPECT_EQ(first_byte(lease_, other, dst), 0x42);
+
+  const std::uint64_t evicted = usage("alice").snapshot_evictions;
+  const ClosedArena closed = pool_->close_arena("alice", id);
+  EXPECT_EQ(closed.snapshots_dropped, 2u);
+  EXPECT_EQ(usage("alice").snapshot_evictions, evicted + 2);
+  EXPECT_EQ(usage("alice").snapshots, 0u);
+  EXPECT_FALSE(fetch(key("plain"), dst, lease_, other.id).hit);
+  bool more = false;
+  EXPECT_TRUE(pool_->list_snapshots("alice", "", 10, more).empty());
+}
+
 TEST_F(PoolSnapshots, APutWhoseCopyNeverCompletesIsForgotten) {
   const SlotId src = slot(lease_, arena_, 0x10);
   {

@@ -43,6 +43,7 @@ STATEPOOL_PAIR(PinSnapshot)
 STATEPOOL_PAIR(ListSnapshots)
 STATEPOOL_PAIR(ExportSnapshot)
 STATEPOOL_PAIR(ImportSnapshot)
+STATEPOOL_PAIR(CloseArena)
 #undef STATEPOOL_PAIR
 
 template <class Request>
@@ -56,8 +57,8 @@ inline constexpr wire::ReplyBody kReplyType = wire::ReplyBodyTraits<Reply>::enum
 // The two unions list the same messages in the same order, so every request's value is
 // its reply's value; a union member added to one and not the other fails here.
 static_assert(static_cast<int>(wire::RequestBody::MAX) == static_cast<int>(wire::ReplyBody::MAX));
-static_assert(static_cast<int>(kRequestType<wire::ImportSnapshot>) ==
-              static_cast<int>(kReplyType<ReplyFor<wire::ImportSnapshot>>));
+static_assert(static_cast<int>(kRequestType<wire::CloseArena>) ==
+              static_cast<int>(kReplyType<ReplyFor<wire::CloseArena>>));
 
 /// Calls f.template operator()<Request>() for every request table, in union order.
 template <class F>
@@ -85,6 +86,7 @@ constexpr void for_each_request(F&& f) {
   f.template operator()<wire::ListSnapshots>();
   f.template operator()<wire::ExportSnapshot>();
   f.template operator()<wire::ImportSnapshot>();
+  f.template operator()<wire::CloseArena>();
 }
 
 }  // namespace statepool::protocol
