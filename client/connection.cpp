@@ -546,6 +546,25 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
   return arena;
 }
 
+ArenaClose Connection::close_arena(Arena arena) {
+  const ArenaId id = arena.id();
+  if (id == 0) {
+    throw Error(wire::Status::invalid_argument, "close_arena: the Arena is empty (moved from?)");
+  }
+  arena.reset();  // unmapped before the daemon frees it (legacy CUDA IPC requires that order)
+  return close_arena(id);
+}
+
+ArenaClose Connection::close_arena(ArenaId arena) {
+  ArenaClose out;
+  impl().call<wire::CloseArena>([&](auto& b) { return wire::CreateCloseArena(b, arena); },
+                                [&](const wire::CloseArenaReply* r) {
+                                  out.bytes = r->bytes();
+                                  out.snapshots_dropped = r->snapshots_dropped();
+                                });
+  return out;
+}
+
 Staging Connection::open_staging(std::uint64_t bytes) {
   if (bytes == 0) {
     throw Error(wire::Status::invalid_argument, "open_staging: bytes must be greater than 0");

@@ -1,5 +1,5 @@
-// statepoolctl: talk to a running statepoold (ping, stats, install-plan, drain, the
-// prefix-state snapshots), and plan capacity offline from a model's config.json (plan; no
+// statepoolctl: talk to a running statepoold (ping, stats, install-plan, close-arena, drain,
+// the prefix-state snapshots), and plan capacity offline from a model's config.json (plan; no
 // daemon needed).
 // Exit status: 0 success; 1 (kFailureExit) the daemon refused or could not be reached, or an
 // input file (--model, install-plan FILE) could not be read or is not valid; 2
@@ -7,6 +7,7 @@
 // other problem in one line without it.
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -47,6 +48,10 @@ commands:
   install-plan FILE
             send a STEPQuant plan file (statepool-quant calibrate) to the daemon;
             prints the digest that stepquant layouts name it by
+  close-arena ID
+            give arena ID of --tenant back (its memory leaves the quota and the pool);
+            refused while pages of it are held, it holds pinned snapshots, or a connected
+            client opened it (`stats` lists arenas); its other snapshots are dropped
   drain     ask the daemon to finish in-flight work and exit (needs its uid or root)
   plan      capacity plan from a model's config.json (offline, no daemon): state bytes
             per request for each state codec, KV bytes, weights, max concurrency on one
@@ -94,8 +99,8 @@ options:
   --count N        ping: number of round trips (default 1)
   --limit N        snapshots: at most N entries, 1-10000 (default 1000)
   --hex            snapshot commands: KEY and PREFIX are hex digits (e.g. 9f86d081)
-  --json           machine-readable output (ping, stats, install-plan, plan, fits,
-                   snapshots, snapshot-*)
+  --json           machine-readable output (ping, stats, install-plan, close-arena, plan,
+                   fits, snapshots, snapshot-*)
   -h, --help       this text
 
 exit status: 0 success, 1 daemon error or daemon unreachable, or an unreadable or
@@ -106,7 +111,8 @@ model cannot take, such as a --tp that does not divide its heads)
 struct Args {
   statepool::client::Options options;
   std::string command;
-  std::string plan_file;  ///< install-plan
+  std::string plan_file;    ///< install-plan
+  std::uint32_t arena = 0;  ///< close-arena
   std::uint64_t count = 1;
   // snapshots, snapshot-*
   statepool::client::SnapshotKey key;  ///< prefix only for `snapshots`
@@ -210,7 +216,7 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
     if (args.command.empty()) throw UsageError("no command given");
     if (args.command != "ping" && args.command != "stats" && args.command != "drain" &&
         args.command != "install-plan" && args.command != "plan" && args.command != "fits" &&
-        !is_snapshot_command(args.command)) {
+        args.command != "close-arena" && !is_snapshot_command(args.command)) {
       throw UsageError("unknown command '" + args.command + "'");
     }
     // An option the command does not read is refused rather than ignored.
@@ -240,6 +246,13 @@ std::optional<int> parse(int argc, char** argv, Args& args) {
       if (operand == operands.end()) throw UsageError("install-plan needs a plan file");
       if (operand->empty()) throw UsageError("install-plan: the plan file name is empty");
       args.plan_file = *operand++;
+    }
+    if (args.command == "close-arena") {
+      if (operand == operands.end()) throw UsageError("close-arena needs an arena ID");
+      const std::string& id = *operand++;
+      const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), args.arena);
+      if (id.empty() || ec != std::errc{} || end != id.data() + id.size() || args.arena == 0)
+        throw UsageError("close-arena: ID must be an arena id (1 or more), got '" + id + "'");
     }
     if (args.command == "snapshots" && operand != operands.end()) {
       args.key.prefix = key_bytes(*operand++, args.hex, "PREFIX");
@@ -637,6 +650,21 @@ int main(int argc, char** argv) {
                   << ": " << info.units << " units, " << info.pivots << " pivots, "
                   << statepool::tools::format_fixed(info.average_bits, 2)
                   << " bits per value on average\n";
+      }
+    } else if (args.command == "close-arena") {
+      const auto closed = conn.close_arena(args.arena);
+      if (args.json) {
+        const boost::json::object out{{"arena_id", args.arena},
+                                      {"bytes", closed.bytes},
+                                      {"snapshots_dropped", closed.snapshots_dropped}};
+        std::cout << boost::json::serialize(out) << '\n';
+      } else {
+        std::cout << "arena " << args.arena
+                  << " closed: " << statepool::support::format_bytes(closed.bytes) << " given back"
+                  << (closed.snapshots_dropped > 0
+                          ? ", " + std::to_string(closed.snapshots_dropped) + " snapshots dropped"
+                          : "")
+                  << '\n';
       }
     } else if (args.command == "fits") {
       fits_command(conn, args, *report);

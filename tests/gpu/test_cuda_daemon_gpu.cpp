@@ -2,16 +2,21 @@
 // mapped in the client, states written into device staging, compress / decompress / copy
 // by the daemon's kernels (page bytes equal to the CPU codec's), local decode on the device
 // with the same kernels, early replies with IPC events, legacy IPC handles, NaN refusal,
-// and the engine's fused decode step on the device pages (client::DeviceDecodeStep).
-// Skipped without a CUDA device.
+// and the engine's fused decode step on the device pages (client::DeviceDecodeStep);
+// device memory given back by CloseArena, also after a client holding the arena was
+// killed. Skipped without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "device_buffer.hpp"
@@ -29,6 +34,7 @@ namespace {
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
 using statepool::testing::DaemonProcess;
+using statepool::testing::eventually;
 using namespace std::chrono_literals;
 
 kernels::StateLayout layout_for(kernels::CodecId codec) {
@@ -238,6 +244,85 @@ TEST(CudaDaemon, LegacyIpcHandlesAndAFractionOfTheDevicesMemory) {
   // Close the IPC mappings before the exporter goes (the other order is undefined).
   staging = client::Staging();
   arena = client::Arena();
+  EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
+}
+
+std::size_t free_device_bytes() {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
+  return free;
+}
+
+// Issue 8's "device memory is released when arenas close" and "a client that dies leaves
+// nothing mapped in the daemon", through the daemon: a child process opens a large device
+// arena and takes slots, then is killed; CloseArena is refused while it is connected and
+// succeeds once the daemon has seen it go, and the device's free memory comes back.
+TEST(CudaDaemon, ClosingAnArenaGivesItsDeviceMemoryBackAlsoAfterAKilledClient) {
+  STATEPOOL_SKIP_WITHOUT_GPU();
+  DaemonProcess daemon({"--backend", "cuda", "--grace-period", "0s", "--pool-capacity", "4GiB"});
+  client::Options options = options_for(daemon);
+  options.map_device_memory = false;  // this process and the child do not map it
+  auto conn = client::Connection::connect(options);
+  const auto layout = conn.register_layout(layout_for(kernels::CodecId::int8));
+  const auto pages = static_cast<std::uint32_t>((std::size_t{1} << 30) / layout.page_bytes);
+  const std::size_t before = free_device_bytes();
+
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // no CUDA call here: the child only talks to the daemon
+    ::close(ready[0]);
+    try {
+      auto engine = client::Connection::connect(options);
+      auto arena = engine.open_arena(layout.id, pages);
+      auto slots = engine.allocate(arena, 3);
+      const std::uint32_t id = arena.id();
+      if (::write(ready[1], &id, sizeof id) != sizeof id) ::_exit(3);
+      for (;;) ::pause();
+    } catch (...) {
+      ::_exit(2);
+    }
+  }
+  ::close(ready[1]);
+  std::uint32_t id = 0;
+  const bool got = ::read(ready[0], &id, sizeof id) == static_cast<ssize_t>(sizeof id);
+  ::close(ready[0]);
+  if (!got) ::kill(child, SIGKILL);
+  ASSERT_TRUE(got) << daemon.log();
+  std::uint64_t bytes = 0;
+  for (const auto& a : conn.stats().arenas) bytes = a.arena_id == id ? a.bytes_total : bytes;
+  ASSERT_GE(bytes, std::uint64_t{1} << 29);
+  EXPECT_LE(free_device_bytes() + bytes / 2, before) << "the arena took no device memory";
+
+  try {
+    (void)conn.close_arena(id);
+    ADD_FAILURE() << "closed while its client was connected";
+  } catch (const client::Error& e) {
+    EXPECT_EQ(e.status(), statepool::wire::Status::in_use) << e.what();
+  }
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // The daemon sees the connection end a moment later: its lease (grace 0) and its claim
+  // on the arena go with it.
+  client::ArenaClose closed;
+  EXPECT_TRUE(eventually(
+      [&] {
+        try {
+          closed = conn.close_arena(id);
+          return true;
+        } catch (const client::Error& e) {
+          if (e.status() != statepool::wire::Status::in_use) throw;
+          return false;
+        }
+      },
+      10s));
+  EXPECT_EQ(closed.bytes, bytes);
+  const auto back = eventually([&] { return free_device_bytes() + (64u << 20) >= before; }, 10s);
+  EXPECT_TRUE(back) << "free device memory: " << before << " bytes before, " << free_device_bytes()
+                    << " after the close";
   EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
 }
 

@@ -14,11 +14,14 @@
 #include <iterator>
 #include <thread>
 
+#include <boost/json.hpp>
+
 #include "statepool/client.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
+#include "statepoolctl_run.hpp"
 
 namespace sp = statepool;
 namespace client = statepool::client;
@@ -28,6 +31,7 @@ namespace wire = statepool::wire;
 using statepool::testing::client_options;
 using statepool::testing::DaemonProcess;
 using statepool::testing::eventually;
+using statepool::testing::statepoolctl;
 using namespace std::chrono_literals;
 
 namespace {
@@ -73,6 +77,26 @@ std::uint32_t used_pages(client::Connection& c, std::uint32_t arena) {
   for (const auto& a : c.stats().arenas)
     if (a.arena_id == arena) return a.pages_used;
   return 0;
+}
+
+std::size_t open_descriptors(pid_t pid) {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    ++n;
+  return n;
+}
+
+/// The status and message of a call that must fail with a daemon error.
+template <class F>
+std::pair<wire::Status, std::string> refusal(F&& f) {
+  try {
+    f();
+  } catch (const client::Error& e) {
+    return {e.status(), e.what()};
+  }
+  ADD_FAILURE() << "the call succeeded";
+  return {wire::Status::ok, ""};
 }
 
 }  // namespace
@@ -838,4 +862,92 @@ TEST(Daemon, RepeatedSignalsDuringTheDrainStillExitZero) {
   for (int i = 0; i < 20; ++i) ::kill(daemon.pid(), i % 2 == 0 ? SIGTERM : SIGINT);
   EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << daemon.log();
   EXPECT_THROW((void)conn.ping(), client::ConnectionError);
+}
+
+// CloseArena: an engine gives an arena back once it has freed its pages, the daemon frees
+// the memory (its memfd goes, the pool's reserved bytes fall), and the id is dead after.
+TEST(Daemon, AnEngineGivesItsArenaBackAndTheDaemonFreesTheMemory) {
+  DaemonProcess daemon({"--grace-period", "0s"});
+  auto engine = client::Connection::connect(client_options(daemon));
+  auto observer = client::Connection::connect(client_options(daemon));
+  const auto info = engine.register_layout(small_layout());
+  const std::size_t descriptors = open_descriptors(daemon.pid());
+
+  auto arena = engine.open_arena(info, 8);
+  ASSERT_TRUE(arena.created());
+  const client::ArenaId id = arena.id();
+  const std::uint64_t bytes = arena.bytes();
+  auto staging = engine.open_staging(info.state_bytes_f32);
+  auto slots = engine.allocate(arena, 2);
+  engine.compress(slots[0], staging, 0);
+  EXPECT_EQ(observer.stats().pool_reserved_bytes, bytes);
+
+  // Another connection cannot close it while the engine (which opened it) is connected.
+  auto [status, message] = refusal([&] { observer.close_arena(id); });
+  EXPECT_EQ(status, wire::Status::in_use);
+  EXPECT_NE(message.find("is open on 1 other connection"), std::string::npos) << message;
+  // The engine cannot either while it holds pages; its mapping is gone all the same.
+  std::tie(status, message) = refusal([&] { engine.close_arena(std::move(arena)); });
+  EXPECT_EQ(status, wire::Status::in_use);
+  EXPECT_NE(message.find("has 2 pages held by leases"), std::string::npos) << message;
+  EXPECT_EQ(engine.free(slots), 2u);
+
+  const client::ArenaClose closed = engine.close_arena(id);
+  EXPECT_EQ(closed.bytes, bytes);
+  EXPECT_EQ(closed.snapshots_dropped, 0u);
+  const client::Stats stats = observer.stats();
+  EXPECT_TRUE(stats.arenas.empty());
+  EXPECT_EQ(stats.pool_reserved_bytes, 0u);
+  // The arena's memfd is closed in the daemon (the staging buffer's is not).
+  EXPECT_TRUE(eventually([&] { return open_descriptors(daemon.pid()) == descriptors + 1; }, 10s))
+      << open_descriptors(daemon.pid()) << " descriptors, " << descriptors << " before";
+
+  std::tie(status, message) = refusal([&] { (void)engine.allocate(id, 1); });
+  EXPECT_EQ(status, wire::Status::not_found);
+  EXPECT_EQ(message, "arena " + std::to_string(id) + " was closed");
+  auto again = engine.open_arena(info, 8);
+  EXPECT_TRUE(again.created());
+  EXPECT_NE(again.id(), id);
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0) << "exit 0 also means the pool check passed";
+}
+
+// statepoolctl close-arena refuses while an engine that opened the arena is connected, and
+// closes it once the engine is gone.
+TEST(Daemon, StatepoolctlClosesAnArenaOnceItsEnginesHaveGone) {
+  DaemonProcess daemon({"--grace-period", "0s"});
+  const std::string ctl = "--socket " + daemon.socket_path() + " ";
+  client::ArenaId id = 0;
+  std::uint64_t bytes = 0;
+  {
+    auto engine = client::Connection::connect(client_options(daemon));
+    auto arena = engine.open_arena(engine.register_layout(small_layout()), 4);
+    id = arena.id();
+    bytes = arena.bytes();
+    const auto busy = statepoolctl(ctl + "close-arena " + std::to_string(id));
+    EXPECT_EQ(busy.code, 1) << busy.output;
+    EXPECT_NE(busy.output.find("close-arena failed (in_use): arena " + std::to_string(id)),
+              std::string::npos)
+        << busy.output;
+  }
+  auto observer = client::Connection::connect(client_options(daemon));
+  ASSERT_TRUE(eventually([&] { return observer.stats().leases_active == 1; }, 10s));
+  const auto done = statepoolctl(ctl + "close-arena --json " + std::to_string(id));
+  ASSERT_EQ(done.code, 0) << done.output;
+  const boost::json::object v = boost::json::parse(done.output).as_object();
+  EXPECT_EQ(v.at("arena_id").to_number<std::uint32_t>(), id);
+  EXPECT_EQ(v.at("bytes").to_number<std::uint64_t>(), bytes);
+  EXPECT_EQ(v.at("snapshots_dropped").to_number<std::uint32_t>(), 0u);
+  EXPECT_TRUE(observer.stats().arenas.empty());
+
+  const auto gone = statepoolctl(ctl + "close-arena " + std::to_string(id));
+  EXPECT_EQ(gone.code, 1) << gone.output;
+  EXPECT_NE(gone.output.find("(not_found): arena " + std::to_string(id) + " was closed"),
+            std::string::npos)
+      << gone.output;
+  for (const std::string bad : {"close-arena", "close-arena 0", "close-arena x1", "close-arena -3",
+                                "close-arena 4294967296", "close-arena 1 2"}) {
+    const auto run = statepoolctl(ctl + bad);
+    EXPECT_EQ(run.code, 2) << bad << ": " << run.output;
+  }
+  EXPECT_EQ(daemon.stop(SIGTERM, 10s), 0);
 }

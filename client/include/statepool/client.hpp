@@ -42,7 +42,8 @@
 //   Slot and Staging made from it are gone; the daemon then keeps the lease's slots for its
 //   grace period and reclaims them afterwards.
 //   Arena objects own only the received file descriptor and its mapping; destroying one
-//   unmaps it locally and changes nothing on the daemon (arenas live as long as the daemon).
+//   unmaps it locally and changes nothing on the daemon; Connection::close_arena() gives
+//   an arena back to the daemon (else it lives as long as the daemon).
 
 #include <array>
 #include <chrono>
@@ -149,6 +150,12 @@ struct LayoutInfo {
   [[nodiscard]] double compression_ratio() const noexcept;
   /// state_bytes_f32 or state_bytes_bf16 (f16 staging is not accepted by the daemon: 0).
   [[nodiscard]] std::uint64_t state_bytes(kernels::DType dtype) const noexcept;
+};
+
+/// What close_arena() gave back.
+struct ArenaClose {
+  std::uint64_t bytes = 0;              ///< the arena's bytes, charged to no quota any more
+  std::uint32_t snapshots_dropped = 0;  ///< its unpinned snapshots, evicted from the pool
 };
 
 /// A STEPQuant plan the daemon holds (InstallPlanReply).
@@ -599,6 +606,17 @@ class Connection {
   /// Same by id. The arena has a codec() when the layout was registered through this
   /// connection.
   [[nodiscard]] Arena open_arena(LayoutId layout_id, std::uint32_t pages = 0);
+  /// Gives an arena's memory back to the daemon (CloseArena). The arena is unmapped here
+  /// first and is empty afterwards, whatever the daemon answers; after an error it still
+  /// exists in the daemon, and open_arena maps it again. The daemon refuses with
+  /// Error(in_use) while a lease holds one of its pages (free every Slot first; a
+  /// disconnected lease's pages count until its grace period ends), while it holds a pinned
+  /// snapshot or one being read or published, or while another connection that opened it
+  /// is still connected. Its other snapshots are dropped from the pool. Its id is never
+  /// used again. Slots of the arena still held here are stale afterwards.
+  ArenaClose close_arena(Arena arena);
+  /// Same by id, for an arena this process has not mapped (or has unmapped).
+  ArenaClose close_arena(ArenaId arena);
   /// Opens a staging buffer of at least `bytes` bytes (> 0) and maps it.
   [[nodiscard]] Staging open_staging(std::uint64_t bytes);
 
