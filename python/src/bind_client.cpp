@@ -535,6 +535,16 @@ stream per layer. Not validated when built: the daemon refuses ill-formed blocks
                              "The 64 bytes of a cudaIpcEventHandle_t that completes with the "
                              "work, or None when the work was done already (host backend).");
 
+  py::class_<client::ArenaClose>(m, "ArenaClose", "What close_arena() gave back.")
+      .def_readonly("bytes", &client::ArenaClose::bytes,
+                    "The arena's bytes, charged to no quota any more.")
+      .def_readonly("snapshots_dropped", &client::ArenaClose::snapshots_dropped,
+                    "Its unpinned snapshots, evicted from the pool.")
+      .def("__repr__", [](const client::ArenaClose& c) {
+        return "ArenaClose(bytes=" + std::to_string(c.bytes) +
+               ", snapshots_dropped=" + std::to_string(c.snapshots_dropped) + ")";
+      });
+
   // --- slots -----------------------------------------------------------------------------
   py::class_<SlotHandle>(m, "Slot", R"doc(
 One allocated page of an arena, owned by this connection's lease. Freed on the daemon when
@@ -876,6 +886,30 @@ it; 0 takes any existing one or the daemon's default size.)doc")
             })};
           },
           py::arg("layout_id"), py::arg("pages") = 0)
+      .def(
+          "close_arena",
+          [](const ConnectionHandle& c, ArenaHandle& a) {
+            refuse_if_viewed(a.arena.use_count(), "arena");
+            static_cast<void>(c.get());  // a closed connection: TransportError, still mapped
+            client::Arena closing = std::move(*a.arena);  // with the GIL: others read *a.arena
+            return call(c, [&](Connection& conn) { return conn.close_arena(std::move(closing)); });
+          },
+          py::arg("arena"), R"doc(
+Gives an arena's memory back to the daemon: its bytes leave the tenant's quota and the pool,
+its unpinned snapshots are dropped, and its id is never used again (later calls naming it
+raise NotFound). The arena is unmapped here first, whatever the daemon answers (after an
+error it still exists in the daemon: retry by id, or open_arena() maps it again).
+BufferError, before anything is sent, while views, a DecodeStep or a device decoder of it
+are alive. InUse while a lease holds one of its pages (free every Slot first), while it
+holds a pinned snapshot or one being read or published, or while another connection that
+opened it is still connected.)doc")
+      .def(
+          "close_arena",
+          [](const ConnectionHandle& c, client::ArenaId arena) {
+            return call(c, [&](Connection& conn) { return conn.close_arena(arena); });
+          },
+          py::arg("arena_id"),
+          "close_arena() by id, for an arena this process has not mapped (or has unmapped).")
       .def(
           "open_staging",
           [](const ConnectionHandle& c, std::uint64_t bytes) {

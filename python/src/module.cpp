@@ -57,7 +57,8 @@ PYBIND11_MODULE(_core, m) {
       .value("not_finite", statepool::Status::not_finite)
       .value("internal", statepool::Status::internal)
       .value("not_hello", statepool::Status::not_hello)
-      .value("too_many_connections", statepool::Status::too_many_connections);
+      .value("too_many_connections", statepool::Status::too_many_connections)
+      .value("in_use", statepool::Status::in_use);
   bind_views(m);
   bind_kernels(m);
   bind_client(m);

@@ -29,6 +29,7 @@ from ._core import (
     HAVE_CUDA,
     Arch,
     Arena,
+    ArenaClose,
     ArenaStats,
     CodecFit,
     CodecId,
@@ -66,6 +67,7 @@ from ._core import (
 from .errors import (
     DaemonError,
     Draining,
+    InUse,
     Internal,
     InvalidArgument,
     LeaseBusy,
@@ -87,8 +89,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_SOCKET_PATH", "HAVE_CUDA", "Arch", "Arena", "ArenaStats", "CodecFit", "CodecId",
-    "Connection", "DType", "DecodeStep", "DeviceDecoder", "DeviceDecodeStep", "Fits",
+    "DEFAULT_SOCKET_PATH", "HAVE_CUDA", "Arch", "Arena", "ArenaClose", "ArenaStats", "CodecFit",
+    "CodecId", "Connection", "DType", "DecodeStep", "DeviceDecoder", "DeviceDecodeStep", "Fits",
     "KvBlocks", "KvCodec", "LayoutInfo", "PageCodec", "Pending",
     "Plan", "PlanInfo", "Slot",
     "SnapshotExport", "SnapshotGet", "SnapshotImport", "SnapshotInfo", "SnapshotList",
@@ -96,7 +98,7 @@ __all__ = [
     "Staging", "StateLayout", "Stats", "Status", "StepQuantVariant", "StepResult", "TenantStats", "View",
     "connect", "connect_fd", "errors",
     # statepool.errors
-    "StatepoolError", "DaemonError", "TransportError", "Draining", "Internal",
+    "StatepoolError", "DaemonError", "TransportError", "Draining", "InUse", "Internal",
     "InvalidArgument", "LeaseBusy", "NotFinite", "NotFound", "NotHello", "NotOwner",
     "PermissionDenied", "PoolExhausted", "ProtocolError", "QuotaExceeded",
     "TooManyConnections", "UnknownTenant", "UnsupportedVersion",

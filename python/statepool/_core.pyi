@@ -92,6 +92,8 @@ class Status(_Enum):
     """The first request of a connection must be Hello (statepool.NotHello)."""
     too_many_connections: ClassVar[Status]
     """The daemon, the uid or the tenant has no connection left (statepool.TooManyConnections)."""
+    in_use: ClassVar[Status]
+    """close_arena(): the arena still has held pages, pinned or busy snapshots, or other connections that opened it (statepool.InUse)."""
     __members__: ClassVar[dict[str, Status]]
     """The members by name."""
     def __init__(self, value: int) -> None:
@@ -954,6 +956,18 @@ class Pending:
         RuntimeError (for an event) in a module built without CUDA.
         """
 
+class ArenaClose:
+    """What close_arena() gave back."""
+
+    @property
+    def bytes(self) -> int:
+        """The arena's bytes, charged to no quota any more."""
+    @property
+    def snapshots_dropped(self) -> int:
+        """Its unpinned snapshots, evicted from the pool."""
+    def __repr__(self) -> str:
+        """ArenaClose(bytes=..., snapshots_dropped=...)."""
+
 # --- client: slots, staging, arenas ----------------------------------------------------------
 
 class Slot:
@@ -1305,6 +1319,21 @@ class Connection:
     @overload
     def open_arena(self, layout_id: int, pages: int = 0) -> Arena:
         """open_arena() by the id of a registered layout."""
+    @overload
+    def close_arena(self, arena: Arena) -> ArenaClose:
+        """
+        Gives an arena's memory back to the daemon: its bytes leave the tenant's quota and the pool,
+        its unpinned snapshots are dropped, and its id is never used again (later calls naming it
+        raise NotFound). The arena is unmapped here first, whatever the daemon answers (after an
+        error it still exists in the daemon: retry by id, or open_arena() maps it again).
+        BufferError, before anything is sent, while views, a DecodeStep or a device decoder of it
+        are alive. InUse while a lease holds one of its pages (free every Slot first), while it
+        holds a pinned snapshot or one being read or published, or while another connection that
+        opened it is still connected.
+        """
+    @overload
+    def close_arena(self, arena_id: int) -> ArenaClose:
+        """close_arena() by id, for an arena this process has not mapped (or has unmapped)."""
     def open_staging(self, bytes: int) -> Staging:
         """Opens a staging buffer of at least ``bytes`` bytes."""
     @overload

@@ -95,6 +95,10 @@ class TooManyConnections(DaemonError):
     """The daemon, the uid or the tenant has no connection left; retry later."""
 
 
+class InUse(DaemonError):
+    """The arena still has held pages, pinned or busy snapshots, or other connections."""
+
+
 class TransportError(StatepoolError, builtins.ConnectionError):
     """The connection failed; ``kind`` says how. The connection is unusable afterwards."""
 
@@ -115,6 +119,7 @@ _BY_STATUS = {
     "internal": Internal,
     "not_hello": NotHello,
     "too_many_connections": TooManyConnections,
+    "in_use": InUse,
 }
 
 
@@ -130,7 +135,7 @@ def _make(status: Any, message: str, kind: Optional[str] = None) -> StatepoolErr
 
 
 __all__ = [
-    "StatepoolError", "DaemonError", "TransportError", "Draining", "Internal",
+    "StatepoolError", "DaemonError", "TransportError", "Draining", "InUse", "Internal",
     "InvalidArgument", "LeaseBusy", "NotFinite", "NotFound", "NotHello", "NotOwner",
     "PermissionDenied", "PoolExhausted", "ProtocolError", "QuotaExceeded",
     "TooManyConnections", "UnknownTenant", "UnsupportedVersion",
