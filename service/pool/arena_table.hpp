@@ -16,7 +16,6 @@
 
 #include <map>
 #include <memory>
-#include <ranges>
 #include <set>
 #include <string>
 #include <utility>
@@ -79,8 +78,11 @@ class ArenaTable {
   /// Takes arena `id` out of the table and hands it to the caller (nullptr: no such arena).
   std::unique_ptr<Arena> remove(ArenaId id) noexcept;
 
-  /// The arenas in id order, as `const std::unique_ptr<Arena>&`.
-  [[nodiscard]] auto all() const noexcept { return std::views::values(arenas_); }
+  /// The arenas in id order (id -> arena). A map, not a std::views::values view:
+  /// clang 14 cannot instantiate libstdc++ 12's elements_view (the fuzz build).
+  [[nodiscard]] const std::map<ArenaId, std::unique_ptr<Arena>>& all() const noexcept {
+    return arenas_;
+  }
   [[nodiscard]] std::size_t size() const noexcept { return arenas_.size(); }
   /// Arena ids in the index (each arena once).
   [[nodiscard]] std::size_t index_size() const noexcept;

@@ -366,7 +366,7 @@ void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
   const std::lock_guard lock(mutex_);
   Lease* lease = leases_.find(lease_id);
   if (lease == nullptr || !lease->attached) return;
-  for (const auto& arena : arenas_.all()) arena->openers.erase(lease_id);  // it unmapped them
+  for (const auto& [id, arena] : arenas_.all()) arena->openers.erase(lease_id);  // it unmapped them
   if (lease->slots.empty()) {
     drop_lease(lease_id);
     return;
@@ -507,7 +507,7 @@ PoolStats Pool::stats() const {
     out.tenants.push_back(std::move(usage));
   }
   out.arenas.reserve(arenas_.size());
-  for (const auto& arena : arenas_.all()) {
+  for (const auto& [id, arena] : arenas_.all()) {
     out.arenas.push_back(info(*arena));
     TenantUsage& usage = out.tenants[arena->tenant];
     const std::uint64_t used = arena->slots.used();
@@ -543,7 +543,7 @@ std::vector<std::string> Pool::check() const {
   std::vector<std::uint64_t> tenant_bytes(tenants_.size(), 0);
   std::uint64_t total_bytes = 0;
   std::uint64_t total_used = 0;
-  for (const auto& stored : arenas_.all()) {
+  for (const auto& [id, stored] : arenas_.all()) {
     const Arena& arena = *stored;
     const std::string name = "arena " + std::to_string(arena.id);
     if (arenas_.find_id(arena.id) != &arena) report(name + ": not stored under its id");

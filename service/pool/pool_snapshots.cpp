@@ -169,7 +169,7 @@ SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view
   const std::lock_guard lock(mutex_);
   // The tenant's arenas of the layout: the first with room, else the first (which evicts).
   Arena* chosen = nullptr;
-  for (const auto& arena : arenas_.all()) {
+  for (const auto& [id, arena] : arenas_.all()) {
     if (arena->tenant != tenant || arena->layout_digest != layout_digest || !arena->memory)
       continue;
     const std::uint64_t page_bytes = arena->codec->page_bytes();
@@ -445,7 +445,7 @@ std::vector<std::string> Pool::check_snapshots() const {
       problems.push_back(name + ": not in its publisher's namespace");
     }
   }
-  for (const auto& arena : arenas_.all()) {
+  for (const auto& [id, arena] : arenas_.all()) {
     std::uint32_t held = 0;
     for (SlotId slot = 0; slot < arena->owner.size(); ++slot) {
       if (arena->owner[slot] != kSnapshotOwner) continue;
