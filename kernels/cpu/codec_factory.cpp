@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
-#include "bytes.hpp"
 #include "codecs_internal.hpp"
 #include "simd.hpp"
 #include "statepool/kernels/codec.hpp"
@@ -52,31 +54,64 @@ NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::siz
 namespace detail {
 
 namespace {
-template <class IsBad>
-STATEPOOL_FORCE_INLINE std::size_t first_bad(std::size_t n, const IsBad& bad) {
-  // A cheap OR-reduction first (vectorizes); the exact position only when needed.
-  std::uint32_t any = 0;
-  for (std::size_t i = 0; i < n; ++i) any |= static_cast<std::uint32_t>(bad(i));
-  if (any == 0) return n;
-  std::size_t i = 0;
-  while (!bad(i)) ++i;
-  return i;
-}
-}  // namespace
 
-STATEPOOL_SIMD_CLONES std::size_t first_non_finite(const std::byte* src, std::size_t n,
-                                                   DType dtype) noexcept {
-  switch (dtype) {
-    case DType::f32:
-      return first_bad(n, [&](std::size_t i) { return is_non_finite_bits(load_u32(src + 4 * i)); });
-    case DType::bf16:
-      return first_bad(n,
-                       [&](std::size_t i) { return is_non_finite_bf16(load_u16_le(src + 2 * i)); });
-    case DType::f16:
-      return first_bad(n,
-                       [&](std::size_t i) { return is_non_finite_half(load_u16_le(src + 2 * i)); });
+// Memory another process may rewrite while it is scanned (a client's staging buffer) must
+// give an answer that one reading of each value supports. A block is tested where it lies
+// (a vectorized OR, no copy: the common all-finite case costs one read); a block that
+// looks bad is copied out, and the index and value reported both come from that copy. A
+// block whose copy is all finite (its bad value was rewritten meanwhile) counts as finite:
+// each value's verdict comes from one reading. Every loop is bounded by n.
+constexpr std::size_t kScanBlockBytes = 1024;
+
+template <class Word, bool (*IsBad)(Word), float (*ToFloat)(Word)>
+STATEPOOL_FORCE_INLINE std::size_t first_bad(const std::byte* src, std::size_t n, float& value) {
+  constexpr std::size_t kBlock = kScanBlockBytes / sizeof(Word);
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t count = std::min(kBlock, n - base);
+    const std::byte* p = src + base * sizeof(Word);
+    std::uint32_t any = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      Word w;
+      std::memcpy(&w, p + j * sizeof(Word), sizeof w);
+      any |= static_cast<std::uint32_t>(IsBad(w));
+    }
+    if (any == 0) continue;
+    Word block[kBlock];
+    std::memcpy(block, p, count * sizeof(Word));
+    for (std::size_t j = 0; j < count; ++j) {
+      if (IsBad(block[j])) {
+        value = ToFloat(block[j]);
+        return base + j;
+      }
+    }
   }
   return n;
+}
+
+bool bad_f32(std::uint32_t bits) {
+  return is_non_finite_bits(bits);
+}
+float f32_value(std::uint32_t bits) {
+  return bits_float(bits);
+}
+
+}  // namespace
+
+STATEPOOL_SIMD_CLONES std::size_t first_non_finite(const std::byte* src, std::size_t n, DType dtype,
+                                                   float& value) noexcept {
+  switch (dtype) {
+    case DType::f32: return first_bad<std::uint32_t, bad_f32, f32_value>(src, n, value);
+    case DType::bf16:
+      return first_bad<std::uint16_t, is_non_finite_bf16, bf16_bits_to_float>(src, n, value);
+    case DType::f16:
+      return first_bad<std::uint16_t, is_non_finite_half, half_bits_to_float>(src, n, value);
+  }
+  return n;
+}
+
+STATEPOOL_SIMD_CLONES std::size_t copy_finite(const std::byte* src, std::size_t n, DType dtype,
+                                              float* dst, float& value) noexcept {
+  return copy_finite_block(src, n, dtype, dst, value);
 }
 
 STATEPOOL_SIMD_CLONES bool all_finite(std::span<const float> values) noexcept {
@@ -92,6 +127,18 @@ bool Codec::encode_head_checked(std::uint32_t layer, std::uint32_t head, std::sp
   if (!detail::all_finite(src)) return false;
   encode_head(layer, head, src, dst);
   return true;
+}
+
+std::size_t Codec::encode_staged_head(std::uint32_t layer, std::uint32_t head, const std::byte* src,
+                                      DType dtype, std::span<std::byte> dst, float& bad) const {
+  // A fit reads its values several times: from a copy of this thread's own.
+  detail::check_staged_dtype(dtype);
+  thread_local std::vector<float> values;
+  const std::size_t n = head_values();
+  if (values.size() < n) values.resize(n);
+  const std::size_t at = detail::copy_finite(src, n, dtype, values.data(), bad);
+  if (at == n) encode_head(layer, head, {values.data(), n}, dst);
+  return at;
 }
 
 std::unique_ptr<Codec> make_codec(const StateLayout& layout) {
@@ -112,6 +159,13 @@ std::unique_ptr<Codec> make_codec(const StateLayout& layout) {
 }
 
 namespace detail {
+
+void check_staged_dtype(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) {
+    throw std::invalid_argument(std::string("staged states are f32 or bf16, got ") +
+                                to_string(dtype));
+  }
+}
 
 void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,
                         std::size_t bytes, std::size_t expected_bytes) {

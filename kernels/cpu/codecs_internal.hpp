@@ -2,10 +2,14 @@
 // Factories of the concrete CPU codecs (internal to statepool_kernels).
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 
+#include "simd.hpp"
 #include "statepool/kernels/codec.hpp"
+#include "statepool/kernels/numeric.hpp"
 
 namespace statepool::kernels::detail {
 
@@ -27,13 +31,55 @@ void decode_bf16(const std::byte* src, std::size_t n, float* dst);
 void decode_fp16(const std::byte* src, std::size_t n, float* dst);
 
 /// Index of the first NaN / +-Inf among n values in `dtype` (f32, bf16 or f16;
-/// little-endian, any alignment), or n. A vectorized OR over the bits first.
-[[nodiscard]] std::size_t first_non_finite(const std::byte* src, std::size_t n,
-                                           DType dtype) noexcept;
+/// little-endian, any alignment), or n; `value` is then that value as a float. Each value
+/// is read once (blocks copied out, a vectorized OR over their bits first), so a buffer
+/// another process rewrites meanwhile gives a consistent answer: an index below n is always
+/// that of a value read as NaN / +-Inf, never more than n values are read.
+[[nodiscard]] std::size_t first_non_finite(const std::byte* src, std::size_t n, DType dtype,
+                                           float& value) noexcept;
 
+/// Copies n values in `dtype` (f32 or bf16, any alignment) to `dst` as FP32, checking them
+/// on the way: returns the index of the first NaN / +-Inf (its value in `value`), or n.
+/// One read of `src` (a load, a test and a store per value, vectorized), so the copy and
+/// the answer agree whoever rewrites `src` meanwhile. For loops over small blocks inside
+/// cloned functions (simd.hpp): forced inline.
+STATEPOOL_FORCE_INLINE std::size_t copy_finite_block(const std::byte* src, std::size_t n,
+                                                     DType dtype, float* dst,
+                                                     float& value) noexcept {
+  std::uint32_t any = 0;
+  if (dtype == DType::f32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t w;
+      std::memcpy(&w, src + 4 * i, 4);
+      any |= static_cast<std::uint32_t>(is_non_finite_bits(w));
+      std::memcpy(dst + i, &w, 4);
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;  // bf16 -> FP32, exact
+      any |= static_cast<std::uint32_t>(is_non_finite_bits(w));
+      std::memcpy(dst + i, &w, 4);
+    }
+  }
+  if (any == 0) return n;
+  for (std::size_t i = 0; i < n; ++i) {  // in `dst`, which is the caller's own
+    if (is_non_finite_bits(float_bits(dst[i]))) {
+      value = dst[i];
+      return i;
+    }
+  }
+  return n;
+}
+/// The same over a whole head or more (cloned: a function of its own).
+[[nodiscard]] std::size_t copy_finite(const std::byte* src, std::size_t n, DType dtype, float* dst,
+                                      float& value) noexcept;
 /// True when no value of `values` is NaN or +-Inf (an OR over the bits; vectorized).
 [[nodiscard]] bool all_finite(std::span<const float> values) noexcept;
 
+/// Throws std::invalid_argument unless `dtype` is a staged state's: f32 or bf16.
+void check_staged_dtype(DType dtype);
 /// Throws std::invalid_argument unless the buffers of one head have the expected sizes.
 void check_head_buffers(const char* codec, std::size_t values, std::size_t expected_values,
                         std::size_t bytes, std::size_t expected_bytes);

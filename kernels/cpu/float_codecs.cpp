@@ -62,12 +62,36 @@ STATEPOOL_SIMD_CLONES void decode_fp16(const std::byte* src, std::size_t n, floa
   decode_16<from_half>(src, n, dst);
 }
 
+// Block by block through a copy in L1: each value is read once, checked and converted
+// from the copy (codecs_internal.hpp's copy_finite_block); memory, not the copy, is the
+// limit. Returns the index of the first non-finite value, or n.
+STATEPOOL_SIMD_CLONES std::size_t encode_float_staged(CodecId id, const std::byte* src, DType dtype,
+                                                      std::size_t n, std::byte* dst, float& bad) {
+  constexpr std::size_t kBlock = 256;
+  float block[kBlock];
+  const std::size_t width = float_codec_value_bytes(id);
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t count = std::min(kBlock, n - base);
+    const std::size_t at =
+        copy_finite_block(src + base * dtype_bytes(dtype), count, dtype, block, bad);
+    if (at != count) return base + at;
+    std::byte* out = dst + base * width;
+    switch (id) {
+      case CodecId::bf16: encode_16<to_bf16>(block, count, out); break;
+      case CodecId::fp16: encode_16<to_half>(block, count, out); break;
+      default: std::memcpy(out, block, count * sizeof(float)); break;
+    }
+  }
+  return n;
+}
+
 namespace {
 
 class FloatCodec final : public Codec {
  public:
   FloatCodec(CodecId id, std::uint32_t key_dim, std::uint32_t value_dim)
-      : id_(id),
+      : Codec(std::size_t{key_dim} * value_dim),
+        id_(id),
         values_(static_cast<std::size_t>(key_dim) * value_dim),
         head_bytes_(float_head_bytes(values_, id)) {}
 
@@ -86,6 +110,19 @@ class FloatCodec final : public Codec {
       default: std::memcpy(dst.data(), src.data(), used); break;
     }
     std::fill(dst.begin() + static_cast<std::ptrdiff_t>(used), dst.end(), std::byte{0});
+  }
+
+  [[nodiscard]] std::size_t encode_staged_head(std::uint32_t, std::uint32_t, const std::byte* src,
+                                               DType dtype, std::span<std::byte> dst,
+                                               float& bad) const override {
+    check_head_buffers(to_string(id_), values_, values_, dst.size(), head_bytes_);
+    check_staged_dtype(dtype);
+    const std::size_t at = encode_float_staged(id_, src, dtype, values_, dst.data(), bad);
+    if (at == values_) {
+      const std::size_t used = values_ * float_codec_value_bytes(id_);
+      std::fill(dst.begin() + static_cast<std::ptrdiff_t>(used), dst.end(), std::byte{0});
+    }
+    return at;
   }
 
   void decode_head(std::uint32_t, std::uint32_t, std::span<const std::byte> src,

@@ -297,30 +297,67 @@ void for_each_tile(const KvGeometry& g, F&& f) {
   }
 }
 
-/// Throws KvNonFiniteError for the first NaN / +-Inf among the stream's values.
-void check_finite(const KvStream& s, DType dtype, const std::byte* in, std::uint64_t values) {
-  const std::size_t bad = detail::first_non_finite(in, values, dtype);
-  if (bad == values) return;
+/// Throws KvNonFiniteError for the first NaN / +-Inf among `n` FP32 values at `x`, values
+/// [at, at + n) of the stream in row-major order, spread over rows of `cols` values of
+/// which the first starts at channel `c0` (a tile's rows, or a flat chunk: cols = channels).
+void check_finite(const KvStream& s, const float* x, std::size_t n, std::uint64_t t0,
+                  std::uint64_t c0, std::uint64_t cols) {
   float value = 0.0f;
-  widen(dtype, in + bad * dtype_bytes(dtype), 1, &value);
-  throw KvNonFiniteError(s, bad / s.channels, bad % s.channels, value);
+  const std::size_t bad =
+      detail::first_non_finite(reinterpret_cast<const std::byte*>(x), n, DType::f32, value);
+  if (bad == n) return;
+  const std::uint64_t at = (t0 * s.channels + c0) + (bad / cols) * s.channels + bad % cols;
+  throw KvNonFiniteError(s, at / s.channels, at % s.channels, value);
 }
 
+// bf16 values kept as they are: a block at a time into a buffer of ours, checked there,
+// then out (each value read once). Returns the index of the first NaN / +-Inf (its value
+// in `value`), or n.
+STATEPOOL_SIMD_CLONES std::size_t copy_bf16_checked(const std::byte* in, std::size_t n,
+                                                    std::uint8_t* out, float& value) {
+  constexpr std::size_t kBlock = 512;
+  std::uint16_t block[kBlock];
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t count = std::min(kBlock, n - base);
+    std::memcpy(block, in + 2 * base, 2 * count);
+    std::uint32_t any = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      any |= static_cast<std::uint32_t>(is_non_finite_bf16(block[j]));
+    }
+    if (any != 0) {
+      for (std::size_t j = 0; j < count; ++j) {
+        if (is_non_finite_bf16(block[j])) {
+          value = bf16_bits_to_float(block[j]);
+          return base + j;
+        }
+      }
+    }
+    std::memcpy(out + 2 * base, block, 2 * count);
+  }
+  return n;
+}
+
+// Every input value is read once, into a buffer of this thread's (a block, a tile), and
+// checked and encoded from there: memory that another process rewrites meanwhile (a
+// client's staging buffer) is never checked in one reading and encoded in another.
 void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uint64_t values,
                    std::uint8_t* out) {
   if (values == 0) return;  // empty spans may have null data
   KvScratch& scratch = kv_scratch();
   float* x = scratch.x.data();
-  check_finite(s, dtype, in, values);
   const std::size_t width = dtype_bytes(dtype);
   if (!is_kv_group_codec(s.codec)) {
     if (s.codec == KvCodecId::bf16 && dtype == DType::bf16) {
-      std::memcpy(out, in, 2 * values);  // finite bf16 values round to themselves
+      float value = 0.0f;
+      const std::size_t bad = copy_bf16_checked(in, values, out, value);
+      if (bad != values) throw KvNonFiniteError(s, bad / s.channels, bad % s.channels, value);
       return;
     }
-    for (std::uint64_t base = 0; base < values; base += kChunkValues) {
-      const std::size_t n = std::min(kChunkValues, values - base);
+    constexpr std::uint64_t kBlockValues = 2048;  // 8 KB of FP32: in L1 while it is encoded
+    for (std::uint64_t base = 0; base < values; base += kBlockValues) {
+      const std::size_t n = std::min(kBlockValues, values - base);
       widen(dtype, in + base * width, n, x);
+      check_finite(s, x, n, base / s.channels, base % s.channels, s.channels);
       if (s.codec == KvCodecId::bf16) {
         detail::encode_bf16(x, n, reinterpret_cast<std::byte*>(out + 2 * base));
       } else {
@@ -334,6 +371,7 @@ void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uin
     for (std::uint64_t r = 0; r < t.rows; ++r) {
       widen(dtype, in + ((t.t0 + r) * g.channels + t.c0) * width, t.cols, x + r * t.cols);
     }
+    check_finite(s, x, t.rows * t.cols, t.t0, t.c0, t.cols);
     const std::uint64_t quantized = t.t0 < g.quantized ? std::min(t.rows, g.quantized - t.t0) : 0;
     if (g.per_channel) {
       if (quantized > 0) {

@@ -8,7 +8,6 @@
 #include <utility>
 #include <vector>
 
-#include "bytes.hpp"
 #include "codecs_internal.hpp"
 #include "statepool/kernels/numeric.hpp"
 
@@ -22,20 +21,8 @@ void check_size(const char* what, std::size_t got, std::size_t expected) {
   }
 }
 
-void check_staging_dtype(DType dtype) {
-  if (dtype != DType::f32 && dtype != DType::bf16) {
-    throw std::invalid_argument(std::string("staged states are f32 or bf16, got ") +
-                                to_string(dtype));
-  }
-}
-
 bool aligned_for_float(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % alignof(float) == 0;
-}
-
-float staged_value(const std::byte* src, std::size_t i, DType dtype) {
-  return dtype == DType::f32 ? bits_float(detail::load_u32(src + 4 * i))
-                             : bf16_bits_to_float(detail::load_u16_le(src + 2 * i));
 }
 
 }  // namespace
@@ -86,7 +73,7 @@ double PageCodec::compression_ratio() const noexcept {
 
 void PageCodec::check_buffers(std::span<const std::byte> staged, DType dtype,
                               std::span<const std::byte> page) const {
-  check_staging_dtype(dtype);
+  detail::check_staged_dtype(dtype);
   check_size("staged state", staged.size(), staged_bytes(dtype));
   check_size("page", page.size(), page_bytes_);
 }
@@ -102,7 +89,8 @@ void PageCodec::check_range(std::size_t first, std::size_t last) const {
 void PageCodec::encode(std::span<const std::byte> staged, DType dtype,
                        std::span<std::byte> page) const {
   check_buffers(staged, dtype, page);
-  // Check everything before writing anything: a rejected state leaves the page as it was.
+  // Check everything before writing anything: a rejected state leaves the page as it was
+  // (unless the staged values change between the check and the encode, which checks again).
   check_finite(staged, dtype, 0, head_count());
   encode_heads(staged, dtype, page, 0, head_count());
   encode_conv(staged, dtype, page);
@@ -110,7 +98,7 @@ void PageCodec::encode(std::span<const std::byte> staged, DType dtype,
 
 void PageCodec::decode(std::span<const std::byte> page, DType dtype,
                        std::span<std::byte> staged) const {
-  check_staging_dtype(dtype);
+  detail::check_staged_dtype(dtype);
   check_size("page", page.size(), page_bytes_);
   check_size("staged state", staged.size(), staged_bytes(dtype));
   decode_heads(page, dtype, staged, 0, head_count());
@@ -119,76 +107,41 @@ void PageCodec::decode(std::span<const std::byte> page, DType dtype,
 
 void PageCodec::check_finite(std::span<const std::byte> staged, DType dtype, std::size_t first,
                              std::size_t last) const {
-  check_staging_dtype(dtype);
+  detail::check_staged_dtype(dtype);
   check_size("staged state", staged.size(), staged_bytes(dtype));
   check_range(first, last);
   const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
   const std::size_t in_head = n * dtype_bytes(dtype);
   for (std::size_t index = first; index < last; ++index) {
-    const std::byte* src = staged.data() + index * in_head;
-    const std::size_t bad = detail::first_non_finite(src, n, dtype);
+    float value = 0.0f;
+    const std::size_t bad =
+        detail::first_non_finite(staged.data() + index * in_head, n, dtype, value);
     if (bad != n) {
       const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
       const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
-      throw NonFiniteError(layer, head, bad, staged_value(src, bad, dtype), layout_.value_dim);
+      throw NonFiniteError(layer, head, bad, value, layout_.value_dim);
     }
   }
-}
-
-template <class EncodeHead>
-std::size_t PageCodec::encode_heads_with(std::span<const std::byte> staged, DType dtype,
-                                         std::span<std::byte> page, std::size_t first,
-                                         std::size_t last, EncodeHead&& encode_head) const {
-  check_buffers(staged, dtype, page);
-  check_range(first, last);
-  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
-  const std::size_t in_head = n * dtype_bytes(dtype);
-  std::vector<float> scratch;
-  const bool direct = dtype == DType::f32 && aligned_for_float(staged.data());
-  if (!direct && first < last) {
-    scratch.resize(n);
-  }
-  for (std::size_t index = first; index < last; ++index) {
-    const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
-    const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
-    const std::byte* src = staged.data() + index * in_head;
-    std::span<const float> values;
-    if (direct) {
-      values = {reinterpret_cast<const float*>(src), n};
-    } else if (dtype == DType::f32) {
-      std::memcpy(scratch.data(), src, in_head);
-      values = scratch;
-    } else {
-      detail::decode_bf16(src, n, scratch.data());
-      values = scratch;
-    }
-    if (!encode_head(
-            layer, head, values,
-            page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]))) {
-      return index;
-    }
-  }
-  return last;
 }
 
 void PageCodec::encode_heads(std::span<const std::byte> staged, DType dtype,
                              std::span<std::byte> page, std::size_t first, std::size_t last) const {
-  (void)encode_heads_with(staged, dtype, page, first, last,
-                          [this](std::uint32_t layer, std::uint32_t head,
-                                 std::span<const float> values, std::span<std::byte> out) {
-                            codec_->encode_head(layer, head, values, out);
-                            return true;
-                          });
-}
-
-std::size_t PageCodec::encode_heads_checked(std::span<const std::byte> staged, DType dtype,
-                                            std::span<std::byte> page, std::size_t first,
-                                            std::size_t last) const {
-  return encode_heads_with(staged, dtype, page, first, last,
-                           [this](std::uint32_t layer, std::uint32_t head,
-                                  std::span<const float> values, std::span<std::byte> out) {
-                             return codec_->encode_head_checked(layer, head, values, out);
-                           });
+  check_buffers(staged, dtype, page);
+  check_range(first, last);
+  if (first == last) return;
+  const std::size_t n = std::size_t{layout_.key_dim} * layout_.value_dim;
+  const std::size_t in_head = n * dtype_bytes(dtype);
+  // Codec::encode_staged_head reads each value once and checks what it encodes: the
+  // staged state may be a client's memory, rewritten while this runs.
+  for (std::size_t index = first; index < last; ++index) {
+    const auto layer = static_cast<std::uint32_t>(index / layout_.num_heads);
+    const auto head = static_cast<std::uint32_t>(index % layout_.num_heads);
+    float value = 0.0f;
+    const std::size_t bad = codec_->encode_staged_head(
+        layer, head, staged.data() + index * in_head, dtype,
+        page.subspan(head_offsets_[index], head_offsets_[index + 1] - head_offsets_[index]), value);
+    if (bad != n) throw NonFiniteError(layer, head, bad, value, layout_.value_dim);
+  }
 }
 
 void PageCodec::encode_conv(std::span<const std::byte> staged, DType dtype,

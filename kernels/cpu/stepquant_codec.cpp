@@ -187,7 +187,8 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
 class StepQuantCodec final : public Codec {
  public:
   explicit StepQuantCodec(const StateLayout& layout)
-      : id_(layout.codec.id),
+      : Codec(std::size_t{layout.key_dim} * layout.value_dim),
+        id_(layout.codec.id),
         arch_(layout.arch),
         variant_(layout.codec.variant),
         plan_(layout.plan),
@@ -273,7 +274,8 @@ class StepQuantCodec final : public Codec {
 class DsqCodec final : public Codec {
  public:
   DsqCodec(CodecId id, std::uint32_t key_dim, std::uint32_t value_dim)
-      : id_(id),
+      : Codec(std::size_t{key_dim} * value_dim),
+        id_(id),
         bits_(id == CodecId::dsq4 ? 4u : 6u),
         key_dim_(key_dim),
         value_dim_(value_dim),

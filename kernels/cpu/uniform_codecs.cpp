@@ -8,10 +8,13 @@
 // narrowing into masked packs). Tested against reference.cpp byte for byte.
 //
 // The absmax also tells whether the group is finite (the |x| bits of +-Inf and NaN are
-// >= 0x7F800000), so encode_head_checked costs nothing extra.
+// >= 0x7F800000), so encode_head_checked costs nothing extra. encode_staged_head (a
+// client's staging buffer) copies each group out first, checking it on the way, so that
+// the absmax and the codes come from one reading of the values.
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "bytes.hpp"
 #include "codecs_internal.hpp"
@@ -43,11 +46,78 @@ STATEPOOL_FORCE_INLINE std::uint32_t group_absmax_bits(const float* x, std::size
 /// Smallest |x| bits of a non-finite value (+-Inf); NaNs are above.
 constexpr std::uint32_t kNonFiniteAbsBits = 0x7F800000u;
 
-// One encoder for the generic and the AVX2 loops: Absmax(x, count) -> |x| bits maximum,
-// Quantize(x, len, s, qmax, dst) -> codes of len values for a scale s > 0. Returns false
-// when a group held a NaN or +-Inf (the bytes are then unspecified).
-template <std::uint32_t Bits, class Absmax, class Quantize>
-STATEPOOL_FORCE_INLINE bool encode_uniform_with(const float* x, std::size_t n, std::uint32_t group,
+// Where the encoder finds a group's values and their |x| bits maximum: in place (FP32
+// values of the caller's own), or copied out of a staged head (any memory, f32 or bf16).
+struct InPlace {
+  const float* x;
+  /// The `count` values of the group at `begin` (never nullptr); m = absmax(them).
+  template <class Absmax>
+  STATEPOOL_FORCE_INLINE const float* operator()(std::size_t begin, std::size_t count,
+                                                 Absmax&& absmax, std::uint32_t& m) const {
+    m = absmax(x + begin, count);
+    return x + begin;
+  }
+  /// Asks for the `count` values of the group at `begin` (a later one).
+  void prefetch(std::size_t begin, std::size_t count) const {
+    for (std::size_t l = 0; l < count; l += kFloatsPerLine) __builtin_prefetch(x + begin + l);
+  }
+};
+
+struct StagedCopy {
+  const std::byte* src;
+  DType dtype;
+  float* group;               // room for one group
+  std::size_t bad_index = 0;  // set when operator() returns nullptr
+  float bad_value = 0.0f;
+  /// The group's values, read once into `group` with their |x| bits maximum taken on the
+  /// way (one pass: the copy costs a store per value); nullptr (bad_index and bad_value
+  /// set) when one of them is NaN or +-Inf.
+  template <class Absmax>
+  STATEPOOL_FORCE_INLINE const float* operator()(std::size_t begin, std::size_t count, Absmax&&,
+                                                 std::uint32_t& m) {
+    std::int32_t max = 0;  // signed: |x| bits fit in 31 bits, SSE2 has signed compares only
+    std::uint32_t* __restrict out = reinterpret_cast<std::uint32_t*>(group);
+    if (dtype == DType::f32) {
+      const std::byte* __restrict p = src + 4 * begin;
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint32_t w;
+        std::memcpy(&w, p + 4 * i, 4);
+        max = std::max(max, static_cast<std::int32_t>(w & 0x7FFFFFFFu));
+        out[i] = w;
+      }
+    } else {
+      const std::byte* __restrict p = src + 2 * begin;
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        const std::uint32_t w = static_cast<std::uint32_t>(h) << 16;  // bf16 -> FP32, exact
+        max = std::max(max, static_cast<std::int32_t>(w & 0x7FFFFFFFu));
+        out[i] = w;
+      }
+    }
+    m = static_cast<std::uint32_t>(max);
+    if (m < kNonFiniteAbsBits) return group;
+    // Where, in the copy (this thread's own memory): the check and the report agree.
+    float value = 0.0f;
+    const std::size_t at = copy_finite_block(reinterpret_cast<const std::byte*>(group), count,
+                                             DType::f32, group, value);
+    bad_index = begin + at;
+    bad_value = value;
+    return nullptr;
+  }
+  void prefetch(std::size_t begin, std::size_t count) const {
+    const std::size_t width = dtype_bytes(dtype);
+    for (std::size_t l = 0; l < count * width; l += 4 * kFloatsPerLine)
+      __builtin_prefetch(src + begin * width + l);
+  }
+};
+
+// One encoder for the generic and the AVX2 loops, in place and staged: Values as above,
+// Absmax(x, count) -> |x| bits maximum, Quantize(x, len, s, qmax, dst) -> codes of len
+// values for a scale s > 0. Returns false when a group held a NaN or +-Inf (the bytes are
+// then unspecified; a StagedCopy stops at that group and says where).
+template <std::uint32_t Bits, class Values, class Absmax, class Quantize>
+STATEPOOL_FORCE_INLINE bool encode_uniform_with(Values& values, std::size_t n, std::uint32_t group,
                                                 std::byte* out, std::size_t out_bytes,
                                                 Absmax&& absmax, Quantize&& quantize) {
   constexpr std::uint32_t qmax = code_qmax(Bits);
@@ -59,13 +129,14 @@ STATEPOOL_FORCE_INLINE bool encode_uniform_with(const float* x, std::size_t n, s
   for (std::size_t g = 0; g < groups; ++g) {
     const std::size_t begin = g * group;
     const std::size_t count = std::min<std::size_t>(group, n - begin);
-    const float* xg = x + begin;
     // A state far larger than the caches streams through here once: ask for the group
     // kPrefetchGroups ahead while this one is quantized (measured in bench/RESULTS.md).
     if (const std::size_t ahead = begin + kPrefetchGroups * group; ahead + group <= n) {
-      for (std::size_t l = 0; l < group; l += kFloatsPerLine) __builtin_prefetch(x + ahead + l);
+      values.prefetch(ahead, group);
     }
-    const std::uint32_t m = absmax(xg, count);
+    std::uint32_t m = 0;
+    const float* xg = values(begin, count, absmax, m);
+    if (xg == nullptr) return false;
     finite = finite && m < kNonFiniteAbsBits;
     const std::uint16_t scale_bits = uniform_scale_bits(m, qmax);
     store_u16_le(out + 2 * g, scale_bits);
@@ -99,10 +170,10 @@ STATEPOOL_FORCE_INLINE void quantize_generic(const float* x, std::size_t len, fl
   }
 }
 
-template <std::uint32_t Bits>
-STATEPOOL_FORCE_INLINE bool encode_uniform_body(const float* x, std::size_t n, std::uint32_t group,
+template <std::uint32_t Bits, class Values>
+STATEPOOL_FORCE_INLINE bool encode_uniform_body(Values& values, std::size_t n, std::uint32_t group,
                                                 std::byte* out, std::size_t out_bytes) {
-  return encode_uniform_with<Bits>(x, n, group, out, out_bytes, group_absmax_bits,
+  return encode_uniform_with<Bits>(values, n, group, out, out_bytes, group_absmax_bits,
                                    quantize_generic);
 }
 
@@ -158,10 +229,11 @@ STATEPOOL_FORCE_INLINE bool encode_uniform_body(const float* x, std::size_t n, s
   }
 }
 
-template <std::uint32_t Bits>
-[[gnu::target("avx2")]] bool encode_uniform_avx2(const float* x, std::size_t n, std::uint32_t group,
+template <std::uint32_t Bits, class Values>
+[[gnu::target("avx2")]] bool encode_uniform_avx2(Values& values, std::size_t n, std::uint32_t group,
                                                  std::byte* out, std::size_t out_bytes) {
-  return encode_uniform_with<Bits>(x, n, group, out, out_bytes, absmax_bits_avx2, quantize_avx2);
+  return encode_uniform_with<Bits>(values, n, group, out, out_bytes, absmax_bits_avx2,
+                                   quantize_avx2);
 }
 
 #endif  // STATEPOOL_KERNELS_AVX2
@@ -196,17 +268,30 @@ STATEPOOL_FORCE_INLINE void decode_uniform_body(const std::byte* in, std::size_t
   }
 }
 
-// Entry points, one per width: AVX2 intrinsics where the CPU has them (encode), the
-// cloned (simd.hpp) portable loops otherwise (and for decode, which GCC vectorizes well).
-STATEPOOL_SIMD_CLONES bool encode_int4_portable(const float* x, std::size_t n, std::uint32_t group,
+// Entry points, one per width and source: AVX2 intrinsics where the CPU has them (encode),
+// the cloned (simd.hpp) portable loops otherwise (and for decode, which GCC vectorizes
+// well).
+STATEPOOL_SIMD_CLONES bool encode_int4_portable(InPlace& x, std::size_t n, std::uint32_t group,
                                                 std::byte* out, std::size_t out_bytes) {
   return encode_uniform_body<4>(x, n, group, out, out_bytes);
 }
-STATEPOOL_SIMD_CLONES bool encode_int6_portable(const float* x, std::size_t n, std::uint32_t group,
+STATEPOOL_SIMD_CLONES bool encode_int6_portable(InPlace& x, std::size_t n, std::uint32_t group,
                                                 std::byte* out, std::size_t out_bytes) {
   return encode_uniform_body<6>(x, n, group, out, out_bytes);
 }
-STATEPOOL_SIMD_CLONES bool encode_int8_portable(const float* x, std::size_t n, std::uint32_t group,
+STATEPOOL_SIMD_CLONES bool encode_int8_portable(InPlace& x, std::size_t n, std::uint32_t group,
+                                                std::byte* out, std::size_t out_bytes) {
+  return encode_uniform_body<8>(x, n, group, out, out_bytes);
+}
+STATEPOOL_SIMD_CLONES bool encode_int4_portable(StagedCopy& x, std::size_t n, std::uint32_t group,
+                                                std::byte* out, std::size_t out_bytes) {
+  return encode_uniform_body<4>(x, n, group, out, out_bytes);
+}
+STATEPOOL_SIMD_CLONES bool encode_int6_portable(StagedCopy& x, std::size_t n, std::uint32_t group,
+                                                std::byte* out, std::size_t out_bytes) {
+  return encode_uniform_body<6>(x, n, group, out, out_bytes);
+}
+STATEPOOL_SIMD_CLONES bool encode_int8_portable(StagedCopy& x, std::size_t n, std::uint32_t group,
                                                 std::byte* out, std::size_t out_bytes) {
   return encode_uniform_body<8>(x, n, group, out, out_bytes);
 }
@@ -223,8 +308,8 @@ STATEPOOL_SIMD_CLONES void decode_int8(const std::byte* in, std::size_t n, std::
   decode_uniform_body<8>(in, n, group, x);
 }
 
-template <std::uint32_t Bits>
-bool encode_uniform(const float* x, std::size_t n, std::uint32_t group, std::byte* out,
+template <std::uint32_t Bits, class Values>
+bool encode_uniform(Values& x, std::size_t n, std::uint32_t group, std::byte* out,
                     std::size_t out_bytes) {
 #if defined(STATEPOOL_KERNELS_AVX2)
   if (use_avx2_loops()) return encode_uniform_avx2<Bits>(x, n, group, out, out_bytes);
@@ -253,7 +338,8 @@ template <std::uint32_t Bits>
 class UniformCodec final : public Codec {
  public:
   UniformCodec(CodecId id, std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_t group)
-      : id_(id),
+      : Codec(std::size_t{key_dim} * value_dim),
+        id_(id),
         group_(group),
         values_(static_cast<std::size_t>(key_dim) * value_dim),
         head_bytes_(uniform_head_bytes(values_, group, Bits)) {}
@@ -266,13 +352,32 @@ class UniformCodec final : public Codec {
   void encode_head(std::uint32_t, std::uint32_t, std::span<const float> src,
                    std::span<std::byte> dst) const override {
     check_head_buffers(to_string(id_), src.size(), values_, dst.size(), head_bytes_);
-    (void)encode_uniform<Bits>(src.data(), values_, group_, dst.data(), dst.size());
+    InPlace x{src.data()};
+    (void)encode_uniform<Bits>(x, values_, group_, dst.data(), dst.size());
   }
 
   [[nodiscard]] bool encode_head_checked(std::uint32_t, std::uint32_t, std::span<const float> src,
                                          std::span<std::byte> dst) const override {
     check_head_buffers(to_string(id_), src.size(), values_, dst.size(), head_bytes_);
-    return encode_uniform<Bits>(src.data(), values_, group_, dst.data(), dst.size());
+    InPlace x{src.data()};
+    return encode_uniform<Bits>(x, values_, group_, dst.data(), dst.size());
+  }
+
+  // Group by group through a copy (in L1 at the default group size): each value is read
+  // once, into the copy, whose absmax says whether the group is finite and gives its
+  // scale; the codes come from the copy too.
+  [[nodiscard]] std::size_t encode_staged_head(std::uint32_t, std::uint32_t, const std::byte* src,
+                                               DType dtype, std::span<std::byte> dst,
+                                               float& bad) const override {
+    check_head_buffers(to_string(id_), values_, values_, dst.size(), head_bytes_);
+    check_staged_dtype(dtype);
+    thread_local std::vector<float> group;
+    const std::size_t room = std::min<std::size_t>(group_, values_);
+    if (group.size() < room) group.resize(room);
+    StagedCopy x{src, dtype, group.data()};
+    if (encode_uniform<Bits>(x, values_, group_, dst.data(), dst.size())) return values_;
+    bad = x.bad_value;
+    return x.bad_index;
   }
 
   void decode_head(std::uint32_t, std::uint32_t, std::span<const std::byte> src,

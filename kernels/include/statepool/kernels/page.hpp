@@ -44,11 +44,16 @@ class PageCodec {
 
   /// page <- staged. Checks every recurrent value for NaN/Inf first and throws
   /// NonFiniteError without touching `page`. Throws std::invalid_argument on a wrong
-  /// dtype (f16 staging is not accepted) or wrong buffer sizes.
+  /// dtype (f16 staging is not accepted) or wrong buffer sizes. `staged` may be memory
+  /// another process rewrites meanwhile (a client's staging buffer): every decision is
+  /// taken on values read once, so the result is then a page of some values that were
+  /// there, or NonFiniteError (the page may then hold part of the new state).
   void encode(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
   /// staged <- page. Any bytes are safe to decode (fuzzed: fuzz/fuzz_page_decode.cpp), but
   /// a page not written by encode() may decode to NaN or Inf: the output is finite only
-  /// for pages this codec encoded.
+  /// for pages this codec encoded. Every codec's decode is arithmetic on the bytes it
+  /// reads: no index, bound or branch comes from them, so a page rewritten meanwhile (a
+  /// client's arena) decodes to some values, never to an error or a read outside it.
   void decode(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
   // --- the same work in pieces, for executors that split one state across threads -----
@@ -60,22 +65,18 @@ class PageCodec {
   /// num_layers * num_heads.
   [[nodiscard]] std::size_t head_count() const noexcept { return head_offsets_.size() - 1; }
   /// Throws NonFiniteError for the first NaN/Inf among the recurrent values of heads
-  /// [first, last) of `staged`; reads nothing else. encode() == check_finite over every
-  /// head, then encode_heads over every head, then encode_conv.
+  /// [first, last) of `staged`; reads nothing else, and each value once. encode() ==
+  /// check_finite over every head, then encode_heads over every head, then encode_conv.
   void check_finite(std::span<const std::byte> staged, DType dtype, std::size_t first,
                     std::size_t last) const;
-  /// Encodes heads [first, last) of `staged` into `page` without checking finiteness
-  /// (call check_finite on them first: a codec's output for NaN/Inf is unspecified).
+  /// Encodes heads [first, last) of `staged` into `page`, checking what it encodes: each
+  /// head is read once into memory of the calling thread (a private copy), which the codec
+  /// checks and encodes. Throws NonFiniteError for the first NaN/Inf of the first head that
+  /// holds one; the heads before it in the range are then written, that one and the rest
+  /// not (their bytes are unspecified). An executor that must leave the page unchanged
+  /// either runs check_finite over every head first, or encodes into a scratch page.
   void encode_heads(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page,
                     std::size_t first, std::size_t last) const;
-  /// Encodes heads [first, last) and checks them in the same pass
-  /// (Codec::encode_head_checked): returns the index of the first head that holds a NaN or
-  /// +-Inf (the bytes of that head, and of the heads after it in the range, are then
-  /// unspecified), or `last` when every value is finite. For executors that encode into a
-  /// scratch page and keep the real one unchanged until every head has passed.
-  [[nodiscard]] std::size_t encode_heads_checked(std::span<const std::byte> staged, DType dtype,
-                                                 std::span<std::byte> page, std::size_t first,
-                                                 std::size_t last) const;
   /// Copies the conv state of `staged` into `page`.
   void encode_conv(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page) const;
   /// Decodes heads [first, last) of `page` into `staged`.
@@ -85,12 +86,6 @@ class PageCodec {
   void decode_conv(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
  private:
-  /// encode_heads and encode_heads_checked: encode_head(layer, head, values, out) -> bool
-  /// (false: stop, this head is not finite).
-  template <class EncodeHead>
-  std::size_t encode_heads_with(std::span<const std::byte> staged, DType dtype,
-                                std::span<std::byte> page, std::size_t first, std::size_t last,
-                                EncodeHead&& encode_head) const;
   void check_buffers(std::span<const std::byte> staged, DType dtype,
                      std::span<const std::byte> page) const;
   void check_range(std::size_t first, std::size_t last) const;
