@@ -9,6 +9,8 @@
 //                         request type alone as the first frame (refused: not_hello)
 //   OUT_DIR/page_decode/  a page encoded by PageCodec for every codec, arch and staged
 //                         dtype, behind its parameter bytes (page_input.hpp)
+//   OUT_DIR/shared_memory/ the same parameters with a KV stream and values to encode
+//                         (fuzz_shared_memory.cpp)
 // Seeds are rewritten, never appended to: the same build writes the same bytes.
 #include <cstdio>
 #include <cstdlib>
@@ -307,6 +309,36 @@ void write_page_corpus(const fs::path& dir) {
   }
 }
 
+// Seeds of the shared-memory fuzzer: the page corpus's parameters for every codec, arch and
+// staged dtype, a KV stream of each codec, role and dtype, and moderate values to encode
+// (fuzz_shared_memory.cpp flips some of them while they are encoded).
+void write_shared_memory_corpus(const fs::path& dir) {
+  fs::create_directories(dir);
+  for (unsigned codec = 0; codec < 10; ++codec) {
+    for (const bool kda : {false, true}) {
+      for (const bool bf16 : {false, true}) {
+        const unsigned variant = (codec + (kda ? 1u : 0u)) % 3;
+        Bytes seed = page_params(codec, kda, bf16, variant);
+        const unsigned kv = codec * 4 + (kda ? 2u : 0u) + (bf16 ? 1u : 0u);
+        seed.push_back(static_cast<std::uint8_t>(kv % 5 | (kv % 2) << 3 | (kv % 3) << 4));
+        seed.push_back(static_cast<std::uint8_t>(kv));       // flipped values
+        seed.push_back(static_cast<std::uint8_t>(kv * 13));  // their seed
+        std::uint64_t x = 0x13198A2E03707344ull + kv;
+        for (int i = 0; i < 64; ++i) {  // 64 f32 values in [-2, 2), repeated to fill
+          x = x * 6364136223846793005ull + 1442695040888963407ull;
+          const float v = static_cast<float>(x >> 40) / static_cast<float>(1u << 22) - 2.0f;
+          std::uint8_t b[4];
+          std::memcpy(b, &v, 4);
+          seed.insert(seed.end(), b, b + 4);
+        }
+        write_file(dir / (std::string(kernels::to_string(static_cast<kernels::CodecId>(codec))) +
+                          "-" + (kda ? "kda" : "gdn") + "-" + (bf16 ? "bf16" : "f32")),
+                   seed);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -318,6 +350,7 @@ int main(int argc, char** argv) {
     const fs::path out = argv[1];
     write_frame_corpus(out / "frame", read_text(argv[2]));
     write_page_corpus(out / "page_decode");
+    write_shared_memory_corpus(out / "shared_memory");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "statepool_fuzz_make_corpus: %s\n", e.what());
     return 1;

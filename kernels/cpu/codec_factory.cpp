@@ -38,7 +38,8 @@ NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::siz
           non_finite_message(layer, head, "index " + std::to_string(index), value)),
       layer_(layer),
       head_(head),
-      index_(index) {}
+      index_(index),
+      value_(value) {}
 
 NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::size_t index,
                                float value, std::uint32_t value_dim)
@@ -49,7 +50,8 @@ NonFiniteError::NonFiniteError(std::uint32_t layer, std::uint32_t head, std::siz
           value)),
       layer_(layer),
       head_(head),
-      index_(index) {}
+      index_(index),
+      value_(value) {}
 
 namespace detail {
 

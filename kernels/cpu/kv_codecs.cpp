@@ -484,7 +484,8 @@ KvNonFiniteError::KvNonFiniteError(const KvStream& stream, std::uint64_t token,
                                    std::uint64_t channel, float value)
     : std::invalid_argument(non_finite_message(stream, token, channel, value)),
       token_(token),
-      channel_(channel) {}
+      channel_(channel),
+      value_(value) {}
 
 void kv_encode(const KvStream& s, DType in_dtype, std::span<const std::byte> in,
                std::span<std::byte> out) {

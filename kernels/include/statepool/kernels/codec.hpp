@@ -34,11 +34,14 @@ class NonFiniteError : public std::invalid_argument {
   [[nodiscard]] std::uint32_t head() const noexcept { return head_; }
   /// Row-major index within the head (row = index / value_dim).
   [[nodiscard]] std::size_t index() const noexcept { return index_; }
+  /// The value found there (NaN or +-Inf), as it was read.
+  [[nodiscard]] float value() const noexcept { return value_; }
 
  private:
   std::uint32_t layer_;
   std::uint32_t head_;
   std::size_t index_;
+  float value_;
 };
 
 class Codec {

@@ -175,10 +175,13 @@ class KvNonFiniteError : public std::invalid_argument {
   KvNonFiniteError(const KvStream& stream, std::uint64_t token, std::uint64_t channel, float value);
   [[nodiscard]] std::uint64_t token() const noexcept { return token_; }
   [[nodiscard]] std::uint64_t channel() const noexcept { return channel_; }
+  /// The value found there (NaN or +-Inf), as it was read.
+  [[nodiscard]] float value() const noexcept { return value_; }
 
  private:
   std::uint64_t token_;
   std::uint64_t channel_;
+  float value_;
 };
 
 /// Encodes a stream. `in`: tokens * channels values, row-major [token][channel], in
