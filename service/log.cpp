@@ -1,10 +1,13 @@
 #include "log.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
+#include <utility>
 
 namespace statepool::service {
 namespace {
@@ -57,6 +60,49 @@ void log_line(LogLevel level, std::string_view component, std::string_view messa
                level_name(level), static_cast<int>(component.size()), component.data(),
                static_cast<int>(message.size()), message.data());
   std::fflush(stderr);
+}
+
+RateLimitedLog::RateLimitedLog(LogLevel level, std::string_view component, std::string_view what,
+                               int burst, std::chrono::milliseconds period)
+    : level_(level),
+      component_(component),
+      what_(what),
+      burst_(burst),
+      period_(period),
+      tokens_(burst),
+      last_(std::chrono::steady_clock::now()) {}
+
+void RateLimitedLog::write(std::string_view message) noexcept {
+  std::uint64_t dropped = 0;
+  {
+    const std::lock_guard lock(mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    tokens_ = std::min(burst_, tokens_ + std::chrono::duration<double>(now - last_) /
+                                             std::chrono::duration<double>(period_));
+    last_ = now;
+    if (tokens_ < 1.0) {
+      ++dropped_;
+      return;
+    }
+    tokens_ -= 1.0;
+    dropped = std::exchange(dropped_, 0);
+  }
+  if (static_cast<int>(level_) < static_cast<int>(log_level())) return;
+  if (dropped == 0) {
+    log_line(level_, component_, message);
+    return;
+  }
+  try {
+    log_line(level_, component_, cat(message, " (", dropped, " more ", what_, " not shown)"));
+  } catch (...) {
+    log_line(level_, component_, message);
+  }
+}
+
+void audit(std::string_view message) noexcept {
+  static RateLimitedLog log(LogLevel::warn, "audit", "refusals", kAuditBurst,
+                            std::chrono::seconds(1));
+  log.write(message);
 }
 
 }  // namespace statepool::service

@@ -2,6 +2,9 @@
 // Minimal structured logging to stderr: "2026-11-29T10:00:00.123Z INFO  server: message".
 // Thread-safe (one line per call, written under a mutex).
 
+#include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -15,6 +18,34 @@ void set_log_level(LogLevel level) noexcept;
 /// Parses debug|info|warn|error.
 [[nodiscard]] bool parse_log_level(std::string_view text, LogLevel& out) noexcept;
 void log_line(LogLevel level, std::string_view component, std::string_view message) noexcept;
+
+/// Lines of one kind that peers can make frequent (refusals, HTTP API errors), written
+/// without letting a client that retries in a loop flood the log: a token bucket of
+/// `burst` lines that gains one line every `period`. A line written after some were
+/// dropped ends with "(N more <what> not shown)". Thread-safe.
+class RateLimitedLog {
+ public:
+  RateLimitedLog(LogLevel level, std::string_view component, std::string_view what, int burst,
+                 std::chrono::milliseconds period);
+  void write(std::string_view message) noexcept;
+
+ private:
+  LogLevel level_;
+  std::string component_;
+  std::string what_;
+  double burst_;
+  std::chrono::milliseconds period_;
+  std::mutex mutex_;
+  double tokens_;
+  std::chrono::steady_clock::time_point last_;
+  std::uint64_t dropped_ = 0;
+};
+
+/// Lines of an audit: what a peer was refused (another tenant's arena, a tenant its uid may
+/// not use, a uid the daemon does not allow), as warn lines of component "audit": at most
+/// kAuditBurst at once, then one a second (RateLimitedLog).
+inline constexpr int kAuditBurst = 10;
+void audit(std::string_view message) noexcept;
 
 /// Concatenates any streamable values: cat("arena ", id, " full").
 template <class... Args>

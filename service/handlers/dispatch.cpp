@@ -99,6 +99,17 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
       LOG_ERROR("session", "connection ", connection.id, ": internal error in ",
                 protocol::request_name(request.body_type()), ": ", e.what());
     }
+    // What a peer may not do goes to the audit log: who, as which tenant, what, and whose.
+    if (e.status() == Status::permission_denied || e.status() == Status::unknown_tenant) {
+      const auto* refused = dynamic_cast<const AccessRefused*>(&e);
+      audit(cat("refused ", protocol::request_name(request.body_type()), " of connection ",
+                connection.id, " (pid ", connection.pid, ", uid ", connection.uid, ", gid ",
+                connection.gid, ", tenant ",
+                connection.tenant.empty() ? std::string("none yet") : "'" + connection.tenant + "'",
+                "): ", protocol::status_name(e.status()), ": ", e.what(),
+                refused != nullptr ? cat(" (it belongs to tenant '", refused->owner(), "')")
+                                   : std::string()));
+    }
     build_error(result.builder, request.id(), e.status(), e.what());
   } catch (const std::exception& e) {
     result.status = Status::internal;

@@ -36,8 +36,6 @@ using asio::ip::tcp;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 /// Warnings of the API come at most this often; the others are counted.
 constexpr std::chrono::seconds kWarningInterval{10};
 /// After an error reply the connection is closed; what the client still sends (a body
@@ -270,7 +268,8 @@ HttpApi::HttpApi(asio::io_context& io, const Config& config, const Pool& pool)
       config_(config),
       pool_(pool),
       acceptor_(asio::make_strand(io)),
-      live_(std::make_shared<std::atomic<std::uint32_t>>(0)) {}
+      live_(std::make_shared<std::atomic<std::uint32_t>>(0)),
+      warnings_(LogLevel::warn, "http", "warnings of the HTTP API", 1, kWarningInterval) {}
 
 HttpApi::~HttpApi() {
   boost::system::error_code ignored;
@@ -325,19 +324,7 @@ void HttpApi::stop_accepting() {
 }
 
 void HttpApi::warn(const std::string& message) {
-  const std::int64_t now =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
-  std::int64_t next = next_warning_ns_.load();
-  if (now < next || !next_warning_ns_.compare_exchange_strong(
-                        next, now + std::chrono::nanoseconds(kWarningInterval).count())) {
-    warnings_suppressed_.fetch_add(1);
-    return;
-  }
-  const std::uint64_t suppressed = warnings_suppressed_.exchange(0);
-  LOG_WARN("http", message,
-           suppressed == 0 ? std::string()
-                           : cat(" (", suppressed, " more warnings of the HTTP API in the last ",
-                                 kWarningInterval.count(), " s not shown)"));
+  warnings_.write(message);
 }
 
 asio::awaitable<void> HttpApi::accept_loop() {

@@ -32,6 +32,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "config/config.hpp"
+#include "log.hpp"
 #include "pool/pool.hpp"
 
 namespace statepool::service {
@@ -89,8 +90,8 @@ class HttpApi {
   /// Connections being served; shared with their coroutines, which may outlive this
   /// object's use but never touch it once the io_context is stopped.
   std::shared_ptr<std::atomic<std::uint32_t>> live_;
-  std::atomic<std::int64_t> next_warning_ns_{0};
-  std::atomic<std::uint64_t> warnings_suppressed_{0};
+  /// At most one warning every 10 s.
+  RateLimitedLog warnings_;
 };
 
 }  // namespace statepool::service

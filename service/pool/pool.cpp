@@ -136,10 +136,12 @@ Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) {
 
 const Arena& Pool::arena_for_tenant(std::size_t tenant, ArenaId id) const {
   const Arena& arena = arenas_.get(id);
-  // Do not name the owner: tenants learn nothing about each other.
-  STATEPOOL_EXPECTS(arena.tenant == tenant, Status::permission_denied,
-                    "arena " + std::to_string(id) + " does not belong to tenant " +
-                        quoted(tenants_[tenant].config->name));
+  // Do not tell the peer the owner: tenants learn nothing about each other.
+  if (arena.tenant != tenant) {
+    throw AccessRefused("arena " + std::to_string(id) + " does not belong to tenant " +
+                            quoted(tenants_[tenant].config->name),
+                        tenants_[arena.tenant].config->name);
+  }
   return arena;
 }
 

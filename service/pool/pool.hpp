@@ -49,6 +49,19 @@ namespace statepool::service {
 /// tenant can starve another even with its byte quota unused (--tenant-max-* flags,
 /// max-* keys of a [tenant.NAME] section). Going past one is quota_exceeded (connections:
 /// too_many_connections), naming the limit.
+/// A refusal of something that belongs to another tenant (an arena) or of a tenant a peer
+/// may not use: what() is what the peer is told (it names nothing of the other tenant),
+/// owner() whose it is, for the operator's audit log only (log.hpp, audit()).
+class AccessRefused : public StatusError {
+ public:
+  AccessRefused(const std::string& message, std::string owner)
+      : StatusError(Status::permission_denied, message), owner_(std::move(owner)) {}
+  [[nodiscard]] const std::string& owner() const noexcept { return owner_; }
+
+ private:
+  std::string owner_;
+};
+
 struct TenantLimits {
   std::uint32_t max_layouts = 64;       ///< distinct layouts it registered (new to the daemon)
   std::uint32_t max_plans = 16;         ///< plans it installed (new to the daemon)

@@ -281,6 +281,8 @@ asio::awaitable<void> Session::run() {
   const auto& allow = server_.config_.allow_uids;
   if (!allow.empty() && state_.uid != 0 &&
       std::find(allow.begin(), allow.end(), state_.uid) == allow.end()) {
+    audit(cat("refused connection ", state_.id, " (pid ", state_.pid, ", uid ", state_.uid,
+              ", gid ", state_.gid, "): its uid is not in --allow-uids"));
     co_await turn_away(wire::Status::permission_denied,
                        cat("uid ", state_.uid, " is not in the daemon's --allow-uids"), "uid");
     co_return;

@@ -7,12 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <boost/json.hpp>
 
@@ -383,6 +387,58 @@ TEST(Daemon, PoolExhaustionQuotaAndOwnershipAreClearErrors) {
   }
   // An unknown tenant is refused at hello.
   EXPECT_THROW((void)client::Connection::connect(client_options(daemon, "nobody")), client::Error);
+}
+
+// What one tenant's client may not do to another tenant's arena is refused, and the
+// operator sees who tried what on whose arena in an audit line, rate-limited: a client that
+// retries in a loop writes a few lines, and the next line says how many were not written.
+TEST(Daemon, CrossTenantRefusalsAreAuditedWithoutFloodingTheLog) {
+  DaemonProcess daemon({"--tenant", "alpha", "--tenant", "beta"});
+  auto alpha = client::Connection::connect(client_options(daemon, "alpha"));
+  auto arena = alpha.open_arena(alpha.register_layout(small_layout()), 2);
+  auto beta = client::Connection::connect(client_options(daemon, "beta"));
+  constexpr int kTries = 40;
+  for (int i = 0; i < kTries; ++i) {
+    try {
+      (void)beta.allocate(arena.id(), 1);
+      FAIL() << "another tenant's arena was given out";
+    } catch (const client::Error& e) {
+      ASSERT_EQ(e.status(), sp::Status::permission_denied);
+      // The peer learns nothing of the owner.
+      ASSERT_EQ(std::string(e.what()).find("alpha"), std::string::npos) << e.what();
+    }
+  }
+  const auto audit_lines = [&] {
+    std::vector<std::string> lines;
+    std::istringstream log(daemon.log());
+    for (std::string line; std::getline(log, line);) {
+      if (line.find(" WARN  audit: ") != std::string::npos) lines.push_back(line);
+    }
+    return lines;
+  };
+  std::vector<std::string> lines = audit_lines();
+  ASSERT_FALSE(lines.empty()) << daemon.log();
+  EXPECT_LE(lines.size(), 12u) << "one line per refusal: the log is flooded";
+  const std::string& first = lines.front();
+  for (const char* part : {"refused allocate", "tenant 'beta'", "permission_denied", "arena ",
+                           "(it belongs to tenant 'alpha')", "uid "}) {
+    EXPECT_NE(first.find(part), std::string::npos) << part << " missing in: " << first;
+  }
+  // A second later there is room for a line again, and it counts the ones dropped.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_THROW((void)beta.allocate(arena.id(), 1), client::Error);
+  lines = audit_lines();
+  EXPECT_NE(lines.back().find("more refusals not shown"), std::string::npos) << lines.back();
+  // A peer that names a tenant the daemon does not have is audited too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_THROW((void)client::Connection::connect(client_options(daemon, "nobody")), client::Error);
+  EXPECT_TRUE(statepool::testing::eventually(
+      [&] {
+        const auto all = audit_lines();
+        return !all.empty() && all.back().find("unknown_tenant") != std::string::npos;
+      },
+      std::chrono::seconds(2)))
+      << daemon.log();
 }
 
 TEST(Daemon, KilledClientsSlotsAreReclaimedWhileTheOtherClientKeepsItsData) {
