@@ -496,10 +496,17 @@ std::exception_ptr CudaExecutor::check_result(const Job& job, std::uint32_t slot
       value = kernels::bf16_bits_to_float(bits);
     }
   }
+  // The value is read again to name it: an engine that rewrote it since finds it named
+  // as it is now, and told so (the scan's index is what counts).
+  const bool rewritten = !kernels::is_non_finite_bits(kernels::float_bits(value));
   const kernels::NonFiniteError error(head_index / layout.num_heads, head_index % layout.num_heads,
                                       static_cast<std::size_t>(bad % per_head), value,
                                       layout.value_dim);
-  return std::make_exception_ptr(StatusError(Status::not_finite, error.what()));
+  return std::make_exception_ptr(StatusError(
+      Status::not_finite,
+      std::string(error.what()) +
+          (rewritten ? " (read again after the check: the state changed while it was compressed)"
+                     : "")));
 }
 
 void CudaExecutor::complete_loop() {
