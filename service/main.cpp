@@ -115,11 +115,8 @@ int main(int argc, char** argv) {
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
     server.bind();
     if (!config.metrics_address.empty()) {
-      metrics.start_exporter(config.metrics_address);
-      const auto ports = metrics.listening_ports();
       const auto host = config.metrics_address.substr(0, config.metrics_address.rfind(':'));
-      LOG_INFO("metrics", "serving http://", host, ":", ports.empty() ? 0 : ports.front(),
-               "/metrics");
+      LOG_INFO("metrics", "serving http://", host, ":", server.metrics_port(), "/metrics");
     }
     if (!config.api_address.empty()) {
       const auto host = config.api_address.substr(0, config.api_address.rfind(':'));

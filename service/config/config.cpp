@@ -256,19 +256,13 @@ std::pair<std::string, std::uint16_t> split_host_port(const std::string& address
   return {address.substr(0, colon), static_cast<std::uint16_t>(port)};
 }
 
-// An HTTP listen address (--metrics-address, --api-address): "host:port", or empty, "off"
-// or "none" for disabled (returned as ""). `numeric_host`: the host must be an IP address,
-// because the listener does not resolve names (the API's acceptor; the metrics exporter
-// leaves it to its web server).
-std::string validate_listen_address(const std::string& text, const std::string& option,
-                                    bool numeric_host) {
+// An HTTP listen address (--metrics-address, --api-address): "IP:port" ("[IPv6]:port"), or
+// empty, "off" or "none" for disabled (returned as ""). The host must be an IP address:
+// the listener (http/server.hpp) does not resolve names.
+std::string validate_listen_address(const std::string& text, const std::string& option) {
   std::string address = trim(text);
   if (address == "off" || address == "none") address.clear();
-  if (address.empty()) return address;
-  if (numeric_host)
-    (void)split_listen_address(address, option);
-  else
-    (void)split_host_port(address, option);
+  if (!address.empty()) (void)split_listen_address(address, option);
   return address;
 }
 
@@ -387,7 +381,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "on SIGTERM, longest wait for in-flight requests")
       ("metrics-address",
        po::value<std::string>(&config.metrics_address)->default_value(config.metrics_address),
-       "Prometheus exporter host:port; empty, 'off' or 'none' disables it")
+       "Prometheus endpoint IP:port ([::]:9464 for IPv6); empty, 'off' or 'none' disables it")
       ("api-address",
        po::value<std::string>(&config.api_address)->default_value(config.api_address),
        "HTTP JSON API (capacity planning, docs/http-api.md) IP:port; empty, 'off' or "
@@ -600,9 +594,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.pool.snapshot_lower_tiers =
       config.snapshot_host_capacity > 0 || !config.snapshot_remote.empty();
 
-  config.metrics_address =
-      validate_listen_address(config.metrics_address, "--metrics-address", false);
-  config.api_address = validate_listen_address(config.api_address, "--api-address", true);
+  config.metrics_address = validate_listen_address(config.metrics_address, "--metrics-address");
+  config.api_address = validate_listen_address(config.api_address, "--api-address");
   if (!config.api_token_file.empty()) config.api_token = read_token(config.api_token_file);
   if (!config.api_address.empty() && config.api_token.empty()) {
     const ListenAddress where = split_listen_address(config.api_address, "--api-address");

@@ -33,7 +33,7 @@ struct Config {
   /// cuda backend: --pool-capacity given as a fraction of the device's free memory at
   /// start (0 < f <= 1); 0 = capacity_bytes as given. Resolved by the backend.
   double capacity_fraction = 0.0;
-  std::string metrics_address = "127.0.0.1:9464";  ///< host:port; "" = no exporter
+  std::string metrics_address = "127.0.0.1:9464";  ///< IP:port; "" = no /metrics
   std::string api_address = "127.0.0.1:9465";      ///< HTTP JSON API, IP:port; "" = none
   /// --api-token-file: the bearer token every HTTP API request must carry ("" = none,
   /// allowed only with a loopback --api-address).

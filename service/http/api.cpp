@@ -1,23 +1,12 @@
 #include "http/api.hpp"
 
-#include <array>
-#include <chrono>
-#include <cstdio>
 #include <exception>
 #include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/dispatch.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/json.hpp>
 #include <boost/url.hpp>
 
@@ -28,22 +17,10 @@
 #include "statepool/protocol/status.hpp"
 
 namespace statepool::service {
-namespace asio = boost::asio;
 namespace beast = boost::beast;
-namespace http = beast::http;
 namespace urls = boost::urls;
-using asio::ip::tcp;
 
 namespace {
-
-/// Warnings of the API come at most this often; the others are counted.
-constexpr std::chrono::seconds kWarningInterval{10};
-/// After an error reply the connection is closed; what the client still sends (a body
-/// over the limit) is read and dropped, up to this much, so that closing does not reset
-/// the connection before the client has read the reply.
-constexpr std::size_t kLingerBytes = 8u << 20;
-/// Longest name or value quoted back in an error message.
-constexpr std::size_t kQuoteChars = 64;
 
 /// A request the API refuses, with the HTTP status to answer.
 class ApiError : public std::runtime_error {
@@ -57,11 +34,6 @@ class ApiError : public std::runtime_error {
   unsigned status_;
   std::string allow_;
 };
-
-std::string clip(std::string_view text, std::size_t limit = kQuoteChars) {
-  if (text.size() <= limit) return std::string(text);
-  return std::string(text.substr(0, limit)) + "...";
-}
 
 // Length of the valid UTF-8 sequence at s[i] (lead byte >= 0x80), or 0 when it is not one
 // (overlong forms, surrogates and code points past U+10FFFF are invalid).
@@ -263,220 +235,23 @@ std::string index_json() {
 
 }  // namespace
 
-HttpApi::HttpApi(asio::io_context& io, const Config& config, const Pool& pool)
-    : io_(io),
-      config_(config),
-      pool_(pool),
-      acceptor_(asio::make_strand(io)),
-      live_(std::make_shared<std::atomic<std::uint32_t>>(0)),
-      warnings_(LogLevel::warn, "http", "warnings of the HTTP API", 1, kWarningInterval) {}
-
-HttpApi::~HttpApi() {
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
+std::size_t HttpApi::max_body() const noexcept {
+  return kMaxModelConfigBytes;
 }
 
-void HttpApi::listen() {
-  boost::system::error_code ec;
-  const auto fail = [&](const std::string& why) {
-    std::string hint;
-    if (ec == asio::error::address_in_use)
-      hint =
-          " (another process, perhaps another statepoold, listens there: pass a different "
-          "--api-address, or 'off')";
-    else if (ec == boost::system::errc::address_not_available)
-      hint = " (not an address of this host)";
-    return std::runtime_error("cannot listen on " + config_.api_address +
-                              " for --api-address: " + why + hint);
-  };
-  ListenAddress where;
-  try {
-    where = split_listen_address(config_.api_address, "--api-address");
-  } catch (const ConfigError& e) {
-    throw fail(e.what());
+HttpReply HttpApi::refusal(unsigned status, const std::string& message) const {
+  HttpReply reply;
+  reply.status = status;
+  if (status == 401) {
+    reply.body = json_error(
+        "this API needs 'Authorization: Bearer TOKEN' with the token of the daemon's "
+        "--api-token-file");
+  } else if (status == 413) {
+    reply.body = json_error(message + " (a model's config.json is a few KiB)");
+  } else {
+    reply.body = json_error(message);
   }
-  const asio::ip::address ip = asio::ip::make_address(where.host, ec);
-  if (ec) throw fail(ec.message());
-  const tcp::endpoint endpoint(ip, where.port);
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    const auto error = fail(ec.message());
-    boost::system::error_code ignored;
-    acceptor_.close(ignored);
-    throw error;
-  }
-  port_ = acceptor_.local_endpoint(ec).port();
-}
-
-void HttpApi::start() {
-  asio::co_spawn(acceptor_.get_executor(), accept_loop(), asio::detached);
-}
-
-void HttpApi::stop_accepting() {
-  if (stopping_.exchange(true)) return;
-  asio::dispatch(acceptor_.get_executor(), [this] {
-    boost::system::error_code ignored;
-    acceptor_.close(ignored);
-  });
-}
-
-void HttpApi::warn(const std::string& message) {
-  warnings_.write(message);
-}
-
-asio::awaitable<void> HttpApi::accept_loop() {
-  for (;;) {
-    auto [ec, socket] = co_await acceptor_.async_accept(asio::make_strand(io_),
-                                                        asio::as_tuple(asio::use_awaitable));
-    if (ec) {
-      if (stopping_.load() || ec == asio::error::operation_aborted || !acceptor_.is_open())
-        co_return;
-      warn(cat("accept failed on ", config_.api_address, ": ", ec.message()));
-      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
-        // Out of fds: back off instead of spinning.
-        asio::steady_timer pause(acceptor_.get_executor(), std::chrono::milliseconds(100));
-        co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
-      }
-      continue;
-    }
-    if (live_->load() >= kMaxHttpConnections) {
-      warn(cat("more than ", kMaxHttpConnections,
-               " HTTP API connections at once: closing a new one"));
-      boost::system::error_code ignored;
-      socket.close(ignored);
-      continue;
-    }
-    live_->fetch_add(1);
-    auto executor = socket.get_executor();
-    asio::co_spawn(executor, serve(tcp::socket(std::move(socket)), live_), asio::detached);
-  }
-}
-
-asio::awaitable<void> HttpApi::serve(tcp::socket socket,
-                                     std::shared_ptr<std::atomic<std::uint32_t>> live) {
-  struct Release {
-    std::shared_ptr<std::atomic<std::uint32_t>> count;
-    ~Release() { count->fetch_sub(1); }
-  } release{std::move(live)};
-  boost::system::error_code ec;
-  const tcp::endpoint remote = socket.remote_endpoint(ec);
-  const std::string peer = ec ? std::string("?") : cat(remote);
-  beast::tcp_stream stream(std::move(socket));
-  beast::flat_buffer buffer;
-  const auto io = asio::as_tuple(asio::use_awaitable);
-  bool linger = false;  // close after an error: drop what the client still sends first
-  try {
-    for (;;) {
-      http::request_parser<http::string_body> parser;
-      parser.body_limit(kMaxModelConfigBytes);
-      stream.expires_after(config_.io_timeout);
-      std::tie(ec, std::ignore) = co_await http::async_read_header(stream, buffer, parser, io);
-      // Authenticate before reading a body: a client without the token costs a header.
-      const bool denied = !ec && !authorized(parser.get()[http::field::authorization]);
-      if (!ec && !denied && !parser.is_done()) {
-        const auto expect = parser.get()[http::field::expect];
-        if (parser.get().version() >= 11 && beast::iequals(expect, "100-continue")) {
-          http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
-          stream.expires_after(config_.io_timeout);
-          std::tie(ec, std::ignore) = co_await http::async_write(stream, go_on, io);
-          if (ec) break;
-        }
-        stream.expires_after(config_.io_timeout);
-        std::tie(ec, std::ignore) = co_await http::async_read(stream, buffer, parser, io);
-      }
-
-      ApiReply reply;
-      std::string method, target;
-      unsigned version = 11;
-      bool keep_alive = false;
-      if (ec) {
-        if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
-            ec.category() != http::make_error_code(http::error::body_limit).category()) {
-          // The client went away, or timed out (beast::error::timeout): nothing to answer.
-          if (ec != http::error::end_of_stream)
-            LOG_DEBUG("http", "connection from ", peer, " ended: ", ec.message());
-          break;
-        }
-        const auto& partial = parser.get();
-        if (partial.version() == 10) version = 10;
-        method = std::string(partial.method_string());
-        target = std::string(partial.target());
-        if (ec == http::error::body_limit) {
-          reply.status = 413;
-          reply.body = json_error(cat("request body larger than ", kMaxModelConfigBytes,
-                                      " bytes (a model's config.json is a few KiB)"));
-        } else if (ec == http::error::header_limit) {
-          reply.status = 431;
-          reply.body = json_error("request header too large");
-        } else {
-          reply.status = 400;
-          reply.body = json_error("malformed HTTP request: " + ec.message());
-        }
-        linger = true;
-      } else if (denied) {
-        const auto& request = parser.get();
-        version = request.version();
-        method = std::string(request.method_string());
-        target = std::string(request.target());
-        reply.status = 401;
-        reply.body = json_error(
-            "this API needs 'Authorization: Bearer TOKEN' with the token of the daemon's "
-            "--api-token-file");
-        reply.bearer_challenge = true;
-        warn(cat("HTTP API request from ", peer, " without the right bearer token: 401"));
-        linger = !parser.is_done();
-      } else {
-        const auto& request = parser.get();
-        version = request.version();
-        method = std::string(request.method_string());
-        target = std::string(request.target());
-        reply = handle(method, target, request.body());
-        keep_alive = request.keep_alive() && !stopping_.load();
-      }
-
-      http::response<http::string_body> response;
-      response.version(version);
-      response.result(reply.status);
-      response.set(http::field::server, "statepoold");
-      response.set(http::field::content_type, "application/json");
-      if (!reply.allow.empty()) response.set(http::field::allow, reply.allow);
-      if (reply.bearer_challenge)
-        response.set(http::field::www_authenticate, "Bearer realm=\"statepool\"");
-      if (method != "HEAD") response.body() = std::move(reply.body);
-      response.keep_alive(keep_alive);
-      response.prepare_payload();
-      stream.expires_after(config_.io_timeout);
-      std::tie(ec, std::ignore) = co_await http::async_write(stream, response, io);
-      LOG_DEBUG("http", clip(method, 16), " ", clip(target, 200), " -> ", reply.status, " (", peer,
-                ")");
-      if (reply.status >= 500)
-        warn(cat(clip(method, 16), " ", clip(target, 200), " -> ", reply.status, ": ",
-                 response.body()));
-      if (ec) {
-        LOG_DEBUG("http", "reply to ", peer, " not sent: ", ec.message());
-        break;
-      }
-      if (!keep_alive) break;
-    }
-    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
-    if (linger) {
-      std::array<char, 16384> sink;
-      std::size_t dropped = 0;
-      stream.expires_after(config_.io_timeout);
-      while (dropped < kLingerBytes) {
-        std::size_t n = 0;
-        std::tie(ec, n) = co_await stream.async_read_some(asio::buffer(sink), io);
-        if (ec) break;
-        dropped += n;
-      }
-    }
-  } catch (const std::exception& e) {
-    warn(cat("HTTP API connection from ", peer, " failed: ", e.what()));
-  }
-  stream.socket().close(ec);
+  return reply;
 }
 
 bool HttpApi::authorized(std::string_view header) const noexcept {
@@ -495,9 +270,9 @@ bool HttpApi::authorized(std::string_view header) const noexcept {
   return difference == 0;
 }
 
-ApiReply HttpApi::handle(std::string_view method, std::string_view target,
-                         std::string_view body) const {
-  ApiReply reply;
+HttpReply HttpApi::handle(std::string_view method, std::string_view target,
+                          std::string_view body) const {
+  HttpReply reply;
   try {
     const urls::url_view url = parse_target(target);
     std::string_view path = url.encoded_path();

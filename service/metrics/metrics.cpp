@@ -12,7 +12,6 @@
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -470,27 +469,11 @@ struct Metrics::Impl {
   std::array<prometheus::Counter*, kRequestTypeCount> request_counters{};
   std::array<prometheus::Histogram*, kRequestTypeCount> request_latency{};
   std::mutex mutex;
-  std::unique_ptr<prometheus::Exposer> exposer;
 };
 
 Metrics::Metrics(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
     : impl_(std::make_unique<Impl>(pool, staging, tiers)) {}
 Metrics::~Metrics() = default;
-
-void Metrics::start_exporter(const std::string& address) {
-  try {
-    impl_->exposer = std::make_unique<prometheus::Exposer>(address, 1);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("cannot serve metrics on " + address + ": " + e.what() +
-                             " (is the port in use? set --metrics-address)");
-  }
-  impl_->exposer->RegisterCollectable(impl_->registry);
-  impl_->exposer->RegisterCollectable(impl_->collector);
-}
-
-std::vector<int> Metrics::listening_ports() const {
-  return impl_->exposer ? impl_->exposer->GetListeningPorts() : std::vector<int>{};
-}
 
 void Metrics::observe_request(wire::RequestBody type, wire::Status status, double seconds) {
   auto index = static_cast<std::size_t>(type);

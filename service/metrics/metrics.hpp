@@ -13,9 +13,9 @@
 // Thread-safety: every member function may be called concurrently.
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "memory/tracking.hpp"
 #include "pool/pool.hpp"
@@ -23,7 +23,6 @@
 
 namespace prometheus {
 class Registry;
-class Exposer;
 }  // namespace prometheus
 
 namespace statepool::service {
@@ -41,12 +40,6 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  /// Serves GET /metrics on host:port (port 0 picks a free one). Throws
-  /// std::runtime_error with the address in the message when it cannot bind.
-  void start_exporter(const std::string& address);
-  /// Ports the exporter listens on (empty when not started).
-  [[nodiscard]] std::vector<int> listening_ports() const;
-
   /// One handled request: its type, reply status and wall time.
   void observe_request(wire::RequestBody type, wire::Status status, double seconds);
   /// A connection or frame refused before it became a request (bad header or FlatBuffer:
@@ -61,7 +54,8 @@ class Metrics {
   void client_disconnected();
   void set_draining(bool draining);
 
-  /// The text exposition format of everything, as /metrics would serve it.
+  /// The text exposition format of everything, as /metrics serves it
+  /// (http/metrics_endpoint.hpp).
   [[nodiscard]] std::string render() const;
 
  private:

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "http/api.hpp"
+#include "http/metrics_endpoint.hpp"
+#include "http/server.hpp"
 #include "log.hpp"
 #include "server/session.hpp"
 #include "statepool/protocol/frame.hpp"
@@ -116,11 +118,19 @@ void Server::bind() {
   ::umask(old_mask);
   if (bec) throw std::runtime_error("cannot bind " + config_.socket_path + ": " + bec.message());
   bound_ = true;
-  // The API listens before the Unix socket does: once a client can connect to the
-  // socket (the daemon looks ready), the API is there too.
+  // The HTTP listeners come before the Unix socket: once a client can connect to the
+  // socket (the daemon looks ready), the API and the metrics are there too.
   if (!config_.api_address.empty()) {
-    api_ = std::make_unique<HttpApi>(io_, config_, pool_);
+    api_service_ = std::make_unique<HttpApi>(config_, pool_);
+    api_ = std::make_unique<HttpServer>(io_, config_.api_address, "--api-address",
+                                        config_.io_timeout, *api_service_);
     api_->listen();
+  }
+  if (metrics_ != nullptr && !config_.metrics_address.empty()) {
+    metrics_service_ = std::make_unique<MetricsEndpoint>(*metrics_);
+    metrics_http_ = std::make_unique<HttpServer>(io_, config_.metrics_address, "--metrics-address",
+                                                 config_.io_timeout, *metrics_service_);
+    metrics_http_->listen();
   }
   // Kept for the moment the process runs out of descriptors: closing it makes room to
   // accept one connection and tell it so (accept_loop).
@@ -154,7 +164,7 @@ std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
     throw ConfigError(cat("--max-connections ", config.max_connections, " needs at least ", needed,
                           " file descriptors (one per connection and ", kDescriptorHeadroom,
-                          " for arenas, listeners and the exporter); the "
+                          " for arenas, listeners and HTTP connections); the "
                           "limit is ",
                           limit.rlim_cur, " (hard limit ", limit.rlim_max,
                           "). Raise it (ulimit -n, systemd LimitNOFILE=) or lower "
@@ -176,9 +186,14 @@ std::uint16_t Server::api_port() const noexcept {
   return api_ ? api_->port() : 0;
 }
 
+std::uint16_t Server::metrics_port() const noexcept {
+  return metrics_http_ ? metrics_http_->port() : 0;
+}
+
 std::size_t Server::run() {
   asio::co_spawn(control_, accept_loop(), asio::detached);
   if (api_) api_->start();
+  if (metrics_http_) metrics_http_->start();
   asio::co_spawn(control_, reclaim_loop(), asio::detached);
 
   // SIGTERM/SIGINT are blocked in every thread (main blocks them before starting any) and
@@ -238,6 +253,7 @@ void Server::begin_drain(const std::string& why) {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   if (api_) api_->stop_accepting();
+  // The metrics endpoint serves on until io_ stops: a scrape during the drain sees it.
   reclaim_timer_.cancel();
   {
     const std::lock_guard lock(sessions_mutex_);

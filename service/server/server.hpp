@@ -40,6 +40,8 @@ namespace statepool::service {
 
 class Session;
 class HttpApi;
+class HttpServer;
+class MetricsEndpoint;
 
 class Server {
  public:
@@ -54,8 +56,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   /// Creates the socket file (mode, group), refusing to steal the socket of a live
-  /// daemon, and listens on --api-address unless it is off. Throws std::runtime_error
-  /// with an actionable message.
+  /// daemon, and listens on --api-address and --metrics-address (with `metrics`) unless
+  /// they are off. Throws std::runtime_error with an actionable message.
   void bind();
   /// Serves until drained, then waits for the executor and the workers to finish what
   /// they had (nothing they run refers to the server afterwards). Returns the number of
@@ -65,7 +67,7 @@ class Server {
   /// sigtimedwait on a thread of its own and drains.
   std::size_t run();
   /// Descriptors kept beyond one per connection: arenas' memfds, the listening sockets,
-  /// the exporter's and the API's connections, the event loop's own.
+  /// the metrics endpoint's and the API's connections, the event loop's own.
   static constexpr std::uint64_t kDescriptorHeadroom = 64;
   /// Raises the soft descriptor limit to the hard one, then checks that it leaves room
   /// for --max-connections connections plus kDescriptorHeadroom. Returns the limit in
@@ -80,6 +82,8 @@ class Server {
   /// The port the HTTP API listens on after bind() (the one picked for port 0); 0 when
   /// --api-address is off.
   [[nodiscard]] std::uint16_t api_port() const noexcept;
+  /// The same for the Prometheus endpoint (--metrics-address).
+  [[nodiscard]] std::uint16_t metrics_port() const noexcept;
 
  private:
   friend class Session;
@@ -114,9 +118,12 @@ class Server {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer reclaim_timer_;
   boost::asio::steady_timer drain_timer_;
-  // After io_: destroyed before it. Its connection coroutines, which io_ destroys, do not
-  // touch it once io_ has stopped.
-  std::unique_ptr<HttpApi> api_;
+  // After io_: destroyed before it. Their connection coroutines, which io_ destroys, do
+  // not touch them once io_ has stopped. The services outlive their servers.
+  std::unique_ptr<HttpApi> api_service_;
+  std::unique_ptr<MetricsEndpoint> metrics_service_;
+  std::unique_ptr<HttpServer> api_;
+  std::unique_ptr<HttpServer> metrics_http_;
   std::mutex sessions_mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<std::uint32_t> sessions_live_{0};

@@ -233,7 +233,8 @@ class BadConfig : public ::testing::Test {
   }
   void TearDown() override { tmp_.reset(); }
   void expect_rejected(std::vector<std::string> args, const std::string& mention) {
-    args.insert(args.begin(), {"--metrics-address", "off"});
+    if (std::find(args.begin(), args.end(), "--metrics-address") == args.end())
+      args.insert(args.begin(), {"--metrics-address", "off"});
     if (std::find(args.begin(), args.end(), "--socket") == args.end())
       args.insert(args.begin(), {"--socket", socket_});
     const Exit e = run_daemon(args, dir_);
@@ -255,6 +256,7 @@ TEST_F(BadConfig, EachBadValueNamesTheOptionAndCreatesNothing) {
   expect_rejected({"--socket-mode", "999"}, "--socket-mode");
   expect_rejected({"--backend", "tpu"}, "--backend");
   expect_rejected({"--metrics-address", "localhost"}, "--metrics-address");
+  expect_rejected({"--metrics-address", "localhost:9464"}, "is not an IP address");
   expect_rejected({"--no-such-flag"}, "no-such-flag");
   expect_rejected({"--tenant", "bad name!"}, "tenant name");
   expect_rejected({"--socket", "@statepool"}, "abstract sockets");

@@ -1,5 +1,6 @@
-// The Prometheus exporter of a running daemon: content after a workload, and
-// `promtool check metrics` on the real output (skipped when promtool is not installed).
+// The Prometheus endpoint of a running daemon: content after a workload, `promtool check
+// metrics` on the real output (skipped when promtool is not installed), and the endpoint's
+// HTTP behaviour.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -10,9 +11,12 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <thread>
 
 #include "statepool/client.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/raw_peer.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -158,4 +162,46 @@ TEST_F(Metrics, PassPromtoolCheckMetrics) {
   report << in.rdbuf();
   EXPECT_EQ(rc, 0) << "promtool check metrics:\n" << report.str() << "\n--- metrics ---\n" << text_;
   EXPECT_EQ(report.str(), "") << "promtool reported lint problems";
+}
+
+// The endpoint as Prometheus and a curious operator meet it: the text format's content
+// type, HEAD without a body, 405 with Allow for other methods, 404 for other paths, and
+// a scrape during a drain still answered (statepool_draining 1).
+TEST_F(Metrics, TheEndpointSpeaksHttpAsPrometheusExpects) {
+  const int port = daemon_->metrics_port();
+  const std::string get = statepool::testing::http_raw(
+      port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(get.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << get.substr(0, 200);
+  EXPECT_NE(get.find("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            std::string::npos)
+      << get.substr(0, 300);
+  const std::string head = statepool::testing::http_raw(
+      port, "HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.find("# HELP"), std::string::npos) << "HEAD sent a body";
+  const std::string post = statepool::testing::http_raw(
+      port, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(post.rfind("HTTP/1.1 405 ", 0), 0u) << post;
+  EXPECT_NE(post.find("Allow: GET, HEAD\r\n"), std::string::npos) << post;
+  const std::string other = statepool::testing::http_raw(
+      port, "GET /v1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(other.rfind("HTTP/1.1 404 ", 0), 0u) << other;
+  EXPECT_NE(other.find("/metrics"), std::string::npos) << other;
+
+  // A drain waits for a frame that has begun (here: 3 bytes of a header, never finished):
+  // meanwhile, scrapes are answered.
+  std::string during;
+  {
+    statepool::testing::RawPeer peer(daemon_->socket_path());
+    ASSERT_TRUE(peer.connected());
+    const char start[3] = {'S', 'P', 'O'};
+    ASSERT_TRUE(peer.send_bytes(start, sizeof start));
+    std::this_thread::sleep_for(100ms);  // the daemon has seen the first byte
+    ::kill(daemon_->pid(), SIGTERM);
+    ASSERT_TRUE(statepool::testing::eventually(
+        [&] { return daemon_->log().find("draining (SIGTERM)") != std::string::npos; }, 5s));
+    during = statepool::testing::http_get(port, "/metrics");
+  }  // the peer goes: the drain ends
+  EXPECT_EQ(sample_value(during, "statepool_draining"), 1) << daemon_->log();
+  EXPECT_EQ(daemon_->stop(SIGTERM, 10s), 0);
 }
