@@ -22,8 +22,23 @@ if(STATEPOOL_WERROR)
   list(APPEND STATEPOOL_WARNING_FLAGS -Werror)
 endif()
 
-if(STATEPOOL_SANITIZE)
-  # Applied globally so that every object, test and helper executable agrees on the runtime.
+# Applied globally so that every object, test and helper executable agrees on the runtime.
+if(STATEPOOL_SANITIZE STREQUAL "thread")
+  if(STATEPOOL_CUDA)
+    message(FATAL_ERROR "STATEPOOL_SANITIZE=thread builds no CUDA code: add -DSTATEPOOL_CUDA=OFF")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=thread)
+  # ThreadSanitizer does not model std::atomic_thread_fence (GCC warns, -Wtsan). Asio
+  # fences around each handler it runs; the scheduler's mutex orders posting and running
+  # a handler already, which TSan sees, so Asio's null fenced block is used here.
+  add_compile_definitions(BOOST_ASIO_DISABLE_FENCED_BLOCK)
+  # The ifunc resolvers of target_clones (kernels/cpu/simd.hpp) run while the dynamic
+  # loader relocates, before the TSan runtime is up, and crash once instrumented: the
+  # TSan build runs the portable loops.
+  add_compile_definitions(STATEPOOL_NO_SIMD_CLONES)
+elseif(STATEPOOL_SANITIZE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=all>)
