@@ -134,39 +134,37 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     mutator.join();
   };
 
+  // Stops the mutator before aborting, so that the report is of this thread's state.
+  const auto die = [&](const char* what, const char* detail) {
+    stop_mutator();
+    if (detail != nullptr) std::fprintf(stderr, "%s\n", detail);
+    fail(what, layout);
+  };
   for (int round = 0; round < kRounds; ++round) {
     try {
       codec.encode(staged, dtype, page);
     } catch (const kernels::NonFiniteError& e) {
       if (e.layer() >= layout.num_layers || e.head() >= layout.num_heads ||
           e.index() >= head_values || !non_finite(e.value())) {
-        stop_mutator();
-        fail("NonFiniteError names a place outside the state, or a finite value", layout);
+        die("NonFiniteError names a place outside the state, or a finite value", e.what());
       }
     } catch (const std::exception& e) {
-      stop_mutator();
-      std::fprintf(stderr, "encode threw: %s\n", e.what());
-      fail("encode threw something other than NonFiniteError", layout);
+      die("encode threw something other than NonFiniteError", e.what());
     }
     try {
       codec.decode(page, dtype, back);
       kernels::kv_encode(stream, kv_dtype, kv_plain, kv_encoded);
     } catch (const kernels::KvNonFiniteError& e) {
       if (e.token() >= stream.tokens || e.channel() >= stream.channels || !non_finite(e.value())) {
-        stop_mutator();
-        fail("KvNonFiniteError names a place outside the stream, or a finite value", layout);
+        die("KvNonFiniteError names a place outside the stream, or a finite value", e.what());
       }
     } catch (const std::exception& e) {
-      stop_mutator();
-      std::fprintf(stderr, "decode or kv_encode threw: %s\n", e.what());
-      fail("decode or kv_encode threw something other than KvNonFiniteError", layout);
+      die("decode or kv_encode threw something other than KvNonFiniteError", e.what());
     }
     try {
       kernels::kv_decode(stream, kv_encoded, kv_dtype, kv_back);
     } catch (const std::exception& e) {
-      stop_mutator();
-      std::fprintf(stderr, "kv_decode threw: %s\n", e.what());
-      fail("kv_decode threw", layout);
+      die("kv_decode threw", e.what());
     }
   }
   stop_mutator();

@@ -278,35 +278,44 @@ Bytes page_params(unsigned codec, bool kda, bool bf16_staged, unsigned variant) 
   return p;
 }
 
-void write_page_corpus(const fs::path& dir) {
-  fs::create_directories(dir);
+/// Calls f(params, name) for every codec, arch and staged dtype: page_input.hpp's parameter
+/// bytes and a file name ("int6-kda-bf16").
+template <class F>
+void for_each_page_params(F&& f) {
   for (unsigned codec = 0; codec < 10; ++codec) {
     for (const bool kda : {false, true}) {
       for (const bool bf16 : {false, true}) {
         const unsigned variant = (codec + (kda ? 1u : 0u)) % 3;
-        const Bytes params = page_params(codec, kda, bf16, variant);
-        const auto input = statepool::fuzz::parse_page_input(params);
-        const kernels::PageCodec page_codec(input->layout);
-        // A deterministic state of moderate values, a few outliers among them.
-        std::vector<float> state(page_codec.staged_bytes(kernels::DType::f32) / sizeof(float));
-        std::uint64_t x = 0x243F6A8885A308D3ull + codec;
-        for (std::size_t i = 0; i < state.size(); ++i) {
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          const float u = static_cast<float>(x >> 40) / static_cast<float>(1u << 24) - 0.5f;
-          state[i] = i % 97 == 0 ? 40.0f * u : u;
-        }
-        std::vector<std::byte> staged(page_codec.staged_bytes(kernels::DType::f32));
-        std::memcpy(staged.data(), state.data(), staged.size() - staged.size() % sizeof(float));
-        std::vector<std::byte> page(page_codec.page_bytes());
-        page_codec.encode(staged, kernels::DType::f32, page);
-        Bytes seed = params;
-        for (const std::byte b : page) seed.push_back(std::to_integer<std::uint8_t>(b));
-        write_file(dir / (std::string(kernels::to_string(input->layout.codec.id)) + "-" +
-                          (kda ? "kda" : "gdn") + "-" + (bf16 ? "bf16" : "f32")),
-                   seed);
+        const std::string name =
+            std::string(kernels::to_string(static_cast<kernels::CodecId>(codec))) + "-" +
+            (kda ? "kda" : "gdn") + "-" + (bf16 ? "bf16" : "f32");
+        f(page_params(codec, kda, bf16, variant), name);
       }
     }
   }
+}
+
+void write_page_corpus(const fs::path& dir) {
+  fs::create_directories(dir);
+  for_each_page_params([&](const Bytes& params, const std::string& name) {
+    const auto input = statepool::fuzz::parse_page_input(params);
+    const kernels::PageCodec page_codec(input->layout);
+    // A deterministic state of moderate values, a few outliers among them.
+    std::vector<float> state(page_codec.staged_bytes(kernels::DType::f32) / sizeof(float));
+    std::uint64_t x = 0x243F6A8885A308D3ull + params[0];
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const float u = static_cast<float>(x >> 40) / static_cast<float>(1u << 24) - 0.5f;
+      state[i] = i % 97 == 0 ? 40.0f * u : u;
+    }
+    std::vector<std::byte> staged(page_codec.staged_bytes(kernels::DType::f32));
+    std::memcpy(staged.data(), state.data(), staged.size() - staged.size() % sizeof(float));
+    std::vector<std::byte> page(page_codec.page_bytes());
+    page_codec.encode(staged, kernels::DType::f32, page);
+    Bytes seed = params;
+    for (const std::byte b : page) seed.push_back(std::to_integer<std::uint8_t>(b));
+    write_file(dir / name, seed);
+  });
 }
 
 // Seeds of the shared-memory fuzzer: the page corpus's parameters for every codec, arch and
@@ -314,29 +323,23 @@ void write_page_corpus(const fs::path& dir) {
 // (fuzz_shared_memory.cpp flips some of them while they are encoded).
 void write_shared_memory_corpus(const fs::path& dir) {
   fs::create_directories(dir);
-  for (unsigned codec = 0; codec < 10; ++codec) {
-    for (const bool kda : {false, true}) {
-      for (const bool bf16 : {false, true}) {
-        const unsigned variant = (codec + (kda ? 1u : 0u)) % 3;
-        Bytes seed = page_params(codec, kda, bf16, variant);
-        const unsigned kv = codec * 4 + (kda ? 2u : 0u) + (bf16 ? 1u : 0u);
-        seed.push_back(static_cast<std::uint8_t>(kv % 5 | (kv % 2) << 3 | (kv % 3) << 4));
-        seed.push_back(static_cast<std::uint8_t>(kv));       // flipped values
-        seed.push_back(static_cast<std::uint8_t>(kv * 13));  // their seed
-        std::uint64_t x = 0x13198A2E03707344ull + kv;
-        for (int i = 0; i < 64; ++i) {  // 64 f32 values in [-2, 2), repeated to fill
-          x = x * 6364136223846793005ull + 1442695040888963407ull;
-          const float v = static_cast<float>(x >> 40) / static_cast<float>(1u << 22) - 2.0f;
-          std::uint8_t b[4];
-          std::memcpy(b, &v, 4);
-          seed.insert(seed.end(), b, b + 4);
-        }
-        write_file(dir / (std::string(kernels::to_string(static_cast<kernels::CodecId>(codec))) +
-                          "-" + (kda ? "kda" : "gdn") + "-" + (bf16 ? "bf16" : "f32")),
-                   seed);
-      }
+  unsigned kv = 0;
+  for_each_page_params([&](const Bytes& params, const std::string& name) {
+    Bytes seed = params;
+    ++kv;
+    seed.push_back(static_cast<std::uint8_t>(kv % 5 | (kv % 2) << 3 | (kv % 3) << 4));
+    seed.push_back(static_cast<std::uint8_t>(kv));       // flipped values
+    seed.push_back(static_cast<std::uint8_t>(kv * 13));  // their seed
+    std::uint64_t x = 0x13198A2E03707344ull + kv;
+    for (int i = 0; i < 64; ++i) {  // 64 f32 values in [-2, 2), repeated to fill
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const float v = static_cast<float>(x >> 40) / static_cast<float>(1u << 22) - 2.0f;
+      std::uint8_t b[4];
+      std::memcpy(b, &v, 4);
+      seed.insert(seed.end(), b, b + 4);
     }
-  }
+    write_file(dir / name, seed);
+  });
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "statepool/client.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
+#include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/plans.hpp"
 
@@ -62,24 +63,13 @@ struct Target {
 /// states; STEPQuant with plans of every width and pivots, GDN and KDA, and its ablations.
 std::vector<Target> targets() {
   std::vector<Target> out;
-  const auto gdn = [](kernels::CodecId id) {
-    kernels::StateLayout l;
-    l.arch = kernels::Arch::gdn;
-    l.num_layers = 2;
-    l.num_heads = 3;
-    l.key_dim = 128;
-    l.value_dim = 128;
-    l.conv_channels = 64;
-    l.conv_width = 3;
-    l.conv_dtype = kernels::DType::bf16;
-    l.codec.id = id;
-    return l;
-  };
+  using statepool::testing::Shape;
+  const Shape gdn{kernels::Arch::gdn, 128, 128, 0, 2, 3, 64, 3, kernels::DType::bf16};
   for (const kernels::CodecId id :
        {kernels::CodecId::fp32, kernels::CodecId::bf16, kernels::CodecId::fp16,
         kernels::CodecId::int8, kernels::CodecId::int6, kernels::CodecId::int4,
         kernels::CodecId::dsq6, kernels::CodecId::dsq4}) {
-    out.push_back({kernels::to_string(id), gdn(id)});
+    out.push_back({kernels::to_string(id), statepool::testing::shaped(id, gdn)});
   }
   using statepool::testing::plan_layout;
   out.push_back(

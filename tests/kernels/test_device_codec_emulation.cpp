@@ -242,20 +242,46 @@ TEST_P(DeviceCodecEmulation, DecodeWritesTheCpuStagedBytes) {
   }
 }
 
+// A page and a staged state between guard bytes, encoded and decoded by the device block
+// bodies on a host team: a stray write shows in the guards (a stray read, under ASan).
+struct Guarded {
+  static constexpr std::size_t kGuard = 64;
+  static constexpr std::byte kMark{0xC5};
+  std::vector<std::byte> page;
+  std::vector<std::byte> back;
+
+  Guarded(const PageCodec& cpu, DType dtype)
+      : page(cpu.page_bytes() + 2 * kGuard, kMark),
+        back(cpu.staged_bytes(dtype) + 2 * kGuard, kMark) {}
+  std::byte* page_bytes() { return page.data() + kGuard; }
+  /// Encodes `staged` into the page, then decodes the page into `back`.
+  void round_trip(const PageFormatView& view, const std::vector<std::byte>& staged,
+                  unsigned ranks) {
+    const void* in = staged.data();
+    void* out = page_bytes();
+    cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, ranks);
+    const void* pin = page_bytes();
+    void* sout = back.data() + kGuard;
+    cuda::emulate_decode_pages(view, &pin, &sout, 1, ranks);
+  }
+  static bool intact(const std::vector<std::byte>& b) {
+    for (std::size_t i = 0; i < kGuard; ++i) {
+      if (b[i] != kMark || b[b.size() - 1 - i] != kMark) return false;
+    }
+    return true;
+  }
+};
+
 // What the device encoder meets when an engine rewrites its state after the daemon's
 // non-finite scan, or its page while the encoder uses the page as scratch for scales
 // (docs/architecture.md, "Memory a client can write"): NaN, +-Inf and huge values reach
 // the block bodies. Every code is clamped and every index comes from the layout, so each
 // block writes its own head's bytes and nothing else, and the page decodes without a read
-// or write outside it. Guard bytes around the page and the staged state show any stray
-// write (ASan shows a stray read).
+// or write outside it.
 TEST_P(DeviceCodecEmulation, AnyValuesEncodeAndDecodeWithinTheirBuffers) {
   const auto& [c, dtype] = GetParam();
   const PageCodec cpu(c.layout);
   const PageFormatTables tables(cpu, dtype);
-  const PageFormatView view = tables.view();
-  constexpr std::size_t kGuard = 64;
-  constexpr std::byte kMark{0xC5};
   auto staged = staged_state(c.layout, dtype, 9);
   const std::size_t values = staged.size() / dtype_bytes(dtype);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
@@ -267,23 +293,11 @@ TEST_P(DeviceCodecEmulation, AnyValuesEncodeAndDecodeWithinTheirBuffers) {
   for (std::size_t i = 0; i < values; i += 5) {
     set_staged(staged, dtype, std::min(values - 1, i + i % 3), specials[(i / 5) % 6]);
   }
-  std::vector<std::byte> page(cpu.page_bytes() + 2 * kGuard, kMark);
-  std::vector<std::byte> back(cpu.staged_bytes(dtype) + 2 * kGuard, kMark);
-  const auto guards_intact = [&](const std::vector<std::byte>& b) {
-    for (std::size_t i = 0; i < kGuard; ++i) {
-      if (b[i] != kMark || b[b.size() - 1 - i] != kMark) return false;
-    }
-    return true;
-  };
   for (const unsigned ranks : {1u, 3u}) {
-    const void* in = staged.data();
-    void* out = page.data() + kGuard;
-    cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, ranks);
-    EXPECT_TRUE(guards_intact(page)) << ranks << " ranks: a write outside the page";
-    const void* pin = page.data() + kGuard;
-    void* sout = back.data() + kGuard;
-    cuda::emulate_decode_pages(view, &pin, &sout, 1, ranks);
-    EXPECT_TRUE(guards_intact(back)) << ranks << " ranks: a write outside the staged state";
+    Guarded g(cpu, dtype);
+    g.round_trip(tables.view(), staged, ranks);
+    EXPECT_TRUE(Guarded::intact(g.page)) << ranks << " ranks: a write outside the page";
+    EXPECT_TRUE(Guarded::intact(g.back)) << ranks << " ranks: a write outside the staged state";
   }
 }
 
@@ -293,19 +307,15 @@ TEST_P(DeviceCodecEmulation, RewritesDuringTheWorkStayWithinTheirBuffers) {
   const auto& [c, dtype] = GetParam();
   const PageCodec cpu(c.layout);
   const PageFormatTables tables(cpu, dtype);
-  const PageFormatView view = tables.view();
-  constexpr std::size_t kGuard = 64;
-  constexpr std::byte kMark{0x3A};
   auto staged = staged_state(c.layout, dtype, 10);
-  std::vector<std::byte> page(cpu.page_bytes() + 2 * kGuard, kMark);
-  std::vector<std::byte> back(cpu.staged_bytes(dtype) + 2 * kGuard, kMark);
+  Guarded g(cpu, dtype);
   std::atomic<bool> stop{false};
   std::thread mutator([&] {
     std::mt19937_64 rng(11);
     const std::uint32_t words[] = {0x7fc07fc0u, 0xff800000u, 0x7f7fffffu, 0x00000001u};
     // Volatile stores: none is merged or dropped.
     auto* state = reinterpret_cast<volatile std::uint8_t*>(staged.data());
-    auto* bytes = reinterpret_cast<volatile std::uint8_t*>(page.data() + kGuard);
+    auto* bytes = reinterpret_cast<volatile std::uint8_t*>(g.page_bytes());
     while (!stop.load(std::memory_order_relaxed)) {
       const std::uint32_t w = words[rng() % 4];
       const std::size_t at = (rng() % (staged.size() / 4)) * 4;
@@ -313,22 +323,11 @@ TEST_P(DeviceCodecEmulation, RewritesDuringTheWorkStayWithinTheirBuffers) {
       bytes[rng() % cpu.page_bytes()] = static_cast<std::uint8_t>(rng());
     }
   });
-  for (int round = 0; round < 4; ++round) {
-    const void* in = staged.data();
-    void* out = page.data() + kGuard;
-    cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, 3);
-    const void* pin = page.data() + kGuard;
-    void* sout = back.data() + kGuard;
-    cuda::emulate_decode_pages(view, &pin, &sout, 1, 3);
-  }
+  for (int round = 0; round < 4; ++round) g.round_trip(tables.view(), staged, 3);
   stop.store(true);
   mutator.join();
-  for (std::size_t i = 0; i < kGuard; ++i) {
-    ASSERT_EQ(page[i], kMark);
-    ASSERT_EQ(page[page.size() - 1 - i], kMark);
-    ASSERT_EQ(back[i], kMark);
-    ASSERT_EQ(back[back.size() - 1 - i], kMark);
-  }
+  EXPECT_TRUE(Guarded::intact(g.page)) << "a write outside the page";
+  EXPECT_TRUE(Guarded::intact(g.back)) << "a write outside the staged state";
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
