@@ -98,11 +98,8 @@ struct StagedCopy {
     m = static_cast<std::uint32_t>(max);
     if (m < kNonFiniteAbsBits) return group;
     // Where, in the copy (this thread's own memory): the check and the report agree.
-    float value = 0.0f;
-    const std::size_t at = copy_finite_block(reinterpret_cast<const std::byte*>(group), count,
-                                             DType::f32, group, value);
-    bad_index = begin + at;
-    bad_value = value;
+    bad_index = begin + first_non_finite(reinterpret_cast<const std::byte*>(group), count,
+                                         DType::f32, bad_value);
     return nullptr;
   }
   void prefetch(std::size_t begin, std::size_t count) const {

@@ -584,6 +584,8 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
       EXPECT_EQ(e.layer(), layer);
       EXPECT_EQ(e.head(), head);
       EXPECT_EQ(e.index(), std::size_t{row} * layout_.value_dim + col);
+      // The value as read (bf16 widened exactly).
+      EXPECT_EQ(float_bits(e.value()), c.dtype == DType::f32 ? c.bits : c.bits << 16);
     }
     EXPECT_NO_THROW(page().encode_heads(staged, c.dtype, heads_only, 0, bad_head))
         << "a range before the bad head is finite";
