@@ -25,7 +25,8 @@ endif()
 # Applied globally so that every object, test and helper executable agrees on the runtime.
 if(STATEPOOL_SANITIZE STREQUAL "thread")
   if(STATEPOOL_CUDA)
-    message(FATAL_ERROR "STATEPOOL_SANITIZE=thread builds no CUDA code: add -DSTATEPOOL_CUDA=OFF")
+    message(STATUS "statepool: STATEPOOL_SANITIZE=thread builds no CUDA code (STATEPOOL_CUDA off)")
+    set(STATEPOOL_CUDA OFF CACHE BOOL "Build the CUDA kernels when nvcc is found" FORCE)
   endif()
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread>
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)

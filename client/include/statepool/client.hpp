@@ -637,7 +637,8 @@ class Connection {
   /// page[slot] <- the state staged at staging[offset, offset + state_bytes(dtype)).
   /// dtype is the recurrent part's element type (f32 or bf16); the conv part is in the
   /// layout's conv_dtype. Returns the page bytes written. Error(not_finite) when the state
-  /// holds NaN or Inf (the page is then unchanged).
+  /// holds NaN or Inf (the page is then unchanged, unless the staging range was rewritten
+  /// during the call: docs/protocol.md section 7.6).
   std::uint64_t compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
                          kernels::DType dtype = kernels::DType::f32);
   std::uint64_t compress(ArenaId arena, SlotId slot, StagingId staging, std::uint64_t offset,
