@@ -31,10 +31,11 @@ void decode_bf16(const std::byte* src, std::size_t n, float* dst);
 void decode_fp16(const std::byte* src, std::size_t n, float* dst);
 
 /// Index of the first NaN / +-Inf among n values in `dtype` (f32, bf16 or f16;
-/// little-endian, any alignment), or n; `value` is then that value as a float. Each value
-/// is read once (blocks copied out, a vectorized OR over their bits first), so a buffer
-/// another process rewrites meanwhile gives a consistent answer: an index below n is always
-/// that of a value read as NaN / +-Inf, never more than n values are read.
+/// little-endian, any alignment), or n; `value` is then that value as a float. Blocks are
+/// tested in place (a vectorized OR over their bits); one that looks bad is copied out and
+/// the index and value come from the copy, so a buffer another process rewrites meanwhile
+/// gives a consistent answer: an index below n is always that of a value read as NaN /
+/// +-Inf, and never more than n values are read.
 [[nodiscard]] std::size_t first_non_finite(const std::byte* src, std::size_t n, DType dtype,
                                            float& value) noexcept;
 
@@ -64,13 +65,8 @@ STATEPOOL_FORCE_INLINE std::size_t copy_finite_block(const std::byte* src, std::
     }
   }
   if (any == 0) return n;
-  for (std::size_t i = 0; i < n; ++i) {  // in `dst`, which is the caller's own
-    if (is_non_finite_bits(float_bits(dst[i]))) {
-      value = dst[i];
-      return i;
-    }
-  }
-  return n;
+  // Where: in `dst`, which is the caller's own (the check and the report agree).
+  return first_non_finite(reinterpret_cast<const std::byte*>(dst), n, DType::f32, value);
 }
 /// The same over a whole head or more (cloned: a function of its own).
 [[nodiscard]] std::size_t copy_finite(const std::byte* src, std::size_t n, DType dtype, float* dst,

@@ -324,13 +324,9 @@ STATEPOOL_SIMD_CLONES std::size_t copy_bf16_checked(const std::byte* in, std::si
     for (std::size_t j = 0; j < count; ++j) {
       any |= static_cast<std::uint32_t>(is_non_finite_bf16(block[j]));
     }
-    if (any != 0) {
-      for (std::size_t j = 0; j < count; ++j) {
-        if (is_non_finite_bf16(block[j])) {
-          value = bf16_bits_to_float(block[j]);
-          return base + j;
-        }
-      }
+    if (any != 0) {  // where, in the block (ours: the check and the report agree)
+      return base + detail::first_non_finite(reinterpret_cast<const std::byte*>(block), count,
+                                             DType::bf16, value);
     }
     std::memcpy(out + 2 * base, block, 2 * count);
   }

@@ -123,7 +123,7 @@ void HostExecutor::run_compress(const Operation& op) {
   // Sizes and dtype first (an empty range checks them and writes nothing).
   codec.encode_heads(in(op.staged), op.dtype, out(op.page), 0, 0);
   // The staged state is a client's memory, which it may rewrite while this runs:
-  // encode_heads reads each head once into memory of its own and checks what it encodes,
+  // encode_heads reads each value once into memory of its own and checks what it encodes,
   // so the page is made of values that were there, or the compress fails with not_finite
   // (docs/architecture.md, "Memory a client can write").
   //

@@ -70,8 +70,8 @@ class PageCodec {
   void check_finite(std::span<const std::byte> staged, DType dtype, std::size_t first,
                     std::size_t last) const;
   /// Encodes heads [first, last) of `staged` into `page`, checking what it encodes: each
-  /// head is read once into memory of the calling thread (a private copy), which the codec
-  /// checks and encodes. Throws NonFiniteError for the first NaN/Inf of the first head that
+  /// value is read once into memory of the calling thread (a block, a group or the head,
+  /// Codec::encode_staged_head), which the codec checks and encodes. Throws NonFiniteError for the first NaN/Inf of the first head that
   /// holds one; the heads before it in the range are then written, that one and the rest
   /// not (their bytes are unspecified). An executor that must leave the page unchanged
   /// either runs check_finite over every head first, or encodes into a scratch page.
