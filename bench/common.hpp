@@ -101,7 +101,8 @@ struct CodecChoice {
 };
 
 /// A comma-separated list of codec names (kernels::parse_codec), a stepquant one
-/// optionally with ":spatial_only", ":temporal_only" or ":full"; std::invalid_argument
+/// optionally with ":spatial_only", ":temporal_only", ":no_refit" or ":full";
+/// std::invalid_argument
 /// naming `option` otherwise.
 inline std::vector<CodecChoice> parse_codec_choices(const std::string& text, const char* option) {
   std::vector<CodecChoice> out;
@@ -114,8 +115,9 @@ inline std::vector<CodecChoice> parse_codec_choices(const std::string& text, con
     if (colon != std::string::npos) {
       const std::string variant = item.substr(colon + 1);
       bool known = false;
-      for (const auto v : {kernels::StepQuantVariant::full, kernels::StepQuantVariant::spatial_only,
-                           kernels::StepQuantVariant::temporal_only}) {
+      for (const auto v :
+           {kernels::StepQuantVariant::full, kernels::StepQuantVariant::spatial_only,
+            kernels::StepQuantVariant::temporal_only, kernels::StepQuantVariant::no_refit}) {
         if (variant == to_string(v)) {
           c.variant = v;
           known = true;
@@ -126,7 +128,7 @@ inline std::vector<CodecChoice> parse_codec_choices(const std::string& text, con
       if (!known || !stepquant) {
         throw std::invalid_argument(std::string(option) + ": '" + item +
                                     "': only stepquant4/6 take a variant, one of full, "
-                                    "spatial_only, temporal_only");
+                                    "spatial_only, temporal_only, no_refit");
       }
     }
     out.push_back(c);

@@ -91,7 +91,7 @@ PageFileHeader parse_page_file(std::span<const std::byte> file, const std::strin
   if (arch > static_cast<std::uint8_t>(kernels::Arch::kda)) {
     fail("unknown arch " + std::to_string(arch));
   }
-  if (variant > static_cast<std::uint8_t>(kernels::StepQuantVariant::temporal_only)) {
+  if (variant > static_cast<std::uint8_t>(kernels::StepQuantVariant::no_refit)) {
     fail("unknown stepquant variant " + std::to_string(variant));
   }
   h.codec = static_cast<kernels::CodecId>(codec);

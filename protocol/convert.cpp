@@ -36,7 +36,8 @@ static_assert(same(wire::StepQuantVariant::full, kernels::StepQuantVariant::full
               same(wire::StepQuantVariant::spatial_only, kernels::StepQuantVariant::spatial_only) &&
               same(wire::StepQuantVariant::temporal_only,
                    kernels::StepQuantVariant::temporal_only) &&
-              same(wire::StepQuantVariant::MAX, kernels::StepQuantVariant::temporal_only));
+              same(wire::StepQuantVariant::no_refit, kernels::StepQuantVariant::no_refit) &&
+              same(wire::StepQuantVariant::MAX, kernels::StepQuantVariant::no_refit));
 static_assert(same(wire::MemorySpace::host, kernels::MemorySpace::host) &&
               same(wire::MemorySpace::device, kernels::MemorySpace::device) &&
               same(wire::MemorySpace::MAX, kernels::MemorySpace::device));

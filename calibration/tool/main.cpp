@@ -102,7 +102,8 @@ constexpr const char* kCodecUsage =
   --plan PLAN      calibration plan (required by stepquant4/6)
   --arch gdn|kda   state family when no plan says it; default gdn
   --group-size G   int codecs: values per fp16 scale; default 128
-  --variant V      stepquant: full, spatial (spatial axis only), temporal (temporal only)
+  --variant V      stepquant: full, spatial (spatial axis only), temporal (temporal only),
+                   norefit (full without the refit of the column scales)
 )";
 
 namespace po = statepool::tools::po;
@@ -251,7 +252,8 @@ kn::StepQuantVariant parse_variant(const std::string& text) {
   if (text == "full") return kn::StepQuantVariant::full;
   if (text == "spatial") return kn::StepQuantVariant::spatial_only;
   if (text == "temporal") return kn::StepQuantVariant::temporal_only;
-  throw UsageError("--variant must be full, spatial or temporal, got '" + text + "'");
+  if (text == "norefit") return kn::StepQuantVariant::no_refit;
+  throw UsageError("--variant must be full, spatial, temporal or norefit, got '" + text + "'");
 }
 
 kn::CodecId parse_codec_name(const std::string& text) {

@@ -66,7 +66,8 @@ constexpr const char* kRunUsage =
   --plan4 PLAN, --plan4-nopivots PLAN   the same at 4 bits
   --codecs LIST        comma-separated case names; default: every case the plans allow
                        (fp32 bf16 fp16 int8 int6 int4 dsq6 dsq4 stepquantB
-                       stepquantB-spatial stepquantB-temporal stepquantB-nopivots)
+                       stepquantB-spatial stepquantB-temporal stepquantB-norefit
+                       stepquantB-nopivots)
   --tokens N           teacher-forced positions; default 4096
   --prompt N           greedy generation: prompt bytes; default 64
   --generate N         greedy generation: bytes; default 1024
@@ -132,6 +133,7 @@ std::vector<ev::CodecCase> all_cases(
       add(base, id, kn::StepQuantVariant::full, it->second);
       add(base + "-spatial", id, kn::StepQuantVariant::spatial_only, it->second);
       add(base + "-temporal", id, kn::StepQuantVariant::temporal_only, it->second);
+      add(base + "-norefit", id, kn::StepQuantVariant::no_refit, it->second);
     }
     if (const auto it = plans.find(base + "-nopivots"); it != plans.end()) {
       add(base + "-nopivots", id, kn::StepQuantVariant::full, it->second);

@@ -25,7 +25,7 @@ bool known(CodecId id) {
 }
 bool known(StepQuantVariant variant) {
   return variant == StepQuantVariant::full || variant == StepQuantVariant::spatial_only ||
-         variant == StepQuantVariant::temporal_only;
+         variant == StepQuantVariant::temporal_only || variant == StepQuantVariant::no_refit;
 }
 
 template <typename Enum>
@@ -131,6 +131,7 @@ const char* to_string(StepQuantVariant variant) noexcept {
     case StepQuantVariant::full: return "full";
     case StepQuantVariant::spatial_only: return "spatial_only";
     case StepQuantVariant::temporal_only: return "temporal_only";
+    case StepQuantVariant::no_refit: return "no_refit";
   }
   return "unknown";
 }
@@ -196,7 +197,7 @@ std::string validate(const StateLayout& layout) {
            enum_value(layout.codec.id);
   }
   if (!known(layout.codec.variant)) {
-    return "codec.variant must be full, spatial_only or temporal_only, got " +
+    return "codec.variant must be full, spatial_only, temporal_only or no_refit, got " +
            enum_value(layout.codec.variant);
   }
   if (is_uniform_codec(layout.codec.id) &&

@@ -1,4 +1,4 @@
-// stepquant4 / stepquant6 (plan-driven, three variants) and dsq4 / dsq6: a head is fitted
+// stepquant4 / stepquant6 (plan-driven, four variants) and dsq4 / dsq6: a head is fitted
 // (stepquant/fit.hpp) and its fit written in the byte format of stepquant/format.hpp;
 // decoding reconstructs the values straight from the bytes, row by row, with the
 // arithmetic of reconstruct(fit), so a decoded head is exactly reconstruct(fit) of what
@@ -222,8 +222,9 @@ class StepQuantCodec final : public Codec {
     if (variant_ == StepQuantVariant::temporal_only) {
       stepquant::fit_head_absmax(arch_, src, key_dim_, value_dim_, widths, s.fit);
     } else {
-      stepquant::fit_head(arch_, src, key_dim_, value_dim_, widths,
-                          plan_->head_impact(layer, head), s.fit);
+      stepquant::fit_head(
+          arch_, src, key_dim_, value_dim_, widths, plan_->head_impact(layer, head), s.fit,
+          variant_ == StepQuantVariant::no_refit ? stepquant::Refit::off : stepquant::Refit::on);
     }
     write_head(arch_, s.fit, widths, dst, s.u);
   }

@@ -68,51 +68,51 @@ void check_impact(std::span<const float> impact, std::uint32_t key_dim) {
   }
 }
 
-// Step 1 for one row (the sum and its rounding are fit_math.hpp's): the rows after the
-// last whole group of abs_sums8.
-STATEPOOL_SIMD_CLONES double abs_sum(const float* x, std::uint32_t n) {
-  return row_abs_sum(x, n);
+// Step 1's lane sum of one row (fit_math.hpp's row_abs_sum, the same additions in the
+// same order): the 32 lanes are four 8-float vectors, each full chunk of 32 values adds
+// into them, a last partial chunk is padded with +0 (which leaves a lane's non-negative
+// sum unchanged), and the tree adds vectors 0 + 2 and 1 + 3 (stride 16), then the two
+// (stride 8), then the eight lanes of the result (strides 4, 2, 1).
+using F32x8 = float __attribute__((vector_size(32)));
+using I32x8 = std::int32_t __attribute__((vector_size(32)));
+constexpr std::uint32_t kLaneVectors = kSumLanes / 8;
+
+// acc += |x[0..8)| (by reference: a returned 32-byte vector would change the ABI of the
+// baseline clone).
+STATEPOOL_FORCE_INLINE void add_abs8(F32x8& acc, const float* x) {
+  I32x8 v;
+  std::memcpy(&v, x, sizeof v);
+  v &= 0x7FFFFFFF;
+  F32x8 magnitude;
+  std::memcpy(&magnitude, &v, sizeof v);
+  acc += magnitude;
 }
 
-// row_abs_sum of eight rows `stride` apart, computed together: each row's four lanes are
-// summed exactly as row_abs_sum sums them (the same additions in the same order), but
-// the eight rows' chains of dependent binary64 additions are independent, so they overlap
-// instead of waiting for each other (an addition's latency is four of its throughput).
-// GCC/Clang vector types keep one row's four lanes in one register (the auto-vectorizer
-// would put the rows in the lanes and gather).
-using F32x4 = float __attribute__((vector_size(16)));
-using I32x4 = std::int32_t __attribute__((vector_size(16)));
-using F64x4 = double __attribute__((vector_size(32)));
-constexpr std::size_t kSumRows = 8;
-
-STATEPOOL_SIMD_CLONES void abs_sums8(const float* x, std::size_t stride, std::uint32_t n,
-                                     double* out) {
-  F64x4 s[kSumRows] = {};
+STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
+  F32x8 acc[kLaneVectors] = {};
   std::uint32_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    for (std::size_t r = 0; r < kSumRows; ++r) {
-      F32x4 v;
-      std::memcpy(&v, x + r * stride + j, sizeof v);
-      // |x| in binary32 is exact, and so is its conversion: the same value as abs_f64(x).
-      const auto magnitude = std::bit_cast<F32x4>(std::bit_cast<I32x4>(v) & 0x7FFFFFFF);
-      s[r] += __builtin_convertvector(magnitude, F64x4);
-    }
+  for (; j + kSumLanes <= n; j += kSumLanes) {
+    for (std::uint32_t k = 0; k < kLaneVectors; ++k) add_abs8(acc[k], x + j + 8 * k);
   }
-  for (std::size_t r = 0; r < kSumRows; ++r) {
-    double lane[4] = {s[r][0], s[r][1], s[r][2], s[r][3]};
-    for (std::uint32_t l = 0; j + l < n; ++l)
-      lane[l] = add_f64(lane[l], abs_f64(x[r * stride + j + l]));
-    out[r] = add_f64(add_f64(lane[0], lane[1]), add_f64(lane[2], lane[3]));
+  if (j < n) {
+    float tail[kSumLanes] = {};
+    std::memcpy(tail, x + j, sizeof(float) * (n - j));
+    for (std::uint32_t k = 0; k < kLaneVectors; ++k) add_abs8(acc[k], tail + 8 * k);
   }
+  const F32x8 t = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+  const float u0 = t[0] + t[4];
+  const float u1 = t[1] + t[5];
+  const float u2 = t[2] + t[6];
+  const float u3 = t[3] + t[7];
+  return (u0 + u2) + (u1 + u3);
 }
 
 // Step 1's row scales from the row sums, every row (pivot rows too; the caller overwrites
 // theirs). impact: per row, or null for all ones.
-STATEPOOL_SIMD_CLONES void row_scales(const double* sums, std::size_t rows, std::uint32_t n,
-                                      const float* impact, float* out) {
+void row_scales(const float* sums, std::size_t rows, std::uint32_t n, const float* impact,
+                float* out) {
   for (std::size_t i = 0; i < rows; ++i) {
-    const double w = impact == nullptr ? 1.0 : static_cast<double>(impact[i]);
-    out[i] = row_scale_from_sum(sums[i], n, w);
+    out[i] = row_scale_from_sum(sums[i], n, impact == nullptr ? 1.0f : impact[i]);
   }
 }
 
@@ -130,44 +130,43 @@ STATEPOOL_SIMD_CLONES void column_scales(const std::int32_t* max_bits, std::size
   }
 }
 
-// Step 3's column divisors.
-STATEPOOL_SIMD_CLONES void column_divisors(const float* c, std::size_t n, float* c_div) {
+// Step 3's column factors b_j.
+STATEPOOL_SIMD_CLONES void column_factors(const float* c, std::size_t n, float* b) {
   for (std::size_t j = 0; j < n; ++j) {
-    c_div[j] = column_divisor(c[j]);
+    b[j] = column_code_factor(c[j]);
   }
 }
 
 // Step 4's refitted column scales (in place).
-STATEPOOL_SIMD_CLONES void refit_column_scales(const double* num, const double* den,
-                                               std::size_t n, float* c) {
+STATEPOOL_SIMD_CLONES void refit_column_scales(const float* num, const float* den, std::size_t n,
+                                               float* c) {
   for (std::size_t j = 0; j < n; ++j) {
     c[j] = refit_column_scale(num[j], den[j], c[j]);
   }
 }
 
-// Step 2 for one row: cm[j] = max(cm[j], |x_j| / dq), as bits (non-negative floats order
+// Step 2 for one row: cm[j] = max(cm[j], |x_j| e), as bits (non-negative floats order
 // like their bits; int32 compares vectorize on SSE2).
-STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float dq,
+STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float e,
                                           std::int32_t* cm) {
   for (std::uint32_t j = 0; j < n; ++j) {
-    const auto t = static_cast<std::int32_t>(column_ratio_bits(x[j], dq));
+    const auto t = static_cast<std::int32_t>(column_ratio_bits(x[j], e));
     cm[j] = std::max(cm[j], t);
   }
 }
 
-// Step 3 for one row: z_j = clamp(round_half_even(x_j / ((r g) c_j)), -qmax, qmax).
-// `c_div` holds column_divisor(c_j).
-STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float rg, const float* c_div,
+// Step 3 for one row: z_j = clamp(round_half_even((x_j a) b_j), -qmax, qmax).
+STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float a, const float* b,
                                       std::uint32_t qmax, std::int32_t* z) {
   const auto offset = static_cast<std::int32_t>(qmax);
   for (std::uint32_t j = 0; j < n; ++j) {
-    z[j] = static_cast<std::int32_t>(dual_code(x[j], rg, c_div[j], qmax)) - offset;
+    z[j] = static_cast<std::int32_t>(dual_code(x[j], a, b[j], qmax)) - offset;
   }
 }
 
-// Step 4 accumulation for one row, in binary64 (row order is the caller's loop order).
+// Step 4 accumulation for one row, in binary32 (row order is the caller's loop order).
 STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
-                                     float rg, double ww, double* num, double* den) {
+                                     float rg, float ww, float* num, float* den) {
   for (std::uint32_t j = 0; j < n; ++j) {
     refit_accumulate(x[j], z[j], rg, ww, num[j], den[j]);
   }
@@ -203,21 +202,22 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   out.codes.resize(K * V);
   out.pivot_values.clear();
 
-  const auto weight = [&](std::size_t i) {
-    return impact.empty() ? 1.0 : static_cast<double>(impact[i]);
-  };
+  const auto weight = [&](std::size_t i) { return impact.empty() ? 1.0f : impact[i]; };
   // q_i (largest grid code) and g_i (grid factor) per row.
   const auto row_qmax = [&](std::size_t i) { return row_code_limit(options.grid8, widths[i]); };
   const auto grid = [&](std::size_t i) { return row_grid(options.grid8, widths[i]); };
 
-  // Step 1: the row sums eight rows at a time, the scales of every row, then the pivot
-  // rows (scale 0, codes 0, values in fp16).
-  std::vector<double> sums(K);
-  const std::size_t grouped = K - K % kSumRows;
-  for (std::size_t r = 0; r < grouped; r += kSumRows) {
-    abs_sums8(head.data() + r * V, V, value_dim, &sums[r]);
-  }
-  for (std::size_t r = grouped; r < K; ++r) sums[r] = abs_sum(head.data() + r * V, value_dim);
+  // The per-thread buffers of the fit (no allocation once a thread has fitted a head of
+  // this size).
+  thread_local std::vector<float> sums, a, b, num, den;
+  thread_local std::vector<std::int32_t> cm;
+  sums.resize(K);
+  a.resize(K);
+  b.resize(V);
+
+  // Step 1: the row sums, the scales of every row, then the pivot rows (scale 0, codes
+  // 0, values in fp16).
+  for (std::size_t r = 0; r < K; ++r) sums[r] = abs_lane_sum(head.data() + r * V, value_dim);
   row_scales(sums.data(), K, value_dim, impact.empty() ? nullptr : impact.data(),
              out.row_scale.data());
   for (std::size_t p = 0; p < K; ++p) {
@@ -229,24 +229,24 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(p * V), V, 0);
   }
 
-  // Step 2.
-  std::vector<std::int32_t> cm(V, 0);
+  // Step 2: the column maxima through e_i = 1 / (r_i q_i).
+  cm.assign(V, 0);
   for (std::size_t i = 0; i < K; ++i) {
     if (widths[i] != kPivotWidth) {
-      const float dq = out.row_scale[i] * static_cast<float>(row_qmax(i));  // exact
-      column_max_row(head.data() + i * V, value_dim, dq, cm.data());
+      column_max_row(head.data() + i * V, value_dim,
+                     column_ratio_factor(out.row_scale[i], row_qmax(i)), cm.data());
+      a[i] = code_row_factor(out.row_scale[i], grid(i));
     }
   }
   column_scales(cm.data(), V, out.col_scale.data());
 
-  // Step 3 (and 4, 3 again).
-  std::vector<float> c_div(V);
+  // Step 3 (and 4, 3 again): codes through a_i = 1 / (r_i g_i) and b_j = 1 / c_j.
   const auto encode = [&] {
-    column_divisors(out.col_scale.data(), V, c_div.data());
+    column_factors(out.col_scale.data(), V, b.data());
     for (std::size_t i = 0; i < K; ++i) {
       if (widths[i] != kPivotWidth) {
-        encode_row(head.data() + i * V, value_dim, out.row_scale[i] * static_cast<float>(grid(i)),
-                   c_div.data(), code_qmax(widths[i]), out.codes.data() + i * V);
+        encode_row(head.data() + i * V, value_dim, a[i], b.data(), code_qmax(widths[i]),
+                   out.codes.data() + i * V);
       }
     }
   };
@@ -254,13 +254,13 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   if (!options.refit) {
     return;
   }
-  std::vector<double> num(V, 0.0);
-  std::vector<double> den(V, 0.0);
+  num.assign(V, 0.0f);
+  den.assign(V, 0.0f);
   for (std::size_t i = 0; i < K; ++i) {
     if (widths[i] != kPivotWidth) {
-      const double w = weight(i);
       refit_row(head.data() + i * V, out.codes.data() + i * V, value_dim,
-                out.row_scale[i] * static_cast<float>(grid(i)), w * w, num.data(), den.data());
+                out.row_scale[i] * static_cast<float>(grid(i)), refit_weight(weight(i)), num.data(),
+                den.data());
     }
   }
   refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
@@ -271,12 +271,12 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
 
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
-              std::span<const float> impact, HeadFit& out) {
+              std::span<const float> impact, HeadFit& out, Refit refit) {
   check_shape(head, key_dim, value_dim);
   check_widths(arch, row_widths, key_dim);
   check_impact(impact, key_dim);
   fit_dual(head, key_dim, value_dim, row_widths, impact,
-           {.grid8 = arch == Arch::kda, .refit = true}, out);
+           {.grid8 = arch == Arch::kda, .refit = refit == Refit::on}, out);
 }
 
 void fit_head_dsq(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
@@ -319,10 +319,11 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
     }
     const float s = absmax_row_scale(absmax, qmax);
     out.row_scale[i] = s;
+    const float inv = absmax_code_factor(s);
     std::int32_t* z = out.codes.data() + i * V;
     for (std::size_t j = 0; j < V; ++j) {
       z[j] =
-          static_cast<std::int32_t>(uniform_code(x[j], s, qmax)) - static_cast<std::int32_t>(qmax);
+          static_cast<std::int32_t>(absmax_code(x[j], inv, qmax)) - static_cast<std::int32_t>(qmax);
     }
   }
 }

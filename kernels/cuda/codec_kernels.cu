@@ -30,9 +30,10 @@ template <class Staged>
 __global__ void __launch_bounds__(kBlock)
     encode_kernel(PageFormatView f, Slots<const void> staged, Slots<void> pages,
                   const unsigned long long* skip, std::uint32_t count) {
+  extern __shared__ float scratch[];  // encode_scratch_floats(f)
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
     encode_block<Staged>(detail::BlockTeam{}, f, staged[slot], pages[slot],
-                         skip != nullptr ? skip + slot : nullptr, blockIdx.x);
+                         skip != nullptr ? skip + slot : nullptr, blockIdx.x, scratch);
   }
 }
 
@@ -72,10 +73,12 @@ cudaError_t launch_encode(const PageFormatView& f, Slots<const void> staged, Slo
                           const unsigned long long* skip, std::uint32_t count,
                           cudaStream_t stream) {
   const dim3 g = grid(page_blocks(f), count);
+  // At most 48 KiB (kMaxHeadDim), the limit without an opt-in.
+  const std::size_t shared = encode_scratch_floats(f) * sizeof(float);
   if (f.staged_dtype == DType::f32) {
-    encode_kernel<StagedF32><<<g, kBlock, 0, stream>>>(f, staged, pages, skip, count);
+    encode_kernel<StagedF32><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
   } else {
-    encode_kernel<StagedBf16><<<g, kBlock, 0, stream>>>(f, staged, pages, skip, count);
+    encode_kernel<StagedBf16><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
   }
   return cudaGetLastError();
 }

@@ -117,14 +117,14 @@ const char* view_problem(const PageFormatView& v) noexcept {
     return "unknown arch";
   }
   if (v.variant != StepQuantVariant::full && v.variant != StepQuantVariant::spatial_only &&
-      v.variant != StepQuantVariant::temporal_only) {
+      v.variant != StepQuantVariant::temporal_only && v.variant != StepQuantVariant::no_refit) {
     return "unknown stepquant variant";
   }
   if (v.widths == nullptr) {
     return "stepquant needs the width table";
   }
   if (v.variant != StepQuantVariant::temporal_only && v.impact == nullptr) {
-    return "stepquant full / spatial_only needs the impact table";
+    return "stepquant full / spatial_only / no_refit needs the impact table";
   }
   if (v.arch == Arch::kda && v.row_offsets == nullptr) {
     return "stepquant KDA needs the row offset table";

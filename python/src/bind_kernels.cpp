@@ -69,10 +69,11 @@ void bind_kernels(py::module_& m) {
       .value("flexgen4", kernels::KvCodecId::flexgen4);
   py::enum_<kernels::StepQuantVariant>(m, "StepQuantVariant",
                                        "STEPQuant ablation: both axes, spatial only, temporal "
-                                       "only.")
+                                       "only, both axes without the refit.")
       .value("full", kernels::StepQuantVariant::full)
       .value("spatial_only", kernels::StepQuantVariant::spatial_only)
-      .value("temporal_only", kernels::StepQuantVariant::temporal_only);
+      .value("temporal_only", kernels::StepQuantVariant::temporal_only)
+      .value("no_refit", kernels::StepQuantVariant::no_refit);
 
   py::class_<sq::Plan, std::shared_ptr<sq::Plan>>(m, "Plan", R"doc(
 A STEPQuant calibration plan (docs/plans.md): per-unit bit widths, FP16 pivots and per-row

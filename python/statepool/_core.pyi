@@ -212,7 +212,7 @@ class KvCodec(_Enum):
         """The member's value."""
 
 class StepQuantVariant(_Enum):
-    """STEPQuant ablation: both axes, spatial only, temporal only."""
+    """STEPQuant ablation: both axes, spatial only, temporal only, both axes without the refit."""
 
     full: ClassVar[StepQuantVariant]
     """The codec as calibrated (both axes)."""
@@ -220,6 +220,8 @@ class StepQuantVariant(_Enum):
     """Every non-pivot unit at the budget width, with the impact-weighted fit."""
     temporal_only: ClassVar[StepQuantVariant]
     """The plan's widths with plain per-row absmax scales, no column scales."""
+    no_refit: ClassVar[StepQuantVariant]
+    """As calibrated, without the least-squares refit of the column scales."""
     __members__: ClassVar[dict[str, StepQuantVariant]]
     """The members by name."""
     def __init__(self, value: int) -> None:

@@ -109,8 +109,9 @@ std::vector<Case> cases() {
   };
   for (const auto& [name, plan] : plans) {
     const CodecId id = plan.budget_bits == 4 ? CodecId::stepquant4 : CodecId::stepquant6;
-    for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
-                                           StepQuantVariant::temporal_only}) {
+    for (const StepQuantVariant variant :
+         {StepQuantVariant::full, StepQuantVariant::spatial_only, StepQuantVariant::temporal_only,
+          StepQuantVariant::no_refit}) {
       out.push_back({name + "_" + to_string(variant), plan_layout(plan, id, variant, 12, 3)});
     }
   }

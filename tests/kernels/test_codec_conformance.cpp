@@ -159,7 +159,9 @@ HeadFit fit_of(const StateLayout& l, std::uint32_t layer, std::uint32_t head,
     stepquant::fit_head_absmax(l.arch, x, l.key_dim, l.value_dim, widths, fit);
   } else {
     stepquant::fit_head(l.arch, x, l.key_dim, l.value_dim, widths, l.plan->head_impact(layer, head),
-                        fit);
+                        fit,
+                        l.codec.variant == StepQuantVariant::no_refit ? stepquant::Refit::off
+                                                                      : stepquant::Refit::on);
   }
   return fit;
 }

@@ -147,8 +147,9 @@ std::vector<Case> cases() {
                               testing::random_impact(5))});
   for (const Planned& p : plans) {
     const CodecId id = p.plan.budget_bits == 4 ? CodecId::stepquant4 : CodecId::stepquant6;
-    for (const StepQuantVariant variant : {StepQuantVariant::full, StepQuantVariant::spatial_only,
-                                           StepQuantVariant::temporal_only}) {
+    for (const StepQuantVariant variant :
+         {StepQuantVariant::full, StepQuantVariant::spatial_only, StepQuantVariant::temporal_only,
+          StepQuantVariant::no_refit}) {
       const std::uint32_t conv = p.plan.key_dim == 7 ? 5 : 0;
       out.push_back({p.name + "_" + to_string(variant),
                      plan_layout(p.plan, id, variant, conv, conv == 0 ? 0 : 4)});

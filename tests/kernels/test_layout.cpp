@@ -57,8 +57,8 @@ TEST(Layout, MessagesNameTheFieldAndTheValue) {
       {"codec", [](StateLayout& l) { l.codec.id = static_cast<CodecId>(42); },
        "codec must be one of fp32, bf16, fp16, int4, int6, int8, stepquant4, stepquant6, dsq4, "
        "dsq6, got 42"},
-      {"variant", [](StateLayout& l) { l.codec.variant = static_cast<StepQuantVariant>(3); },
-       "codec.variant must be full, spatial_only or temporal_only, got 3"},
+      {"variant", [](StateLayout& l) { l.codec.variant = static_cast<StepQuantVariant>(4); },
+       "codec.variant must be full, spatial_only, temporal_only or no_refit, got 4"},
       {"group", [](StateLayout& l) { l.codec.group_size = 6; },
        "codec.group_size must be 0 (default 128) or a multiple of 4 between 4 and 65536, got 6"},
       {"page size",

@@ -35,6 +35,7 @@ using stepquant::FitKind;
 using stepquant::HeadFit;
 using stepquant::kPivotWidth;
 using stepquant::Plan;
+using stepquant::Refit;
 using testing::gdn_plan4;
 using testing::gdn_plan6;
 using testing::kda_plan4;
@@ -43,7 +44,8 @@ using testing::make_plan;
 using testing::plan_layout;
 
 constexpr StepQuantVariant kVariants[] = {StepQuantVariant::full, StepQuantVariant::spatial_only,
-                                          StepQuantVariant::temporal_only};
+                                          StepQuantVariant::temporal_only,
+                                          StepQuantVariant::no_refit};
 
 // ---------------------------------------------------------------------------------------
 // Page sizes, by hand.
@@ -60,7 +62,8 @@ TEST(StepQuantCodec, GdnPageBytesByHand) {
   const std::map<StepQuantVariant, const std::size_t*> expect = {
       {StepQuantVariant::full, full},
       {StepQuantVariant::spatial_only, spatial},
-      {StepQuantVariant::temporal_only, temporal}};
+      {StepQuantVariant::temporal_only, temporal},
+      {StepQuantVariant::no_refit, full}};
   for (const auto& [variant, heads] : expect) {
     const PageCodec page(plan_layout(plan, CodecId::stepquant6, variant, 10, 3));
     std::size_t offset = 0;
@@ -235,7 +238,7 @@ void fit_for(const Plan& plan, StepQuantVariant variant, std::uint32_t l, std::u
     stepquant::fit_head_absmax(plan.arch, x, plan.key_dim, plan.value_dim, widths, fit);
   } else {
     stepquant::fit_head(plan.arch, x, plan.key_dim, plan.value_dim, widths, plan.head_impact(l, h),
-                        fit);
+                        fit, variant == StepQuantVariant::no_refit ? Refit::off : Refit::on);
   }
 }
 
@@ -437,7 +440,7 @@ TEST(StepQuantLayout, NeedsAMatchingPlan) {
 
   StateLayout variant = layout;
   variant.codec.variant = static_cast<StepQuantVariant>(9);
-  rejects(variant, "codec.variant must be full, spatial_only or temporal_only, got 9");
+  rejects(variant, "codec.variant must be full, spatial_only, temporal_only or no_refit, got 9");
 }
 
 TEST(StepQuantLayout, IdentityComparesVariantAndPlan) {

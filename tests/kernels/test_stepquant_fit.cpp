@@ -29,10 +29,30 @@ using testing::fp16;
 using testing::is_fp16_exact;
 
 // ---------------------------------------------------------------------------------------
-// An independent, one-value-at-a-time transcription of the fit formulas (fit.hpp).
+// An independent, one-value-at-a-time transcription of the fit formulas (fit.hpp, format
+// v2: binary32, the lane sum, reciprocals per row and column).
 
-float fp16_sat(double y) {
-  return fp16(static_cast<float>(std::min(y, 65504.0)));
+float fp16_sat(float y) {
+  return fp16(std::min(y, 65504.0f));
+}
+
+// The lane sum: lane l adds values l, l + 32, ...; then the tree of strides 16 .. 1.
+float lane_sum(const float* x, std::size_t n) {
+  float p[32] = {};
+  for (std::size_t j = 0; j < n; ++j) {
+    p[j % 32] += std::fabs(x[j]);
+  }
+  for (std::size_t s = 16; s > 0; s /= 2) {
+    for (std::size_t l = 0; l < s; ++l) {
+      p[l] += p[l + s];
+    }
+  }
+  return p[0];
+}
+
+int code(float q, int qmax) {
+  return static_cast<int>(
+      std::clamp(std::nearbyint(q), -static_cast<float>(qmax), static_cast<float>(qmax)));
 }
 
 struct Naive {
@@ -59,12 +79,8 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
       }
       continue;
     }
-    double lane[4] = {0, 0, 0, 0};
-    for (std::size_t j = 0; j < V; ++j) {
-      lane[j % 4] += std::fabs(static_cast<double>(x[i * V + j]));
-    }
-    const double mean = ((lane[0] + lane[1]) + (lane[2] + lane[3])) / V;
-    const float r = fp16_sat(std::sqrt(mean / static_cast<double>(impact[i])));
+    const float s = lane_sum(&x[i * V], V);
+    const float r = fp16_sat(std::sqrt(s / (static_cast<float>(V) * impact[i])));
     n.r[i] = r == 0.0f ? 1.0f : r;
   }
   n.c_first.assign(V, 0.0f);
@@ -72,20 +88,19 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
     float m = 0.0f;
     for (std::size_t i = 0; i < K; ++i) {
       if (!pivot(i)) {
-        m = std::max(m, std::fabs(x[i * V + j]) / (n.r[i] * static_cast<float>(qmax(i) * g(i))));
+        const float e = 1.0f / (n.r[i] * static_cast<float>(qmax(i) * g(i)));
+        m = std::max(m, std::fabs(x[i * V + j]) * e);
       }
     }
-    n.c_first[j] = fp16_sat(static_cast<double>(m));
+    n.c_first[j] = fp16_sat(m);
   }
   const auto codes = [&](const std::vector<float>& c) {
     std::vector<int> z(std::size_t{K} * V, 0);
     for (std::size_t i = 0; i < K; ++i) {
+      const float a = pivot(i) ? 0.0f : 1.0f / (n.r[i] * static_cast<float>(g(i)));
       for (std::size_t j = 0; j < V && !pivot(i); ++j) {
-        if (c[j] > 0.0f) {
-          const float q = std::nearbyint(x[i * V + j] / (n.r[i] * c[j] * static_cast<float>(g(i))));
-          z[i * V + j] = static_cast<int>(
-              std::clamp(q, -static_cast<float>(qmax(i)), static_cast<float>(qmax(i))));
-        }
+        const float b = c[j] > 0.0f ? 1.0f / c[j] : 0.0f;
+        z[i * V + j] = code((x[i * V + j] * a) * b, qmax(i));
       }
     }
     return z;
@@ -94,22 +109,20 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
   n.c = n.c_first;
   if (refit) {
     for (std::size_t j = 0; j < V; ++j) {
-      double num = 0.0;
-      double den = 0.0;
+      float num = 0.0f;
+      float den = 0.0f;
       for (std::size_t i = 0; i < K; ++i) {
         if (!pivot(i)) {
-          const double w = impact[i];
-          const double v =
+          const float v =
               n.r[i] * static_cast<float>(g(i)) * static_cast<float>(n.z_first[i * V + j]);
-          num += (w * w) * v * x[i * V + j];
-          den += (w * w) * v * v;
+          const float t = (impact[i] * impact[i]) * v;
+          num += t * x[i * V + j];
+          den += t * v;
         }
       }
-      if (den > 0.0) {
-        const float c = fp16_sat(num / den);
-        if (c > 0.0f) {
-          n.c[j] = c;
-        }
+      const float q = num / den;
+      if (den > 0.0f && q > 0.0f && std::isfinite(q) && fp16_sat(q) > 0.0f) {
+        n.c[j] = fp16_sat(q);
       }
     }
   }
@@ -217,6 +230,27 @@ TEST(StepQuantFit, KdaMixedWidthsMatchTheFormulasBitForBit) {
       expect_bits_equal(fit.row_scale, n.r, "r");
       expect_bits_equal(fit.col_scale, n.c, "c");
       expect_codes_equal(fit.codes, n.z);
+      expect_bits_equal(fit.pivot_values, n.pivots, "pivot");
+    }
+  }
+}
+
+// The no_refit ablation: steps 1-3 only, with the impact and (KDA) the shared grid.
+TEST(StepQuantFit, NoRefitStopsAfterStepThree) {
+  for (const Shape s : kShapes) {
+    for (const Arch arch : {Arch::gdn, Arch::kda}) {
+      const bool kda = arch == Arch::kda;
+      const auto x = kda ? kda_head(s.K, s.V, 7 + s.K) : gdn_head(s.K, s.V, 17 + s.V);
+      const auto w = impacts(s.K, 13);
+      const auto widths =
+          kda ? kda_widths(s.K, true, s.K + s.V) : std::vector<std::uint8_t>(s.K, 6);
+      HeadFit fit;
+      fit_head(arch, x, s.K, s.V, widths, w, fit, Refit::off);
+      const Naive n = naive_dual(x, s.K, s.V, widths, w, kda, false);
+      SCOPED_TRACE(std::to_string(s.K) + "x" + std::to_string(s.V) + (kda ? " kda" : " gdn"));
+      expect_bits_equal(fit.row_scale, n.r, "r");
+      expect_bits_equal(fit.col_scale, n.c_first, "c");
+      expect_codes_equal(fit.codes, n.z_first);
       expect_bits_equal(fit.pivot_values, n.pivots, "pivot");
     }
   }

@@ -36,9 +36,16 @@ enum class CodecId : std::uint8_t {
 
 /// STEPQuant ablation switches (the paper's table): both axes, the spatial axis only
 /// (impact-weighted dual-axis fit at uniform width), or the temporal axis only (the plan's
-/// per-unit widths with plain absmax scales). Pivots on/off is a property of the plan
-/// (calibrate with zero pivots). Values match wire::StepQuantVariant.
-enum class StepQuantVariant : std::uint8_t { full = 0, spatial_only = 1, temporal_only = 2 };
+/// per-unit widths with plain absmax scales); and no_refit, the full codec without the
+/// least-squares refit of the column scales (format v2's ablation, docs/codecs.md). Pivots
+/// on/off is a property of the plan (calibrate with zero pivots). Values match
+/// wire::StepQuantVariant.
+enum class StepQuantVariant : std::uint8_t {
+  full = 0,
+  spatial_only = 1,
+  temporal_only = 2,
+  no_refit = 3,
+};
 
 namespace stepquant {
 struct Plan;
@@ -79,7 +86,7 @@ struct StateLayout {
 [[nodiscard]] const char* to_string(DType dtype) noexcept;
 [[nodiscard]] const char* to_string(Arch arch) noexcept;
 [[nodiscard]] const char* to_string(CodecId codec) noexcept;
-/// "full", "spatial_only", "temporal_only".
+/// "full", "spatial_only", "temporal_only", "no_refit".
 [[nodiscard]] const char* to_string(StepQuantVariant variant) noexcept;
 /// Parses a codec name as printed by to_string ("int6", "stepquant6", "dsq4", ...);
 /// returns false if unknown.

@@ -31,20 +31,26 @@ STATEPOOL_HD inline std::uint16_t uniform_scale_bits(std::uint32_t absmax_bits,
   return float_to_half_bits(div_rn(bits_float(absmax_bits), static_cast<float>(qmax)));
 }
 
-/// Code of x for a scale s > 0 (callers handle s == 0 with uniform_code).
-STATEPOOL_HD inline std::uint32_t uniform_code_positive_scale(float x, float s,
-                                                              std::uint32_t qmax) noexcept {
+/// Offset-binary code of a quotient q (x over its step): clamp(round_half_even(q),
+/// -qmax, qmax) + qmax; a NaN quotient gives 0 (z = -qmax).
+STATEPOOL_HD inline std::uint32_t code_from_quotient(float q, std::uint32_t qmax) noexcept {
   const float qmaxf = static_cast<float>(qmax);
   // Round, then clamp: equal to clamp-then-round for integer bounds, and this order lets
   // GCC vectorize the host loops. round_half_even_small is exact where it matters
   // (|q| < 2^22); beyond, it stays far outside [-qmax, qmax] and the clamp decides.
-  float r = round_half_even_small(div_rn(x, s));
+  float r = round_half_even_small(q);
   // Strict compares: the same results as >= / <= (at equality both sides are the bound),
   // and exactly the max/min instructions' semantics, so the host loops compile to
   // vmaxps/vminps rather than compare-and-blend.
   r = r > -qmaxf ? r : -qmaxf;  // also maps NaN to -qmax
   r = r < qmaxf ? r : qmaxf;
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(r) + static_cast<std::int32_t>(qmax));
+}
+
+/// Code of x for a scale s > 0 (callers handle s == 0 with uniform_code).
+STATEPOOL_HD inline std::uint32_t uniform_code_positive_scale(float x, float s,
+                                                              std::uint32_t qmax) noexcept {
+  return code_from_quotient(div_rn(x, s), qmax);
 }
 
 /// Code of x for any stored scale s (s == 0, or a NaN scale, gives z = 0).

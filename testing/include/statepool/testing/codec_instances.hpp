@@ -61,6 +61,8 @@ inline std::string describe(const kernels::StateLayout& l, const std::string& pl
     name += "_spatial_only";
   } else if (l.codec.variant == kernels::StepQuantVariant::temporal_only) {
     name += "_temporal_only";
+  } else if (l.codec.variant == kernels::StepQuantVariant::no_refit) {
+    name += "_no_refit";
   }
   return name;
 }
@@ -147,7 +149,7 @@ inline std::vector<Instance> instances() {
   for (const PlanCase& c : plans) {
     for (const kernels::StepQuantVariant variant :
          {kernels::StepQuantVariant::full, kernels::StepQuantVariant::spatial_only,
-          kernels::StepQuantVariant::temporal_only}) {
+          kernels::StepQuantVariant::temporal_only, kernels::StepQuantVariant::no_refit}) {
       add(plan_layout(c.plan, c.codec, variant, c.conv_channels, c.conv_width), c.tag);
     }
   }

@@ -22,13 +22,13 @@
 // a head (K rows, V columns, n = K V values, page order = row-major):
 //   float codecs      rank per value
 //   int4/6/8          rank per group (absmax, fp16 scale), sync, rank per quad (codes)
-//   dual axis (GDN at 4/6/8 bits, KDA, dsq4/6)
-//                     rank per row (r_i: the four-lane binary64 row sum), sync,
-//                     rank per column (c_j: max over rows, then the refit sums over rows
-//                     in row order, binary64), sync, rank per quad (codes)
-//   2-bit GDN         rank per (row, 32-value group) (three scale candidates), sync,
+//   dual axis (GDN at 2/4/6/8 bits, KDA, dsq4/6)
+//                     rank per row (r_i from the lane sum of fit_math.hpp; e_i and a_i
+//                     into the block scratch), sync, rank per column (c_j: max over rows,
+//                     then the refit sums over rows in row order, binary32; b_j into the
+//                     scratch), sync, rank per quad (codes)
+//   temporal_only     rank per row (absmax scale, its reciprocal into the scratch), sync,
 //                     rank per quad
-//   temporal_only     rank per row (absmax scale), sync, rank per quad
 //   pivot GDN head    rank per value (fp16)
 //   decode            rank per quad (per value for the float codecs and pivot heads)
 // A quad is four consecutive codes of one packed run, which starts on a byte boundary
@@ -316,7 +316,7 @@ enum class SqKind : std::uint8_t {
 struct SqHead {
   SqKind kind = SqKind::dual;
   bool grid8 = false;                    // KDA: rows on the shared 8-bit column grid (q_i, g_i)
-  bool refit = false;                    // stepquant full / spatial_only: the least-squares refit
+  bool refit = false;                    // stepquant but temporal_only / no_refit: the refit
   std::uint32_t bits = 0;                // width of every row when `widths` is null (dsq)
   const std::uint8_t* widths = nullptr;  // [K]
   const float* impact = nullptr;         // [K], null: all ones
@@ -329,8 +329,8 @@ struct SqHead {
   STATEPOOL_HD std::uint32_t width(std::uint32_t i) const noexcept {
     return widths != nullptr ? widths[i] : bits;
   }
-  STATEPOOL_HD double weight(std::uint32_t i) const noexcept {
-    return impact != nullptr ? static_cast<double>(impact[i]) : 1.0;
+  STATEPOOL_HD float weight(std::uint32_t i) const noexcept {
+    return impact != nullptr ? impact[i] : 1.0f;
   }
 };
 
@@ -353,10 +353,11 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   if (!temporal) {
     h.impact = f.impact + row0;
   }
+  const bool refit = !temporal && f.variant != StepQuantVariant::no_refit;
   if (f.arch == Arch::kda) {
     h.kind = temporal ? SqKind::absmax : SqKind::dual;
     h.grid8 = !temporal;
-    h.refit = !temporal;
+    h.refit = refit;
     h.row_offsets = f.row_offsets + row0;
     h.data_end = h.row_offsets[K - 1] + stepquant::row_bytes(V, h.widths[K - 1]);
     return h;
@@ -370,7 +371,7 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
     h.codes_offset = 2u * std::uint64_t{K};
   } else {
     h.kind = SqKind::dual;
-    h.refit = true;
+    h.refit = refit;
     h.codes_offset = 2u * (std::uint64_t{K} + V);
   }
   if (h.kind != SqKind::pivot_head) {
@@ -474,10 +475,24 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   }
 }
 
-// Step 1 (dual) or the absmax scale (temporal_only) of every row, into the page.
+// The block scratch of a stepquant / dsq encode (encode_scratch_floats): per row the
+// step-2 factor e_i and the step-3 factor a_i (temporal_only: 1 / s_i), per column the
+// step-3 factor b_j. Written by the rank that computes them, read after a sync().
+struct SqScratch {
+  float* data;
+  std::uint32_t key_dim;
+
+  STATEPOOL_HD float* e() const noexcept { return data; }
+  STATEPOOL_HD float* a() const noexcept { return data + key_dim; }
+  STATEPOOL_HD float* b() const noexcept { return data + 2 * std::uint64_t{key_dim}; }
+};
+
+// Step 1 (dual) or the absmax scale (temporal_only) of every row, into the page, and the
+// row's factors into the scratch.
 template <class Staged, class Team>
 STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const SqHead& h,
-                                   const HeadValues<Staged>& x, std::uint8_t* out) noexcept {
+                                   const HeadValues<Staged>& x, std::uint8_t* out,
+                                   const SqScratch& scratch) noexcept {
   const std::uint32_t V = f.value_dim;
   for (std::uint32_t i = t.rank(); i < f.key_dim; i += t.size()) {
     const std::uint32_t bits = h.width(i);
@@ -491,8 +506,12 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
           absmax = a > absmax ? a : absmax;
         }
         s = stepquant::absmax_row_scale(absmax, code_qmax(bits));
+        scratch.a()[i] = stepquant::absmax_code_factor(s);
       } else {
         s = stepquant::row_scale_from_sum(stepquant::row_abs_sum(row, V), V, h.weight(i));
+        scratch.e()[i] =
+            stepquant::column_ratio_factor(s, stepquant::row_code_limit(h.grid8, bits));
+        scratch.a()[i] = stepquant::code_row_factor(s, stepquant::row_grid(h.grid8, bits));
       }
     }
     store_half(out + 2 * i, float_to_half_bits(s));
@@ -504,35 +523,31 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
 template <class Staged>
 STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
                                 const HeadValues<Staged>& x, const std::uint8_t* r,
-                                std::uint32_t j) noexcept {
+                                const SqScratch& scratch, std::uint32_t j) noexcept {
   std::uint32_t max_bits = 0;
   for (std::uint32_t i = 0; i < f.key_dim; ++i) {
-    const std::uint32_t bits = h.width(i);
-    if (bits != stepquant::kPivotWidth) {
-      const float dq =
-          load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_code_limit(h.grid8, bits));
-      const std::uint32_t a = stepquant::column_ratio_bits(x.at(i, j), dq);
-      max_bits = a > max_bits ? a : max_bits;
+    if (h.width(i) != stepquant::kPivotWidth) {
+      const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), scratch.e()[i]);
+      max_bits = m > max_bits ? m : max_bits;
     }
   }
   const float c = stepquant::column_scale_from_max(max_bits);
   if (!h.refit) {
     return c;
   }
-  const float divisor = stepquant::column_divisor(c);
-  double num = 0.0;
-  double den = 0.0;
+  const float b = stepquant::column_code_factor(c);
+  float num = 0.0f;
+  float den = 0.0f;
   for (std::uint32_t i = 0; i < f.key_dim; ++i) {
     const std::uint32_t bits = h.width(i);
     if (bits != stepquant::kPivotWidth) {
       const float v = x.at(i, j);
+      const std::uint32_t qmax = code_qmax(bits);
+      const auto z = static_cast<std::int32_t>(stepquant::dual_code(v, scratch.a()[i], b, qmax)) -
+                     static_cast<std::int32_t>(qmax);
       const float rg =
           load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
-      const std::uint32_t qmax = code_qmax(bits);
-      const auto z = static_cast<std::int32_t>(stepquant::dual_code(v, rg, divisor, qmax)) -
-                     static_cast<std::int32_t>(qmax);
-      const double w = h.weight(i);
-      stepquant::refit_accumulate(v, z, rg, stepquant::mul_f64(w, w), num, den);
+      stepquant::refit_accumulate(v, z, rg, stepquant::refit_weight(h.weight(i)), num, den);
     }
   }
   return stepquant::refit_column_scale(num, den, c);
@@ -541,10 +556,11 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
 template <class Staged, class Team>
 STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
                                  const HeadValues<Staged>& x, std::uint8_t* out,
-                                 std::uint64_t head_bytes) noexcept {
+                                 std::uint64_t head_bytes, float* scratch_floats) noexcept {
   const SqHead h = sq_head(f, head);
   const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
+  const SqScratch scratch{scratch_floats, K};
   zero_bytes(t, out, h.data_end, head_bytes);
   if (h.kind == SqKind::pivot_head) {
     const std::uint64_t n = std::uint64_t{K} * V;
@@ -553,24 +569,24 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
     }
     return;
   }
-  write_row_scales(t, f, h, x, out);
+  t.sync();  // the team's previous head is done with the scratch
+  write_row_scales(t, f, h, x, out, scratch);
   t.sync();
   if (h.kind == SqKind::absmax) {
     write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-      return uniform_code(x.at(i, j), load_half_float(out + 2 * i), code_qmax(bits));
+      return stepquant::absmax_code(x.at(i, j), scratch.a()[i], code_qmax(bits));
     });
     return;
   }
   std::uint8_t* c = out + 2 * std::uint64_t{K};
   for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
-    store_half(c + 2 * j, float_to_half_bits(column_scale(f, h, x, out, j)));
+    const float cj = column_scale(f, h, x, out, scratch, j);
+    store_half(c + 2 * j, float_to_half_bits(cj));
+    scratch.b()[j] = stepquant::column_code_factor(cj);
   }
   t.sync();
   write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-    const float rg =
-        load_half_float(out + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
-    return stepquant::dual_code(
-        x.at(i, j), rg, stepquant::column_divisor(load_half_float(c + 2 * j)), code_qmax(bits));
+    return stepquant::dual_code(x.at(i, j), scratch.a()[i], scratch.b()[j], code_qmax(bits));
   });
 }
 
@@ -623,10 +639,17 @@ STATEPOOL_HD inline std::uint64_t recurrent_staged_bytes(const PageFormatView& f
 
 }  // namespace detail
 
-/// Encodes head `head` of `staged` into `page` (the head's bytes only).
+/// Floats of block scratch an encode needs (stepquant and dsq heads: 2 K + V; at most
+/// 48 KiB, at K = V = kMaxHeadDim).
+STATEPOOL_HD inline std::uint64_t encode_scratch_floats(const PageFormatView& f) noexcept {
+  return 2 * std::uint64_t{f.key_dim} + f.value_dim;
+}
+
+/// Encodes head `head` of `staged` into `page` (the head's bytes only). `scratch` is
+/// encode_scratch_floats(f) floats of block scratch, visible to every rank of the team.
 template <class Staged, class Team>
 STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void* staged,
-                              std::uint8_t* page, std::uint32_t head) noexcept {
+                              std::uint8_t* page, std::uint32_t head, float* scratch) noexcept {
   const detail::HeadValues<Staged> x{staged, detail::head_first_value(f, head), f.value_dim};
   std::uint8_t* out = page + f.head_offsets[head];
   const std::uint64_t bytes = f.head_offsets[head + 1] - f.head_offsets[head];
@@ -635,7 +658,7 @@ STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void
   } else if (is_uniform_codec(f.codec)) {
     detail::encode_uniform_head(t, f, x, out, bytes);
   } else {
-    detail::encode_sq_head(t, f, head, x, out, bytes);
+    detail::encode_sq_head(t, f, head, x, out, bytes, scratch);
   }
 }
 
@@ -656,17 +679,17 @@ STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std:
 
 /// Block `block` of a slot's encode: head `block`, or a piece of the conv state. `skip`
 /// is this slot's skip entry or null; a slot whose entry is not kAllFinite is left
-/// untouched (every rank returns before writing).
+/// untouched (every rank returns before writing). `scratch`: as encode_head's.
 template <class Staged, class Team>
 STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const void* staged,
-                               void* page, const unsigned long long* skip,
-                               std::uint32_t block) noexcept {
+                               void* page, const unsigned long long* skip, std::uint32_t block,
+                               float* scratch) noexcept {
   if (skip != nullptr && *skip != kAllFinite) {
     return;
   }
   auto* out = static_cast<std::uint8_t*>(page);
   if (block < f.head_count) {
-    encode_head<Staged>(t, f, staged, out, block);
+    encode_head<Staged>(t, f, staged, out, block, scratch);
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;

@@ -14,7 +14,8 @@
 //      sync; (one rank owns column j through both passes, so no barrier is needed
 //      between them, and every S_ij, u_j and o_j is computed with exactly the operations
 //      and the order of kernels/cpu/step_internal.hpp's step_head);
-//   3. if the new state is finite: encode_head: `state` -> the page's head. Otherwise the
+//   3. if the new state is finite: encode_head: `state` -> the page's head (its scratch
+//      where the decay was). Otherwise the
 //      page keeps its bytes and rank 0 marks the item in `rejected`.
 // A request whose slot index is not below page_count is skipped and marked (the device
 // cannot throw, and the host cannot read the device's slot list to check it).
@@ -81,10 +82,11 @@ struct StagedScratch {
 
 }  // namespace detail
 
-/// Floats of block scratch the step needs for `view`'s heads: K V (the state) + K (the
-/// decay of every row).
+/// Floats of block scratch the step needs for `view`'s heads: K V (the state), then K
+/// (the decay of every row), which the encode's scratch (encode_scratch_floats, 2 K + V)
+/// reuses once the update has read the decay.
 STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) noexcept {
-  return std::uint64_t{f.key_dim} * f.value_dim + f.key_dim;
+  return std::uint64_t{f.key_dim} * f.value_dim + encode_scratch_floats(f);
 }
 
 /// Block (request, h) of a step. `scratch` is step_scratch_floats(f) floats of block
@@ -148,7 +150,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   if (t.rank() == 0 && s.rejected != nullptr) {
     s.rejected[item] = finite ? kStepStored : kStepNotFinite;
   }
-  if (finite) encode_head<detail::StagedScratch>(t, f, &values, page, head);
+  if (finite) encode_head<detail::StagedScratch>(t, f, &values, page, head, decay);
 }
 
 }  // namespace statepool::kernels::cuda

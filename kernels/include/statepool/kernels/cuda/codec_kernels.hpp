@@ -1,16 +1,16 @@
 #pragma once
 // CUDA encode / decode of whole pages, batched over slots, for every codec: fp32, bf16,
 // fp16, int4/6/8, dsq4/6 and stepquant4/6 (full, spatial_only, temporal_only; GDN and
-// KDA; 2-bit GDN heads, mixed KDA row widths, pivots, the binary64 refit).
+// KDA; 2-bit GDN heads, mixed KDA row widths, pivots, the refit; format v2).
 //
 // Byte identity: the pages written are identical, byte for byte, to PageCodec::encode on
 // the CPU, and the staged states written identical to PageCodec::decode (f32 or bf16),
 // padding and unused code bits included. Both sides run the same per-value functions
 // (numeric.hpp, quantize.hpp, packing.hpp, stepquant/fit_math.hpp) and every reduction in
-// the CPU's order: the STEPQuant row sum as four interleaved binary64 partial sums, the
-// refit sums over rows in row order in binary64, maxima as integer maxima of |x| bits;
-// divisions and square roots are the correctly rounded ones, no multiply-add is fused
-// (the library builds with --fmad=false and the binary64 steps use the _rn intrinsics).
+// the specified order: the STEPQuant row sum as the lane sum (32 strided partials, then a
+// fixed tree), the refit sums over rows in row order, maxima as integer maxima of |x|
+// bits; everything in binary32 through the _rn intrinsics (one division per row or
+// column, none per value), no multiply-add fused (the library builds with --fmad=false).
 // The block bodies are block_codec.hpp's, which the CPU tests also run on host threads
 // (tests/kernels/test_device_codec_emulation.cpp); tests/gpu checks the device.
 //
@@ -19,7 +19,8 @@
 // head_count) or copies a 32 KiB piece of its conv state. Within a head: a thread per
 // row for row scales, a thread per column for column scales and the refit (sequential
 // over rows), a thread per quad of four codes for packing and decoding, with
-// __syncthreads() between the phases; the page itself holds the scales between phases.
+// __syncthreads() between the phases; the page itself holds the scales between phases,
+// 2K + V floats of dynamic shared memory the per-row and per-column reciprocals.
 //
 // Launchers never throw and never synchronise: they check what the host can check
 // (view_problem(view), null pointers, alignment of the single-page pointers), enqueue on

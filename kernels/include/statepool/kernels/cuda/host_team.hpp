@@ -74,14 +74,15 @@ void run_team(unsigned ranks, const Body& body) {
 inline void emulate_encode_pages(const PageFormatView& f, const void* const* staged,
                                  void* const* pages, std::uint32_t count,
                                  const unsigned long long* skip, unsigned ranks) {
+  std::vector<float> scratch(encode_scratch_floats(f));  // the block's shared memory
   run_team(ranks, [&](const auto& team) {
     for (std::uint32_t slot = 0; slot < count; ++slot) {
       for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
         const unsigned long long* s = skip != nullptr ? skip + slot : nullptr;
         if (f.staged_dtype == DType::f32) {
-          encode_block<StagedF32>(team, f, staged[slot], pages[slot], s, block);
+          encode_block<StagedF32>(team, f, staged[slot], pages[slot], s, block, scratch.data());
         } else {
-          encode_block<StagedBf16>(team, f, staged[slot], pages[slot], s, block);
+          encode_block<StagedBf16>(team, f, staged[slot], pages[slot], s, block, scratch.data());
         }
       }
     }

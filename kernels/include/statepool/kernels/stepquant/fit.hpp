@@ -8,21 +8,22 @@
 // Head: row-major key_dim x value_dim FP32 values. Row widths in {2,4,6,8,kPivotWidth}.
 // Impact: w_i > 0 per row (all ones = no spatial axis).
 //
-// The fit, exactly (fp16(y) = float_to_half_bits of numeric.hpp applied to min(y, 65504);
-// every scale is used as stored; q_i = qmax_i for GDN and DSQ, q_i = qmax_i * 2^(8-b_i)
-// for KDA, the row's largest code on the shared 8-bit grid, g_i = 1 for GDN and DSQ,
-// 2^(8-b_i) for KDA):
-//   1. r_i = fp16(float(sqrt(m_i / w_i))), m_i = (sum_j |x_ij|) / V, evaluated in
-//      binary64 (sum in column order), then rounded to binary32 and to fp16. A row whose
-//      r_i rounds to 0 (all zeros, or values below about 1e-15) gets r_i = 1.
-//   2. c_j = fp16(max_i fl(|x_ij| / (r_i q_i))) over non-pivot rows (r_i q_i is exact);
-//      0 when the column is zero (or every row is a pivot).
-//   3. z_ij = clamp(round_half_even(x_ij / (r_i c_j g_i)), -qmax_i, qmax_i) (r_i c_j g_i is
-//      exact in binary32); z_ij = 0 where c_j = 0.
-//   4. Refit (not DSQ): c_j = fp16(float(N_j / D_j)), N_j = sum_i w_i^2 v_ij x_ij,
-//      D_j = sum_i w_i^2 v_ij^2, v_ij = r_i g_i z_ij, over non-pivot rows, accumulated in
-//      binary64 in row order; c_j keeps its step-2 value when D_j = 0 or the refitted value
-//      rounds to 0. Then step 3 again with the refitted c_j.
+// The fit, exactly (format v2, docs/codecs.md: binary32, every operation rounded to
+// nearest even, no fused multiply-add; fp16(y) = float_to_half_bits of numeric.hpp
+// applied to min(y, 65504); every scale is used as stored; q_i = qmax_i for GDN and DSQ,
+// q_i = qmax_i * 2^(8-b_i) for KDA, the row's largest code on the shared 8-bit grid,
+// g_i = 1 for GDN and DSQ, 2^(8-b_i) for KDA; S is the lane sum of fit_math.hpp's
+// row_abs_sum: 32 strided lane partials, then a fixed tree):
+//   1. r_i = fp16(sqrt(S_j |x_ij| / (V w_i))). A row whose r_i rounds to 0 (all zeros,
+//      or values below about 1e-15) gets r_i = 1. Per row e_i = 1 / (r_i q_i) and
+//      a_i = 1 / (r_i g_i) (both products exact).
+//   2. c_j = fp16(max_i (|x_ij| e_i)) over non-pivot rows; 0 when the column is zero (or
+//      every row is a pivot). Per column b_j = 1 / c_j, or 0 when c_j = 0.
+//   3. z_ij = clamp(round_half_even((x_ij a_i) b_j), -qmax_i, qmax_i).
+//   4. Refit (not DSQ): over non-pivot rows in row order, v = r_i g_i z_ij (exact),
+//      t = (w_i w_i) v, N_j += t x_ij, D_j += t v; c_j = fp16(N_j / D_j) when D_j > 0 and
+//      the quotient is finite, > 0 and does not round to 0, else c_j keeps its step-2
+//      value. Then b_j and step 3 again with the refitted c_j.
 //   Reconstruction: x̂_ij = (r_i c_j) * (g_i z_ij) (dual_axis_value in format.hpp).
 //   Pivot rows: x̂_ij = fp16(x_ij) (saturating at +-65504); their r_i is stored as 0.
 // 2-bit rows, GDN and KDA alike, are ternary (qmax = 1, codes {-1, 0, 1}) in this same
@@ -32,7 +33,7 @@
 // one outlier spoiled its 31 neighbours, and it took 2.5 instead of 2.25 bits per value
 // at K = V = 128; eval/README.md.)
 // Temporal-only fit (fit_head_absmax): per row s_i = fp16(absmax_i / qmax_i) (as the int
-// codecs do), z_ij = clamp(round_half_even(x_ij / s_i), -qmax_i, qmax_i), 0 if s_i = 0;
+// codecs do), z_ij = clamp(round_half_even(x_ij (1 / s_i)), -qmax_i, qmax_i), 0 if s_i = 0;
 // x̂ = s_i z_ij. 2-bit rows are symmetric ternary here (levels {-1, 0, 1}).
 //
 // Every function throws std::invalid_argument on inconsistent sizes, a width outside
@@ -73,15 +74,20 @@ struct HeadFit {
   std::vector<float> pivot_values;
 };
 
+/// Whether fit_head refits the column scales (step 4). Refit::off is the no_refit
+/// ablation codec: measured on eval/, dropping the refit costs too much to be the
+/// default (docs/codecs.md, "The refit").
+enum class Refit : bool { off = false, on = true };
+
 /// Full STEPQuant fit of one head: impact-weighted row scales, max-based column scales
 /// over non-pivot rows, symmetric codes, one impact-weighted least-squares refit of the
-/// columns, fp16 rounding of every scale as stored, re-encode. KDA heads may mix widths
-/// (codes of a b-bit row are scaled by 2^(8-b) onto the shared 8-bit column grid); GDN
-/// heads have one width for all rows. A GDN head of pivots gives kind dual_axis with
-/// every row a pivot.
+/// columns (unless `refit` is off), fp16 rounding of every scale as stored, re-encode.
+/// KDA heads may mix widths (codes of a b-bit row are scaled by 2^(8-b) onto the shared
+/// 8-bit column grid); GDN heads have one width for all rows. A GDN head of pivots gives
+/// kind dual_axis with every row a pivot.
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
-              std::span<const float> impact, HeadFit& out);
+              std::span<const float> impact, HeadFit& out, Refit refit = Refit::on);
 
 /// Reconstruction x̂ of a fit (row-major key_dim x value_dim). `arch` must be the one the
 /// fit was made for (KDA for dual_axis_grid8); `row_widths` the widths it was made with.

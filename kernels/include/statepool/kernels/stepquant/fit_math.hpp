@@ -5,17 +5,19 @@
 // what makes the GPU bytes equal to the CPU bytes; the CPU tests of the fit therefore
 // cover this math for both.
 //
-// What each side owns is the loop order around these pieces, and the fit fixes it: the
-// row sum of step 1 is row_abs_sum below (four interleaved partial sums); the refit sums
-// run over rows in row order; the maxima are order-free; everything else is per value.
+// What each side owns is the loop order around these pieces, and the fit (format v2)
+// fixes it: every reduction over a row's values is the lane sum of row_abs_sum below (32
+// strided lane partials, then a fixed tree: what a warp's shuffle reduction and CPU SIMD
+// both compute cheaply); the refit sums over rows run in row order (one column per lane
+// on either side); the maxima are order-free; everything else is per value.
 //
-// binary64 operations go through mul_f64 / add_f64 / div_f64 / sqrt_f64: on the device
-// those are the _rn intrinsics, which nvcc never fuses into a multiply-add (a fused
-// w*v*x + num would round once instead of twice and change the refit); the host library
-// builds with -ffp-contract=off, so plain operators round each operation there. The
-// binary32 operations used here cannot be contracted in a way that changes bits (single
-// products of exact factors, or divisions through div_rn), and the CUDA library builds
-// with --fmad=false besides.
+// Format v2 is binary32 only, and divides once per row or column, never per value:
+// per-row and per-column reciprocals, then multiplications. Every operation goes through
+// add_f32 / mul_f32 / div_rn / sqrt_f32: on the device those are the _rn intrinsics,
+// which nvcc never fuses into a multiply-add (a fused t*x + num would round once instead
+// of twice and change the refit); the host library builds with -ffp-contract=off, so
+// plain operators round each operation there, and the CUDA library builds with
+// --fmad=false besides. The specification does not use a fused multiply-add anywhere.
 //
 // Thread-safety: pure functions.
 
@@ -32,46 +34,29 @@
 
 namespace statepool::kernels::stepquant {
 
-// --- binary64 arithmetic, one rounding per operation ----------------------------------
+// --- binary32 arithmetic, one rounding per operation ---------------------------------
 
-STATEPOOL_HD inline double mul_f64(double a, double b) noexcept {
+STATEPOOL_HD inline float add_f32(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-STATEPOOL_HD inline double add_f64(double a, double b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
+  return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
 
-STATEPOOL_HD inline double div_f64(double a, double b) noexcept {
+STATEPOOL_HD inline float mul_f32(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
+  return __fmul_rn(a, b);
 #else
-  return a / b;
+  return a * b;
 #endif
 }
 
-STATEPOOL_HD inline double sqrt_f64(double a) noexcept {
+STATEPOOL_HD inline float sqrt_f32(float a) noexcept {
 #if defined(__CUDA_ARCH__)
-  return __dsqrt_rn(a);
+  return __fsqrt_rn(a);
 #else
   return std::sqrt(a);
-#endif
-}
-
-/// |x| widened to binary64 (exact).
-STATEPOOL_HD inline double abs_f64(float x) noexcept {
-#if defined(__CUDA_ARCH__)
-  return fabs(static_cast<double>(x));
-#else
-  return std::fabs(static_cast<double>(x));
 #endif
 }
 
@@ -80,16 +65,52 @@ STATEPOOL_HD inline float abs_f32(float x) noexcept {
   return bits_float(abs_bits(x));
 }
 
+/// Largest finite binary32 (numeric_limits is host-only).
+inline constexpr float kFloatMax = 3.40282347e38f;
+
+// --- the lane sum: every reduction over the values of a row ----------------------------
+
+/// Lanes of a lane sum: a CUDA warp's width, and four AVX / eight SSE registers.
+inline constexpr std::uint32_t kSumLanes = 32;
+
+/// The fixed tree of a lane sum: for s = 16, 8, 4, 2, 1, p[l] = p[l] + p[l + s] for
+/// l < s; returns p[0]. (A warp's shuffle-down reduction adds in exactly this order.)
+STATEPOOL_HD inline float lane_tree(float* p) noexcept {
+  for (std::uint32_t s = kSumLanes / 2; s > 0; s /= 2) {
+    for (std::uint32_t l = 0; l < s; ++l) {
+      p[l] = add_f32(p[l], p[l + s]);
+    }
+  }
+  return p[0];
+}
+
+/// sum_j |x[j]|, j < n, in binary32 as the lane sum: lane l (0..31) adds the values
+/// j = l, l + 32, l + 64, ... in increasing j, from +0; then lane_tree. `Row` is anything
+/// with x[j] -> float (a pointer, or a converting accessor on the device).
+template <class Row>
+STATEPOOL_HD inline float row_abs_sum(const Row& x, std::uint32_t n) noexcept {
+  float p[kSumLanes];
+  for (std::uint32_t l = 0; l < kSumLanes; ++l) {
+    p[l] = 0.0f;
+  }
+  for (std::uint32_t j0 = 0; j0 < n; j0 += kSumLanes) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (std::uint32_t l = 0; l < kSumLanes; ++l) {
+      if (j0 + l < n) {
+        p[l] = add_f32(p[l], abs_f32(x[j0 + l]));
+      }
+    }
+  }
+  return lane_tree(p);
+}
+
 // --- fp16 ------------------------------------------------------------------------------
 
 /// fp16 value of y >= 0 (or +Inf), saturating at 65504: every stored scale.
 STATEPOOL_HD inline float fp16_sat(float y) noexcept {
   return half_bits_to_float(float_to_half_bits(y < kHalfMax ? y : kHalfMax));
-}
-
-/// The same for a binary64 y: saturate, round to binary32, then to fp16.
-STATEPOOL_HD inline float fp16_sat(double y) noexcept {
-  return fp16_sat(static_cast<float>(y < 65504.0 ? y : 65504.0));
 }
 
 /// fp16(x) of a pivot value, as a float (round to nearest even, saturating).
@@ -111,47 +132,33 @@ STATEPOOL_HD constexpr std::uint32_t row_grid(bool grid8, std::uint32_t bits) no
 
 // --- step 1: row scales ------------------------------------------------------------------
 
-/// sum_j |x[j]| in binary64, j < n: four interleaved partial sums (j mod 4; a tail of
-/// n mod 4 values goes to lanes 0, 1, 2 in order), then (s0 + s1) + (s2 + s3). `Row` is
-/// anything with x[j] -> float (a pointer, or a converting accessor on the device).
-template <class Row>
-STATEPOOL_HD inline double row_abs_sum(const Row& x, std::uint32_t n) noexcept {
-  double s0 = 0.0;
-  double s1 = 0.0;
-  double s2 = 0.0;
-  double s3 = 0.0;
-  std::uint32_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    s0 = add_f64(s0, abs_f64(x[j]));
-    s1 = add_f64(s1, abs_f64(x[j + 1]));
-    s2 = add_f64(s2, abs_f64(x[j + 2]));
-    s3 = add_f64(s3, abs_f64(x[j + 3]));
-  }
-  if (j < n) {
-    s0 = add_f64(s0, abs_f64(x[j]));
-  }
-  if (j + 1 < n) {
-    s1 = add_f64(s1, abs_f64(x[j + 1]));
-  }
-  if (j + 2 < n) {
-    s2 = add_f64(s2, abs_f64(x[j + 2]));
-  }
-  return add_f64(add_f64(s0, s1), add_f64(s2, s3));
+/// r = fp16(sqrt(abs_sum / (n w))), each operation rounded to binary32; 1 when r rounds
+/// to 0. (n <= 2^24 is exact in binary32.)
+STATEPOOL_HD inline float row_scale_from_sum(float abs_sum, std::uint32_t n, float w) noexcept {
+  const float r = fp16_sat(sqrt_f32(div_rn(abs_sum, mul_f32(static_cast<float>(n), w))));
+  return r > 0.0f ? r : 1.0f;
 }
 
-/// r = fp16(float(sqrt((abs_sum / n) / w))), 1 when that rounds to 0.
-STATEPOOL_HD inline float row_scale_from_sum(double abs_sum, std::uint32_t n, double w) noexcept {
-  const double mean = div_f64(abs_sum, static_cast<double>(n));
-  const float r = fp16_sat(sqrt_f64(div_f64(mean, w)));
-  return r > 0.0f ? r : 1.0f;
+// --- per-row reciprocals ------------------------------------------------------------------
+
+/// e_i = 1 / (r_i q_i), the row's factor in step 2 (r_i q_i is exact: an fp16 value
+/// times an integer below 2^7).
+STATEPOOL_HD inline float column_ratio_factor(float r, std::uint32_t q) noexcept {
+  return div_rn(1.0f, r * static_cast<float>(q));
+}
+
+/// a_i = 1 / (r_i g_i), the row's factor in step 3 (r_i g_i is exact: g_i is a power
+/// of two).
+STATEPOOL_HD inline float code_row_factor(float r, std::uint32_t g) noexcept {
+  return div_rn(1.0f, r * static_cast<float>(g));
 }
 
 // --- step 2: column scales ---------------------------------------------------------------
 
-/// Bits of |x| / dq (dq = r_i q_i > 0): non-negative floats order like their bits, so
-/// the column maximum is an integer maximum (order-free).
-STATEPOOL_HD inline std::uint32_t column_ratio_bits(float x, float dq) noexcept {
-  return float_bits(div_rn(abs_f32(x), dq));
+/// Bits of |x| e_i: non-negative floats order like their bits, so the column maximum is
+/// an integer maximum (order-free).
+STATEPOOL_HD inline std::uint32_t column_ratio_bits(float x, float e) noexcept {
+  return float_bits(mul_f32(abs_f32(x), e));
 }
 
 /// c_j = fp16 of the column maximum whose bits are `max_bits` (0 for a zero column).
@@ -161,38 +168,47 @@ STATEPOOL_HD inline float column_scale_from_max(std::uint32_t max_bits) noexcept
 
 // --- step 3: codes -----------------------------------------------------------------------
 
-/// The divisor that stands for c_j in a code: c_j, or +Inf when c_j = 0, so that
-/// x / (r g Inf) = 0 gives z = 0 without a branch (x finite).
-STATEPOOL_HD inline float column_divisor(float c) noexcept {
-  return c > 0.0f ? c : bits_float(0x7F800000u);  // +Inf (numeric_limits is host-only)
+/// b_j = 1 / c_j, the column's factor in step 3, or 0 when c_j = 0 (every code of the
+/// column is then 0: x a_i is finite where c_j = 0, see docs/codecs.md).
+STATEPOOL_HD inline float column_code_factor(float c) noexcept {
+  return c > 0.0f ? div_rn(1.0f, c) : 0.0f;
 }
 
-/// Offset-binary code u = z + qmax of x for the row factor rg = r_i g_i and the column
-/// divisor of c_j (rg * divisor is exact, or +Inf).
-STATEPOOL_HD inline std::uint32_t dual_code(float x, float rg, float divisor,
+/// Offset-binary code u = z + qmax of x for the row factor a = a_i and the column
+/// factor b = b_j: z = clamp(round_half_even((x a) b), -qmax, qmax).
+STATEPOOL_HD inline std::uint32_t dual_code(float x, float a, float b,
                                             std::uint32_t qmax) noexcept {
-  return uniform_code_positive_scale(x, rg * divisor, qmax);
+  return code_from_quotient(mul_f32(mul_f32(x, a), b), qmax);
 }
 
 // --- step 4: the refit -------------------------------------------------------------------
 
-/// One row's term of the column sums N_j and D_j (call in row order): v = r g z
-/// (exact in binary32), N += (w^2 v) x, D += (w^2 v) v, each operation rounded.
-STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, double ww, double& num,
-                                          double& den) noexcept {
-  const auto v = static_cast<double>(rg * static_cast<float>(z));  // exact
-  const double wv = mul_f64(ww, v);
-  num = add_f64(num, mul_f64(wv, static_cast<double>(x)));
-  den = add_f64(den, mul_f64(wv, v));
+/// One row's term of the column sums N_j and D_j (call in row order): v = r g z (exact
+/// in binary32), t = ww v, N += t x, D += t v, each operation rounded to binary32.
+/// ww = w_i w_i (refit_weight).
+STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, float ww, float& num,
+                                          float& den) noexcept {
+  const float v = rg * static_cast<float>(z);  // exact
+  const float t = mul_f32(ww, v);
+  num = add_f32(num, mul_f32(t, x));
+  den = add_f32(den, mul_f32(t, v));
 }
 
-/// The refitted c_j = fp16(float(N / D)), or the step-2 value `c` when D = 0 or the
-/// refit rounds to 0 (or below).
-STATEPOOL_HD inline float refit_column_scale(double num, double den, float c) noexcept {
-  if (den > 0.0) {
-    const float refit = fp16_sat(div_f64(num, den));
-    if (refit > 0.0f) {
-      return refit;
+/// ww_i = w_i w_i, rounded to binary32.
+STATEPOOL_HD inline float refit_weight(float w) noexcept {
+  return mul_f32(w, w);
+}
+
+/// The refitted c_j = fp16(N / D) when D > 0 and N / D is finite and > 0 (NaN and Inf
+/// fail the test); otherwise the step-2 value `c`.
+STATEPOOL_HD inline float refit_column_scale(float num, float den, float c) noexcept {
+  if (den > 0.0f) {
+    const float q = div_rn(num, den);
+    if (q > 0.0f && q <= kFloatMax) {
+      const float refit = fp16_sat(q);
+      if (refit > 0.0f) {
+        return refit;
+      }
     }
   }
   return c;
@@ -203,6 +219,15 @@ STATEPOOL_HD inline float refit_column_scale(double num, double den, float c) no
 /// s_i = fp16(absmax_i / qmax) as a float, from the bits of the row's absmax.
 STATEPOOL_HD inline float absmax_row_scale(std::uint32_t absmax_bits, std::uint32_t qmax) noexcept {
   return half_bits_to_float(uniform_scale_bits(absmax_bits, qmax));
+}
+
+/// Offset-binary code of x in a temporal_only row of scale s: z = clamp(round_half_even(
+/// x (1 / s)), -qmax, qmax), 0 when s = 0. `inv` is absmax_code_factor(s).
+STATEPOOL_HD inline float absmax_code_factor(float s) noexcept {
+  return column_code_factor(s);
+}
+STATEPOOL_HD inline std::uint32_t absmax_code(float x, float inv, std::uint32_t qmax) noexcept {
+  return code_from_quotient(mul_f32(x, inv), qmax);
 }
 
 }  // namespace statepool::kernels::stepquant
