@@ -82,8 +82,9 @@ Manifest read_manifest(const std::string& dir) {
 
 ModelConfig parse_config(const Manifest& m) {
   static const std::set<std::string> known = {
-      "format",    "arch",       "vocab",     "d_model", "layers",  "heads",     "key_dim",
-      "value_dim", "mlp_hidden", "gate_rank", "rms_eps", "tensors", "reference", "training"};
+      "format",  "arch",    "vocab",     "d_model",    "layers",
+      "heads",   "key_dim", "value_dim", "mlp_hidden", "gate_rank",
+      "rms_eps", "tensors", "reference", "training",   "calibration_text"};
   for (const auto& entry : m.root) {
     if (known.count(std::string(entry.key())) == 0)
       m.fail("unknown key \"" + std::string(entry.key()) + "\"");
@@ -257,11 +258,31 @@ std::vector<TensorInfo> Model::expected_tensors(const ModelConfig& c) {
   return out;
 }
 
+// A text file named by the manifest: a path relative to eval/ ("data/....txt"), inside it.
+std::string text_file(const Manifest& m, const json::object& object, std::string_view key,
+                      const std::string& where, const std::string& fallback) {
+  if (!object.contains(key)) return fallback;
+  const std::string path = m.text(object, key, where);
+  const bool inside = path.starts_with("data/") && path.find("..") == std::string::npos &&
+                      path.size() <= 256 && path.find('\0') == std::string::npos;
+  if (!inside) {
+    m.fail(where + "\"" + std::string(key) + "\" must name a file in eval/data/, got \"" + path +
+           "\"");
+  }
+  return path;
+}
+
 std::shared_ptr<const Model> Model::load(const std::string& dir) {
   const Manifest m = read_manifest(dir);
   std::shared_ptr<Model> model(new Model());
   model->dir_ = dir;
   model->config_ = parse_config(m);
+  model->calibration_text_ = text_file(m, m.root, "calibration_text", "", "data/calibration.txt");
+  if (const json::value* reference = m.root.if_contains("reference");
+      reference != nullptr && reference->is_object()) {
+    model->heldout_text_ =
+        text_file(m, reference->get_object(), "text", "reference: ", "data/heldout.txt");
+  }
   const ModelConfig& c = model->config_;
   if (const json::value* training = m.root.if_contains("training")) {
     model->training_ = json::serialize(*training);

@@ -82,6 +82,24 @@ std::vector<Claim> claims(const Report& report) {
   pair("stepquant4", "dsq4", "stepquant4 is closer to FP32 than dsq4");
   within("stepquant6", 1.0, "stepquant6 is within 1% of FP32 perplexity");
   within("stepquant4", 2.0, "stepquant4 is within 2% of FP32 perplexity");
+  // Format v2's fidelity goals (docs/codecs.md).
+  if (const CodecResult* r = report.find("stepquant6")) {
+    out.push_back({"stepquant6 is within +0.05% of FP32 perplexity", "",
+                   r->perplexity() / fp32->perplexity() - 1.0 <= 0.0005, summary(*r, *fp32)});
+  }
+  if (const CodecResult* a = report.find("stepquant4"), *b = report.find("int4"),
+      *c = report.find("dsq4");
+      a && b && c) {
+    const auto at_or_below = [&](const CodecResult& other) {
+      return a->perplexity() <= other.perplexity() && a->agreement >= other.agreement &&
+             a->output_error <= other.output_error;
+    };
+    out.push_back(
+        {"stepquant4 is at or below int4 and dsq4 on perplexity, agreement and output TV",
+         format("(%zu vs %zu and %zu page bytes)", a->page_bytes, b->page_bytes, c->page_bytes),
+         at_or_below(*b) && at_or_below(*c),
+         summary(*a, *fp32) + "; " + summary(*b, *fp32) + "; " + summary(*c, *fp32)});
+  }
   if (const CodecResult* a = report.find("stepquant4"), *b = report.find("int6"); a && b) {
     const bool holds = closer(*a, *b) && perplexity_gap(*a, *fp32) <= perplexity_gap(*b, *fp32) &&
                        a->agreement >= b->agreement && diverges_later_or_never(*a, *b);
@@ -96,6 +114,7 @@ std::vector<Claim> claims(const Report& report) {
     pair(base, base + "-spatial", base + ": both axes beat the spatial axis alone");
     pair(base, base + "-temporal", base + ": both axes beat the temporal axis alone");
     pair(base, base + "-nopivots", base + ": fp16 pivots help");
+    pair(base, base + "-norefit", base + ": the refit of the column scales helps");
   }
   return out;
 }

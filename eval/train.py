@@ -1,13 +1,20 @@
 #!/usr/bin/env python3
-"""Trains the two small fidelity models (GDN and KDA) on the King James Bible, on the CPU.
+"""Trains the small fidelity models (GDN and KDA) on the CPU.
 
-The text comes from Debian's bible-kjv-text package (read through the `bible` program of
-the bible-kjv package; the KJV text is in the public domain, see eval/data/SOURCES.md).
-Two books are held out of training: Proverbs (the calibration text) and the Gospel of
-John (the evaluation text). `--write-data` (re)writes those two committed files.
+Two corpora (`--corpus`):
+- kjv (default): the King James Bible from Debian's bible-kjv-text package (read through
+  the `bible` program of the bible-kjv package; the KJV text is in the public domain, see
+  eval/data/SOURCES.md). Two books are held out of training: Proverbs (the calibration
+  text) and the Gospel of John (the evaluation text).
+- fortunes: the fortune cookie files of Debian's fortunes and fortunes-min packages
+  (/usr/share/games/fortunes). Two files are held out: wisdom (calibration) and
+  literature (evaluation).
+`--write-data` (re)writes the corpus's two committed files in eval/data.
 
     /usr/bin/python3 eval/train.py --arch gdn --out eval/models/gdn
     /usr/bin/python3 eval/train.py --arch kda --out eval/models/kda
+    /usr/bin/python3 eval/train.py --arch gdn --corpus fortunes --fast-heads \
+        --out eval/models/gdn-fast
 
 Each run writes the weights as float32 .npy files plus manifest.json (shapes, dtypes,
 CRC-32 checksums, the configuration and how training went) and reference.npy: the
@@ -49,6 +56,12 @@ FORMAT = "statepool-eval-model-1"
 REFERENCE_TOKENS = 128
 CALIBRATION_BOOK = "Proverbs"
 EVALUATION_BOOK = "John"
+FORTUNES = "/usr/share/games/fortunes"
+CALIBRATION_FORTUNES = "wisdom"
+EVALUATION_FORTUNES = "literature"
+# Per corpus: (calibration file, evaluation file) in eval/data, relative to eval/.
+TEXTS = {"kjv": ("data/calibration.txt", "data/heldout.txt"),
+         "fortunes": ("data/fortunes-calibration.txt", "data/fortunes-heldout.txt")}
 EPS = 1e-6
 CHUNK = 16  # tokens per chunk of the training-time recurrence
 
@@ -73,6 +86,42 @@ def read_bible() -> dict[str, str]:
     if len(books) != 66:
         sys.exit(f"train.py: expected the 66 books of the KJV, got {len(books)}")
     return {name: "\n".join(lines) + "\n" for name, lines in books.items()}
+
+
+def read_fortunes() -> dict[str, bytes]:
+    """File name -> its bytes, for every fortune file (not the .dat indexes, the .u8
+    variants or links) of the fortunes and fortunes-min packages."""
+    if not os.path.isdir(FORTUNES):
+        sys.exit("train.py: the fortune files are missing: apt-get install fortunes fortunes-min")
+    files = {}
+    for name in sorted(os.listdir(FORTUNES)):
+        path = os.path.join(FORTUNES, name)
+        if "." in name or os.path.islink(path) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            files[name] = f.read()
+    for needed in (CALIBRATION_FORTUNES, EVALUATION_FORTUNES):
+        if needed not in files:
+            sys.exit(f"train.py: {FORTUNES}/{needed} is missing")
+    return files
+
+
+def corpus(name: str) -> tuple[bytes, bytes, bytes, str]:
+    """(training bytes, calibration text, evaluation text, description) of a corpus."""
+    if name == "kjv":
+        books = read_bible()
+        held_out = {CALIBRATION_BOOK, EVALUATION_BOOK}
+        train = "".join(b for n, b in books.items() if n not in held_out).encode("ascii")
+        return (train, books[CALIBRATION_BOOK].encode("ascii"),
+                books[EVALUATION_BOOK].encode("ascii"),
+                "King James Bible, Debian package bible-kjv-text (via bible-kjv); "
+                f"all books but {CALIBRATION_BOOK} and {EVALUATION_BOOK}")
+    files = read_fortunes()
+    held_out = {CALIBRATION_FORTUNES, EVALUATION_FORTUNES}
+    train = b"".join(b for n, b in files.items() if n not in held_out)
+    return (train, files[CALIBRATION_FORTUNES], files[EVALUATION_FORTUNES],
+            "fortune files, Debian packages fortunes and fortunes-min; all files but "
+            f"{CALIBRATION_FORTUNES} and {EVALUATION_FORTUNES}")
 
 
 def recurrence(q, k, v, g, beta, state):
@@ -240,6 +289,22 @@ def long_lived_lifetimes(cfg: dict, n: int) -> list[list[float]]:
     return out
 
 
+def fast_lifetimes(cfg: dict) -> list[list[float]]:
+    """Every head forgets within 20 tokens: head j of H has lifetime 20 / 10^(j / (H - 1))
+    (20, 9.3, 4.3, 2 tokens at H = 4); a KDA head spreads its key channels from half of
+    that to all of it."""
+    out = []
+    heads = cfg["heads"]
+    for j in range(heads):
+        life = 20.0 / 10.0 ** (j / max(1, heads - 1))
+        if cfg["arch"] == "gdn":
+            out.append([life])
+        else:
+            k = cfg["key_dim"]
+            out.append([life * 2.0 ** (c / max(1, k - 1) - 1.0) for c in range(k)])
+    return out
+
+
 def fix_long_lived_gates(model: Model, lifetimes: list[list[float]]) -> None:
     """Gives the first len(lifetimes) heads of every layer constant log-decays g = -1 /
     lifetime, independent of the input: their rows of the gate projection are zero,
@@ -272,7 +337,8 @@ def nats_per_byte(model: Model, data: torch.Tensor, chunk: int) -> float:
         return total / count
 
 
-def export(model: Model, out: str, info: dict, reference_tokens: torch.Tensor) -> None:
+def export(model: Model, out: str, info: dict, reference_tokens: torch.Tensor,
+           texts: tuple[str, str]) -> None:
     os.makedirs(out, exist_ok=True)
     tensors = {}
     for name, p in model.state_dict().items():
@@ -292,8 +358,10 @@ def export(model: Model, out: str, info: dict, reference_tokens: torch.Tensor) -
     manifest = {"format": FORMAT, **model.cfg, "tensors": tensors,
                 "reference": {"file": "reference.npy", "tokens": len(reference_tokens),
                               "dtype": "float32", "shape": list(logits[0].shape),
-                              "text": "data/heldout.txt", "crc32": f"{reference_crc:08x}"},
+                              "text": texts[1], "crc32": f"{reference_crc:08x}"},
                 "training": info}
+    if texts != TEXTS["kjv"]:
+        manifest["calibration_text"] = texts[0]
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -332,28 +400,32 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--corpus", choices=sorted(TEXTS), default="kjv")
     p.add_argument("--long-lived-heads", type=int, default=0,
                    help="heads per layer whose gates are fixed at long lifetimes "
                         "(1024, 128, 16, ... tokens; see fix_long_lived_gates)")
+    p.add_argument("--fast-heads", action="store_true",
+                   help="fix every head's gate at a lifetime of at most 20 tokens "
+                        "(see fast_lifetimes)")
     p.add_argument("--write-data", action="store_true",
-                   help="also (re)write eval/data/calibration.txt and heldout.txt")
+                   help="also (re)write the corpus's calibration and evaluation texts")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    books = read_bible()
-    held_out = {CALIBRATION_BOOK, EVALUATION_BOOK}
+    train_bytes, calibration_text, evaluation_text, description = corpus(args.corpus)
+    texts = TEXTS[args.corpus]
+    here = os.path.dirname(DATA)
     if args.write_data:
-        for name, book in (("calibration.txt", CALIBRATION_BOOK),
-                           ("heldout.txt", EVALUATION_BOOK)):
-            with open(os.path.join(DATA, name), "w", encoding="ascii") as f:
-                f.write(books[book])
-    train_text = "".join(b for name, b in books.items() if name not in held_out)
-    train = torch.tensor(list(train_text.encode("ascii")), dtype=torch.long)
-    with open(os.path.join(DATA, "heldout.txt"), "rb") as f:
+        for path, data in zip(texts, (calibration_text, evaluation_text)):
+            with open(os.path.join(here, path), "wb") as f:
+                f.write(data)
+    train = torch.tensor(list(train_bytes), dtype=torch.long)
+    with open(os.path.join(here, texts[1]), "rb") as f:
         heldout = torch.tensor(list(f.read()), dtype=torch.long)
-    if not torch.equal(heldout[:1000], torch.tensor(list(books[EVALUATION_BOOK][:1000].encode()))):
-        sys.exit("train.py: eval/data/heldout.txt is not the KJV's John (run with --write-data)")
+    if not torch.equal(heldout[:1000], torch.tensor(list(evaluation_text[:1000]))):
+        sys.exit(f"train.py: eval/{texts[1]} is not the corpus's evaluation text "
+                 "(run with --write-data)")
 
     cfg = {"arch": args.arch, "vocab": 256, "d_model": 128, "layers": 3, "heads": 4,
            "key_dim": 64, "value_dim": 64, "mlp_hidden": 384,
@@ -361,7 +433,10 @@ def main() -> None:
     model = Model(cfg)
     if not 0 <= args.long_lived_heads <= cfg["heads"]:
         sys.exit(f"train.py: --long-lived-heads must be between 0 and {cfg['heads']}")
-    lifetimes = long_lived_lifetimes(cfg, args.long_lived_heads)
+    if args.fast_heads and args.long_lived_heads:
+        sys.exit("train.py: --fast-heads and --long-lived-heads exclude each other")
+    lifetimes = (fast_lifetimes(cfg) if args.fast_heads
+                 else long_lived_lifetimes(cfg, args.long_lived_heads))
     fix_long_lived_gates(model, lifetimes)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 50
@@ -392,16 +467,17 @@ def main() -> None:
     model.eval()
     held = nats_per_byte(model, heldout[:8192], 512)
     print(f"{args.arch}: held-out loss {held:.3f} nats/byte "
-          f"(perplexity {math.exp(held):.2f}) on the first 8192 bytes of John", flush=True)
-    info = {"corpus": "King James Bible, Debian package bible-kjv-text (via bible-kjv)",
-            "train_books": f"all but {CALIBRATION_BOOK} and {EVALUATION_BOOK}",
+          f"(perplexity {math.exp(held):.2f}) on the first 8192 bytes of eval/{texts[1]}",
+          flush=True)
+    info = {"corpus": description,
             "train_bytes": len(train), "steps": step, "batch": args.batch, "seq": args.seq,
             "lr": args.lr, "seed": args.seed, "seconds": round(time.monotonic() - start),
             "threads": args.threads, "train_loss": round(loss_avg, 4),
             "long_lived_heads": args.long_lived_heads,
-            "long_lived_lifetimes": [[round(x, 3) for x in lives] for lives in lifetimes],
+            "fixed_gate_lifetimes" if args.fast_heads else "long_lived_lifetimes":
+                [[round(x, 3) for x in lives] for lives in lifetimes],
             "heldout_loss_8192": round(held, 4), "torch": torch.__version__}
-    export(model, args.out, info, heldout[:REFERENCE_TOKENS])
+    export(model, args.out, info, heldout[:REFERENCE_TOKENS], texts)
     print(f"{args.arch}: wrote {args.out}", flush=True)
 
 

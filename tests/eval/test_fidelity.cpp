@@ -28,7 +28,7 @@ namespace {
 const std::string kEval = STATEPOOL_EVAL_DIR;
 
 std::vector<std::uint8_t> text(const std::string& name) {
-  const std::string bytes = read_bytes(kEval + "/data/" + name);
+  const std::string bytes = read_bytes(kEval + "/" + name);
   return {bytes.begin(), bytes.end()};
 }
 
@@ -38,7 +38,7 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
   const auto model = ev::Model::load(kEval + "/models/" + GetParam());
   TempDir dir;
   const std::string trace_dir = dir.file("trace");
-  ev::record_trace(model, text("calibration.txt"), 4, 512, trace_dir, "test_eval_fidelity");
+  ev::record_trace(model, text(model->calibration_text()), 4, 512, trace_dir, "test_eval_fidelity");
   const cal::TraceReader trace(trace_dir);
   ASSERT_EQ(trace.manifest().tokens, 2048u);
 
@@ -60,7 +60,7 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
   options.generate = 128;
   options.threads = 2;
   const ev::Report report{GetParam(), model, options,
-                          ev::evaluate(model, text("heldout.txt"), cases, options)};
+                          ev::evaluate(model, text(model->heldout_text()), cases, options)};
   std::cout << ev::results_table(report);
 
   const ev::CodecResult& fp32 = *report.find("fp32");
@@ -81,6 +81,6 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Fidelity,
-                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long"));
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast"));
 
 }  // namespace

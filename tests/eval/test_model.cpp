@@ -29,8 +29,9 @@ std::string model_dir(const std::string& arch) {
   return kEval + "/models/" + arch;
 }
 
-std::string heldout() {
-  return read_bytes(kEval + "/data/heldout.txt");
+// The model's evaluation text (its manifest names it; the KJV's John by default).
+std::string heldout(const ev::Model& model) {
+  return read_bytes(kEval + "/" + model.heldout_text());
 }
 
 class ModelTest : public ::testing::TestWithParam<std::string> {};
@@ -52,7 +53,7 @@ TEST_P(ModelTest, LoadsWithItsConfiguration) {
 TEST_P(ModelTest, Fp32StateInferenceMatchesPyTorch) {
   const auto model = ev::Model::load(model_dir(GetParam()));
   const ev::Reference ref = ev::load_reference(*model);
-  const std::string text = heldout();
+  const std::string text = heldout(*model);
   ASSERT_GE(text.size(), ref.tokens);
   const kn::PageCodec codec(model->layout(kn::CodecSpec{kn::CodecId::fp32}));
   ev::Decoder decoder(model, codec);
@@ -82,7 +83,7 @@ TEST_P(ModelTest, StateIsStoredThroughTheCodec) {
   const kn::PageCodec exact(model->layout(kn::CodecSpec{kn::CodecId::fp32}));
   const kn::PageCodec int4(model->layout(kn::CodecSpec{kn::CodecId::int4}));
   ev::Decoder a(model, exact), b(model, int4);
-  const std::string text = heldout();
+  const std::string text = heldout(*model);
   double diff = 0;
   for (std::size_t t = 0; t < 64; ++t) {
     const auto la = a.step(static_cast<std::uint8_t>(text[t]));
@@ -100,7 +101,7 @@ TEST_P(ModelTest, StateIsStoredThroughTheCodec) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelTest,
-                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long"));
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast"));
 
 // --- validation: a copy of the GDN model, damaged one way at a time ---------------------
 
@@ -197,6 +198,23 @@ TEST_F(DamagedModel, PathOutsideTheDirectoryIsRefused) {
   edit_manifest(
       [](auto& m) { m["tensors"].as_object()["embed"].as_object()["file"] = "../gdn/embed.npy"; });
   EXPECT_NE(load_error().find("must be a plain file name"), std::string::npos) << load_error();
+}
+
+TEST_F(DamagedModel, TextsOutsideTheDataFolderAreRefused) {
+  edit_manifest([](auto& m) { m["calibration_text"] = "data/../../README.md"; });
+  EXPECT_NE(load_error().find("\"calibration_text\" must name a file in eval/data/"),
+            std::string::npos)
+      << load_error();
+  SetUp();
+  edit_manifest([](auto& m) { m["reference"].as_object()["text"] = "/etc/passwd"; });
+  EXPECT_NE(load_error().find("reference: \"text\" must name a file in eval/data/"),
+            std::string::npos)
+      << load_error();
+  SetUp();
+  edit_manifest([](auto& m) { m["calibration_text"] = "data/fortunes-calibration.txt"; });
+  ASSERT_EQ(load_error(), "");
+  EXPECT_EQ(ev::Model::load(dir_.path())->calibration_text(), "data/fortunes-calibration.txt");
+  EXPECT_EQ(ev::Model::load(dir_.path())->heldout_text(), "data/heldout.txt");
 }
 
 TEST_F(DamagedModel, BadConfigurationValues) {

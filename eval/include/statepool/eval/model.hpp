@@ -68,6 +68,11 @@ class Model {
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
   /// Free text of the manifest's "training" record (corpus, steps, losses).
   [[nodiscard]] const std::string& training() const noexcept { return training_; }
+  /// The model's calibration and evaluation texts, as paths relative to eval/
+  /// ("data/....txt"): the manifest's "calibration_text" and "reference"."text",
+  /// by default the KJV's data/calibration.txt and data/heldout.txt.
+  [[nodiscard]] const std::string& calibration_text() const noexcept { return calibration_text_; }
+  [[nodiscard]] const std::string& heldout_text() const noexcept { return heldout_text_; }
   /// The state layout of one sequence with `codec` (and `plan` for stepquant4/6).
   [[nodiscard]] kernels::StateLayout layout(
       kernels::CodecSpec codec, std::shared_ptr<const kernels::stepquant::Plan> plan = {}) const;
@@ -86,6 +91,8 @@ class Model {
   Model() = default;
   std::string dir_;
   std::string training_;
+  std::string calibration_text_ = "data/calibration.txt";
+  std::string heldout_text_ = "data/heldout.txt";
   ModelConfig config_;
   std::vector<float> embed_;
   std::vector<Layer> layers_;
