@@ -216,6 +216,27 @@ class StepQuantCodec final : public Codec {
 
   void encode_head(std::uint32_t layer, std::uint32_t head, std::span<const float> src,
                    std::span<std::byte> dst) const override {
+    (void)encode(layer, head, src, dst, false);
+  }
+
+  // The fit finds a non-finite value without a pass of its own (HeadFit::finite).
+  [[nodiscard]] bool encode_head_checked(std::uint32_t layer, std::uint32_t head,
+                                         std::span<const float> src,
+                                         std::span<std::byte> dst) const override {
+    return encode(layer, head, src, dst, true);
+  }
+
+  void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
+                   std::span<float> dst) const override {
+    check(layer, head, dst.size(), src.size());
+    read_head(arch_, kind(), key_dim_, value_dim_, row_widths(layer, head), src, dst, scratch());
+  }
+
+ private:
+  // Fits and writes the head; with `checked`, a fit that saw a non-finite value writes
+  // nothing and returns false.
+  bool encode(std::uint32_t layer, std::uint32_t head, std::span<const float> src,
+              std::span<std::byte> dst, bool checked) const {
     check(layer, head, src.size(), dst.size());
     Scratch& s = scratch();
     const auto widths = row_widths(layer, head);
@@ -226,16 +247,11 @@ class StepQuantCodec final : public Codec {
           arch_, src, key_dim_, value_dim_, widths, plan_->head_impact(layer, head), s.fit,
           variant_ == StepQuantVariant::no_refit ? stepquant::Refit::off : stepquant::Refit::on);
     }
+    if (checked && !s.fit.finite) return false;
     write_head(arch_, s.fit, widths, dst, s.u);
+    return true;
   }
 
-  void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
-                   std::span<float> dst) const override {
-    check(layer, head, dst.size(), src.size());
-    read_head(arch_, kind(), key_dim_, value_dim_, row_widths(layer, head), src, dst, scratch());
-  }
-
- private:
   void check(std::uint32_t layer, std::uint32_t head, std::size_t values, std::size_t bytes) const {
     if (std::size_t{layer} * num_heads_ + head >= head_bytes_.size() || head >= num_heads_) {
       throw std::invalid_argument(std::string(to_string(id_)) + " codec: no head " +
@@ -289,12 +305,13 @@ class DsqCodec final : public Codec {
 
   void encode_head(std::uint32_t, std::uint32_t, std::span<const float> src,
                    std::span<std::byte> dst) const override {
-    check_head_buffers(to_string(id_), src.size(), std::size_t{key_dim_} * value_dim_, dst.size(),
-                       head_bytes_);
-    Scratch& s = scratch();
-    s.widths.assign(key_dim_, static_cast<std::uint8_t>(bits_));
-    stepquant::fit_head_dsq(src, key_dim_, value_dim_, bits_, s.fit);
-    write_head(Arch::gdn, s.fit, s.widths, dst, s.u);
+    (void)encode(src, dst, false);
+  }
+
+  // As StepQuantCodec's: the fit finds a non-finite value.
+  [[nodiscard]] bool encode_head_checked(std::uint32_t, std::uint32_t, std::span<const float> src,
+                                         std::span<std::byte> dst) const override {
+    return encode(src, dst, true);
   }
 
   void decode_head(std::uint32_t, std::uint32_t, std::span<const std::byte> src,
@@ -307,6 +324,17 @@ class DsqCodec final : public Codec {
   }
 
  private:
+  bool encode(std::span<const float> src, std::span<std::byte> dst, bool checked) const {
+    check_head_buffers(to_string(id_), src.size(), std::size_t{key_dim_} * value_dim_, dst.size(),
+                       head_bytes_);
+    Scratch& s = scratch();
+    s.widths.assign(key_dim_, static_cast<std::uint8_t>(bits_));
+    stepquant::fit_head_dsq(src, key_dim_, value_dim_, bits_, s.fit);
+    if (checked && !s.fit.finite) return false;
+    write_head(Arch::gdn, s.fit, s.widths, dst, s.u);
+    return true;
+  }
+
   CodecId id_;
   std::uint32_t bits_;
   std::uint32_t key_dim_;

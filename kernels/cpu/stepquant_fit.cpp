@@ -108,11 +108,22 @@ STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
 }
 
 // Step 1's row scales from the row sums, every row (pivot rows too; the caller overwrites
-// theirs). impact: per row, or null for all ones.
-void row_scales(const float* sums, std::size_t rows, std::uint32_t n, const float* impact,
-                float* out) {
+// theirs); w: the rows' impact factors.
+STATEPOOL_SIMD_CLONES void row_scales(const float* sums, std::size_t rows, std::uint32_t n,
+                                      const float* w, float* out) {
   for (std::size_t i = 0; i < rows; ++i) {
-    out[i] = row_scale_from_sum(sums[i], n, impact == nullptr ? 1.0f : impact[i]);
+    out[i] = row_scale_from_sum(sums[i], n, w[i]);
+  }
+}
+
+// The per-row factors e_i = 1 / (r_i q_i) and a_i = 1 / (r_i g_i), every row (the
+// caller ignores those of pivot rows).
+STATEPOOL_SIMD_CLONES void row_factors(const float* r, const std::uint32_t* q,
+                                       const std::uint32_t* g, std::size_t rows, float* e,
+                                       float* a) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    e[i] = column_ratio_factor(r[i], q[i]);
+    a[i] = code_row_factor(r[i], g[i]);
   }
 }
 
@@ -164,11 +175,16 @@ STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float a, 
   }
 }
 
-// Step 4 accumulation for one row, in binary32 (row order is the caller's loop order).
-STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
-                                     float rg, float ww, float* num, float* den) {
+// Step 3 and step 4's accumulation for one row in one pass (row order is the caller's
+// loop order): the same operations as encode_row, then refit_accumulate on its codes.
+STATEPOOL_SIMD_CLONES void encode_refit_row(const float* x, std::uint32_t n, float a,
+                                            const float* b, std::uint32_t qmax, float rg, float ww,
+                                            std::int32_t* z, float* num, float* den) {
+  const auto offset = static_cast<std::int32_t>(qmax);
   for (std::uint32_t j = 0; j < n; ++j) {
-    refit_accumulate(x[j], z[j], rg, ww, num[j], den[j]);
+    const auto code = static_cast<std::int32_t>(dual_code(x[j], a, b[j], qmax)) - offset;
+    z[j] = code;
+    refit_accumulate(x[j], code, rg, ww, num[j], den[j]);
   }
 }
 
@@ -202,24 +218,55 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   out.codes.resize(K * V);
   out.pivot_values.clear();
 
-  const auto weight = [&](std::size_t i) { return impact.empty() ? 1.0f : impact[i]; };
   // q_i (largest grid code) and g_i (grid factor) per row.
   const auto row_qmax = [&](std::size_t i) { return row_code_limit(options.grid8, widths[i]); };
   const auto grid = [&](std::size_t i) { return row_grid(options.grid8, widths[i]); };
 
   // The per-thread buffers of the fit (no allocation once a thread has fitted a head of
   // this size).
-  thread_local std::vector<float> sums, a, b, num, den;
+  thread_local std::vector<float> sums, w, e, a, b, num, den;
   thread_local std::vector<std::int32_t> cm;
+  thread_local std::vector<std::uint32_t> q, g;
   sums.resize(K);
+  e.resize(K);
   a.resize(K);
   b.resize(V);
+  q.resize(K);
+  g.resize(K);
+  for (std::size_t i = 0; i < K; ++i) {
+    const bool pivot = widths[i] == kPivotWidth;  // a pivot row's factors are unused
+    q[i] = pivot ? 1u : row_qmax(i);
+    g[i] = pivot ? 1u : grid(i);
+  }
+  if (impact.empty()) {
+    w.assign(K, 1.0f);
+  } else {
+    w.assign(impact.begin(), impact.end());
+  }
 
-  // Step 1: the row sums, the scales of every row, then the pivot rows (scale 0, codes
-  // 0, values in fp16).
-  for (std::size_t r = 0; r < K; ++r) sums[r] = abs_lane_sum(head.data() + r * V, value_dim);
-  row_scales(sums.data(), K, value_dim, impact.empty() ? nullptr : impact.data(),
-             out.row_scale.data());
+  // Steps 1 and 2 for blocks of rows while they are in L1: the row sums, the scales and
+  // factors of the block's rows (vectorized across rows), their column maxima through
+  // e_i = 1 / (r_i q_i). Then the pivot rows: scale 0, codes 0, values in fp16.
+  cm.assign(V, 0);
+  constexpr std::size_t kRowBlock = 16;
+  std::uint32_t odd_sums = 0;  // rows whose sum is NaN or +-Inf
+  for (std::size_t r0 = 0; r0 < K; r0 += kRowBlock) {
+    const std::size_t rows = std::min(kRowBlock, K - r0);
+    for (std::size_t r = r0; r < r0 + rows; ++r) {
+      sums[r] = abs_lane_sum(head.data() + r * V, value_dim);
+      odd_sums |= static_cast<std::uint32_t>(is_non_finite_bits(float_bits(sums[r])));
+    }
+    row_scales(&sums[r0], rows, value_dim, &w[r0], &out.row_scale[r0]);
+    row_factors(&out.row_scale[r0], &q[r0], &g[r0], rows, &e[r0], &a[r0]);
+    for (std::size_t i = r0; i < r0 + rows; ++i) {
+      if (widths[i] != kPivotWidth) column_max_row(head.data() + i * V, value_dim, e[i], cm.data());
+    }
+  }
+  column_scales(cm.data(), V, out.col_scale.data());
+  // A sum of finite values can still overflow: only then are the values looked at.
+  out.finite = odd_sums == 0 || std::none_of(head.begin(), head.end(), [](float v) {
+                 return is_non_finite_bits(float_bits(v));
+               });
   for (std::size_t p = 0; p < K; ++p) {
     if (widths[p] != kPivotWidth) continue;
     out.row_scale[p] = 0.0f;
@@ -229,18 +276,8 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(p * V), V, 0);
   }
 
-  // Step 2: the column maxima through e_i = 1 / (r_i q_i).
-  cm.assign(V, 0);
-  for (std::size_t i = 0; i < K; ++i) {
-    if (widths[i] != kPivotWidth) {
-      column_max_row(head.data() + i * V, value_dim,
-                     column_ratio_factor(out.row_scale[i], row_qmax(i)), cm.data());
-      a[i] = code_row_factor(out.row_scale[i], grid(i));
-    }
-  }
-  column_scales(cm.data(), V, out.col_scale.data());
-
-  // Step 3 (and 4, 3 again): codes through a_i = 1 / (r_i g_i) and b_j = 1 / c_j.
+  // Step 3 (and 4, 3 again): codes through a_i = 1 / (r_i g_i) and b_j = 1 / c_j; with
+  // the refit, the first codes feed the column sums in the same pass.
   const auto encode = [&] {
     column_factors(out.col_scale.data(), V, b.data());
     for (std::size_t i = 0; i < K; ++i) {
@@ -250,17 +287,18 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
       }
     }
   };
-  encode();
   if (!options.refit) {
+    encode();
     return;
   }
+  column_factors(out.col_scale.data(), V, b.data());
   num.assign(V, 0.0f);
   den.assign(V, 0.0f);
   for (std::size_t i = 0; i < K; ++i) {
     if (widths[i] != kPivotWidth) {
-      refit_row(head.data() + i * V, out.codes.data() + i * V, value_dim,
-                out.row_scale[i] * static_cast<float>(grid(i)), refit_weight(weight(i)), num.data(),
-                den.data());
+      encode_refit_row(head.data() + i * V, value_dim, a[i], b.data(), code_qmax(widths[i]),
+                       out.row_scale[i] * static_cast<float>(g[i]), refit_weight(w[i]),
+                       out.codes.data() + i * V, num.data(), den.data());
     }
   }
   refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
@@ -304,12 +342,16 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
   out.col_scale.clear();
   out.codes.assign(K * V, 0);
   out.pivot_values.clear();
+  out.finite = true;
   for (std::size_t i = 0; i < K; ++i) {
     const float* x = head.data() + i * V;
     if (row_widths[i] == kPivotWidth) {
       const std::size_t at = out.pivot_values.size();
       out.pivot_values.resize(at + V);
       fp16_values(x, V, out.pivot_values.data() + at);
+      out.finite = out.finite && std::none_of(x, x + V, [](float v) {
+                     return is_non_finite_bits(float_bits(v));
+                   });
       continue;
     }
     const std::uint32_t qmax = code_qmax(row_widths[i]);
@@ -317,6 +359,7 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
     for (std::size_t j = 0; j < V; ++j) {
       absmax = std::max(absmax, abs_bits(x[j]));
     }
+    out.finite = out.finite && absmax < 0x7F800000u;  // |x| bits of Inf and NaN are larger
     const float s = absmax_row_scale(absmax, qmax);
     out.row_scale[i] = s;
     const float inv = absmax_code_factor(s);

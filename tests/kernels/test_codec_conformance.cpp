@@ -636,6 +636,20 @@ void CodecConformance::non_finite_values_are_refused_naming_where_and_the_page_i
       codec.decode_head(l, h, std::span<const std::byte>(buffer).subspan(kGuard, size), out);
     }
   }
+  // One non-finite value anywhere is found, whatever finds it (a scan, an absmax, a fit's
+  // row sums); huge finite values whose sums overflow are finite.
+  std::vector<std::byte> bytes0(codec.head_bytes(0, 0));
+  for (const std::size_t at : {std::size_t{0}, n_ / 2, n_ - 1}) {
+    for (const float bad :
+         {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> y(n_, 0.5f);
+      y[at] = bad;
+      EXPECT_FALSE(codec.encode_head_checked(0, 0, y, bytes0)) << "value " << at << " = " << bad;
+    }
+  }
+  std::vector<float> huge(n_);
+  for (std::size_t i = 0; i < n_; ++i) huge[i] = i % 2 == 0 ? 3.0e38f : -3.0e38f;
+  EXPECT_TRUE(codec.encode_head_checked(0, 0, huge, bytes0));
 }
 
 void CodecConformance::zeros_decode_to_zeros_and_float_denormals_stay_within_their_magnitude() {

@@ -67,8 +67,8 @@ class Codec {
   /// Encodes like encode_head without requiring a finite `src`: returns false when `src`
   /// holds a NaN or +-Inf, and `dst` then holds unspecified bytes (of this head only).
   /// One pass over values that are already in cache: codecs that look at every value's
-  /// magnitude anyway (the uniform int codecs' absmax) check for free; the default scans
-  /// `src`, then encodes. Codecs read `src` more than once (a fit's passes), so it must not
+  /// magnitude anyway (the uniform int codecs' absmax) check for free, and so do the
+  /// STEPQuant and DSQ fits (from their row sums); the default scans `src`, then encodes. Codecs read `src` more than once (a fit's passes), so it must not
   /// change during the call: PageCodec passes a private copy of the staged head.
   [[nodiscard]] virtual bool encode_head_checked(std::uint32_t layer, std::uint32_t head,
                                                  std::span<const float> src,

@@ -38,8 +38,8 @@
 //
 // Every function throws std::invalid_argument on inconsistent sizes, a width outside
 // {2,4,6,8,16}, a GDN head whose rows have different widths, or an impact factor that is
-// not finite and > 0. Inputs must be finite (PageCodec checks); non-finite values give
-// unspecified but finite-sized results.
+// not finite and > 0. Non-finite input values give unspecified but finite-sized results
+// and HeadFit::finite = false.
 //
 // Thread-safety: pure functions; `out` is owned by the caller.
 
@@ -72,6 +72,10 @@ struct HeadFit {
   std::vector<std::int32_t> codes;
   /// fp16-rounded values of the pivot rows only, in row order, value_dim each.
   std::vector<float> pivot_values;
+  /// False when a value of the head was NaN or +-Inf: the rest of the fit is then
+  /// unspecified (finite-sized). Found without a pass of its own (a row's sum of |x| is
+  /// finite unless a value is not, or the sum overflows; only then is the row scanned).
+  bool finite = true;
 };
 
 /// Whether fit_head refits the column scales (step 4). Refit::off is the no_refit

@@ -108,9 +108,13 @@ STATEPOOL_HD inline float row_abs_sum(const Row& x, std::uint32_t n) noexcept {
 
 // --- fp16 ------------------------------------------------------------------------------
 
-/// fp16 value of y >= 0 (or +Inf), saturating at 65504: every stored scale.
+/// fp16 value of y >= 0 (or +Inf), saturating at 65504: every stored scale. (min(y,
+/// 65504) as an integer minimum of the bits, which order like the values for y >= 0:
+/// masks rather than a float select, so the host loops vectorize.)
 STATEPOOL_HD inline float fp16_sat(float y) noexcept {
-  return half_bits_to_float(float_to_half_bits(y < kHalfMax ? y : kHalfMax));
+  const std::uint32_t bits = float_bits(y);
+  const std::uint32_t max_bits = float_bits(kHalfMax);
+  return half_bits_to_float(float_to_half_bits(bits_float(bits < max_bits ? bits : max_bits)));
 }
 
 /// fp16(x) of a pivot value, as a float (round to nearest even, saturating).
@@ -136,7 +140,8 @@ STATEPOOL_HD constexpr std::uint32_t row_grid(bool grid8, std::uint32_t bits) no
 /// to 0. (n <= 2^24 is exact in binary32.)
 STATEPOOL_HD inline float row_scale_from_sum(float abs_sum, std::uint32_t n, float w) noexcept {
   const float r = fp16_sat(sqrt_f32(div_rn(abs_sum, mul_f32(static_cast<float>(n), w))));
-  return r > 0.0f ? r : 1.0f;
+  const std::uint32_t bits = float_bits(r);
+  return bits_float(select_u32(bits != 0, bits, float_bits(1.0f)));
 }
 
 // --- per-row reciprocals ------------------------------------------------------------------
@@ -171,7 +176,8 @@ STATEPOOL_HD inline float column_scale_from_max(std::uint32_t max_bits) noexcept
 /// b_j = 1 / c_j, the column's factor in step 3, or 0 when c_j = 0 (every code of the
 /// column is then 0: x a_i is finite where c_j = 0, see docs/codecs.md).
 STATEPOOL_HD inline float column_code_factor(float c) noexcept {
-  return c > 0.0f ? div_rn(1.0f, c) : 0.0f;
+  // 1 / c is computed for c = 0 too (+Inf, not selected): masks, so host loops vectorize.
+  return bits_float(select_u32(c > 0.0f, float_bits(div_rn(1.0f, c)), 0u));
 }
 
 /// Offset-binary code u = z + qmax of x for the row factor a = a_i and the column
@@ -202,16 +208,12 @@ STATEPOOL_HD inline float refit_weight(float w) noexcept {
 /// The refitted c_j = fp16(N / D) when D > 0 and N / D is finite and > 0 (NaN and Inf
 /// fail the test); otherwise the step-2 value `c`.
 STATEPOOL_HD inline float refit_column_scale(float num, float den, float c) noexcept {
-  if (den > 0.0f) {
-    const float q = div_rn(num, den);
-    if (q > 0.0f && q <= kFloatMax) {
-      const float refit = fp16_sat(q);
-      if (refit > 0.0f) {
-        return refit;
-      }
-    }
-  }
-  return c;
+  // Every quantity is computed whatever the tests say (a NaN or Inf quotient is not
+  // selected): masks, so host loops vectorize.
+  const float q = div_rn(num, den);
+  const float refit = fp16_sat(q);
+  const bool use = (den > 0.0f) & (q > 0.0f) & (q <= kFloatMax) & (refit > 0.0f);
+  return bits_float(select_u32(use, float_bits(refit), float_bits(c)));
 }
 
 // --- temporal_only -----------------------------------------------------------------------
