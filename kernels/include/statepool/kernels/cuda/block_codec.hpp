@@ -380,6 +380,38 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   return h;
 }
 
+// (row, column) of the flat indices first, first + stride, ... of a row-major grid of
+// `width` columns, kept without a division per step: first and stride are divided once.
+// A rank walks the values of its quads (first 4 rank, stride 4 size, width V) or its
+// (row, quad) items (first rank, stride size, width quads per row) with it.
+struct GridCursor {
+  std::uint32_t i = 0;  // row of the current index
+  std::uint32_t j = 0;  // its column
+  std::uint32_t di = 0;
+  std::uint32_t dj = 0;
+  std::uint32_t width = 1;
+
+  STATEPOOL_HD GridCursor(std::uint32_t first, std::uint32_t stride, std::uint32_t w) noexcept
+      : i(first / w), j(first % w), di(stride / w), dj(stride % w), width(w) {}
+  /// Row and column of the current index + k (k <= 3).
+  STATEPOOL_HD void at(std::uint32_t k, std::uint32_t& row, std::uint32_t& col) const noexcept {
+    row = i;
+    col = j + k;
+    while (col >= width) {  // at most 3 times (width < 4), else at most once
+      col -= width;
+      ++row;
+    }
+  }
+  STATEPOOL_HD void next() noexcept {
+    i += di;
+    j += dj;
+    if (j >= width) {
+      j -= width;
+      ++i;
+    }
+  }
+};
+
 // Writes every code of the head: code(i, j, bits) is the offset-binary code u of value
 // (i, j) in a row of width `bits`; pivot rows of KDA heads get fp16 values.
 template <class Staged, class Team, class Code>
@@ -391,13 +423,15 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
     const std::uint64_t n = std::uint64_t{f.key_dim} * V;
     const std::uint64_t quads = (n + 3) / 4;
     std::uint8_t* codes = out + h.codes_offset;
-    for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+    GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
+    for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
       std::uint8_t u[4] = {0, 0, 0, 0};
       for (std::uint32_t k = 0; k < rest; ++k) {
-        const auto i = static_cast<std::uint32_t>((first + k) / V);
-        const auto j = static_cast<std::uint32_t>((first + k) % V);
+        std::uint32_t i = 0;
+        std::uint32_t j = 0;
+        cursor.at(k, i, j);
         u[k] = static_cast<std::uint8_t>(code(i, j, h.bits));
       }
       pack_quad_at(h.bits, u, rest, codes + q * quad_bytes(h.bits));
@@ -406,9 +440,10 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
   }
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
-  for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
-    const auto i = static_cast<std::uint32_t>(item / row_quads);
-    const auto q = static_cast<std::uint32_t>(item % row_quads);
+  GridCursor cursor(t.rank(), t.size(), row_quads);
+  for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
+    const std::uint32_t i = cursor.i;
+    const std::uint32_t q = cursor.j;
     const std::uint32_t first = 4 * q;
     const std::uint32_t rest = V - first < 4 ? V - first : 4;
     const std::uint32_t bits = h.width(i);
@@ -438,14 +473,16 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
     const std::uint64_t n = std::uint64_t{f.key_dim} * V;
     const std::uint64_t quads = (n + 3) / 4;
     const std::uint8_t* codes = in + h.codes_offset;
-    for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
+    GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
+    for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
       std::uint32_t u[4];
       unpack_quad_at(h.bits, codes + q * quad_bytes(h.bits), rest, u);
       for (std::uint32_t k = 0; k < rest; ++k) {
-        const auto i = static_cast<std::uint32_t>((first + k) / V);
-        const auto j = static_cast<std::uint32_t>((first + k) % V);
+        std::uint32_t i = 0;
+        std::uint32_t j = 0;
+        cursor.at(k, i, j);
         y.store(first + k, value(i, j, h.bits, u[k]));
       }
     }
@@ -453,9 +490,10 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   }
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
-  for (std::uint64_t item = t.rank(); item < items; item += t.size()) {
-    const auto i = static_cast<std::uint32_t>(item / row_quads);
-    const auto q = static_cast<std::uint32_t>(item % row_quads);
+  GridCursor cursor(t.rank(), t.size(), row_quads);
+  for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
+    const std::uint32_t i = cursor.i;
+    const std::uint32_t q = cursor.j;
     const std::uint32_t first = 4 * q;
     const std::uint32_t rest = V - first < 4 ? V - first : 4;
     const std::uint32_t bits = h.width(i);
