@@ -316,7 +316,7 @@ enum class SqKind : std::uint8_t {
 struct SqHead {
   SqKind kind = SqKind::dual;
   bool grid8 = false;                    // KDA: rows on the shared 8-bit column grid (q_i, g_i)
-  bool refit = false;                    // stepquant but temporal_only / no_refit: the refit
+  bool refit = false;                    // the least-squares refit (not temporal_only, no_refit)
   std::uint32_t bits = 0;                // width of every row when `widths` is null (dsq)
   const std::uint8_t* widths = nullptr;  // [K]
   const float* impact = nullptr;         // [K], null: all ones
