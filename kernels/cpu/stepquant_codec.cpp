@@ -28,28 +28,32 @@ using stepquant::FitKind;
 using stepquant::HeadFit;
 using stepquant::kPivotWidth;
 
-// z + offset as bytes (offset binary), and back. Cloned: SSE2 lacks the 32-bit packs.
+// Levels z as stored codes u = (z + offset) >> shift (stepquant::unit_code), and back.
+// Cloned: SSE2 lacks the 32-bit packs.
 STATEPOOL_SIMD_CLONES void narrow_codes(const std::int32_t* z, std::size_t n, std::int32_t offset,
-                                        std::uint8_t* u) {
+                                        std::uint32_t shift, std::uint8_t* u) {
   for (std::size_t i = 0; i < n; ++i) {
-    u[i] = static_cast<std::uint8_t>(z[i] + offset);
+    u[i] = static_cast<std::uint8_t>(static_cast<std::uint32_t>(z[i] + offset) >> shift);
   }
 }
 
-// One row of a decoded head from its offset-binary codes u = z + offset:
-// x_j = dual_axis_value(r, c_j, z_j g) (dual axis), or r z_j (row absmax), as
-// stepquant::reconstruct computes them.
+// One row of a decoded head from its stored codes u, levels z = (u << shift) - offset
+// (stepquant::unit_level): x_j = dual_axis_value(r, c_j, z_j g) (dual axis), or r z_j
+// (row absmax), as stepquant::reconstruct computes them.
 STATEPOOL_SIMD_CLONES void reconstruct_dual_codes(const std::uint8_t* u, std::size_t n,
-                                                  std::int32_t offset, float r, const float* c,
-                                                  std::int32_t g, float* x) {
+                                                  std::int32_t offset, std::uint32_t shift, float r,
+                                                  const float* c, std::int32_t g, float* x) {
   for (std::size_t j = 0; j < n; ++j) {
-    x[j] = stepquant::dual_axis_value(r, c[j], (static_cast<std::int32_t>(u[j]) - offset) * g);
+    const std::int32_t z = static_cast<std::int32_t>(std::uint32_t{u[j]} << shift) - offset;
+    x[j] = stepquant::dual_axis_value(r, c[j], z * g);
   }
 }
 STATEPOOL_SIMD_CLONES void reconstruct_absmax_codes(const std::uint8_t* u, std::size_t n,
-                                                    std::int32_t offset, float r, float* x) {
+                                                    std::int32_t offset, std::uint32_t shift,
+                                                    float r, float* x) {
   for (std::size_t j = 0; j < n; ++j) {
-    x[j] = r * static_cast<float>(static_cast<std::int32_t>(u[j]) - offset);
+    const std::int32_t z = static_cast<std::int32_t>(std::uint32_t{u[j]} << shift) - offset;
+    x[j] = r * static_cast<float>(z);
   }
 }
 
@@ -72,12 +76,12 @@ class Writer {
     encode_fp16(v, n, dst_.data() + pos_);  // fp16 scales and pivot values
     pos_ += 2 * n;
   }
-  // Signed codes z (offset binary u = z + qmax).
+  // Levels z, stored as codes u = stepquant::unit_code(z, bits).
   void codes(const std::int32_t* z, std::size_t n, std::uint32_t bits,
              std::vector<std::uint8_t>& u) {
     u.resize(n);
-    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
-    narrow_codes(z, n, offset, u.data());
+    const auto offset = static_cast<std::int32_t>(stepquant::level_max(bits));
+    narrow_codes(z, n, offset, stepquant::level_shift(bits), u.data());
     pack_run(bits, u.data(), n, as_u8(dst_.data() + pos_));
     pos_ += packed_bytes(n, bits);
   }
@@ -95,7 +99,7 @@ class Reader {
     decode_fp16(src_.data() + pos_, n, v);
     pos_ += 2 * n;
   }
-  // Offset-binary codes u = z + qmax.
+  // Stored codes u (stepquant::unit_level gives their levels).
   void codes(std::uint8_t* u, std::size_t n, std::uint32_t bits) {
     unpack_run(bits, as_u8(src_.data() + pos_), n, u);
     pos_ += packed_bytes(n, bits);
@@ -157,14 +161,15 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
   r.halves(s.fit.col_scale.data(), s.fit.col_scale.size());
   const auto row = [&](std::size_t i, const std::uint8_t* u) {
     const std::uint32_t bits = widths[i];
-    const auto offset = static_cast<std::int32_t>(code_qmax(bits));
+    const auto offset = static_cast<std::int32_t>(stepquant::level_max(bits));
+    const std::uint32_t shift = stepquant::level_shift(bits);
     float* x = dst.data() + i * V;
     if (dual) {
       const auto g = static_cast<std::int32_t>(
           kind == FitKind::dual_axis_grid8 ? stepquant::grid_factor(bits) : 1u);
-      reconstruct_dual_codes(u, V, offset, s.fit.row_scale[i], s.fit.col_scale.data(), g, x);
+      reconstruct_dual_codes(u, V, offset, shift, s.fit.row_scale[i], s.fit.col_scale.data(), g, x);
     } else {
-      reconstruct_absmax_codes(u, V, offset, s.fit.row_scale[i], x);
+      reconstruct_absmax_codes(u, V, offset, shift, s.fit.row_scale[i], x);
     }
   };
   if (arch == Arch::gdn) {  // one width, one run of codes

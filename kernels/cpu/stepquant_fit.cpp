@@ -110,9 +110,9 @@ STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
 // Step 1's row scales from the row sums, every row (pivot rows too; the caller overwrites
 // theirs); w: the rows' impact factors.
 STATEPOOL_SIMD_CLONES void row_scales(const float* sums, std::size_t rows, std::uint32_t n,
-                                      const float* w, float* out) {
+                                      const float* w, const std::uint32_t* bits, float* out) {
   for (std::size_t i = 0; i < rows; ++i) {
-    out[i] = row_scale_from_sum(sums[i], n, w[i]);
+    out[i] = row_scale_from_sum(sums[i], n, w[i], bits[i]);
   }
 }
 
@@ -166,25 +166,88 @@ STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float
   }
 }
 
-// Step 3 for one row: z_j = clamp(round_half_even((x_j a) b_j), -qmax, qmax).
-STATEPOOL_SIMD_CLONES void encode_row(const float* x, std::uint32_t n, float a, const float* b,
-                                      std::uint32_t qmax, std::int32_t* z) {
-  const auto offset = static_cast<std::int32_t>(qmax);
+// Step 3's level of quotient t in a row of 4, 6 or 8 bits (FourLevel false; qmax given) or
+// of 2 bits. Each row loop below is written once per kind of unit, so that each
+// vectorizes without a branch per value.
+template <bool FourLevel>
+STATEPOOL_FORCE_INLINE std::int32_t row_level(float t, std::uint32_t qmax) {
+  if constexpr (FourLevel) {
+    return 2 * static_cast<std::int32_t>(four_level_code(t)) - 3;
+  } else {
+    return static_cast<std::int32_t>(code_from_quotient(t, qmax)) - static_cast<std::int32_t>(qmax);
+  }
+}
+
+// Step 3 for one row: z_j = the level of (x_j a) b_j.
+template <bool FourLevel>
+STATEPOOL_FORCE_INLINE void encode_row_body(const float* x, std::uint32_t n, float a,
+                                            const float* b, std::uint32_t qmax, std::int32_t* z) {
   for (std::uint32_t j = 0; j < n; ++j) {
-    z[j] = static_cast<std::int32_t>(dual_code(x[j], a, b[j], qmax)) - offset;
+    z[j] = row_level<FourLevel>(mul_f32(mul_f32(x[j], a), b[j]), qmax);
   }
 }
 
 // Step 3 and step 4's accumulation for one row in one pass (row order is the caller's
-// loop order): the same operations as encode_row, then refit_accumulate on its codes.
-STATEPOOL_SIMD_CLONES void encode_refit_row(const float* x, std::uint32_t n, float a,
-                                            const float* b, std::uint32_t qmax, float rg, float ww,
-                                            std::int32_t* z, float* num, float* den) {
-  const auto offset = static_cast<std::int32_t>(qmax);
+// loop order): the same operations as encode_row_body, then refit_accumulate.
+template <bool FourLevel>
+STATEPOOL_FORCE_INLINE void encode_refit_row_body(const float* x, std::uint32_t n, float a,
+                                                  const float* b, std::uint32_t qmax, float rg,
+                                                  float ww, std::int32_t* z, float* num,
+                                                  float* den) {
   for (std::uint32_t j = 0; j < n; ++j) {
-    const auto code = static_cast<std::int32_t>(dual_code(x[j], a, b[j], qmax)) - offset;
-    z[j] = code;
-    refit_accumulate(x[j], code, rg, ww, num[j], den[j]);
+    const std::int32_t level = row_level<FourLevel>(mul_f32(mul_f32(x[j], a), b[j]), qmax);
+    z[j] = level;
+    refit_accumulate(x[j], level, rg, ww, num[j], den[j]);
+  }
+}
+
+STATEPOOL_SIMD_CLONES void encode_row_levels(const float* x, std::uint32_t n, float a,
+                                             const float* b, std::uint32_t qmax, std::int32_t* z) {
+  encode_row_body<false>(x, n, a, b, qmax, z);
+}
+
+STATEPOOL_SIMD_CLONES void encode_row_four_level(const float* x, std::uint32_t n, float a,
+                                                 const float* b, std::int32_t* z) {
+  encode_row_body<true>(x, n, a, b, 0, z);
+}
+
+STATEPOOL_SIMD_CLONES void encode_refit_row_levels(const float* x, std::uint32_t n, float a,
+                                                   const float* b, std::uint32_t qmax, float rg,
+                                                   float ww, std::int32_t* z, float* num,
+                                                   float* den) {
+  encode_refit_row_body<false>(x, n, a, b, qmax, rg, ww, z, num, den);
+}
+
+STATEPOOL_SIMD_CLONES void encode_refit_row_four_level(const float* x, std::uint32_t n, float a,
+                                                       const float* b, float rg, float ww,
+                                                       std::int32_t* z, float* num, float* den) {
+  encode_refit_row_body<true>(x, n, a, b, 0, rg, ww, z, num, den);
+}
+
+void encode_row(const float* x, std::uint32_t n, float a, const float* b, std::uint32_t bits,
+                std::int32_t* z) {
+  if (bits == 2) {
+    encode_row_four_level(x, n, a, b, z);
+  } else {
+    encode_row_levels(x, n, a, b, code_qmax(bits), z);
+  }
+}
+
+void encode_refit_row(const float* x, std::uint32_t n, float a, const float* b, std::uint32_t bits,
+                      float rg, float ww, std::int32_t* z, float* num, float* den) {
+  if (bits == 2) {
+    encode_refit_row_four_level(x, n, a, b, rg, ww, z, num, den);
+  } else {
+    encode_refit_row_levels(x, n, a, b, code_qmax(bits), rg, ww, z, num, den);
+  }
+}
+
+// Step 4's accumulation alone for one row (a later refit round, on the levels of the
+// round before).
+STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
+                                     float rg, float ww, float* num, float* den) {
+  for (std::uint32_t j = 0; j < n; ++j) {
+    refit_accumulate(x[j], z[j], rg, ww, num[j], den[j]);
   }
 }
 
@@ -226,17 +289,21 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   // this size).
   thread_local std::vector<float> sums, w, e, a, b, num, den;
   thread_local std::vector<std::int32_t> cm;
-  thread_local std::vector<std::uint32_t> q, g;
+  thread_local std::vector<std::uint32_t> q, g, bits;
   sums.resize(K);
   e.resize(K);
   a.resize(K);
   b.resize(V);
   q.resize(K);
   g.resize(K);
+  bits.resize(K);
+  bool any_two_bit = false;
   for (std::size_t i = 0; i < K; ++i) {
     const bool pivot = widths[i] == kPivotWidth;  // a pivot row's factors are unused
     q[i] = pivot ? 1u : row_qmax(i);
     g[i] = pivot ? 1u : grid(i);
+    bits[i] = widths[i];
+    any_two_bit = any_two_bit || widths[i] == 2;
   }
   if (impact.empty()) {
     w.assign(K, 1.0f);
@@ -256,7 +323,7 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
       sums[r] = abs_lane_sum(head.data() + r * V, value_dim);
       odd_sums |= static_cast<std::uint32_t>(is_non_finite_bits(float_bits(sums[r])));
     }
-    row_scales(&sums[r0], rows, value_dim, &w[r0], &out.row_scale[r0]);
+    row_scales(&sums[r0], rows, value_dim, &w[r0], &bits[r0], &out.row_scale[r0]);
     row_factors(&out.row_scale[r0], &q[r0], &g[r0], rows, &e[r0], &a[r0]);
     for (std::size_t i = r0; i < r0 + rows; ++i) {
       if (widths[i] != kPivotWidth) column_max_row(head.data() + i * V, value_dim, e[i], cm.data());
@@ -276,33 +343,41 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(p * V), V, 0);
   }
 
-  // Step 3 (and 4, 3 again): codes through a_i = 1 / (r_i g_i) and b_j = 1 / c_j; with
-  // the refit, the first codes feed the column sums in the same pass.
+  // Step 3 (and rounds of 4 and 3): levels through a_i = 1 / (r_i g_i) and b_j = 1 / c_j;
+  // with the refit, the first levels feed the column sums in the same pass.
   const auto encode = [&] {
     column_factors(out.col_scale.data(), V, b.data());
     for (std::size_t i = 0; i < K; ++i) {
       if (widths[i] != kPivotWidth) {
-        encode_row(head.data() + i * V, value_dim, a[i], b.data(), code_qmax(widths[i]),
+        encode_row(head.data() + i * V, value_dim, a[i], b.data(), widths[i],
                    out.codes.data() + i * V);
       }
     }
   };
-  if (!options.refit) {
+  const std::uint32_t rounds = refit_rounds(options.refit, any_two_bit);
+  if (rounds == 0) {
     encode();
     return;
   }
   column_factors(out.col_scale.data(), V, b.data());
-  num.assign(V, 0.0f);
-  den.assign(V, 0.0f);
-  for (std::size_t i = 0; i < K; ++i) {
-    if (widths[i] != kPivotWidth) {
-      encode_refit_row(head.data() + i * V, value_dim, a[i], b.data(), code_qmax(widths[i]),
-                       out.row_scale[i] * static_cast<float>(g[i]), refit_weight(w[i]),
-                       out.codes.data() + i * V, num.data(), den.data());
+  for (std::uint32_t round = 0; round < rounds; ++round) {
+    num.assign(V, 0.0f);
+    den.assign(V, 0.0f);
+    for (std::size_t i = 0; i < K; ++i) {
+      if (widths[i] == kPivotWidth) continue;
+      const float* x = head.data() + i * V;
+      std::int32_t* z = out.codes.data() + i * V;
+      const float rg = out.row_scale[i] * static_cast<float>(g[i]);
+      if (round == 0) {
+        encode_refit_row(x, value_dim, a[i], b.data(), widths[i], rg, refit_weight(w[i]), z,
+                         num.data(), den.data());
+      } else {
+        refit_row(x, z, value_dim, rg, refit_weight(w[i]), num.data(), den.data());
+      }
     }
+    refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
+    encode();
   }
-  refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
-  encode();
 }
 
 }  // namespace
@@ -354,19 +429,18 @@ void fit_head_absmax(Arch arch, std::span<const float> head, std::uint32_t key_d
                    });
       continue;
     }
-    const std::uint32_t qmax = code_qmax(row_widths[i]);
+    const std::uint32_t bits = row_widths[i];
     std::uint32_t absmax = 0;
     for (std::size_t j = 0; j < V; ++j) {
       absmax = std::max(absmax, abs_bits(x[j]));
     }
     out.finite = out.finite && absmax < 0x7F800000u;  // |x| bits of Inf and NaN are larger
-    const float s = absmax_row_scale(absmax, qmax);
+    const float s = absmax_row_scale(absmax, bits);
     out.row_scale[i] = s;
     const float inv = absmax_code_factor(s);
     std::int32_t* z = out.codes.data() + i * V;
     for (std::size_t j = 0; j < V; ++j) {
-      z[j] =
-          static_cast<std::int32_t>(absmax_code(x[j], inv, qmax)) - static_cast<std::int32_t>(qmax);
+      z[j] = unit_level(absmax_code(x[j], inv, bits), bits);
     }
   }
 }

@@ -200,8 +200,9 @@ class HeadBound {
   }
 
  private:
-  // The nearest point of the fitted grid: half a step inside it, the distance to its end
-  // beyond (a clamped code); pivots are fp16 values.
+  // The nearest point of the fitted grid: half the spacing of its levels inside it (2
+  // units apart in a four-level 2-bit row, which has no zero level), the distance to its
+  // end beyond (a clamped code); pivots are fp16 values.
   [[nodiscard]] double fitted_bound(std::size_t k, double ax) const {
     const std::size_t V = layout_.value_dim;
     const std::size_t i = k / V;
@@ -210,7 +211,7 @@ class HeadBound {
     if (b == kPivotWidth) {
       return fp16_error_bound(ax);
     }
-    const double qmax = code_qmax(b);
+    const double qmax = stepquant::level_max(b);
     double step = 0.0;
     double top = 0.0;
     switch (fit_.kind) {
@@ -228,7 +229,8 @@ class HeadBound {
         top = step * qmax;
         break;
     }
-    return std::max(0.5 * step, ax - top) + (step + ax) * std::ldexp(1.0, -21);
+    const double spacing = step * static_cast<double>(1u << stepquant::level_shift(b));
+    return std::max(0.5 * spacing, ax - top) + (spacing + ax) * std::ldexp(1.0, -21);
   }
 
   const StateLayout& layout_;

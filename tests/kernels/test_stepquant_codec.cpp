@@ -178,7 +178,7 @@ std::vector<std::byte> expected_head(Arch arch, StepQuantVariant variant, const 
     std::vector<std::uint32_t> u(n);
     for (std::size_t k = 0; k < n; ++k) {
       const int z = fit.codes[begin + k];
-      u[k] = static_cast<std::uint32_t>(z + static_cast<int>(code_qmax(bits)));
+      u[k] = stepquant::unit_code(z, bits);
     }
     out.codes(u, bits);
   };
@@ -373,7 +373,7 @@ TEST(StepQuantCodec, VariantsChangeWhatTheyShould) {
       absmax = std::max(absmax, std::fabs(x[i * plan.value_dim + j]));
     }
     EXPECT_EQ(temporal.row_scale[i],
-              testing::fp16(absmax / static_cast<float>(code_qmax(w_full[i]))));
+              testing::fp16(absmax / static_cast<float>(stepquant::level_max(w_full[i]))));
   }
   // The impact factors matter to full and spatial_only, not to temporal_only.
   Plan flat = plan;

@@ -74,7 +74,7 @@ struct GoldenCase {
 
 std::vector<GoldenCase> load_cases() {
   const json::value doc = json::parse(testing::read_bytes(kGolden));
-  EXPECT_EQ(doc.at("format").as_string(), "statepool-stepquant-golden-2");
+  EXPECT_EQ(doc.at("format").as_string(), "statepool-stepquant-golden-3");
   std::vector<GoldenCase> out;
   for (const json::value& v : doc.at("cases").as_array()) {
     const json::object& c = v.as_object();

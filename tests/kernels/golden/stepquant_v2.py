@@ -44,7 +44,8 @@ def splitmix64(x: int) -> int:
 def value(seed: int, k_dim: int, v_dim: int, i: int, j: int) -> float:
     """Value (i, j) of a case's head: a 24-bit signed mantissa times 2^(row + column
     exponents); row 1 is zero, column 2 is zero, row 3 is tiny (2^-90 scale: its row
-    scale rounds to 0 and becomes 1), and every 37th value is an outlier (x 2^9)."""
+    scale rounds to 0 and becomes 1, or stays 0 in a 2-bit row), and every 37th value is
+    an outlier (x 2^9)."""
     if (k_dim > 1 and i == 1) or (v_dim > 2 and j == 2):
         return 0.0
     u = splitmix64((seed << 32) + i * v_dim + j)
@@ -88,14 +89,34 @@ def lane_sum(ys) -> np.float32:
     return p[0]
 
 
-def code(q: np.float32, qmax: int) -> int:
-    """clamp(round_half_even(q), -qmax, qmax)."""
-    r = float(np.rint(q))
+def level(t: np.float32, bits: int) -> int:
+    """The level of quotient t in a b-bit unit: 2 bits, the nearest of -3, -1, 1, 3 as
+    2 u - 3, u = clamp(round_half_even((t + 3) * 0.5), 0, 3) with t + 3 rounded to
+    binary32; otherwise clamp(round_half_even(t), -qmax, qmax)."""
+    if bits == 2:
+        u = float(np.rint(F32(F32(F32(t) + F32(3.0)) * F32(0.5))))
+        return 2 * int(min(max(u, 0.0), 3.0)) - 3
+    qmax = (1 << (bits - 1)) - 1
+    r = float(np.rint(t))
     return int(min(max(r, -qmax), qmax))
 
 
-def qmax_of(bits: int) -> int:
-    return (1 << (bits - 1)) - 1
+def level_max(bits: int) -> int:
+    """L_b: 3 for the four-level 2-bit unit, 2^(b-1) - 1 otherwise."""
+    return 3 if bits == 2 else (1 << (bits - 1)) - 1
+
+
+def grid_factor(bits: int) -> int:
+    """g_b on the 8-bit grid: the largest power of two with L_b g_b <= 127."""
+    g = 1
+    while level_max(bits) * g * 2 <= 127:
+        g *= 2
+    return g
+
+
+def recip(y: np.float32) -> np.float32:
+    """1 / y, or 0 for y = 0."""
+    return F32(F32(1.0) / F32(y)) if y > 0 else F32(0.0)
 
 
 # --- the fits ------------------------------------------------------------------------------
@@ -104,9 +125,8 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
     """Steps 1-4 of the v2 fit: (r[K], c[V], z[K][V]) as float32 scales and int codes."""
     k_dim, v_dim = len(x), len(x[0])
     pivot = [b == PIVOT for b in widths]
-    q = [0 if pivot[i] else qmax_of(widths[i]) * (1 << (8 - widths[i]) if grid8 else 1)
-         for i in range(k_dim)]
-    g = [0 if pivot[i] else ((1 << (8 - widths[i])) if grid8 else 1) for i in range(k_dim)]
+    g = [0 if pivot[i] else (grid_factor(widths[i]) if grid8 else 1) for i in range(k_dim)]
+    q = [0 if pivot[i] else level_max(widths[i]) * g[i] for i in range(k_dim)]
     r = [F32(0.0)] * k_dim
     e = [F32(0.0)] * k_dim
     a = [F32(0.0)] * k_dim
@@ -115,9 +135,9 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
             continue
         s = lane_sum([abs(F32(v)) for v in x[i]])
         ri = fp16(np.sqrt(F32(s / F32(F32(v_dim) * F32(w[i])))))
-        r[i] = ri if ri > 0 else F32(1.0)
-        e[i] = F32(F32(1.0) / F32(r[i] * F32(q[i])))
-        a[i] = F32(F32(1.0) / F32(r[i] * F32(g[i])))
+        r[i] = ri if ri > 0 else F32(0.0 if widths[i] == 2 else 1.0)
+        e[i] = recip(F32(r[i] * F32(q[i])))
+        a[i] = recip(F32(r[i] * F32(g[i])))
     c = [F32(0.0)] * v_dim
     for j in range(v_dim):
         m = F32(0.0)
@@ -127,13 +147,13 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
         c[j] = fp16(m)
 
     def codes(cols):
-        b = [F32(F32(1.0) / cj) if cj > 0 else F32(0.0) for cj in cols]
-        return [[0 if pivot[i] else code(F32(F32(F32(x[i][j]) * a[i]) * b[j]),
-                                          qmax_of(widths[i]))
+        b = [recip(cj) for cj in cols]
+        return [[0 if pivot[i] else level(F32(F32(F32(x[i][j]) * a[i]) * b[j]), widths[i])
                  for j in range(v_dim)] for i in range(k_dim)]
 
     z = codes(c)
-    if refit:
+    rounds = (2 if 2 in widths else 1) if refit else 0
+    for _ in range(rounds):
         for j in range(v_dim):
             num, den = F32(0.0), F32(0.0)
             for i in range(k_dim):
@@ -153,28 +173,29 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
 
 
 def absmax_fit(x, widths):
-    """temporal_only: s_i = fp16(absmax_i / qmax), z = clamp(rne(x (1 / s_i)))."""
+    """temporal_only: s_i = fp16(absmax_i / L_b), z = the level of x (1 / s_i)."""
     rows = []
     for i, row in enumerate(x):
         if widths[i] == PIVOT:
             rows.append((F32(0.0), None))
             continue
-        qmax = qmax_of(widths[i])
-        s = fp16(F32(max(abs(F32(v)) for v in row) / F32(qmax)))
-        inv = F32(F32(1.0) / s) if s > 0 else F32(0.0)
-        rows.append((s, [code(F32(F32(v) * inv), qmax) for v in row]))
+        s = fp16(F32(max(abs(F32(v)) for v in row) / F32(level_max(widths[i]))))
+        inv = recip(s)
+        rows.append((s, [level(F32(F32(v) * inv), widths[i]) for v in row]))
     return rows
 
 
 # --- bytes ---------------------------------------------------------------------------------
 
 def packed(codes, bits: int) -> bytes:
-    """A run of offset-binary codes u = z + qmax, LSB first; 6-bit runs end on whole
-    3-byte quads."""
-    qmax = qmax_of(bits)
+    """A run of stored codes u = (z + L_b) / step_b (step 2 at 2 bits, else 1), LSB
+    first; 6-bit runs end on whole 3-byte quads."""
+    step = 2 if bits == 2 else 1
     word = 0
     for n, z in enumerate(codes):
-        word |= (z + qmax) << (n * bits)
+        u, rest = divmod(z + level_max(bits), step)
+        assert rest == 0 and 0 <= u < (1 << bits)
+        word |= u << (n * bits)
     count = len(codes)
     size = 3 * ((count + 3) // 4) if bits == 6 else (count * bits + 7) // 8
     return word.to_bytes(size, "little")
@@ -237,6 +258,8 @@ CASES = [
     ("gdn4_37x45", "gdn", "stepquant4", "stepquant", 37, 45, [4]),
     ("gdn8_16x24", "gdn", "stepquant6", "stepquant", 16, 24, [8]),
     ("gdn2_32x40", "gdn", "stepquant4", "stepquant", 32, 40, [2]),
+    ("gdn2_temporal_6x9", "gdn", "stepquant4", "temporal_only", 6, 9, [2]),
+    ("gdn2_norefit_5x70", "gdn", "stepquant4", "no_refit", 5, 70, [2]),
     ("gdn_pivot_8x12", "gdn", "stepquant6", "stepquant", 8, 12, [PIVOT]),
     ("gdn6_norefit_20x28", "gdn", "stepquant6", "no_refit", 20, 28, [6]),
     ("kda4_mixed_24x36", "kda", "stepquant4", "stepquant", 24, 36, None),
@@ -266,8 +289,9 @@ def cases() -> list[dict]:
 
 
 def document() -> dict:
-    return {"format": "statepool-stepquant-golden-2",
-            "spec": "docs/codecs.md, format v2; written by tests/kernels/golden/stepquant_v2.py",
+    return {"format": "statepool-stepquant-golden-3",
+            "spec": "docs/codecs.md, format 2 (four-level 2-bit units); written by "
+                    "tests/kernels/golden/stepquant_v2.py",
             "impact": "w_i = 2^((i mod 5) - 2) (1 + (i mod 3) / 4) for stepquant and no_refit; 1 "
                       "otherwise",
             "cases": cases()}

@@ -315,9 +315,10 @@ enum class SqKind : std::uint8_t {
 // and where its codes are.
 struct SqHead {
   SqKind kind = SqKind::dual;
-  bool grid8 = false;                    // KDA: rows on the shared 8-bit column grid (q_i, g_i)
-  bool refit = false;                    // the least-squares refit (not temporal_only, no_refit)
-  std::uint32_t bits = 0;                // width of every row when `widths` is null (dsq)
+  bool grid8 = false;        // KDA: rows on the shared 8-bit column grid (q_i, g_i)
+  std::uint32_t refits = 0;  // rounds of the refit (stepquant::refit_rounds; 0: temporal_only,
+                             // no_refit, dsq)
+  std::uint32_t bits = 0;    // width of every row when `widths` is null (dsq)
   const std::uint8_t* widths = nullptr;  // [K]
   const float* impact = nullptr;         // [K], null: all ones
   // KDA: byte offset of every row's run within the head; null: one run of K V codes at
@@ -357,7 +358,11 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   if (f.arch == Arch::kda) {
     h.kind = temporal ? SqKind::absmax : SqKind::dual;
     h.grid8 = !temporal;
-    h.refit = refit;
+    bool any_two_bit = false;
+    for (std::uint32_t i = 0; i < K; ++i) {
+      any_two_bit = any_two_bit || h.widths[i] == 2;
+    }
+    h.refits = stepquant::refit_rounds(refit, any_two_bit);
     h.row_offsets = f.row_offsets + row0;
     h.data_end = h.row_offsets[K - 1] + stepquant::row_bytes(V, h.widths[K - 1]);
     return h;
@@ -371,7 +376,7 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
     h.codes_offset = 2u * std::uint64_t{K};
   } else {
     h.kind = SqKind::dual;
-    h.refit = refit;
+    h.refits = stepquant::refit_rounds(refit, h.bits == 2);
     h.codes_offset = 2u * (std::uint64_t{K} + V);
   }
   if (h.kind != SqKind::pivot_head) {
@@ -543,10 +548,10 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
           const std::uint32_t a = abs_bits(row[j]);
           absmax = a > absmax ? a : absmax;
         }
-        s = stepquant::absmax_row_scale(absmax, code_qmax(bits));
+        s = stepquant::absmax_row_scale(absmax, bits);
         scratch.a()[i] = stepquant::absmax_code_factor(s);
       } else {
-        s = stepquant::row_scale_from_sum(stepquant::row_abs_sum(row, V), V, h.weight(i));
+        s = stepquant::row_scale_from_sum(stepquant::row_abs_sum(row, V), V, h.weight(i), bits);
         scratch.e()[i] =
             stepquant::column_ratio_factor(s, stepquant::row_code_limit(h.grid8, bits));
         scratch.a()[i] = stepquant::code_row_factor(s, stepquant::row_grid(h.grid8, bits));
@@ -556,8 +561,10 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
   }
 }
 
-// Steps 2-4 of one column j: the max-based scale, then (refit) the codes of step 3 and
-// the impact-weighted least-squares scale, sums over rows in row order.
+// Steps 2-4 of one column j: the max-based scale, then each round of the refit (h.refits):
+// the levels of step 3 under the column's current scale and the impact-weighted
+// least-squares scale from them, sums over rows in row order. A column's rounds read no
+// other column, so this equals the CPU's rounds over whole rows.
 template <class Staged>
 STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
                                 const HeadValues<Staged>& x, const std::uint8_t* r,
@@ -569,26 +576,25 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
       max_bits = m > max_bits ? m : max_bits;
     }
   }
-  const float c = stepquant::column_scale_from_max(max_bits);
-  if (!h.refit) {
-    return c;
-  }
-  const float b = stepquant::column_code_factor(c);
-  float num = 0.0f;
-  float den = 0.0f;
-  for (std::uint32_t i = 0; i < f.key_dim; ++i) {
-    const std::uint32_t bits = h.width(i);
-    if (bits != stepquant::kPivotWidth) {
-      const float v = x.at(i, j);
-      const std::uint32_t qmax = code_qmax(bits);
-      const auto z = static_cast<std::int32_t>(stepquant::dual_code(v, scratch.a()[i], b, qmax)) -
-                     static_cast<std::int32_t>(qmax);
-      const float rg =
-          load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
-      stepquant::refit_accumulate(v, z, rg, stepquant::refit_weight(h.weight(i)), num, den);
+  float c = stepquant::column_scale_from_max(max_bits);
+  for (std::uint32_t round = 0; round < h.refits; ++round) {
+    const float b = stepquant::column_code_factor(c);
+    float num = 0.0f;
+    float den = 0.0f;
+    for (std::uint32_t i = 0; i < f.key_dim; ++i) {
+      const std::uint32_t bits = h.width(i);
+      if (bits != stepquant::kPivotWidth) {
+        const float v = x.at(i, j);
+        const std::int32_t z =
+            stepquant::unit_level(stepquant::dual_code(v, scratch.a()[i], b, bits), bits);
+        const float rg =
+            load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
+        stepquant::refit_accumulate(v, z, rg, stepquant::refit_weight(h.weight(i)), num, den);
+      }
     }
+    c = stepquant::refit_column_scale(num, den, c);
   }
-  return stepquant::refit_column_scale(num, den, c);
+  return c;
 }
 
 template <class Staged, class Team>
@@ -612,7 +618,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   t.sync();
   if (h.kind == SqKind::absmax) {
     write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-      return stepquant::absmax_code(x.at(i, j), scratch.a()[i], code_qmax(bits));
+      return stepquant::absmax_code(x.at(i, j), scratch.a()[i], bits);
     });
     return;
   }
@@ -624,7 +630,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   }
   t.sync();
   write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-    return stepquant::dual_code(x.at(i, j), scratch.a()[i], scratch.b()[j], code_qmax(bits));
+    return stepquant::dual_code(x.at(i, j), scratch.a()[i], scratch.b()[j], bits);
   });
 }
 
@@ -643,17 +649,16 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
       break;
     }
     case SqKind::absmax:
-      read_codes(t, f, h, in, y,
-                 [&](std::uint32_t i, std::uint32_t, std::uint32_t bits, std::uint32_t u) {
-                   return uniform_value(u, load_half_float(in + 2 * i), code_qmax(bits));
-                 });
+      read_codes(
+          t, f, h, in, y, [&](std::uint32_t i, std::uint32_t, std::uint32_t bits, std::uint32_t u) {
+            return load_half_float(in + 2 * i) * static_cast<float>(stepquant::unit_level(u, bits));
+          });
       break;
     case SqKind::dual: {
       const std::uint8_t* c = in + 2 * std::uint64_t{K};
       read_codes(t, f, h, in, y,
                  [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits, std::uint32_t u) {
-                   const std::int32_t z =
-                       static_cast<std::int32_t>(u) - static_cast<std::int32_t>(code_qmax(bits));
+                   const std::int32_t z = stepquant::unit_level(u, bits);
                    const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, bits));
                    return stepquant::dual_axis_value(load_half_float(in + 2 * i),
                                                      load_half_float(c + 2 * j), z * g);

@@ -8,33 +8,32 @@
 // Head: row-major key_dim x value_dim FP32 values. Row widths in {2,4,6,8,kPivotWidth}.
 // Impact: w_i > 0 per row (all ones = no spatial axis).
 //
-// The fit, exactly (format v2, docs/codecs.md: binary32, every operation rounded to
+// The fit, exactly (page format 2, docs/codecs.md: binary32, every operation rounded to
 // nearest even, no fused multiply-add; fp16(y) = float_to_half_bits of numeric.hpp
-// applied to min(y, 65504); every scale is used as stored; q_i = qmax_i for GDN and DSQ,
-// q_i = qmax_i * 2^(8-b_i) for KDA, the row's largest code on the shared 8-bit grid,
-// g_i = 1 for GDN and DSQ, 2^(8-b_i) for KDA; S is the lane sum of fit_math.hpp's
-// row_abs_sum: 32 strided lane partials, then a fixed tree):
+// applied to min(y, 65504); every scale is used as stored; L_b = level_max(b) of
+// format.hpp (3 at 2 bits, 2^(b-1) - 1 otherwise); q_i = L_{b_i} and g_i = 1 for GDN and
+// DSQ, g_i = grid_factor(b_i) (1, 4, 16, 32 at 8, 6, 4, 2 bits) and q_i = L_{b_i} g_i for
+// KDA, the row's largest level on the shared 8-bit grid; 1/y is 0 for y = 0; S is the
+// lane sum of fit_math.hpp's row_abs_sum: 32 strided lane partials, then a fixed tree):
 //   1. r_i = fp16(sqrt(S_j |x_ij| / (V w_i))). A row whose r_i rounds to 0 (all zeros,
-//      or values below about 1e-15) gets r_i = 1. Per row e_i = 1 / (r_i q_i) and
-//      a_i = 1 / (r_i g_i) (both products exact).
+//      or values below about 1e-15) gets r_i = 1, or r_i = 0 at 2 bits. Per row
+//      e_i = 1/(r_i q_i) and a_i = 1/(r_i g_i) (both products exact).
 //   2. c_j = fp16(max_i (|x_ij| e_i)) over non-pivot rows; 0 when the column is zero (or
-//      every row is a pivot). Per column b_j = 1 / c_j, or 0 when c_j = 0.
-//   3. z_ij = clamp(round_half_even((x_ij a_i) b_j), -qmax_i, qmax_i).
+//      every row is a pivot). Per column b_j = 1/c_j.
+//   3. t = (x_ij a_i) b_j; z_ij = clamp(round_half_even(t), -L, L), or at 2 bits the
+//      four-level z_ij = 2u - 3, u = clamp(round_half_even((t + 3) * 0.5), 0, 3).
 //   4. Refit (not DSQ): over non-pivot rows in row order, v = r_i g_i z_ij (exact),
 //      t = (w_i w_i) v, N_j += t x_ij, D_j += t v; c_j = fp16(N_j / D_j) when D_j > 0 and
-//      the quotient is finite, > 0 and does not round to 0, else c_j keeps its step-2
-//      value. Then b_j and step 3 again with the refitted c_j.
+//      the quotient is finite, > 0 and does not round to 0, else c_j keeps its value.
+//      Then b_j and step 3 again with the new c_j. Heads with a 2-bit row run step 4
+//      (and 3) twice (fit_math.hpp's refit_rounds).
 //   Reconstruction: x̂_ij = (r_i c_j) * (g_i z_ij) (dual_axis_value in format.hpp).
 //   Pivot rows: x̂_ij = fp16(x_ij) (saturating at +-65504); their r_i is stored as 0.
-// 2-bit rows, GDN and KDA alike, are ternary (qmax = 1, codes {-1, 0, 1}) in this same
-// dual-axis fit. (The paper's 2-bit GDN format, levels {-3,-1,1,3} with one scale per 32
-// values of a row and no column scales, was replaced: on states of the trained models of
-// eval/ its relative error was 0.370 against this fit's 0.343, it had no zero level, so
-// one outlier spoiled its 31 neighbours, and it took 2.5 instead of 2.25 bits per value
-// at K = V = 128; eval/README.md.)
-// Temporal-only fit (fit_head_absmax): per row s_i = fp16(absmax_i / qmax_i) (as the int
-// codecs do), z_ij = clamp(round_half_even(x_ij (1 / s_i)), -qmax_i, qmax_i), 0 if s_i = 0;
-// x̂ = s_i z_ij. 2-bit rows are symmetric ternary here (levels {-1, 0, 1}).
+// HeadFit::codes holds the levels z_ij; the pages store them as format.hpp's unit_code.
+// (2-bit units were ternary {-1, 0, 1} in page format 1, and the paper's format before
+// that; docs/codecs.md, "2-bit heads and rows", says what was measured.)
+// Temporal-only fit (fit_head_absmax): per row s_i = fp16(absmax_i / L_{b_i}) (as the int
+// codecs do), z_ij = the level of t = x_ij (1/s_i) as in step 3; x̂ = s_i z_ij.
 //
 // Every function throws std::invalid_argument on inconsistent sizes, a width outside
 // {2,4,6,8,16}, a GDN head whose rows have different widths, or an impact factor that is
@@ -53,8 +52,8 @@ namespace statepool::kernels::stepquant {
 
 /// How a HeadFit reconstructs.
 enum class FitKind : std::uint8_t {
-  dual_axis,        ///< x̂ = r_i c_j z_ij (GDN heads at 4/6/8 bits, DSQ)
-  dual_axis_grid8,  ///< x̂ = r_i c_j z_ij 2^(8-b_i) (KDA heads, one shared column grid)
+  dual_axis,        ///< x̂ = r_i c_j z_ij (GDN heads, DSQ)
+  dual_axis_grid8,  ///< x̂ = r_i c_j z_ij g_i (KDA heads, one shared column grid)
   row_absmax,       ///< x̂ = s_i z_ij (temporal_only)
 };
 
@@ -67,7 +66,7 @@ struct HeadFit {
   /// r_i [K] (dual axis; 0 for pivot rows) or s_i [K] (row_absmax; 0 for pivot rows).
   std::vector<float> row_scale;
   std::vector<float> col_scale;  ///< c_j [V] (dual axis kinds); empty otherwise
-  /// z_ij, row-major K x V, in [-qmax_i, qmax_i] (the row's own code, without the grid
+  /// z_ij, row-major K x V, levels in [-L_i, L_i] (the row's own level, without the grid
   /// factor); 0 for pivot rows.
   std::vector<std::int32_t> codes;
   /// fp16-rounded values of the pivot rows only, in row order, value_dim each.
@@ -84,10 +83,10 @@ struct HeadFit {
 enum class Refit : bool { off = false, on = true };
 
 /// Full STEPQuant fit of one head: impact-weighted row scales, max-based column scales
-/// over non-pivot rows, symmetric codes, one impact-weighted least-squares refit of the
-/// columns (unless `refit` is off), fp16 rounding of every scale as stored, re-encode.
-/// KDA heads may mix widths (codes of a b-bit row are scaled by 2^(8-b) onto the shared
-/// 8-bit column grid); GDN heads have one width for all rows. A GDN head of pivots gives
+/// over non-pivot rows, symmetric levels, one impact-weighted least-squares refit of the
+/// columns (two in heads with a 2-bit row; none when `refit` is off), fp16 rounding of
+/// every scale as stored, re-encode. KDA heads may mix widths (levels of a b-bit row are
+/// scaled by grid_factor(b) onto the shared 8-bit column grid); GDN heads have one width for all rows. A GDN head of pivots gives
 /// kind dual_axis with every row a pivot.
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,

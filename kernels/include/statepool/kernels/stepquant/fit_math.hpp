@@ -124,9 +124,9 @@ STATEPOOL_HD inline float fp16_value(float x) noexcept {
 
 // --- per-row constants -------------------------------------------------------------------
 
-/// q_i: the row's largest code, on the shared 8-bit grid for KDA (grid8) heads.
+/// q_i: the row's largest level, on the shared 8-bit grid for KDA (grid8) heads.
 STATEPOOL_HD constexpr std::uint32_t row_code_limit(bool grid8, std::uint32_t bits) noexcept {
-  return grid8 ? grid_qmax(bits) : code_qmax(bits);
+  return grid8 ? grid_qmax(bits) : level_max(bits);
 }
 
 /// g_i: the factor from the row's code to its grid code (1 unless grid8).
@@ -136,26 +136,36 @@ STATEPOOL_HD constexpr std::uint32_t row_grid(bool grid8, std::uint32_t bits) no
 
 // --- step 1: row scales ------------------------------------------------------------------
 
-/// r = fp16(sqrt(abs_sum / (n w))), each operation rounded to binary32; 1 when r rounds
-/// to 0. (n <= 2^24 is exact in binary32.)
-STATEPOOL_HD inline float row_scale_from_sum(float abs_sum, std::uint32_t n, float w) noexcept {
+/// r = fp16(sqrt(abs_sum / (n w))), each operation rounded to binary32. When r rounds to 0:
+/// 1 for rows of 4, 6 or 8 bits (whose codes are then 0), and 0 for a 2-bit row (which
+/// has no zero level, and so reconstructs as 0 through r). (n <= 2^24 is exact in
+/// binary32.)
+STATEPOOL_HD inline float row_scale_from_sum(float abs_sum, std::uint32_t n, float w,
+                                             std::uint32_t bits) noexcept {
   const float r = fp16_sat(sqrt_f32(div_rn(abs_sum, mul_f32(static_cast<float>(n), w))));
-  const std::uint32_t bits = float_bits(r);
-  return bits_float(select_u32(bits != 0, bits, float_bits(1.0f)));
+  const std::uint32_t r_bits = float_bits(r);
+  const std::uint32_t zero = select_u32(bits == 2, 0u, float_bits(1.0f));
+  return bits_float(select_u32(r_bits != 0, r_bits, zero));
 }
 
 // --- per-row reciprocals ------------------------------------------------------------------
 
+/// 1 / y, or 0 when y = 0 (a 2-bit row of scale 0).
+STATEPOOL_HD inline float reciprocal_or_zero(float y) noexcept {
+  // 1 / y is computed for y = 0 too (+Inf, not selected): masks, so host loops vectorize.
+  return bits_float(select_u32(y > 0.0f, float_bits(div_rn(1.0f, y)), 0u));
+}
+
 /// e_i = 1 / (r_i q_i), the row's factor in step 2 (r_i q_i is exact: an fp16 value
-/// times an integer below 2^7).
+/// times an integer below 2^7); 0 when r_i = 0.
 STATEPOOL_HD inline float column_ratio_factor(float r, std::uint32_t q) noexcept {
-  return div_rn(1.0f, r * static_cast<float>(q));
+  return reciprocal_or_zero(r * static_cast<float>(q));
 }
 
 /// a_i = 1 / (r_i g_i), the row's factor in step 3 (r_i g_i is exact: g_i is a power
-/// of two).
+/// of two); 0 when r_i = 0.
 STATEPOOL_HD inline float code_row_factor(float r, std::uint32_t g) noexcept {
-  return div_rn(1.0f, r * static_cast<float>(g));
+  return reciprocal_or_zero(r * static_cast<float>(g));
 }
 
 // --- step 2: column scales ---------------------------------------------------------------
@@ -176,15 +186,31 @@ STATEPOOL_HD inline float column_scale_from_max(std::uint32_t max_bits) noexcept
 /// b_j = 1 / c_j, the column's factor in step 3, or 0 when c_j = 0 (every code of the
 /// column is then 0: x a_i is finite where c_j = 0, see docs/codecs.md).
 STATEPOOL_HD inline float column_code_factor(float c) noexcept {
-  // 1 / c is computed for c = 0 too (+Inf, not selected): masks, so host loops vectorize.
-  return bits_float(select_u32(c > 0.0f, float_bits(div_rn(1.0f, c)), 0u));
+  return reciprocal_or_zero(c);
 }
 
-/// Offset-binary code u = z + qmax of x for the row factor a = a_i and the column
-/// factor b = b_j: z = clamp(round_half_even((x a) b), -qmax, qmax).
+/// Stored code u of a 2-bit unit's quotient t: the nearest of the levels {-3, -1, 1, 3}
+/// = 2u - 3, as u = clamp(round_half_even((t + 3) * 0.5), 0, 3) (t + 3 rounded to
+/// binary32; * 0.5 is exact). An even t ties to the even u: 0 and 2 give level 1, -2
+/// gives -3. A NaN quotient gives u = 0.
+STATEPOOL_HD inline std::uint32_t four_level_code(float t) noexcept {
+  float u = round_half_even_small(mul_f32(add_f32(t, 3.0f), 0.5f));
+  u = u > 0.0f ? u : 0.0f;  // also maps NaN to 0
+  u = u < 3.0f ? u : 3.0f;
+  return static_cast<std::uint32_t>(static_cast<std::int32_t>(u));
+}
+
+/// Stored code u of quotient t in a b-bit unit: four_level_code at 2 bits, otherwise
+/// z + qmax_b with z = clamp(round_half_even(t), -qmax_b, qmax_b).
+STATEPOOL_HD inline std::uint32_t unit_code_of(float t, std::uint32_t bits) noexcept {
+  return bits == 2 ? four_level_code(t) : code_from_quotient(t, code_qmax(bits));
+}
+
+/// Stored code u of x in a b-bit row for the row factor a = a_i and the column factor
+/// b = b_j: unit_code_of((x a) b, bits).
 STATEPOOL_HD inline std::uint32_t dual_code(float x, float a, float b,
-                                            std::uint32_t qmax) noexcept {
-  return code_from_quotient(mul_f32(mul_f32(x, a), b), qmax);
+                                            std::uint32_t bits) noexcept {
+  return unit_code_of(mul_f32(mul_f32(x, a), b), bits);
 }
 
 // --- step 4: the refit -------------------------------------------------------------------
@@ -198,6 +224,13 @@ STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, flo
   const float t = mul_f32(ww, v);
   num = add_f32(num, mul_f32(t, x));
   den = add_f32(den, mul_f32(t, v));
+}
+
+/// Rounds of steps 4 and 3 a dual-axis head runs: 0 without the refit; 2 when any of its
+/// rows has 2 bits (the four-level unit's codes move more with c_j, and a second round
+/// measurably helps it; docs/codecs.md); otherwise 1.
+STATEPOOL_HD constexpr std::uint32_t refit_rounds(bool refit, bool any_two_bit) noexcept {
+  return refit ? (any_two_bit ? 2u : 1u) : 0u;
 }
 
 /// ww_i = w_i w_i, rounded to binary32.
@@ -218,18 +251,19 @@ STATEPOOL_HD inline float refit_column_scale(float num, float den, float c) noex
 
 // --- temporal_only -----------------------------------------------------------------------
 
-/// s_i = fp16(absmax_i / qmax) as a float, from the bits of the row's absmax.
-STATEPOOL_HD inline float absmax_row_scale(std::uint32_t absmax_bits, std::uint32_t qmax) noexcept {
-  return half_bits_to_float(uniform_scale_bits(absmax_bits, qmax));
+/// s_i = fp16(absmax_i / L_b) as a float, from the bits of the row's absmax.
+STATEPOOL_HD inline float absmax_row_scale(std::uint32_t absmax_bits, std::uint32_t bits) noexcept {
+  return half_bits_to_float(uniform_scale_bits(absmax_bits, level_max(bits)));
 }
 
-/// Offset-binary code of x in a temporal_only row of scale s: z = clamp(round_half_even(
-/// x (1 / s)), -qmax, qmax), 0 when s = 0. `inv` is absmax_code_factor(s).
+/// Stored code of x in a temporal_only row of scale s: unit_code_of(x (1 / s), bits), with
+/// 1 / s taken as 0 when s = 0 (the row then reconstructs as 0). `inv` is
+/// absmax_code_factor(s).
 STATEPOOL_HD inline float absmax_code_factor(float s) noexcept {
-  return column_code_factor(s);
+  return reciprocal_or_zero(s);
 }
-STATEPOOL_HD inline std::uint32_t absmax_code(float x, float inv, std::uint32_t qmax) noexcept {
-  return code_from_quotient(mul_f32(x, inv), qmax);
+STATEPOOL_HD inline std::uint32_t absmax_code(float x, float inv, std::uint32_t bits) noexcept {
+  return unit_code_of(mul_f32(x, inv), bits);
 }
 
 }  // namespace statepool::kernels::stepquant
