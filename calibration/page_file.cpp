@@ -78,7 +78,7 @@ PageFileHeader parse_page_file(std::span<const std::byte> file, const std::strin
   }
   const std::byte* p = file.data();
   const std::uint32_t version = get_u32(p + 8);
-  if (version != kPageFileVersion && version != 1) {
+  if (version < 1 || version > kPageFileVersion) {
     fail("page file version " + std::to_string(version) + " is not supported");
   }
   PageFileHeader h;
@@ -97,14 +97,16 @@ PageFileHeader parse_page_file(std::span<const std::byte> file, const std::strin
   h.codec = static_cast<kernels::CodecId>(codec);
   h.arch = static_cast<kernels::Arch>(arch);
   h.variant = static_cast<kernels::StepQuantVariant>(variant);
-  // Version 1 pages hold 2-bit GDN heads in the format of the paper (fp16 scales per 32
-  // values, levels {-3,-1,1,3}), which this build no longer reads; every other page of
-  // version 1 is the same as of version 2.
-  if (version == 1 && h.codec == kernels::CodecId::stepquant4 && h.arch == kernels::Arch::gdn &&
-      h.variant == kernels::StepQuantVariant::full) {
-    fail(
-        "a version 1 stepquant4 GDN page may hold 2-bit heads in the format before "
-        "2026-12-01, which this build does not read; encode the state again");
+  // Older versions differ only in their 2-bit units (version 1: GDN heads in the paper's
+  // format; version 2: ternary levels), which only stepquant4 plans have and which every
+  // variant but spatial_only stores.
+  if (version < kPageFileVersion && h.codec == kernels::CodecId::stepquant4 &&
+      h.variant != kernels::StepQuantVariant::spatial_only) {
+    fail("a version " + std::to_string(version) +
+         " stepquant4 page may hold 2-bit units of an older STEPQuant page format (before " +
+         (version == 1 ? std::string("2026-12-01") : std::string("2026-12-05")) +
+         "), which this build does not read; encode the state again with this build "
+         "('statepool-quant codec encode')");
   }
   h.rank = std::to_integer<std::uint8_t>(p[15]);
   if (h.rank != 3 && h.rank != 4) {

@@ -171,6 +171,11 @@ std::string validate(const Plan& plan) {
   if (plan.budget_bits != 4 && plan.budget_bits != 6) {
     return "budget_bits must be 4 or 6, got " + std::to_string(plan.budget_bits);
   }
+  if (plan.page_format < 1 || plan.page_format > kPageFormat) {
+    return "calibrated for STEPQuant page format " + std::to_string(plan.page_format) +
+           ", this build knows formats 1 to " + std::to_string(kPageFormat) +
+           " (use a build of that format or newer, or calibrate again with this one)";
+  }
   const std::size_t units = plan.units();
   const char* unit_name = plan.arch == Arch::kda ? "key rows" : "heads";
   if (plan.widths.size() != units) {
@@ -324,6 +329,7 @@ std::vector<std::byte> to_bytes(const Plan& plan) {
   b.add_horizon(plan.horizon);
   b.add_tokens(plan.tokens);
   b.add_source(source);
+  b.add_page_format(plan.page_format);
   file::FinishPlanBuffer(fbb, b.Finish());
   const auto* data = reinterpret_cast<const std::byte*>(fbb.GetBufferPointer());
   return {data, data + fbb.GetSize()};
@@ -400,6 +406,7 @@ Plan from_bytes(std::span<const std::byte> bytes) {
   if (const auto* s = in->source()) {
     plan.source = s->str();
   }
+  plan.page_format = in->page_format() == 0 ? 1u : in->page_format();
   if (const std::string problem = validate(plan); !problem.empty()) {
     throw std::invalid_argument("invalid STEPQuant plan: " + problem);
   }

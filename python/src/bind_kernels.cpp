@@ -141,6 +141,8 @@ sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
       .def_readonly("widths", &sq::Plan::widths, "Width per unit (a copy).")
       .def_readonly("impact", &sq::Plan::impact, "Impact factor per key row (a copy).")
       .def_readonly("source", &sq::Plan::source)
+      .def_readonly("page_format", &sq::Plan::page_format,
+                    "STEPQuant page format the plan was calibrated with (1: before 2026-12-05).")
       .def_property_readonly(
           "digest", [](const sq::Plan& p) { return sq::digest(p); },
           "16 hex characters that layouts name the plan by.")

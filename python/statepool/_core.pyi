@@ -355,6 +355,9 @@ sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
     def source(self) -> str:
         """Free text: model, trace, tool version."""
     @property
+    def page_format(self) -> int:
+        """STEPQuant page format the plan was calibrated with (1: before 2026-12-05)."""
+    @property
     def digest(self) -> str:
         """16 hex characters that layouts name the plan by."""
     @property

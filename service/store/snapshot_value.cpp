@@ -7,6 +7,8 @@
 #include <boost/algorithm/hex.hpp>
 #include <boost/crc.hpp>
 
+#include "statepool/kernels/stepquant/format.hpp"
+
 namespace statepool::service {
 namespace {
 
@@ -14,6 +16,7 @@ constexpr char kMagic[8] = {'S', 'P', 'S', 'N', 'A', 'P', '\r', '\n'};
 constexpr std::uint16_t kVersion = 2;
 constexpr std::size_t kVersionOffset = 8;
 constexpr std::size_t kCodecOffset = 14;
+constexpr std::size_t kPageFormatOffset = 15;
 constexpr std::size_t kCrcOffset = 16;
 constexpr std::size_t kPageBytesOffset = 28;
 constexpr std::size_t kDigestOffset = 36;
@@ -63,6 +66,14 @@ bool fixed_header(std::string_view value, std::string& why) {
           std::to_string(kFixedBytes);
     return false;
   }
+  if (const std::uint64_t format = get_le(value, kPageFormatOffset, 1);
+      format != kernels::stepquant::kPageFormat) {
+    why = "the page is in STEPQuant page format " + std::to_string(format) +
+          (format == 0 ? " (written before 2026-12-05 as format 1)" : "") +
+          ", this daemon reads format " + std::to_string(kernels::stepquant::kPageFormat) +
+          " (a miss: the next put of this prefix stores it again)";
+    return false;
+  }
   return true;
 }
 
@@ -88,6 +99,7 @@ std::string snapshot_value_frame(const SnapshotName& name, std::size_t page_byte
   std::string out(header + page_bytes + kv_bytes, '\0');
   std::memcpy(out.data(), kMagic, sizeof kMagic);
   put_le(out, kVersionOffset, kVersion, 2);
+  put_le(out, kPageFormatOffset, kernels::stepquant::kPageFormat, 1);
   put_le(out, 10, name.space.size(), 2);
   put_le(out, 12, name.prefix.size(), 2);
   put_le(out, 20, name.position, 8);
@@ -153,7 +165,6 @@ std::optional<SnapshotValueView> decode_snapshot_value(std::string_view value,
     return std::nullopt;
   };
   if (!fixed_header(value, why)) return std::nullopt;
-  if (value[15] != '\0') return refuse("header byte 15 is not 0");
 
   // The KV fields: all zero without a codec, else well formed and consistent with k.
   const std::uint64_t codec = get_le(value, kCodecOffset, 1);

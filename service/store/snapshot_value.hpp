@@ -13,7 +13,8 @@
 //   10      2     namespace length n
 //   12      2     prefix length p
 //   14      1     KV codec + 1 (kernels::KvCodecId; 0: no KV blocks)
-//   15      1     0
+//   15      1     STEPQuant page format of the page (kernels::stepquant::kPageFormat;
+//                 0 in values of builds before 2026-12-05, whose format was 1)
 //   16      4     CRC-32 (boost::crc_32_type) of every byte from offset 20 to the end
 //   20      8     position
 //   28      8     page bytes m
@@ -29,7 +30,10 @@
 //   80+n+p+m k    the KV blocks (kernels::kv_encode_blocks bytes)
 //
 // Version 1 (no KV fields, a 52-byte header) is refused: its remote keys differ too
-// (remote_key), so a daemon of the other version simply misses.
+// (remote_key), so a daemon of the other version simply misses. A value whose page format
+// differs from this build's is refused with that reason (the remote key is the same, so
+// the reader says why it misses), whatever the layout's codec: the tiers are caches, and
+// a miss only costs the engine a prefill.
 //
 // Thread-safety: pure functions.
 

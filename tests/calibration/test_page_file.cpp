@@ -1,6 +1,6 @@
 // Page files of statepool-quant codec encode (page_file.hpp): the header round-trips, and
-// version 1 files are read except the stepquant4 GDN pages whose 2-bit heads had the
-// format before 2026-12-01.
+// files of versions 1 and 2 are read except the stepquant4 pages whose 2-bit units had an
+// older format.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -42,34 +42,52 @@ std::string error_of(const std::vector<std::byte>& file) {
   return "";
 }
 
-TEST(PageFile, RoundTripsAndReadsVersionOneWhereTheFormatIsUnchanged) {
+TEST(PageFile, RoundTripsAndReadsOlderVersionsWhereTheFormatIsUnchanged) {
   const std::vector<std::byte> page(8, std::byte{7});
   const auto file = make_page_file(
       header(kernels::CodecId::int8, kernels::Arch::gdn, kernels::StepQuantVariant::full), page);
   EXPECT_EQ(parse_page_file(file, "page.spq").codec, kernels::CodecId::int8);
   EXPECT_EQ(error_of(as_version(file, 1)), "");
-  EXPECT_NE(error_of(as_version(file, 3)).find("page file version 3 is not supported"),
+  EXPECT_EQ(error_of(as_version(file, 2)), "");
+  EXPECT_NE(error_of(as_version(file, 4)).find("page file version 4 is not supported"),
             std::string::npos);
-  // KDA and the temporal_only / spatial_only variants never had the old 2-bit GDN format.
+  EXPECT_NE(error_of(as_version(file, 0)).find("page file version 0 is not supported"),
+            std::string::npos);
+  // Pages without 2-bit units are the same in every version: stepquant6 plans have none,
+  // spatial_only stores every unit at the budget width.
   for (const auto& h :
-       {header(kernels::CodecId::stepquant4, kernels::Arch::kda, kernels::StepQuantVariant::full),
-        header(kernels::CodecId::stepquant4, kernels::Arch::gdn,
+       {header(kernels::CodecId::stepquant4, kernels::Arch::kda,
+               kernels::StepQuantVariant::spatial_only),
+        header(kernels::CodecId::stepquant6, kernels::Arch::gdn, kernels::StepQuantVariant::full),
+        header(kernels::CodecId::stepquant6, kernels::Arch::kda,
                kernels::StepQuantVariant::temporal_only),
-        header(kernels::CodecId::stepquant6, kernels::Arch::gdn,
-               kernels::StepQuantVariant::full)}) {
-    EXPECT_EQ(error_of(as_version(make_page_file(h, page), 1)), "");
+        header(kernels::CodecId::dsq4, kernels::Arch::kda, kernels::StepQuantVariant::full)}) {
+    for (const std::uint32_t version : {1u, 2u}) {
+      EXPECT_EQ(error_of(as_version(make_page_file(h, page), version)), "") << version;
+    }
   }
 }
 
-TEST(PageFile, VersionOneStepQuant4GdnPagesAreRefusedWithTheReason) {
+TEST(PageFile, OlderStepQuant4PagesAreRefusedWithTheVersionAndWhatToDo) {
   const std::vector<std::byte> page(8, std::byte{7});
-  const auto file = make_page_file(
-      header(kernels::CodecId::stepquant4, kernels::Arch::gdn, kernels::StepQuantVariant::full),
-      page);
-  EXPECT_EQ(error_of(file), "");
-  const std::string e = error_of(as_version(file, 1));
-  EXPECT_NE(e.find("page.spq: a version 1 stepquant4 GDN page"), std::string::npos) << e;
-  EXPECT_NE(e.find("encode the state again"), std::string::npos) << e;
+  for (const auto arch : {kernels::Arch::gdn, kernels::Arch::kda}) {
+    for (const auto variant :
+         {kernels::StepQuantVariant::full, kernels::StepQuantVariant::temporal_only,
+          kernels::StepQuantVariant::no_refit}) {
+      const auto file = make_page_file(header(kernels::CodecId::stepquant4, arch, variant), page);
+      EXPECT_EQ(error_of(file), "");
+      for (const std::uint32_t version : {1u, 2u}) {
+        const std::string e = error_of(as_version(file, version));
+        EXPECT_NE(e.find("page.spq: a version " + std::to_string(version) + " stepquant4 page"),
+                  std::string::npos)
+            << e;
+        EXPECT_NE(e.find(version == 1 ? "before 2026-12-01" : "before 2026-12-05"),
+                  std::string::npos)
+            << e;
+        EXPECT_NE(e.find("encode the state again"), std::string::npos) << e;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ std::string message_of(const std::vector<std::byte>& bytes) {
 // Byte offset of the format_version field (the schema's first field) in a plan file:
 // root uoffset -> table; table's soffset -> vtable; vtable entry 0 (after the two u16
 // sizes) -> field offset inside the table.
-std::size_t version_offset(const std::vector<std::byte>& b) {
+// Offset of field `index` of the root table (0 = format_version), from its vtable.
+std::size_t field_offset(const std::vector<std::byte>& b, std::size_t index) {
   const auto u32 = [&](std::size_t at) {
     std::uint32_t v = 0;
     std::memcpy(&v, b.data() + at, 4);
@@ -75,10 +76,16 @@ std::size_t version_offset(const std::vector<std::byte>& b) {
   const auto soffset = static_cast<std::int32_t>(u32(table));
   const std::size_t vtable = static_cast<std::size_t>(static_cast<std::int64_t>(table) - soffset);
   std::uint16_t field = 0;
-  std::memcpy(&field, b.data() + vtable + 4, 2);
-  EXPECT_NE(field, 0u) << "format_version is always written";
+  std::memcpy(&field, b.data() + vtable + 4 + 2 * index, 2);
+  EXPECT_NE(field, 0u) << "field " << index << " is written";
   return table + field;
 }
+
+std::size_t version_offset(const std::vector<std::byte>& b) {
+  return field_offset(b, 0);
+}
+
+constexpr std::size_t kPageFormatField = 14;  // plan.fbs: the 15th field
 
 TEST(StepQuantPlan, CandidateWidths) {
   EXPECT_EQ(std::vector<std::uint8_t>(candidate_widths(6).begin(), candidate_widths(6).end()),
@@ -231,6 +238,29 @@ TEST(StepQuantPlan, FileRoundTrip) {
   Plan plain = kda_sample();
   plain.source.clear();
   EXPECT_TRUE(from_bytes(to_bytes(plain)) == plain);
+}
+
+// Plans carry the STEPQuant page format they were calibrated with: this build's by default;
+// a file without the field (0, as a build before 2026-12-05 wrote it) reads as format 1
+// and still loads; a later format is refused with what to do.
+TEST(StepQuantPlan, CarriesThePageFormatItWasCalibratedWith) {
+  EXPECT_EQ(Plan{}.page_format, kPageFormat);
+  EXPECT_EQ(kPageFormat, 2u);
+  const auto bytes = to_bytes(kda_sample());
+  EXPECT_EQ(from_bytes(bytes).page_format, 2u);
+  const std::size_t at = field_offset(bytes, kPageFormatField);
+  EXPECT_EQ(std::to_integer<int>(bytes[at]), 2);
+  const Plan old = from_bytes(mutated(bytes, at, 0));
+  EXPECT_EQ(old.page_format, 1u);
+  EXPECT_TRUE(same_codec_fields(old, kda_sample()));
+  EXPECT_EQ(digest(old), digest(kda_sample()));  // provenance: the same pages
+  EXPECT_EQ(message_of(mutated(bytes, at, 3)),
+            "invalid STEPQuant plan: calibrated for STEPQuant page format 3, this build knows "
+            "formats 1 to 2 (use a build of that format or newer, or calibrate again with this "
+            "one)");
+  Plan format1 = kda_sample();
+  format1.page_format = 1;
+  EXPECT_EQ(from_bytes(to_bytes(format1)).page_format, 1u);
 }
 
 TEST(StepQuantPlan, RejectsTruncation) {

@@ -125,7 +125,16 @@ TEST(SnapshotValue, RoundTripsAndRefusesEveryMismatch) {
   EXPECT_TRUE(contains(refused(with_field(value, 12, 0, 2), n, p.size()), "trailing bytes"));
   EXPECT_TRUE(contains(refused(with_field(value, 28, 1001, 8), n, p.size()), "truncated"));
   EXPECT_TRUE(contains(refused(with_field(value, 28, ~0ull, 8), n, p.size()), "truncated"));
-  EXPECT_EQ(refused(with_field(value, 15, 1, 1), n, p.size()), "header byte 15 is not 0");
+  // The page format: a value of a build before format 2 (0 there), or of a later format.
+  EXPECT_EQ(static_cast<int>(value[15]), 2);
+  EXPECT_EQ(refused(with_field(value, 15, 0, 1), n, p.size()),
+            "the page is in STEPQuant page format 0 (written before 2026-12-05 as format 1), "
+            "this daemon reads format 2 (a miss: the next put of this prefix stores it again)");
+  EXPECT_TRUE(contains(refused(with_field(value, 15, 3, 1), n, p.size()),
+                       "the page is in STEPQuant page format 3, this daemon reads format 2"));
+  std::string peek_why;
+  EXPECT_FALSE(peek_snapshot_value(with_field(value, 15, 0, 1), peek_why).has_value());
+  EXPECT_TRUE(contains(peek_why, "STEPQuant page format 0")) << peek_why;
 }
 
 TEST(SnapshotValue, AVersionOneValueIsRefused) {

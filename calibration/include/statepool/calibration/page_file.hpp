@@ -4,7 +4,7 @@
 //
 //   offset size
 //   0      8    magic "SPQPAGE\0"
-//   8      4    version (2; 1 is read, see kPageFileVersion), little-endian u32
+//   8      4    version (3; 1 and 2 are read, see kPageFileVersion), little-endian u32
 //   12     1    codec id (kernels::CodecId)
 //   13     1    arch (kernels::Arch)
 //   14     1    stepquant variant (kernels::StepQuantVariant; 0 for other codecs)
@@ -30,10 +30,12 @@
 namespace statepool::calibration {
 
 inline constexpr std::size_t kPageFileHeaderBytes = 64;
-/// 2 since 2026-12-01 (2-bit GDN heads became ternary dual-axis, docs/codecs.md); version
-/// 1 files are read except stepquant4 GDN pages of the full variant, which may hold
-/// 2-bit heads in the old format.
-inline constexpr std::uint32_t kPageFileVersion = 2;
+/// 3 since 2026-12-05: pages of STEPQuant page format 2 (four-level 2-bit units,
+/// docs/codecs.md "Format versions"). Versions 1 (2-bit GDN heads in the paper's format)
+/// and 2 (ternary 2-bit units, page format 1) differ only in their 2-bit units: they are
+/// read, except stepquant4 pages of a variant that has 2-bit units (all but
+/// spatial_only), which are refused with the version and what to do.
+inline constexpr std::uint32_t kPageFileVersion = 3;
 
 struct PageFileHeader {
   kernels::CodecId codec = kernels::CodecId::fp32;

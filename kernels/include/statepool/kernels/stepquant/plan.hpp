@@ -63,6 +63,11 @@ struct Plan {
   std::uint32_t horizon = 2048;  ///< lifetime horizon T used
   std::uint64_t tokens = 0;      ///< calibration tokens consumed
   std::string source;            ///< free text: model, trace, tool version
+  /// STEPQuant page format (kPageFormat) the plan was calibrated with: 1 for plan
+  /// files without the field (builds before 2026-12-05), whose 2-bit units were costed
+  /// as ternary; such plans still load and encode in this build's format, and
+  /// calibrating again gives allocations measured with the current 2-bit units.
+  std::uint32_t page_format = kPageFormat;
 
   [[nodiscard]] std::size_t units() const noexcept;  ///< widths.size() a valid plan has
   [[nodiscard]] std::uint32_t pivots() const noexcept;
