@@ -297,13 +297,13 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   q.resize(K);
   g.resize(K);
   bits.resize(K);
-  bool any_two_bit = false;
+  RowWidths row_widths;
   for (std::size_t i = 0; i < K; ++i) {
     const bool pivot = widths[i] == kPivotWidth;  // a pivot row's factors are unused
     q[i] = pivot ? 1u : row_qmax(i);
     g[i] = pivot ? 1u : grid(i);
     bits[i] = widths[i];
-    any_two_bit = any_two_bit || widths[i] == 2;
+    row_widths.add(widths[i]);
   }
   if (impact.empty()) {
     w.assign(K, 1.0f);
@@ -354,7 +354,7 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
       }
     }
   };
-  const std::uint32_t rounds = refit_rounds(options.refit, any_two_bit);
+  const std::uint32_t rounds = refit_rounds(options.refit, row_widths);
   if (rounds == 0) {
     encode();
     return;

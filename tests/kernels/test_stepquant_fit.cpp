@@ -126,8 +126,18 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
   n.z_first = codes(n.c_first);
   n.c = n.c_first;
   n.z_fitted = n.z_first;
-  const bool two_bit = std::find(widths.begin(), widths.end(), 2) != widths.end();
-  const int rounds = refit ? (two_bit ? 2 : 1) : 0;
+  // Two rounds when a row has 2 bits or the non-pivot rows average 4 bits or fewer.
+  int rows = 0;
+  int width_sum = 0;
+  bool two_bit = false;
+  for (const std::uint8_t b : widths) {
+    if (b == kPivotWidth) continue;
+    ++rows;
+    width_sum += b;
+    two_bit = two_bit || b == 2;
+  }
+  const bool coarse = two_bit || (rows > 0 && width_sum <= 4 * rows);
+  const int rounds = refit ? (coarse ? 2 : 1) : 0;
   for (int round = 0; round < rounds; ++round) {
     if (round > 0) n.z_fitted = codes(n.c);
     for (std::size_t j = 0; j < V; ++j) {

@@ -152,7 +152,9 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
                  for j in range(v_dim)] for i in range(k_dim)]
 
     z = codes(c)
-    rounds = (2 if 2 in widths else 1) if refit else 0
+    coarse = [b for b in widths if b != PIVOT]
+    two_rounds = 2 in coarse or (coarse and sum(coarse) <= 4 * len(coarse))
+    rounds = (2 if two_rounds else 1) if refit else 0
     for _ in range(rounds):
         for j in range(v_dim):
             num, den = F32(0.0), F32(0.0)

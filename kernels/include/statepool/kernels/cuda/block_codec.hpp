@@ -358,11 +358,11 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   if (f.arch == Arch::kda) {
     h.kind = temporal ? SqKind::absmax : SqKind::dual;
     h.grid8 = !temporal;
-    bool any_two_bit = false;
+    stepquant::RowWidths rows;
     for (std::uint32_t i = 0; i < K; ++i) {
-      any_two_bit = any_two_bit || h.widths[i] == 2;
+      rows.add(h.widths[i]);
     }
-    h.refits = stepquant::refit_rounds(refit, any_two_bit);
+    h.refits = stepquant::refit_rounds(refit, rows);
     h.row_offsets = f.row_offsets + row0;
     h.data_end = h.row_offsets[K - 1] + stepquant::row_bytes(V, h.widths[K - 1]);
     return h;
@@ -376,7 +376,9 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
     h.codes_offset = 2u * std::uint64_t{K};
   } else {
     h.kind = SqKind::dual;
-    h.refits = stepquant::refit_rounds(refit, h.bits == 2);
+    stepquant::RowWidths rows;
+    rows.add(h.bits);  // one width: the mean of K rows is the width
+    h.refits = stepquant::refit_rounds(refit, rows);
     h.codes_offset = 2u * (std::uint64_t{K} + V);
   }
   if (h.kind != SqKind::pivot_head) {

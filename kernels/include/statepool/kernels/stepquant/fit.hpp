@@ -25,8 +25,9 @@
 //   4. Refit (not DSQ): over non-pivot rows in row order, v = r_i g_i z_ij (exact),
 //      t = (w_i w_i) v, N_j += t x_ij, D_j += t v; c_j = fp16(N_j / D_j) when D_j > 0 and
 //      the quotient is finite, > 0 and does not round to 0, else c_j keeps its value.
-//      Then b_j and step 3 again with the new c_j. Heads with a 2-bit row run step 4
-//      (and 3) twice (fit_math.hpp's refit_rounds).
+//      Then b_j and step 3 again with the new c_j. Heads with a 2-bit row, or whose
+//      non-pivot rows average 4 bits or fewer, run step 4 (and 3) twice (fit_math.hpp's
+//      refit_rounds).
 //   Reconstruction: x̂_ij = (r_i c_j) * (g_i z_ij) (dual_axis_value in format.hpp).
 //   Pivot rows: x̂_ij = fp16(x_ij) (saturating at +-65504); their r_i is stored as 0.
 // HeadFit::codes holds the levels z_ij; the pages store them as format.hpp's unit_code.
@@ -84,7 +85,7 @@ enum class Refit : bool { off = false, on = true };
 
 /// Full STEPQuant fit of one head: impact-weighted row scales, max-based column scales
 /// over non-pivot rows, symmetric levels, one impact-weighted least-squares refit of the
-/// columns (two in heads with a 2-bit row; none when `refit` is off), fp16 rounding of
+/// columns (two in coarse heads, refit_rounds; none when `refit` is off), fp16 rounding of
 /// every scale as stored, re-encode. KDA heads may mix widths (levels of a b-bit row are
 /// scaled by grid_factor(b) onto the shared 8-bit column grid); GDN heads have one width for all rows. A GDN head of pivots gives
 /// kind dual_axis with every row a pivot.

@@ -226,11 +226,28 @@ STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, flo
   den = add_f32(den, mul_f32(t, v));
 }
 
+/// What the number of refit rounds depends on: a head's non-pivot row widths, added one
+/// row at a time (in any order).
+struct RowWidths {
+  std::uint32_t rows = 0;  // non-pivot rows
+  std::uint32_t sum = 0;   // their widths
+  bool two_bit = false;    // any of them at 2 bits
+  STATEPOOL_HD void add(std::uint32_t bits) noexcept {
+    if (bits != kPivotWidth) {
+      ++rows;
+      sum += bits;
+      two_bit = two_bit || bits == 2;
+    }
+  }
+};
+
 /// Rounds of steps 4 and 3 a dual-axis head runs: 0 without the refit; 2 when any of its
-/// rows has 2 bits (the four-level unit's codes move more with c_j, and a second round
-/// measurably helps it; docs/codecs.md); otherwise 1.
-STATEPOOL_HD constexpr std::uint32_t refit_rounds(bool refit, bool any_two_bit) noexcept {
-  return refit ? (any_two_bit ? 2u : 1u) : 0u;
+/// rows has 2 bits or its non-pivot rows average 4 bits or fewer (coarse grids, whose
+/// levels move with c_j: a second round measurably helped the 4-bit plans, and changed
+/// nothing at 6 bits; docs/codecs.md); otherwise 1.
+STATEPOOL_HD constexpr std::uint32_t refit_rounds(bool refit, const RowWidths& w) noexcept {
+  const bool coarse = w.two_bit || (w.rows > 0 && w.sum <= 4 * w.rows);
+  return refit ? (coarse ? 2u : 1u) : 0u;
 }
 
 /// ww_i = w_i w_i, rounded to binary32.
