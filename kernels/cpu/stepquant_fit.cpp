@@ -242,15 +242,6 @@ void encode_refit_row(const float* x, std::uint32_t n, float a, const float* b, 
   }
 }
 
-// Step 4's accumulation alone for one row (a later refit round, on the levels of the
-// round before).
-STATEPOOL_SIMD_CLONES void refit_row(const float* x, const std::int32_t* z, std::uint32_t n,
-                                     float rg, float ww, float* num, float* den) {
-  for (std::uint32_t j = 0; j < n; ++j) {
-    refit_accumulate(x[j], z[j], rg, ww, num[j], den[j]);
-  }
-}
-
 // x_j = (r c_j) (g z_j), the dual-axis reconstruction of one row.
 STATEPOOL_SIMD_CLONES void reconstruct_dual_row(const std::int32_t* z, std::size_t n, float r,
                                                 const float* c, std::int32_t g, float* x) {
@@ -344,7 +335,8 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   }
 
   // Step 3 (and rounds of 4 and 3): levels through a_i = 1 / (r_i g_i) and b_j = 1 / c_j;
-  // with the refit, the first levels feed the column sums in the same pass.
+  // each round's levels feed its column sums in the same pass, so a head makes one pass
+  // per round and one for the final levels.
   const auto encode = [&] {
     column_factors(out.col_scale.data(), V, b.data());
     for (std::size_t i = 0; i < K; ++i) {
@@ -359,25 +351,20 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     encode();
     return;
   }
-  column_factors(out.col_scale.data(), V, b.data());
   for (std::uint32_t round = 0; round < rounds; ++round) {
+    column_factors(out.col_scale.data(), V, b.data());
     num.assign(V, 0.0f);
     den.assign(V, 0.0f);
     for (std::size_t i = 0; i < K; ++i) {
-      if (widths[i] == kPivotWidth) continue;
-      const float* x = head.data() + i * V;
-      std::int32_t* z = out.codes.data() + i * V;
-      const float rg = out.row_scale[i] * static_cast<float>(g[i]);
-      if (round == 0) {
-        encode_refit_row(x, value_dim, a[i], b.data(), widths[i], rg, refit_weight(w[i]), z,
-                         num.data(), den.data());
-      } else {
-        refit_row(x, z, value_dim, rg, refit_weight(w[i]), num.data(), den.data());
+      if (widths[i] != kPivotWidth) {
+        encode_refit_row(head.data() + i * V, value_dim, a[i], b.data(), widths[i],
+                         out.row_scale[i] * static_cast<float>(g[i]), refit_weight(w[i]),
+                         out.codes.data() + i * V, num.data(), den.data());
       }
     }
     refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
-    encode();
   }
+  encode();
 }
 
 }  // namespace

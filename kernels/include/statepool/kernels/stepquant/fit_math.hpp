@@ -194,9 +194,11 @@ STATEPOOL_HD inline float column_code_factor(float c) noexcept {
 /// binary32; * 0.5 is exact). An even t ties to the even u: 0 and 2 give level 1, -2
 /// gives -3. A NaN quotient gives u = 0.
 STATEPOOL_HD inline std::uint32_t four_level_code(float t) noexcept {
-  float u = round_half_even_small(mul_f32(add_f32(t, 3.0f), 0.5f));
-  u = u > 0.0f ? u : 0.0f;  // also maps NaN to 0
-  u = u < 3.0f ? u : 3.0f;
+  const float r = round_half_even_small(mul_f32(add_f32(t, 3.0f), 0.5f));
+  // Masks rather than float selects, so host loops vectorize (select_u32); the first
+  // also maps NaN to 0.
+  const float low = bits_float(select_u32(r > 0.0f, float_bits(r), 0u));
+  const float u = bits_float(select_u32(low < 3.0f, float_bits(low), float_bits(3.0f)));
   return static_cast<std::uint32_t>(static_cast<std::int32_t>(u));
 }
 
