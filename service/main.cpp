@@ -1,6 +1,5 @@
 // statepoold: the statepool daemon. See `statepoold --help` and docs/operations.md.
 
-#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -68,15 +67,9 @@ int main(int argc, char** argv) {
     }
   }
   for (std::size_t i = 0; i < plans.size(); ++i) {
-    const auto& plan = *plans[i];
-    const bool two_bit = std::find(plan.widths.begin(), plan.widths.end(), 2) != plan.widths.end();
-    if (plan.page_format < statepool::kernels::stepquant::kPageFormat && two_bit) {
-      LOG_WARN("config", "plan ", config.plan_files[i],
-               " was calibrated with STEPQuant page format ", plan.page_format,
-               " (ternary 2-bit units); its pages are written in format ",
-               statepool::kernels::stepquant::kPageFormat,
-               ". It works as it is; calibrating again (statepool-quant calibrate) sizes its "
-               "2-bit units by the current format's errors");
+    if (const std::string note = statepool::kernels::stepquant::page_format_note(*plans[i]);
+        !note.empty()) {
+      LOG_WARN("config", "plan ", config.plan_files[i], ": ", note);
     }
   }
 

@@ -154,6 +154,18 @@ bool same_codec_fields(const Plan& a, const Plan& b) noexcept {
                     [](float x, float y) { return float_bits(x) == float_bits(y); });
 }
 
+std::string page_format_note(const Plan& plan) {
+  if (plan.page_format >= kPageFormat ||
+      std::find(plan.widths.begin(), plan.widths.end(), std::uint8_t{2}) == plan.widths.end()) {
+    return {};
+  }
+  return "calibrated with STEPQuant page format " + std::to_string(plan.page_format) +
+         " (ternary 2-bit units); its pages are written in format " +
+         std::to_string(kPageFormat) +
+         ". It works as it is; calibrating again (statepool-quant calibrate) sizes its 2-bit "
+         "units by the current format's errors";
+}
+
 std::string validate(const Plan& plan) {
   if (!known(plan.arch)) {
     return "arch must be gdn or kda, got " + std::to_string(static_cast<unsigned>(plan.arch));

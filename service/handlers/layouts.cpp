@@ -61,6 +61,9 @@ Handled handle(Call& call, const wire::InstallPlan& in) {
              kernels::to_string(plan->arch), " ", plan->num_layers, "x", plan->num_heads, "x",
              plan->key_dim, "x", plan->value_dim, ", ", info.units, " units, ", info.pivots,
              " pivots, ", info.average_bits, " bits on average");
+    if (const std::string note = kernels::stepquant::page_format_note(*plan); !note.empty()) {
+      LOG_WARN("pool", "plan ", info.digest, ": ", note);
+    }
   }
   auto& b = call.builder();
   call.reply<wire::InstallPlan>(wire::CreateInstallPlanReply(

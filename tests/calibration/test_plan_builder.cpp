@@ -119,6 +119,7 @@ TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
     const Checked c = check_plan(plan, budget, used);
     EXPECT_GT(c.slow_width, c.fast_width) << "budget " << budget;
     EXPECT_EQ(plan.tokens, o.tokens);
+    EXPECT_EQ(plan.page_format, sq::kPageFormat);  // calibrated with this build's format
     EXPECT_EQ(plan.horizon, 2048u);
     EXPECT_FLOAT_EQ(plan.gamma, 0.25f);
     EXPECT_NE(plan.source.find("SYNTHETIC"), std::string::npos);

@@ -261,6 +261,17 @@ TEST(StepQuantPlan, CarriesThePageFormatItWasCalibratedWith) {
   Plan format1 = kda_sample();
   format1.page_format = 1;
   EXPECT_EQ(from_bytes(to_bytes(format1)).page_format, 1u);
+  // statepoold warns about such a plan when it allocates 2-bit units, and only then.
+  format1.budget_bits = 4;
+  std::fill(format1.widths.begin(), format1.widths.end(), std::uint8_t{4});
+  EXPECT_EQ(page_format_note(format1), "");
+  format1.widths[1] = 2;
+  EXPECT_EQ(page_format_note(format1),
+            "calibrated with STEPQuant page format 1 (ternary 2-bit units); its pages are "
+            "written in format 2. It works as it is; calibrating again (statepool-quant "
+            "calibrate) sizes its 2-bit units by the current format's errors");
+  format1.page_format = kPageFormat;
+  EXPECT_EQ(page_format_note(format1), "");
 }
 
 TEST(StepQuantPlan, RejectsTruncation) {

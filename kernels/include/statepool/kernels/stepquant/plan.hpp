@@ -88,6 +88,11 @@ struct Plan {
 /// equal digests.
 [[nodiscard]] bool same_codec_fields(const Plan& a, const Plan& b) noexcept;
 
+/// Empty, or a note for people about a plan calibrated with an older page format whose
+/// 2-bit units it allocates: it works as it is (its units decode in this build's format),
+/// but calibrating again sizes those units by the current format's errors.
+[[nodiscard]] std::string page_format_note(const Plan& plan);
+
 /// Checks a plan on its own: shapes, sizes, widths in the candidates, finite positive
 /// impact factors. Empty string when valid, else a message naming what is wrong.
 [[nodiscard]] std::string validate(const Plan& plan);
