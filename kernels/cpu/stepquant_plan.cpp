@@ -160,8 +160,7 @@ std::string page_format_note(const Plan& plan) {
     return {};
   }
   return "calibrated with STEPQuant page format " + std::to_string(plan.page_format) +
-         " (ternary 2-bit units); its pages are written in format " +
-         std::to_string(kPageFormat) +
+         " (ternary 2-bit units); its pages are written in format " + std::to_string(kPageFormat) +
          ". It works as it is; calibrating again (statepool-quant calibrate) sizes its 2-bit "
          "units by the current format's errors";
 }
