@@ -35,6 +35,9 @@ void check_options(const PlanOptions& options) {
   if (options.horizon == 0) {
     throw std::invalid_argument("horizon must be positive");
   }
+  if (!(options.min_gain >= 0.0 && options.min_gain < 1.0)) {
+    throw std::invalid_argument("min_gain must be in [0, 1)");
+  }
 }
 
 }  // namespace
@@ -353,6 +356,18 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
     }
   }
   allocate_with(used, is_pivot, rest);
+  const std::size_t nominal_index = table.index_of(static_cast<std::uint8_t>(options.budget_bits));
+  double uniform_cost = 0.0;
+  for (std::size_t u = 0; u < n; ++u) {
+    uniform_cost += table.at(u, nominal_index);
+  }
+  const double allocation_cost = best_cost;
+  const bool uniform_kept = best_cost > (1.0 - options.min_gain) * uniform_cost;
+  if (uniform_kept) {
+    used = 0;
+    allocate_with(0, is_pivot, rest);
+    chosen.assign(rest.size(), static_cast<std::uint8_t>(options.budget_bits));
+  }
 
   PlanResult result;
   sq::Plan& plan = result.plan;
@@ -386,9 +401,11 @@ PlanResult build_plan(const PlanShape& shape, std::span<const LayerCosts> layers
   report.units = n;
   report.tokens = tokens;
   report.average_width = plan.average_width();
-  const std::size_t nominal_index = table.index_of(static_cast<std::uint8_t>(options.budget_bits));
+  report.allocation_cost = allocation_cost;
+  report.min_gain = options.min_gain;
+  report.uniform_kept = uniform_kept;
+  report.uniform_cost = uniform_cost;
   for (std::size_t u = 0; u < n; ++u) {
-    report.uniform_cost += table.at(u, nominal_index);
     report.expected_cost +=
         is_pivot[u] ? pivot_cost[u] : table.at(u, table.index_of(plan.widths[u]));
   }
@@ -510,11 +527,16 @@ std::string format_report(const Report& r) {
     }
     out << "\n";
   }
-  if (r.pivots.size() < r.pivots_requested) {
+  if (r.pivots.size() < r.pivots_requested && !r.uniform_kept) {
     out << "pivots: " << r.pivots.size() << " of the " << r.pivots_requested
         << " allowed (more would raise the expected error)\n";
   }
-  if (r.uniform_cost > 0.0) {
+  if (r.uniform_cost > 0.0 && r.uniform_kept) {
+    out << "uniform " << r.budget_bits << "-bit widths kept: the allocation's expected error "
+        << "on the calibration snapshots (lifetime-weighted) was "
+        << fixed(r.allocation_cost / r.uniform_cost, 3) << " x theirs, a gain under the "
+        << fixed(100.0 * r.min_gain, 0) << "% asked for (--min-gain)\n";
+  } else if (r.uniform_cost > 0.0) {
     out << "expected error on the calibration snapshots (lifetime-weighted): "
         << fixed(r.expected_cost / r.uniform_cost, 3) << " x that of uniform " << r.budget_bits
         << "-bit widths\n";

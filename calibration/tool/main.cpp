@@ -66,6 +66,9 @@ constexpr const char* kCalibrateUsage =
                    through the delta rule, measured by probes on the trace; the
                    default), relative (its error relative to its head's state energy,
                    over its decay lifetime) or absolute (the paper's cost)
+  --min-gain G     keep the allocation only if it lowers the expected error by at least
+                   this fraction against uniform budget-width units (no pivots), else
+                   write the uniform plan; 0 keeps any gain; default 0.1
   --report FILE    also write the report to FILE
   --threads N      worker threads (heads in parallel); default 1
   --seed S         seed of the snapshot reservoirs; default 24301
@@ -155,6 +158,7 @@ int run_calibrate(int argc, const char* const* argv) {
       ("gamma", statepool::tools::finite(options.plan.gamma))
       ("horizon", bounded(options.plan.horizon, 1))
       ("cost", statepool::tools::parsed(options.plan.cost, parse_cost))
+      ("min-gain", statepool::tools::finite(options.plan.min_gain))
       ("report", statepool::tools::optional_value(report_file))
       ("threads", bounded(options.threads))
       ("seed", bounded(options.accumulator.seed))
@@ -167,6 +171,9 @@ int run_calibrate(int argc, const char* const* argv) {
     }
     if (options.plan.gamma < 0.0) {
       throw UsageError("--gamma must be >= 0");
+    }
+    if (options.plan.min_gain < 0.0 || options.plan.min_gain >= 1.0) {
+      throw UsageError("--min-gain must be in [0, 1)");
     }
   };
   if (const auto exit_status = cli.parse(argc, argv, check)) {

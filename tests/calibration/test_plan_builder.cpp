@@ -328,6 +328,58 @@ TEST(PlanBuilder, KdaPlanKeepsTheBudgetAndFavoursSlowRows) {
   EXPECT_EQ(calibrate_trace(trace, options).plan.pivots(), 0u);
 }
 
+// One GDN layer of four 4 x 4 heads with hand-written costs at widths 2, 4, 6, 8: unit 0
+// loses little at 2 bits, unit 1 gains `gain6` at 6 bits (units 2 and 3 are flat).
+LayerCosts hand_costs(double gain6) {
+  LayerCosts c;
+  c.tokens = 100;
+  c.min_snapshots = 10;
+  c.widths = {2, 4, 6, 8};
+  c.impact.assign(4 * 4, 1.0f);
+  c.mean_log_decay = {-0.1, -0.2, -0.3, -0.4};
+  c.lifetime.assign(4, 1.0);
+  c.mse = {0.11, 0.10, 0.10, 0.10,                  // unit 0
+           0.50, 0.10, 0.10 - gain6, 0.10 - gain6,  // unit 1
+           0.50, 0.10, 0.10, 0.10,                  // unit 2
+           0.50, 0.10, 0.10, 0.10};                 // unit 3
+  c.pivot_mse.assign(4, 1.0);
+  return c;
+}
+
+// The allocation is kept only when it gains at least min_gain against the uniform plan.
+TEST(PlanBuilder, ASmallGainKeepsTheUniformWidths) {
+  const PlanShape shape{kernels::Arch::gdn, 1, 4, 4, 4};
+  PlanOptions options;
+  options.budget_bits = 4;
+  options.pivots = 0;
+  // Unit 0 at 2 bits and unit 1 at 6: 0.39 against 0.40, a 2.5% gain.
+  const LayerCosts small = hand_costs(0.02);
+  const PlanResult uniform = build_plan(shape, {&small, 1}, options, 100);
+  EXPECT_EQ(uniform.plan.widths, std::vector<std::uint8_t>(4, 4));
+  EXPECT_TRUE(uniform.report.uniform_kept);
+  EXPECT_DOUBLE_EQ(uniform.report.expected_cost, uniform.report.uniform_cost);
+  EXPECT_NEAR(uniform.report.allocation_cost / uniform.report.uniform_cost, 0.975, 1e-9);
+  EXPECT_NE(format_report(uniform.report).find("uniform 4-bit widths kept: the allocation's "
+                                               "expected error on the calibration snapshots "
+                                               "(lifetime-weighted) was 0.975 x theirs, a gain "
+                                               "under the 10% asked for (--min-gain)"),
+            std::string::npos)
+      << format_report(uniform.report);
+  options.min_gain = 0.0;
+  const PlanResult any = build_plan(shape, {&small, 1}, options, 100);
+  EXPECT_EQ(any.plan.widths, (std::vector<std::uint8_t>{2, 6, 4, 4}));
+  EXPECT_FALSE(any.report.uniform_kept);
+  // Unit 1 gains 0.09 at 6 bits: 0.32 against 0.40, 20%, above the default 10%.
+  options.min_gain = 0.1;
+  const LayerCosts large = hand_costs(0.09);
+  const PlanResult kept = build_plan(shape, {&large, 1}, options, 100);
+  EXPECT_EQ(kept.plan.widths[1], 6);
+  EXPECT_FALSE(kept.report.uniform_kept);
+  EXPECT_LT(kept.report.expected_cost, 0.9 * kept.report.uniform_cost);
+  options.min_gain = 1.0;
+  EXPECT_THROW((void)build_plan(shape, {&large, 1}, options, 100), std::invalid_argument);
+}
+
 TEST(PlanBuilder, DefaultPivotsAndErrors) {
   TempDir dir;
   SyntheticOptions o = gdn_options();

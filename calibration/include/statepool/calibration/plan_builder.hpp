@@ -98,6 +98,15 @@ struct PlanOptions {
   /// Lifetime horizon T in tokens.
   std::uint32_t horizon = 2048;
   CostModel cost = CostModel::output;
+  /// The allocation (widths and pivots) is kept only when its expected cost is below
+  /// (1 - min_gain) x that of the uniform plan (every unit at the budget width, no
+  /// pivots); otherwise the plan is uniform. The costs price each unit on its own, so a
+  /// small predicted gain is within what they cannot see (an error's path through the
+  /// later layers): on eval/'s models, allocations predicted to gain 1-7% were no better
+  /// end to end than the uniform widths (worse output TV on gdn-fast), those predicted
+  /// to gain 30-75% much better (docs/calibration.md). 0 keeps any allocation that lowers
+  /// the cost. In [0, 1).
+  double min_gain = 0.1;
   /// Free text stored in the plan (model, trace, tool version).
   std::string source;
   /// Worker threads for measure_layer (heads in parallel); 0 or 1 = the calling thread.
@@ -174,6 +183,11 @@ struct Report {
   /// allocation buys on the calibration snapshots.
   double expected_cost = 0.0;
   double uniform_cost = 0.0;
+  /// The allocation's expected cost, and whether it gained less than min_gain, so that
+  /// the plan is uniform (then expected_cost == uniform_cost).
+  double allocation_cost = 0.0;
+  double min_gain = 0.0;
+  bool uniform_kept = false;
 
   /// Page sizes of one whole state (recurrent part, no conv state) with the plan, measured
   /// by kernels::PageCodec. page_note says why they are missing when page_bytes == 0.
