@@ -338,10 +338,10 @@ LayerCosts hand_costs(double gain6) {
   c.impact.assign(4 * 4, 1.0f);
   c.mean_log_decay = {-0.1, -0.2, -0.3, -0.4};
   c.lifetime.assign(4, 1.0);
-  c.mse = {0.11, 0.10, 0.10, 0.10,                  // unit 0
+  c.mse = {0.11, 0.10, 0.10,         0.10,          // unit 0
            0.50, 0.10, 0.10 - gain6, 0.10 - gain6,  // unit 1
-           0.50, 0.10, 0.10, 0.10,                  // unit 2
-           0.50, 0.10, 0.10, 0.10};                 // unit 3
+           0.50, 0.10, 0.10,         0.10,          // unit 2
+           0.50, 0.10, 0.10,         0.10};         // unit 3
   c.pivot_mse.assign(4, 1.0);
   return c;
 }
@@ -359,10 +359,11 @@ TEST(PlanBuilder, ASmallGainKeepsTheUniformWidths) {
   EXPECT_TRUE(uniform.report.uniform_kept);
   EXPECT_DOUBLE_EQ(uniform.report.expected_cost, uniform.report.uniform_cost);
   EXPECT_NEAR(uniform.report.allocation_cost / uniform.report.uniform_cost, 0.975, 1e-9);
-  EXPECT_NE(format_report(uniform.report).find("uniform 4-bit widths kept: the allocation's "
-                                               "expected error on the calibration snapshots "
-                                               "(lifetime-weighted) was 0.975 x theirs, a gain "
-                                               "under the 10% asked for (--min-gain)"),
+  EXPECT_NE(format_report(uniform.report)
+                .find("uniform 4-bit widths kept: the allocation's "
+                      "expected error on the calibration snapshots "
+                      "(lifetime-weighted) was 0.975 x theirs, a gain "
+                      "under the 10% asked for (--min-gain)"),
             std::string::npos)
       << format_report(uniform.report);
   options.min_gain = 0.0;
