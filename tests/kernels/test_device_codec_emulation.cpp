@@ -465,6 +465,46 @@ TEST(DeviceCodecEmulationBatch, LargeConvStateSpansSeveralBlocks) {
   EXPECT_EQ(first_difference(back, want), -1);
 }
 
+// Hostile page bytes whose row and column scales are both NaN, with different payloads:
+// which payload a product keeps depends on the order the compiler gives its operands, so
+// the dual-axis reconstruction writes the one quiet NaN 0x7FC00000 on both sides (found
+// by fuzz_page_decode: the CPU's vector loop and the emulated device body differed).
+TEST(DeviceCodecEmulationBatch, NaNScalesDecodeToOneNaNOnBothSides) {
+  for (const CodecId id : {CodecId::stepquant4, CodecId::stepquant6, CodecId::dsq4}) {
+    const StateLayout layout =
+        id == CodecId::dsq4 ? plain_layout(id, Arch::gdn, 16, 12, 0, 0)
+                            : plan_layout(id == CodecId::stepquant4 ? testing::gdn_plan4()
+                                                                    : testing::gdn_plan6(),
+                                          id);
+    SCOPED_TRACE(layout.name + " " + std::string(to_string(id)));
+    const PageCodec cpu(layout);
+    std::vector<std::byte> page(cpu.page_bytes());
+    std::mt19937 rng(3);
+    for (std::byte& b : page) b = static_cast<std::byte>(rng());
+    // Every 16-bit word of the page an fp16 NaN of a random sign and payload (quiet and
+    // signalling): row and column scales alike.
+    for (std::size_t at = 0; at + 1 < page.size(); at += 2) {
+      const auto nan = static_cast<std::uint16_t>(0x7C00u | (rng() & 0x83FFu) | 1u);
+      std::memcpy(page.data() + at, &nan, 2);
+    }
+    const PageFormatTables tables(cpu, DType::f32);
+    std::vector<std::byte> want(cpu.staged_bytes(DType::f32));
+    cpu.decode(page, DType::f32, want);
+    std::vector<std::byte> back(want.size(), std::byte{0x3C});
+    const void* in = page.data();
+    void* out = back.data();
+    cuda::emulate_decode_pages(tables.view(), &in, &out, 1, 3);
+    EXPECT_EQ(first_difference(back, want), -1);
+    std::size_t canonical = 0;
+    for (std::size_t k = 0; k + 3 < want.size(); k += 4) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, want.data() + k, 4);
+      canonical += bits == 0x7FC00000u;
+    }
+    EXPECT_GT(canonical, want.size() / 8) << "the NaN products are the canonical quiet NaN";
+  }
+}
+
 // --- the tables and the view checks --------------------------------------------------------
 
 TEST(DeviceCodecEmulationTables, TablesFollowThePageCodec) {

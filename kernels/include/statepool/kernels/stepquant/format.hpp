@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "statepool/kernels/format.hpp"
+#include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/packing.hpp"
 
 namespace statepool::kernels::stepquant {
@@ -138,9 +139,13 @@ STATEPOOL_HD constexpr std::size_t dsq_head_bytes(std::uint32_t key_dim, std::ui
 
 /// Reconstruction of a dual-axis level: (r * c) * z, where z is the grid level (KDA: the
 /// row's level times g_b). r * c of two fp16 values is exact in binary32, so this is
-/// the correctly rounded value of the exact product r c z.
+/// the correctly rounded value of the exact product r c z. A NaN result is the quiet NaN
+/// 0x7FC00000: when r and c are both NaN (hostile page bytes), which payload a product
+/// keeps depends on the order the compiler gives the operands, so the bytes of vector
+/// and scalar code, CPU and device, would otherwise differ.
 STATEPOOL_HD inline float dual_axis_value(float r, float c, std::int32_t z) noexcept {
-  return (r * c) * static_cast<float>(z);
+  const float v = (r * c) * static_cast<float>(z);
+  return bits_float(select_u32(v == v, float_bits(v), 0x7FC00000u));
 }
 
 static_assert(gdn_head_bytes(128, 128, 6) == 12800);  // 256 + 256 + 12,288 (STEPQUANT.md)
