@@ -472,10 +472,10 @@ TEST(DeviceCodecEmulationBatch, LargeConvStateSpansSeveralBlocks) {
 TEST(DeviceCodecEmulationBatch, NaNScalesDecodeToOneNaNOnBothSides) {
   for (const CodecId id : {CodecId::stepquant4, CodecId::stepquant6, CodecId::dsq4}) {
     const StateLayout layout =
-        id == CodecId::dsq4 ? plain_layout(id, Arch::gdn, 16, 12, 0, 0)
-                            : plan_layout(id == CodecId::stepquant4 ? testing::gdn_plan4()
-                                                                    : testing::gdn_plan6(),
-                                          id);
+        id == CodecId::dsq4
+            ? plain_layout(id, Arch::gdn, 16, 12, 0, 0)
+            : plan_layout(id == CodecId::stepquant4 ? testing::gdn_plan4() : testing::gdn_plan6(),
+                          id);
     SCOPED_TRACE(layout.name + " " + std::string(to_string(id)));
     const PageCodec cpu(layout);
     std::vector<std::byte> page(cpu.page_bytes());
