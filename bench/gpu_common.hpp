@@ -13,13 +13,14 @@
 #include <string>
 
 #include "common.hpp"
+#include "statepool/kernels/cuda/driver.hpp"
 
 namespace statepool::bench {
 
 inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(status) + " (" +
-                             cudaGetErrorString(status) + ")");
+    throw std::runtime_error(std::string(what) + ": " +
+                             kernels::cuda::handled_error_text(status));
   }
 }
 

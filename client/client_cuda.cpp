@@ -11,8 +11,8 @@ namespace statepool::client {
 namespace {
 
 [[noreturn]] void fail(const char* what, cudaError_t status) {
-  throw Error(wire::Status::internal, std::string(what) + " failed: " + cudaGetErrorName(status) +
-                                          " (" + cudaGetErrorString(status) + ")");
+  throw Error(wire::Status::internal,
+              std::string(what) + " failed: " + kernels::cuda::handled_error_text(status));
 }
 
 /// The daemon's event, opened in this process; destroyed (the import released) after use.
@@ -80,6 +80,9 @@ DeviceDecoder::DeviceDecoder(const Arena& arena, kernels::DType staged_dtype) tr
 
 void DeviceDecoder::decode(SlotId slot, void* staged, cudaStream_t stream) const {
   const std::byte* page = arena_->device_page(slot);  // std::out_of_range
+  // The tables and the page are on the arena's device: launch there, whatever device the
+  // caller has current (restored after).
+  const kernels::cuda::DeviceGuard on(arena_->memory().device);
   if (const cudaError_t s = kernels::cuda::decode_page(format_.view(), page, staged, stream);
       s != cudaSuccess) {
     fail("decode_page", s);

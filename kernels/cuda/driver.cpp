@@ -179,6 +179,73 @@ void check(CUresult status, std::string_view operation, int device) {
   if (status != CUDA_SUCCESS) throw CudaError(operation, device, status);
 }
 
+std::string handled_error_text(cudaError_t status) {
+  (void)cudaGetLastError();
+  return error_text(status);
+}
+
+bool is_sticky(cudaError_t status) noexcept {
+  switch (status) {
+    case cudaErrorECCUncorrectable:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorContained:
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorExternalDevice:
+      return true;
+    default:
+      return false;
+  }
+}
+
+namespace {
+
+void stderr_reporter(std::string_view message) noexcept {
+  std::fprintf(stderr, "statepool: %.*s\n", static_cast<int>(message.size()), message.data());
+}
+
+std::atomic<FailureReporter> g_reporter{stderr_reporter};
+std::atomic<std::uint64_t> g_release_failures{0};
+
+void report_failure(std::string_view operation, int device, const std::string& error) noexcept {
+  g_release_failures.fetch_add(1, std::memory_order_relaxed);
+  try {
+    g_reporter.load()(message(operation, device, error));
+  } catch (...) {
+    // A message that cannot be built (no memory) is dropped; the count remains.
+  }
+}
+
+}  // namespace
+
+void set_failure_reporter(FailureReporter reporter) noexcept {
+  g_reporter.store(reporter != nullptr ? reporter : stderr_reporter);
+}
+
+void report_release_failure(std::string_view operation, int device, cudaError_t status) noexcept {
+  if (status == cudaSuccess) return;
+  (void)cudaGetLastError();
+  // The runtime is going away at process exit: not a leak.
+  if (status == cudaErrorCudartUnloading) return;
+  report_failure(operation, device, error_text(status));
+}
+
+void report_release_failure(std::string_view operation, int device, CUresult status) noexcept {
+  if (status == CUDA_SUCCESS || status == CUDA_ERROR_DEINITIALIZED) return;
+  report_failure(operation, device, error_text(status));
+}
+
+std::uint64_t release_failures() noexcept {
+  return g_release_failures.load(std::memory_order_relaxed);
+}
+
 // --- the driver -----------------------------------------------------------------------------
 
 const DriverApi& driver() {
@@ -286,13 +353,8 @@ DeviceGuard::DeviceGuard(int device) : device_(device) {
 
 DeviceGuard::~DeviceGuard() {
   if (previous_ == device_) return;
-  if (const cudaError_t status = cudaSetDevice(previous_); status != cudaSuccess) {
-    (void)cudaGetLastError();
-    // The runtime is going away at process exit: nothing to restore.
-    if (status == cudaErrorCudartUnloading) return;
-    std::fprintf(stderr, "statepool: restoring CUDA device %d failed: %s\n", previous_,
-                 error_text(status).c_str());
-  }
+  report_release_failure("restoring the current CUDA device (cudaSetDevice)", previous_,
+                         cudaSetDevice(previous_));
 }
 
 }  // namespace statepool::kernels::cuda

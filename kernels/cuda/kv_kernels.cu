@@ -163,7 +163,7 @@ cudaError_t kv_encode_streams(const KvBatchView& view, const KvRole* roles,
           <<<g, kBlock, 0, stream>>>(view, roles, plain, encoded, skip, count);
       break;
   }
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 cudaError_t kv_decode_streams(const KvBatchView& view, const KvRole* roles,
@@ -192,7 +192,7 @@ cudaError_t kv_decode_streams(const KvBatchView& view, const KvRole* roles,
           <<<g, kBlock, 0, stream>>>(view, roles, encoded, plain, count);
       break;
   }
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 cudaError_t kv_find_non_finite_streams(const KvBatchView& view, const void* const* plain,
@@ -229,7 +229,7 @@ cudaError_t kv_find_non_finite_streams(const KvBatchView& view, const void* cons
           <<<g, kBlock, 0, stream>>>(view, plain, first_index, count);
       break;
   }
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 }  // namespace statepool::kernels::cuda

@@ -4,9 +4,9 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -38,21 +38,6 @@ CUmemAllocationProp allocation_prop(int device) {
 
 void require_bytes(std::size_t bytes, const char* what) {
   if (bytes == 0) throw std::invalid_argument(std::string(what) + ": 0 bytes");
-}
-
-/// A failing release in a destructor: reported, never thrown. At process exit the driver
-/// or the runtime may be gone before static objects are destroyed; that is not a leak.
-void report(const char* call, CUresult status, int device) {
-  if (status == CUDA_SUCCESS || status == CUDA_ERROR_DEINITIALIZED) return;
-  std::fprintf(stderr, "statepool: %s on CUDA device %d failed: %s\n", call, device,
-               error_text(status).c_str());
-}
-void report(const char* call, cudaError_t status, int device) {
-  if (status == cudaSuccess) return;
-  (void)cudaGetLastError();
-  if (status == cudaErrorCudartUnloading) return;
-  std::fprintf(stderr, "statepool: %s on CUDA device %d failed: %s\n", call, device,
-               error_text(status).c_str());
 }
 
 /// Zeroes `bytes` at `data` on the current device and waits for it. The per-thread stream
@@ -119,11 +104,22 @@ void VmmMapping::reset() noexcept {
   if (!owns_handle_ && address_ == 0) return;
   // A mapping exists only after driver() succeeded, so this cannot throw.
   const DriverApi& api = driver();
+  // The driver calls need the device's context current, and the thread that lets the
+  // mapping go (a worker closing an arena, a client's thread) may never have used CUDA.
+  std::optional<DeviceGuard> on;
+  try {
+    on.emplace(device_);
+  } catch (const CudaError& e) {
+    report_release_failure("making the device current to unmap (cudaSetDevice)", device_,
+                           static_cast<cudaError_t>(e.code()));
+  }
   // The documented order: unmap before freeing the range, and the physical memory goes
   // when the handle is released and no mapping refers to it any more.
-  if (mapped_) report("cuMemUnmap", api.cuMemUnmap(address_, bytes_), device_);
-  if (address_ != 0) report("cuMemAddressFree", api.cuMemAddressFree(address_, bytes_), device_);
-  if (owns_handle_) report("cuMemRelease", api.cuMemRelease(handle_), device_);
+  if (mapped_) report_release_failure("cuMemUnmap", device_, api.cuMemUnmap(address_, bytes_));
+  if (address_ != 0) {
+    report_release_failure("cuMemAddressFree", device_, api.cuMemAddressFree(address_, bytes_));
+  }
+  if (owns_handle_) report_release_failure("cuMemRelease", device_, api.cuMemRelease(handle_));
   handle_ = 0;
   owns_handle_ = false;
   address_ = 0;
@@ -134,18 +130,20 @@ void VmmMapping::reset() noexcept {
 void DeviceFree::operator()(std::byte* data) const noexcept {
   try {
     const DeviceGuard guard(device);
-    report("cudaFree", cudaFree(data), device);
+    report_release_failure("cudaFree", device, cudaFree(data));
   } catch (const CudaError& e) {
-    std::fprintf(stderr, "statepool: cudaFree skipped: %s\n", e.what());
+    report_release_failure("making the device current for cudaFree (cudaSetDevice)", device,
+                           static_cast<cudaError_t>(e.code()));
   }
 }
 
 void IpcClose::operator()(std::byte* data) const noexcept {
   try {
     const DeviceGuard guard(device);
-    report("cudaIpcCloseMemHandle", cudaIpcCloseMemHandle(data), device);
+    report_release_failure("cudaIpcCloseMemHandle", device, cudaIpcCloseMemHandle(data));
   } catch (const CudaError& e) {
-    std::fprintf(stderr, "statepool: cudaIpcCloseMemHandle skipped: %s\n", e.what());
+    report_release_failure("making the device current for cudaIpcCloseMemHandle (cudaSetDevice)",
+                           device, static_cast<cudaError_t>(e.code()));
   }
 }
 

@@ -71,8 +71,8 @@ cudaStream_t as_stream(std::uintptr_t stream) {
 }
 
 [[noreturn]] void cuda_failed(const std::string& what, cudaError_t status) {
-  throw client::Error(Status::internal, what + " failed: " + cudaGetErrorName(status) + " (" +
-                                            cudaGetErrorString(status) + ")");
+  throw client::Error(Status::internal,
+                      what + " failed: " + kernels::cuda::handled_error_text(status));
 }
 
 /// The element types device buffers are checked against.
@@ -213,7 +213,6 @@ class DeviceBuffer {
     if (count_ == 0) return;
     cudaPointerAttributes attributes{};
     if (const cudaError_t s = cudaPointerGetAttributes(&attributes, data_); s != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it
       cuda_failed("cudaPointerGetAttributes (" + what_ + ")", s);
     }
     if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {

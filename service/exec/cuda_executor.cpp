@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "statepool/kernels/codec.hpp"
+#include "log.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
+#include "statepool/kernels/cuda/driver.hpp"
 #include "statepool/kernels/cuda/kv_kernels.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
@@ -21,31 +23,26 @@
 namespace statepool::service {
 namespace {
 
+using kernels::cuda::CudaError;
+
 constexpr unsigned long long kAllFinite = std::numeric_limits<unsigned long long>::max();
 
-std::string cuda_text(cudaError_t status) {
-  return std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+/// Throws CudaError (kernels/cuda/driver.hpp, the one CUDA error helper) naming the
+/// operation and the step of it that failed; the launcher turns it into the completion's
+/// StatusError(internal) and notices a sticky one.
+void check_op(cudaError_t status, const char* what, OperationKind kind, int device) {
+  kernels::cuda::check(status, std::string(to_string(kind)) + ": " + what, device);
 }
 
-/// Throws std::runtime_error for a failure while setting up.
-void setup(cudaError_t status, const std::string& what, int device) {
-  if (status != cudaSuccess) {
-    throw std::runtime_error("cuda executor on device " + std::to_string(device) + ": " + what +
-                             " failed (" + cuda_text(status) + ")");
-  }
-}
-
-/// Throws StatusError(internal) for a failure of an operation.
-void check_op(cudaError_t status, const char* what, OperationKind kind) {
-  if (status != cudaSuccess) {
-    throw StatusError(Status::internal, std::string("cuda ") + to_string(kind) + ": " + what +
-                                            " failed (" + cuda_text(status) + ")");
-  }
+/// Throws CudaError for a failure while setting up.
+void setup(cudaError_t status, const char* what, int device) {
+  kernels::cuda::check(status, std::string("cuda executor: ") + what, device);
 }
 
 }  // namespace
 
 struct CudaExecutor::Device {
+  int device = -1;
   cudaStream_t stream = nullptr;
   std::array<cudaEvent_t, kMaxInFlight> events{};  // interprocess, one per ring slot
   std::array<IpcEventBytes, kMaxInFlight> event_handles{};
@@ -53,12 +50,21 @@ struct CudaExecutor::Device {
   unsigned long long* first_bad_host = nullptr;  // pinned host [kMaxInFlight]
 
   ~Device() {
-    for (cudaEvent_t event : events) {
-      if (event != nullptr) (void)cudaEventDestroy(event);
+    using kernels::cuda::report_release_failure;
+    try {
+      const kernels::cuda::DeviceGuard on(device);
+      for (cudaEvent_t event : events) {
+        if (event != nullptr) report_release_failure("cudaEventDestroy", device, cudaEventDestroy(event));
+      }
+      if (stream != nullptr) report_release_failure("cudaStreamDestroy", device, cudaStreamDestroy(stream));
+      if (first_bad != nullptr) report_release_failure("cudaFree", device, cudaFree(first_bad));
+      if (first_bad_host != nullptr) {
+        report_release_failure("cudaFreeHost", device, cudaFreeHost(first_bad_host));
+      }
+    } catch (const CudaError& e) {
+      report_release_failure("making the device current to release the executor", device,
+                             static_cast<cudaError_t>(e.code()));
     }
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
-    if (first_bad != nullptr) (void)cudaFree(first_bad);
-    if (first_bad_host != nullptr) (void)cudaFreeHost(first_bad_host);
   }
 };
 
@@ -83,8 +89,11 @@ struct CudaExecutor::Formats {
 };
 
 CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_unique<Formats>()) {
-  setup(cudaSetDevice(device), "selecting the device", device);
+  // The stream, the events and the buffers belong to `device`; the caller's current
+  // device is its own again afterwards.
+  const kernels::cuda::DeviceGuard on(device);
   auto cuda = std::make_unique<Device>();
+  cuda->device = device;
   setup(cudaStreamCreateWithFlags(&cuda->stream, cudaStreamNonBlocking), "creating a stream",
         device);
   for (std::uint32_t i = 0; i < kMaxInFlight; ++i) {
@@ -143,8 +152,42 @@ void CudaExecutor::wait_idle() {
   idle_.wait(lock, [this] { return in_flight_ == 0; });
 }
 
+void CudaExecutor::select_device(const char* thread) {
+  if (const cudaError_t status = cudaSetDevice(device_); status != cudaSuccess) {
+    mark_unusable(std::string("the executor's ") + thread + " thread cannot select it (" +
+                  kernels::cuda::handled_error_text(status) + ")");
+  }
+}
+
+void CudaExecutor::mark_unusable(const std::string& reason) {
+  {
+    const std::lock_guard lock(mutex_);
+    if (!fault_.empty()) return;
+    fault_ = "CUDA device " + std::to_string(device_) + " is unusable: " + reason +
+             "; every later operation on it fails until statepoold is restarted";
+  }
+  STATEPOOL_LOG(LogLevel::error, "cuda", fault_);
+}
+
+std::exception_ptr CudaExecutor::failure(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CudaError& e) {
+    const auto status = static_cast<cudaError_t>(e.code());
+    if (!e.from_driver() && kernels::cuda::is_sticky(status)) mark_unusable(e.what());
+    return std::make_exception_ptr(StatusError(Status::internal, std::string("cuda ") + e.what()));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+std::string CudaExecutor::fault() const {
+  const std::lock_guard lock(mutex_);
+  return fault_;
+}
+
 void CudaExecutor::launch_loop() {
-  (void)cudaSetDevice(device_);
+  select_device("launcher");
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] {
@@ -156,18 +199,29 @@ void CudaExecutor::launch_loop() {
     // The slot of the oldest job that can no longer be in flight (launched_ holds fewer
     // than kMaxInFlight); taken for good only when the job is on the stream.
     const std::uint32_t slot = next_slot_;
+    const std::string fault = fault_;
     lock.unlock();
     std::exception_ptr error;
     bool launched_any = false;
-    try {
-      enqueue(job, slot, launched_any);
-    } catch (...) {
-      error = std::current_exception();
+    if (!fault.empty()) {
+      error = std::make_exception_ptr(StatusError(Status::internal, fault));
+    } else {
+      try {
+        enqueue(job, slot, launched_any);
+      } catch (...) {
+        error = failure(std::current_exception());
+      }
     }
     if (error) {
       // A refusal enqueues nothing. A failure after a first launch leaves kernels that may
       // still read the job's memory: wait for the stream before letting it go.
-      if (launched_any) (void)cudaStreamSynchronize(cuda_->stream);
+      if (launched_any) {
+        if (const cudaError_t status = cudaStreamSynchronize(cuda_->stream);
+            status != cudaSuccess) {
+          const std::string text = kernels::cuda::handled_error_text(status);
+          if (kernels::cuda::is_sticky(status)) mark_unusable("cudaStreamSynchronize: " + text);
+        }
+      }
       finish(job, error);
       lock.lock();
       continue;
@@ -214,16 +268,16 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
     if (op.page.data != op.source.data && op.page.size != 0) {
       check_op(
           cudaMemcpyAsync(op.page.data, op.source.data, op.page.size, cudaMemcpyDefault, stream),
-          "cudaMemcpyAsync", op.kind);
+          "cudaMemcpyAsync", op.kind, device_);
       launched_any = true;
     }
-    check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
+    check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind, device_);
     return;
   }
 
   if (op.kind == OperationKind::kv_encode || op.kind == OperationKind::kv_decode) {
     enqueue_kv(op, launched_any);
-    check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
+    check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind, device_);
     return;
   }
   const kernels::PageCodec& codec = *op.codec;
@@ -259,19 +313,19 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
   if (op.kind == OperationKind::compress) {
     unsigned long long* first_bad = cuda_->first_bad + slot;
     check_op(kernels::cuda::find_non_finite(*view, op.staged.data, first_bad, stream),
-             "the non-finite check", op.kind);
+             "the non-finite check", op.kind, device_);
     launched_any = true;
     check_op(kernels::cuda::encode_page(*view, op.staged.data, op.page.data, first_bad, stream),
-             "the encode kernel", op.kind);
+             "the encode kernel", op.kind, device_);
     check_op(cudaMemcpyAsync(cuda_->first_bad_host + slot, first_bad, sizeof(*first_bad),
                              cudaMemcpyDeviceToHost, stream),
-             "reading the check", op.kind);
+             "reading the check", op.kind, device_);
   } else {
     check_op(kernels::cuda::decode_page(*view, op.page.data, op.staged.data, stream),
-             "the decode kernel", op.kind);
+             "the decode kernel", op.kind, device_);
     launched_any = true;
   }
-  check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind);
+  check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind, device_);
 }
 
 namespace {
@@ -280,11 +334,12 @@ namespace {
 /// (after the work enqueued before that, whenever it completes).
 class Scratch {
  public:
-  Scratch(std::size_t bytes, cudaStream_t stream, OperationKind kind) : stream_(stream) {
+  Scratch(std::size_t bytes, cudaStream_t stream, OperationKind kind, int device)
+      : stream_(stream) {
     check_op(cudaMallocAsync(&data_, std::max<std::size_t>(bytes, 1), stream), "cudaMallocAsync",
-             kind);
+             kind, device);
   }
-  ~Scratch() { (void)cudaFreeAsync(data_, stream_); }
+  ~Scratch() { kernels::cuda::report_release_failure("cudaFreeAsync", -1, cudaFreeAsync(data_, stream_)); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
@@ -357,7 +412,7 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
   // else scratch.
   const bool in_place = op.chunks.size() == 1 && op.chunks[0].space == MemorySpace::device;
   std::optional<Scratch> blob;
-  if (!in_place) blob.emplace(encoded_bytes, stream, kind);
+  if (!in_place) blob.emplace(encoded_bytes, stream, kind, device_);
   std::byte* encoded = in_place ? op.chunks[0].data : blob->data();
 
   const std::vector<kernels::KvBlockStream> streams = kernels::kv_block_streams(op.kv, op.dtype);
@@ -375,20 +430,20 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
   // Per role: [plain pointers][encoded pointers][scan results][roles], each role's block
   // starting 256-byte aligned (as cudaMallocAsync's own base is).
   const std::size_t block = (pointers + results + layers + 255) / 256 * 256;
-  Scratch tables(2 * block, stream, kind);
+  Scratch tables(2 * block, stream, kind, device_);
   std::array<std::byte*, 2> base{tables.data(), tables.data() + block};
   for (std::size_t r = 0; r < 2; ++r) {
     const KvArrays& a = roles[r];
     if (a.plain.empty()) continue;
     check_op(cudaMemcpyAsync(base[r], a.plain.data(), layers * sizeof(void*),
                              cudaMemcpyHostToDevice, stream),
-             "uploading the stream table", kind);
+             "uploading the stream table", kind, device_);
     check_op(cudaMemcpyAsync(base[r] + layers * sizeof(void*), a.encoded.data(),
                              layers * sizeof(void*), cudaMemcpyHostToDevice, stream),
-             "uploading the stream table", kind);
+             "uploading the stream table", kind, device_);
     check_op(cudaMemcpyAsync(base[r] + pointers + results, a.roles.data(), layers,
                              cudaMemcpyHostToDevice, stream),
-             "uploading the stream table", kind);
+             "uploading the stream table", kind, device_);
   }
   launched_any = true;
   const auto view = [&](std::size_t r) {
@@ -416,16 +471,16 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
       if (count(r) == 0) continue;
       check_op(kernels::cuda::kv_find_non_finite_streams(view(r), plain_of(r), count(r),
                                                          first_of(r), stream),
-               "the non-finite scan", kind);
+               "the non-finite scan", kind, device_);
     }
     std::vector<unsigned long long> first(2 * layers, kAllFinite);
     for (std::size_t r = 0; r < 2; ++r) {
       if (count(r) == 0) continue;
       check_op(cudaMemcpyAsync(first.data() + r * layers, first_of(r), results,
                                cudaMemcpyDeviceToHost, stream),
-               "reading the scan", kind);
+               "reading the scan", kind, device_);
     }
-    check_op(cudaStreamSynchronize(stream), "the non-finite scan", kind);
+    check_op(cudaStreamSynchronize(stream), "the non-finite scan", kind, device_);
     for (const kernels::KvBlockStream& s : streams) {  // in stream order: the first bad one
       const std::size_t r = s.stream.role == kernels::KvRole::keys ? 0 : 1;
       const unsigned long long bad = first[r * layers + s.layer];
@@ -433,13 +488,14 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
       float value = std::numeric_limits<float>::quiet_NaN();
       const std::byte* at = op.staged.data + s.plain_offset + bad * element;
       if (op.dtype == kernels::DType::f32) {
-        (void)cudaMemcpy(&value, at, 4, cudaMemcpyDeviceToHost);
+        check_op(cudaMemcpy(&value, at, 4, cudaMemcpyDeviceToHost), "reading the non-finite value",
+                 kind, device_);
       } else {
         std::uint16_t bits = 0;
-        if (cudaMemcpy(&bits, at, 2, cudaMemcpyDeviceToHost) == cudaSuccess) {
-          value = op.dtype == kernels::DType::bf16 ? kernels::bf16_bits_to_float(bits)
-                                                   : kernels::half_bits_to_float(bits);
-        }
+        check_op(cudaMemcpy(&bits, at, 2, cudaMemcpyDeviceToHost), "reading the non-finite value",
+                 kind, device_);
+        value = op.dtype == kernels::DType::bf16 ? kernels::bf16_bits_to_float(bits)
+                                                 : kernels::half_bits_to_float(bits);
       }
       const kernels::KvNonFiniteError error(s.stream, bad / s.stream.channels,
                                             bad % s.stream.channels, value);
@@ -449,13 +505,13 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
       if (count(r) == 0) continue;
       check_op(kernels::cuda::kv_encode_streams(view(r), roles_of(r), plain_of(r), encoded_of(r),
                                                 count(r), nullptr, stream),
-               "the KV encode kernel", kind);
+               "the KV encode kernel", kind, device_);
     }
     if (!in_place) {
       std::uint64_t at = 0;
       for (const kernels::BufferRef& chunk : op.chunks) {
         check_op(cudaMemcpyAsync(chunk.data, encoded + at, chunk.size, cudaMemcpyDefault, stream),
-                 "copying into the chunks", kind);
+                 "copying into the chunks", kind, device_);
         at += chunk.size;
       }
     }
@@ -465,7 +521,7 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
     std::uint64_t at = 0;
     for (const kernels::BufferRef& chunk : op.chunks) {
       check_op(cudaMemcpyAsync(encoded + at, chunk.data, chunk.size, cudaMemcpyDefault, stream),
-               "gathering the chunks", kind);
+               "gathering the chunks", kind, device_);
       at += chunk.size;
     }
   }
@@ -474,7 +530,7 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
     check_op(
         kernels::cuda::kv_decode_streams(view(r), roles_of(r), encoded_of(r),
                                          const_cast<void* const*>(plain_of(r)), count(r), stream),
-        "the KV decode kernel", kind);
+        "the KV decode kernel", kind, device_);
   }
 }
 
@@ -489,12 +545,13 @@ std::exception_ptr CudaExecutor::check_result(const Job& job, std::uint32_t slot
   const auto head_index = static_cast<std::uint32_t>(bad / per_head);
   float value = std::numeric_limits<float>::quiet_NaN();
   if (op.dtype == kernels::DType::f32) {
-    (void)cudaMemcpy(&value, op.staged.data + bad * 4, 4, cudaMemcpyDeviceToHost);
+    check_op(cudaMemcpy(&value, op.staged.data + bad * 4, 4, cudaMemcpyDeviceToHost),
+             "reading the non-finite value", op.kind, device_);
   } else {
     std::uint16_t bits = 0;
-    if (cudaMemcpy(&bits, op.staged.data + bad * 2, 2, cudaMemcpyDeviceToHost) == cudaSuccess) {
-      value = kernels::bf16_bits_to_float(bits);
-    }
+    check_op(cudaMemcpy(&bits, op.staged.data + bad * 2, 2, cudaMemcpyDeviceToHost),
+             "reading the non-finite value", op.kind, device_);
+    value = kernels::bf16_bits_to_float(bits);
   }
   // The value is read again to name it: an engine that rewrote it since finds it named
   // as it is now, and told so (the scan's index is what counts).
@@ -510,7 +567,7 @@ std::exception_ptr CudaExecutor::check_result(const Job& job, std::uint32_t slot
 }
 
 void CudaExecutor::complete_loop() {
-  (void)cudaSetDevice(device_);
+  select_device("completer");
   std::unique_lock lock(mutex_);
   for (;;) {
     wake_.wait(lock, [this] { return stopping_ || !launched_.empty(); });
@@ -523,13 +580,12 @@ void CudaExecutor::complete_loop() {
     const std::uint32_t slot = launched_.front().second;
     lock.unlock();
     std::exception_ptr error;
-    const cudaError_t status = cudaEventSynchronize(cuda_->events[slot]);
-    if (status != cudaSuccess) {
-      error = std::make_exception_ptr(StatusError(
-          Status::internal, std::string("cuda ") + to_string(job.op.kind) + " on device " +
-                                std::to_string(device_) + " failed (" + cuda_text(status) + ")"));
-    } else {
+    try {
+      check_op(cudaEventSynchronize(cuda_->events[slot]), "waiting for the work (cudaEventSynchronize)",
+               job.op.kind, device_);
       error = check_result(job, slot);
+    } catch (...) {
+      error = failure(std::current_exception());
     }
     Job done = std::move(job);
     lock.lock();

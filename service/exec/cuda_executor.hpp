@@ -31,9 +31,14 @@
 // At most kMaxInFlight operations are enqueued at once; the launcher waits for the oldest
 // to finish beyond that (back-pressure stays off the I/O threads).
 //
-// A device fault (an illegal address, an ECC error) is sticky for the whole CUDA context:
-// that operation and every later one complete with internal errors naming the CUDA
-// error; the daemon logs them and must be restarted.
+// CUDA failures are CudaErrors (kernels/cuda/driver.hpp) naming the operation and its
+// step; every call is checked, so a launch's own error is never another call's. A sticky
+// error (kernels::cuda::is_sticky: a device fault, an uncorrectable ECC error) makes the
+// context unusable for the process: the executor logs it once (component "cuda"), that
+// operation and every later one complete with StatusError(internal) saying so (fault()),
+// and the daemon must be restarted. The threads select the device at start; a failure
+// there is such a fault too. The constructor leaves the caller's current device as it
+// found it.
 //
 // Thread-safety: as Executor.
 
@@ -43,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -65,6 +71,8 @@ class CudaExecutor final : public Executor {
   [[nodiscard]] bool can_access(MemorySpace space, int device) const noexcept override;
   void submit(Operation op, Completion done) override;
   void wait_idle() override;
+  /// Empty while the device is usable; otherwise why it is not (see the top).
+  [[nodiscard]] std::string fault() const;
 
  private:
   struct Job {
@@ -84,12 +92,19 @@ class CudaExecutor final : public Executor {
   [[nodiscard]] std::exception_ptr check_result(const Job& job, std::uint32_t slot);
   /// Releases the operation's memory, calls its completion, counts it done.
   void finish(Job& job, std::exception_ptr error) noexcept;
+  /// cudaSetDevice on a worker thread; a failure marks the executor unusable.
+  void select_device(const char* thread);
+  /// Records and logs (once) that the device is unusable.
+  void mark_unusable(const std::string& reason);
+  /// The completion's error for a failed operation: a CudaError becomes
+  /// StatusError(internal) (and marks the executor unusable when sticky).
+  std::exception_ptr failure(std::exception_ptr error);
 
   int device_;
   std::unique_ptr<Device> cuda_;
   std::unique_ptr<Formats> formats_;  // launcher thread only
 
-  std::mutex mutex_;  // guards everything below
+  mutable std::mutex mutex_;  // guards everything below
   std::condition_variable wake_;
   std::condition_variable idle_;
   std::deque<Job> queued_;
@@ -97,6 +112,7 @@ class CudaExecutor final : public Executor {
   std::uint32_t next_slot_ = 0;
   std::uint64_t in_flight_ = 0;  // submitted and not yet completed
   bool stopping_ = false;
+  std::string fault_;  // empty while usable
 
   std::thread launcher_;
   std::thread completer_;

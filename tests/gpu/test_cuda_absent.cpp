@@ -5,9 +5,14 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "exec/cuda_executor.hpp"
 #include "memory/cuda_resource.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
 #include "statepool/kernels/cuda/vmm.hpp"
@@ -60,6 +65,45 @@ TEST(CudaAbsent, UsabilitySaysWhyWithoutThrowing) {
   EXPECT_FALSE(cuda::cuda_usability(-1));
 }
 
+TEST(CudaAbsent, TheExecutorNamesTheDeviceAndTheError) {
+  STATEPOOL_SKIP_WITH_GPU();
+  try {
+    CudaExecutor executor(0);
+    FAIL() << "expected a CudaError without a CUDA device";
+  } catch (const cuda::CudaError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("CUDA device 0"), std::string::npos) << what;
+    EXPECT_NE(what.find("cudaError"), std::string::npos) << what;
+  }
+}
+
+// What a destructor cannot throw: a release whose device cannot be made current here
+// reaches the installed reporter (the daemon's log) and the count, never stderr alone.
+std::mutex g_reported_mutex;
+std::vector<std::string> g_reported;
+
+void capture(std::string_view message) noexcept {
+  const std::lock_guard lock(g_reported_mutex);
+  g_reported.emplace_back(message);
+}
+
+TEST(CudaAbsent, AReleaseThatCannotRunIsReportedAndCounted) {
+  STATEPOOL_SKIP_WITH_GPU();
+  cuda::set_failure_reporter(capture);
+  const std::uint64_t before = cuda::release_failures();
+  cuda::detail::DeviceFree{0}(nullptr);
+  cuda::detail::IpcClose{0}(nullptr);
+  cuda::set_failure_reporter(nullptr);  // stderr again
+  EXPECT_EQ(cuda::release_failures(), before + 2);
+  const std::lock_guard lock(g_reported_mutex);
+  ASSERT_EQ(g_reported.size(), 2u);
+  EXPECT_NE(g_reported[0].find("for cudaFree (cudaSetDevice) on CUDA device 0: cudaError"),
+            std::string::npos)
+      << g_reported[0];
+  EXPECT_NE(g_reported[1].find("cudaIpcCloseMemHandle"), std::string::npos) << g_reported[1];
+  g_reported.clear();
+}
+
 TEST(CudaAbsent, DriverCallsThrowCudaError) {
   STATEPOOL_SKIP_WITH_GPU();
   EXPECT_THROW((void)cuda::query_device(0), cuda::CudaError);
@@ -90,8 +134,27 @@ TEST(CudaError, NamesTheOperationTheDeviceAndTheError) {
             std::string::npos)
       << "no device named for -1";
   EXPECT_THROW(cuda::check(cudaErrorInvalidValue, "x", 0), cuda::CudaError);
+  EXPECT_NE(cuda::handled_error_text(cudaErrorInvalidValue).find("cudaErrorInvalidValue ("),
+            std::string::npos);
   EXPECT_NO_THROW(cuda::check(cudaSuccess, "x", 0));
   EXPECT_NO_THROW(cuda::check(CUDA_SUCCESS, "x", 0));
+}
+
+// The errors after which the context is gone (the executor stops using the device) are
+// the device faults and uncorrectable errors; a refusal or exhaustion is not one.
+TEST(CudaError, StickyErrorsAreTheFaultsThatEndTheContext) {
+  for (const cudaError_t status :
+       {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorMisalignedAddress,
+        cudaErrorIllegalInstruction, cudaErrorHardwareStackError, cudaErrorAssert,
+        cudaErrorECCUncorrectable, cudaErrorLaunchTimeout, cudaErrorContained}) {
+    EXPECT_TRUE(cuda::is_sticky(status)) << cudaGetErrorName(status);
+  }
+  for (const cudaError_t status :
+       {cudaSuccess, cudaErrorInvalidValue, cudaErrorMemoryAllocation, cudaErrorNotReady,
+        cudaErrorLaunchOutOfResources, cudaErrorInvalidDevice, cudaErrorNoDevice,
+        cudaErrorInsufficientDriver}) {
+    EXPECT_FALSE(cuda::is_sticky(status)) << cudaGetErrorName(status);
+  }
 }
 
 }  // namespace

@@ -13,6 +13,11 @@
 //                      text; out_of_memory() for CUDA_ERROR_OUT_OF_MEMORY and
 //                      cudaErrorMemoryAllocation
 //   check(...)         throws CudaError for a failed cudaError_t or CUresult
+//   handled_error_text the text of a failure handled without throwing (the last error reset)
+//   is_sticky(status)  whether an error has left the CUDA context unusable
+//   report_release_failure / set_failure_reporter
+//                      failures while releasing (destructors): counted and handed to the
+//                      daemon's log, never thrown
 //   cuda_usability(d)  whether device d can be used for shareable memory, and why not,
 //                      without throwing
 //   query_device(d)    name, compute capability, free and total bytes, VMM support
@@ -26,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -64,6 +70,29 @@ class CudaError : public std::runtime_error {
 void check(cudaError_t status, std::string_view operation, int device);
 /// Throws CudaError(operation, device, status) unless `status` is CUDA_SUCCESS.
 void check(CUresult status, std::string_view operation, int device);
+
+/// The one way a failed runtime call is turned into text where it is handled without
+/// check(): resets the runtime's "last error" (as check() does, so that a later launch's
+/// cudaGetLastError() blames the launch, not this call) and returns error_text(status).
+[[nodiscard]] std::string handled_error_text(cudaError_t status);
+
+/// Whether `status` is an error after which the CUDA context is unusable for the rest of
+/// the process ("sticky": a device fault, an uncorrectable ECC or NVLink error, a device
+/// assert, a contained error): every later call returns an error, and only a restart of
+/// the process recovers. The list is the runtime's documentation of cudaError_t.
+[[nodiscard]] bool is_sticky(cudaError_t status) noexcept;
+
+/// Where failures that nothing can throw go (a destructor releasing memory, a mapping or
+/// an import): the daemon installs its logger; the default writes the line to stderr.
+/// The reporter must not throw and must be callable from any thread.
+using FailureReporter = void (*)(std::string_view message) noexcept;
+void set_failure_reporter(FailureReporter reporter) noexcept;
+/// Reports "<operation> on CUDA device <device> failed: <error>" through the reporter and
+/// counts it. Failures at process exit (the driver or runtime already gone) are neither.
+void report_release_failure(std::string_view operation, int device, cudaError_t status) noexcept;
+void report_release_failure(std::string_view operation, int device, CUresult status) noexcept;
+/// Release failures reported since the process started.
+[[nodiscard]] std::uint64_t release_failures() noexcept;
 
 /// "CUDA_ERROR_OUT_OF_MEMORY (out of memory)"; for logs where nothing is thrown.
 [[nodiscard]] std::string error_text(CUresult status);

@@ -82,7 +82,9 @@ class VmmMapping {
   [[nodiscard]] CUmemGenericAllocationHandle handle() const noexcept { return handle_; }
 
  private:
-  /// Unmaps, frees the range, releases the handle: whichever of them exist.
+  /// Unmaps, frees the range, releases the handle: whichever of them exist, with the
+  /// device's context current (any thread may let a mapping go) and the caller's device
+  /// restored. Failures go to report_release_failure (driver.hpp).
   void reset() noexcept;
 
   CUmemGenericAllocationHandle handle_ = 0;
