@@ -15,9 +15,9 @@ constexpr std::uint32_t kMaxGridY = 65535;  // more requests: blocks loop over t
 
 __global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, StepView s) {
   extern __shared__ float scratch[];
-  __shared__ unsigned long long flag;
+  __shared__ unsigned long long flags[2];
   for (std::uint32_t request = blockIdx.y; request < s.batch; request += gridDim.y) {
-    step_block(detail::BlockTeam{}, f, s, scratch, &flag, request, blockIdx.x);
+    step_block(detail::BlockTeam{}, f, s, scratch, flags, request, blockIdx.x);
   }
 }
 

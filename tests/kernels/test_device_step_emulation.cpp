@@ -137,6 +137,56 @@ TEST(DeviceStepEmulationSlots, ASlotOutsideTheArenaIsSkippedAndMarked) {
   }
 }
 
+// Two requests of one launch with the same slot would step its page in two blocks at
+// once: the device steps the first and refuses the later ones, writing nothing for them.
+TEST(DeviceStepEmulationSlots, ASlotTwiceInOneBatchIsSteppedOnceForItsFirstRequest) {
+  StateLayout l = testing::head_layout(CodecId::dsq6, 0, 8, 8);
+  l.num_heads = 2;
+  const PageCodec codec(l);
+  const cuda::PageFormatTables tables(codec, DType::f32);
+  StepBatch in(l, 3, 2, 7);
+  const std::uint32_t slots[] = {1, 3, 1};
+  const auto view = [&](std::vector<std::byte>& pages, StepBatch& batch, std::uint32_t count,
+                        std::uint8_t* rejected) {
+    return cuda::StepView{.num_heads = 2,
+                          .batch = count,
+                          .qk_heads = 2,
+                          .q = batch.q.data(),
+                          .k = batch.k.data(),
+                          .v = batch.v.data(),
+                          .log_decay = batch.log_decay.data(),
+                          .beta = batch.beta.data(),
+                          .out = batch.out.data(),
+                          .pages = reinterpret_cast<std::uint8_t*>(pages.data()),
+                          .page_stride = codec.page_bytes(),
+                          .page_count = kSlots,
+                          .slots = slots,
+                          .rejected = rejected};
+  };
+  // The same launch without the third request.
+  auto expected_pages = arena(codec, codec.page_bytes());
+  StepBatch expected = in;
+  cuda::emulate_fused_step(tables.view(), view(expected_pages, expected, 2, nullptr), 1);
+
+  for (const unsigned ranks : {1u, 3u}) {
+    auto pages = arena(codec, codec.page_bytes());
+    StepBatch got = in;
+    std::vector<std::uint8_t> rejected(6, 0xEE);
+    cuda::emulate_fused_step(tables.view(), view(pages, got, 3, rejected.data()), ranks);
+    EXPECT_EQ(rejected, (std::vector<std::uint8_t>{cuda::kStepStored, cuda::kStepStored,
+                                                   cuda::kStepStored, cuda::kStepStored,
+                                                   cuda::kStepDuplicateSlot,
+                                                   cuda::kStepDuplicateSlot}))
+        << ranks << " ranks";
+    EXPECT_EQ(pages, expected_pages) << ranks << " ranks";
+    // Requests 0 and 1 wrote what they write alone; request 2 wrote nothing.
+    // (bit for bit: request 2's outputs are still the batch's NaN fill)
+    ASSERT_EQ(got.out.size(), expected.out.size());
+    EXPECT_EQ(std::memcmp(got.out.data(), expected.out.data(), got.out.size() * sizeof(float)), 0)
+        << ranks << " ranks";
+  }
+}
+
 std::string instance_name(const ::testing::TestParamInfo<Instance>& info) {
   return info.param.name;
 }

@@ -62,7 +62,8 @@ struct DeviceStepInputs {
   const float* beta = nullptr;       ///< [batch][H]
   float* out = nullptr;              ///< [batch][H][V]
   /// [batch][H] or null: kernels::cuda::kStepStored, kStepNotFinite (the head keeps its
-  /// previous bytes) or kStepBadSlot (a slot outside the arena: nothing touched).
+  /// previous bytes), kStepBadSlot (a slot outside the arena: nothing touched) or
+  /// kStepDuplicateSlot (an earlier request of the batch has the slot: nothing touched).
   std::uint8_t* rejected = nullptr;
 };
 
@@ -78,7 +79,7 @@ class DeviceDecodeStep {
   /// Enqueues one step of `layer` on `stream`. Throws std::invalid_argument for what the
   /// host can check (the layer, qk_heads, null pointers, a head too large for the
   /// device's shared memory), Error(internal) when the launch fails. Slots are checked on
-  /// the device (kStepBadSlot).
+  /// the device (kStepBadSlot, kStepDuplicateSlot).
   void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream) const;
 
  private:

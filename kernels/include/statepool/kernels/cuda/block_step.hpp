@@ -17,8 +17,10 @@
 //   3. if the new state is finite: encode_head: `state` -> the page's head (its scratch
 //      where the decay was). Otherwise the
 //      page keeps its bytes and rank 0 marks the item in `rejected`.
-// A request whose slot index is not below page_count is skipped and marked (the device
-// cannot throw, and the host cannot read the device's slot list to check it).
+// A request whose slot index is not below page_count, or equals the slot of an earlier
+// request of the batch, is skipped and marked (the device cannot throw, and the host
+// cannot read the device's slot list to check it): two blocks stepping one page at once
+// would race, so only the first request of a slot runs.
 // d_i = decay_factor(g) (one g per head for GDN, one per key row for KDA).
 //
 // Thread-safety: blocks of different (request, head) pairs touch disjoint bytes.
@@ -50,13 +52,16 @@ struct StepView {
   const std::uint32_t* slots = nullptr;  ///< [batch] page index of every request, distinct
   /// [batch][H], or null: kStepStored (0) where the new state was stored,
   /// kStepNotFinite (1) where it was not finite (the page keeps its bytes),
-  /// kStepBadSlot (2) where the request's slot is not below page_count (nothing touched).
+  /// kStepBadSlot (2) where the request's slot is not below page_count, kStepDuplicateSlot
+  /// (3) where an earlier request of the batch has the same slot (nothing touched, no
+  /// output written).
   std::uint8_t* rejected = nullptr;
 };
 
 inline constexpr std::uint8_t kStepStored = 0;
 inline constexpr std::uint8_t kStepNotFinite = 1;
 inline constexpr std::uint8_t kStepBadSlot = 2;
+inline constexpr std::uint8_t kStepDuplicateSlot = 3;
 
 namespace detail {
 
@@ -90,11 +95,12 @@ STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) n
 }
 
 /// Block (request, h) of a step. `scratch` is step_scratch_floats(f) floats of block
-/// scratch and `flag` one value of block-shared scratch, both visible to every rank of
-/// the team. A team may run several blocks one after the other with the same scratch.
+/// scratch and `flags` two values of block-shared scratch (the first non-finite column,
+/// the first earlier request with this slot), all visible to every rank of the team. A
+/// team may run several blocks one after the other with the same scratch.
 template <class Team>
 STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepView& s,
-                             float* scratch, unsigned long long* flag, std::uint32_t request,
+                             float* scratch, unsigned long long* flags, std::uint32_t request,
                              std::uint32_t h) noexcept {
   const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
@@ -109,9 +115,23 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   float* state = scratch;
   float* decay = scratch + std::uint64_t{K} * V;
   detail::ScratchHead values{state, detail::head_first_value(f, head)};
+  unsigned long long* flag = flags;           // the first non-finite column
+  unsigned long long* earlier = flags + 1;    // the first earlier request with this slot
 
-  t.sync();  // the team's previous block is done with the scratch and the flag
-  if (t.rank() == 0) *flag = kAllFinite;
+  t.sync();  // the team's previous block is done with the scratch and the flags
+  if (t.rank() == 0) {
+    *flag = kAllFinite;
+    *earlier = kAllFinite;
+  }
+  t.sync();
+  for (std::uint32_t b = t.rank(); b < request; b += t.size()) {
+    if (s.slots[b] == slot) t.atomic_min(earlier, b);
+  }
+  t.sync();
+  if (*earlier != kAllFinite) {  // the same for every rank after the barrier
+    if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepDuplicateSlot;
+    return;
+  }
   decode_head<detail::StagedScratch>(t, f, page, &values, head);
   const bool per_row = f.arch == Arch::kda;
   const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;

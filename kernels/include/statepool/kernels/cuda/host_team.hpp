@@ -128,11 +128,11 @@ inline void emulate_find_non_finite_pages(const PageFormatView& f, const void* c
 /// same grid as fused_step_pages (step_kernels.hpp), one scratch shared by the team.
 inline void emulate_fused_step(const PageFormatView& f, const StepView& s, unsigned ranks) {
   std::vector<float> scratch(step_scratch_floats(f));
-  unsigned long long flag = kAllFinite;
+  unsigned long long flags[2] = {kAllFinite, kAllFinite};
   run_team(ranks, [&](const auto& team) {
     for (std::uint32_t request = 0; request < s.batch; ++request) {
       for (std::uint32_t h = 0; h < s.num_heads; ++h) {
-        step_block(team, f, s, scratch.data(), &flag, request, h);
+        step_block(team, f, s, scratch.data(), flags, request, h);
       }
     }
   });

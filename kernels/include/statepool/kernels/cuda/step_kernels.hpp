@@ -15,9 +15,9 @@
 // enqueues on `stream` and returns the launch status, cudaErrorInvalidValue with nothing
 // enqueued on a bad argument. batch == 0 enqueues nothing. Every pointer in `step` is
 // device memory (or managed / mapped): the inputs, the outputs, the arena's pages, the
-// slot indices and `rejected`. A slot must not appear twice in one launch: two blocks
-// would step its heads at once (the host cannot read the device's slot list to refuse
-// it).
+// slot indices and `rejected`. A slot that appears twice in one launch is stepped once,
+// for its first request; the later ones are refused on the device (kStepDuplicateSlot,
+// nothing written for them), since the host cannot read the device's slot list.
 //
 // Thread-safety: stateless; concurrent launches on disjoint pages are fine.
 
