@@ -1244,7 +1244,8 @@ class DeviceDecodeStep:
         (L2-normalised, q scaled by 1/sqrt(K)), v [batch][H][V], log_decay [batch][H] (GDN) or
         [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written). ``rejected``: None or a
         uint8 device array [batch][H], written with 0 (stored), 1 (a non-finite new state: the head
-        kept its bytes) or 2 (a slot outside the arena: nothing touched). ``qk_heads`` 0 means H.
+        kept its bytes), 2 (a slot outside the arena: nothing touched) or 3 (an earlier request
+        of the batch has the slot: only the first is stepped). ``qk_heads`` 0 means H.
         ValueError/TypeError for what the host can check (the layer, a size or type that does not
         fit, host memory), before anything is launched. Returns without waiting.
         """
