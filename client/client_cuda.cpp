@@ -26,7 +26,10 @@ class OpenedEvent {
       fail("cudaIpcOpenEventHandle (the daemon's event)", s);
     }
   }
-  ~OpenedEvent() { (void)cudaEventDestroy(event_); }
+  ~OpenedEvent() {
+    kernels::cuda::report_release_failure("cudaEventDestroy (the daemon's event)", -1,
+                                          cudaEventDestroy(event_));
+  }
   OpenedEvent(const OpenedEvent&) = delete;
   OpenedEvent& operator=(const OpenedEvent&) = delete;
   [[nodiscard]] cudaEvent_t get() const noexcept { return event_; }
@@ -36,6 +39,39 @@ class OpenedEvent {
 };
 
 }  // namespace
+
+StreamFence::StreamFence(int device) : device_(device) {
+  const kernels::cuda::DeviceGuard on(device);
+  if (const cudaError_t s = cudaEventCreateWithFlags(
+          &event_, cudaEventInterprocess | cudaEventDisableTiming);
+      s != cudaSuccess) {
+    fail("cudaEventCreateWithFlags (an interprocess event)", s);
+  }
+  cudaIpcEventHandle_t handle{};
+  if (const cudaError_t s = cudaIpcGetEventHandle(&handle, event_); s != cudaSuccess) {
+    kernels::cuda::report_release_failure("cudaEventDestroy", device_, cudaEventDestroy(event_));
+    fail("cudaIpcGetEventHandle", s);
+  }
+  static_assert(sizeof(handle) == sizeof(IpcEventBytes));
+  std::memcpy(handle_.data(), &handle, sizeof(handle));
+}
+
+StreamFence::~StreamFence() {
+  try {
+    const kernels::cuda::DeviceGuard on(device_);
+    kernels::cuda::report_release_failure("cudaEventDestroy", device_, cudaEventDestroy(event_));
+  } catch (const kernels::cuda::CudaError& e) {
+    kernels::cuda::report_release_failure("making the device current for cudaEventDestroy",
+                                          device_, static_cast<cudaError_t>(e.code()));
+  }
+}
+
+IpcEventBytes StreamFence::record(cudaStream_t stream) {
+  if (const cudaError_t s = cudaEventRecord(event_, stream); s != cudaSuccess) {
+    fail("cudaEventRecord (the fence)", s);
+  }
+  return handle_;
+}
 
 void wait_on_stream(const Pending& pending, cudaStream_t stream) {
   if (!pending.event) return;

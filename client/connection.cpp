@@ -673,39 +673,56 @@ void require_valid(const Staging& staging, const char* call) {
 
 }  // namespace
 
+namespace {
+
+/// The request's `after` field: the event's bytes, or none.
+flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> after_to_wire(
+    flatbuffers::FlatBufferBuilder& b, const std::optional<IpcEventBytes>& after) {
+  if (!after) return 0;
+  return b.CreateVector(reinterpret_cast<const std::uint8_t*>(after->data()), after->size());
+}
+
+}  // namespace
+
 std::uint64_t Connection::compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                                   kernels::DType dtype) {
+                                   kernels::DType dtype, const std::optional<IpcEventBytes>& after) {
   require_valid(slot, "compress");
   require_valid(staging, "compress");
-  return compress(slot.arena_id(), slot.id(), staging.id(), offset, dtype);
+  return compress(slot.arena_id(), slot.id(), staging.id(), offset, dtype, after);
 }
 
 std::uint64_t Connection::compress(ArenaId arena, SlotId slot, StagingId staging,
-                                   std::uint64_t offset, kernels::DType dtype) {
+                                   std::uint64_t offset, kernels::DType dtype,
+                                   const std::optional<IpcEventBytes>& after) {
   return impl().call<wire::Compress>(
       [&](auto& b) {
-        return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype));
+        const auto event = after_to_wire(b, after);
+        return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
+                                    /*event=*/false, event);
       },
       [](const wire::CompressReply* r) { return r->page_bytes(); });
 }
 
 std::uint64_t Connection::decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                                     kernels::DType dtype) {
+                                     kernels::DType dtype, const std::optional<IpcEventBytes>& after) {
   require_valid(slot, "decompress");
   require_valid(staging, "decompress");
-  return decompress(slot.arena_id(), slot.id(), staging.id(), offset, dtype);
+  return decompress(slot.arena_id(), slot.id(), staging.id(), offset, dtype, after);
 }
 
 std::uint64_t Connection::decompress(ArenaId arena, SlotId slot, StagingId staging,
-                                     std::uint64_t offset, kernels::DType dtype) {
+                                     std::uint64_t offset, kernels::DType dtype,
+                                     const std::optional<IpcEventBytes>& after) {
   return impl().call<wire::Decompress>(
       [&](auto& b) {
-        return wire::CreateDecompress(b, arena, slot, staging, offset, protocol::to_wire(dtype));
+        const auto event = after_to_wire(b, after);
+        return wire::CreateDecompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
+                                      /*event=*/false, event);
       },
       [](const wire::DecompressReply* r) { return r->state_bytes(); });
 }
 
-void Connection::copy(const Slot& src, const Slot& dst) {
+void Connection::copy(const Slot& src, const Slot& dst, const std::optional<IpcEventBytes>& after) {
   require_valid(src, "copy");
   require_valid(dst, "copy");
   if (src.arena_id() != dst.arena_id()) {
@@ -714,12 +731,16 @@ void Connection::copy(const Slot& src, const Slot& dst) {
                                                     std::to_string(dst.arena_id()) +
                                                     "); pages are copied within one arena");
   }
-  copy(src.arena_id(), src.id(), dst.id());
+  copy(src.arena_id(), src.id(), dst.id(), after);
 }
 
-void Connection::copy(ArenaId arena, SlotId src, SlotId dst) {
-  impl().call<wire::Copy>([&](auto& b) { return wire::CreateCopy(b, arena, src, dst); },
-                          [](const wire::CopyReply*) {});
+void Connection::copy(ArenaId arena, SlotId src, SlotId dst, const std::optional<IpcEventBytes>& after) {
+  impl().call<wire::Copy>(
+      [&](auto& b) {
+        const auto event = after_to_wire(b, after);
+        return wire::CreateCopy(b, arena, src, dst, /*event=*/false, event);
+      },
+      [](const wire::CopyReply*) {});
 }
 
 namespace {
@@ -738,11 +759,13 @@ std::optional<IpcEventBytes> event_of(const flatbuffers::Vector<std::uint8_t>* b
 }  // namespace
 
 Pending Connection::compress_async(ArenaId arena, SlotId slot, StagingId staging,
-                                   std::uint64_t offset, kernels::DType dtype) {
+                                   std::uint64_t offset, kernels::DType dtype,
+                                   const std::optional<IpcEventBytes>& after) {
   return impl().call<wire::Compress>(
       [&](auto& b) {
+        const auto event = after_to_wire(b, after);
         return wire::CreateCompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
-                                    /*event=*/true);
+                                    /*event=*/true, event);
       },
       [](const wire::CompressReply* r) {
         return Pending{r->page_bytes(), event_of(r->event())};
@@ -750,20 +773,26 @@ Pending Connection::compress_async(ArenaId arena, SlotId slot, StagingId staging
 }
 
 Pending Connection::decompress_async(ArenaId arena, SlotId slot, StagingId staging,
-                                     std::uint64_t offset, kernels::DType dtype) {
+                                     std::uint64_t offset, kernels::DType dtype,
+                                     const std::optional<IpcEventBytes>& after) {
   return impl().call<wire::Decompress>(
       [&](auto& b) {
+        const auto event = after_to_wire(b, after);
         return wire::CreateDecompress(b, arena, slot, staging, offset, protocol::to_wire(dtype),
-                                      /*event=*/true);
+                                      /*event=*/true, event);
       },
       [](const wire::DecompressReply* r) {
         return Pending{r->state_bytes(), event_of(r->event())};
       });
 }
 
-Pending Connection::copy_async(ArenaId arena, SlotId src, SlotId dst) {
+Pending Connection::copy_async(ArenaId arena, SlotId src, SlotId dst,
+                               const std::optional<IpcEventBytes>& after) {
   return impl().call<wire::Copy>(
-      [&](auto& b) { return wire::CreateCopy(b, arena, src, dst, /*event=*/true); },
+      [&](auto& b) {
+        const auto event = after_to_wire(b, after);
+        return wire::CreateCopy(b, arena, src, dst, /*event=*/true, event);
+      },
       [](const wire::CopyReply* r) {
         return Pending{0, r == nullptr ? std::nullopt : event_of(r->event())};
       });

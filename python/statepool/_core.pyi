@@ -1357,39 +1357,70 @@ class Connection:
     def free(self, arena_id: int, slot_ids: Sequence[int]) -> int:
         """Frees slot ids of one arena (released ones)."""
     @overload
-    def compress(self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32) -> int:
+    def compress(
+        self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32, *, after: bytes | None = None
+    ) -> int:
         """
         page[slot] <- the state staged at staging[offset:]. Returns the page bytes written. NotFinite
-        (the page unchanged) when the state holds NaN or Inf.
+        (the page unchanged) when the state holds NaN or Inf. ``after`` (cuda backend): the 64-byte
+        IPC handle of an interprocess event recorded on the engine's stream after it wrote the state
+        (``torch.cuda.Event(interprocess=True)``, ``.record()``, ``.ipc_handle()``); the daemon's
+        stream waits for it. The same ``after`` exists on decompress, copy and their _async forms.
         """
     @overload
     def compress(
-        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+        self,
+        arena_id: int,
+        slot_id: int,
+        staging_id: int,
+        offset: int = 0,
+        dtype: DType = DType.f32,
+        *, after: bytes | None = None,
     ) -> int:
         """compress() by ids: arena, slot and staging buffer."""
     @overload
-    def decompress(self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32) -> int:
+    def decompress(
+        self, slot: Slot, staging: Staging, offset: int = 0, dtype: DType = DType.f32, *, after: bytes | None = None
+    ) -> int:
         """staging[offset:] <- the state of page[slot]. Returns the state bytes written."""
     @overload
     def decompress(
-        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+        self,
+        arena_id: int,
+        slot_id: int,
+        staging_id: int,
+        offset: int = 0,
+        dtype: DType = DType.f32,
+        *, after: bytes | None = None,
     ) -> int:
         """decompress() by ids: arena, slot and staging buffer."""
     @overload
-    def copy(self, src: Slot, dst: Slot) -> None:
+    def copy(self, src: Slot, dst: Slot, *, after: bytes | None = None) -> None:
         """Copies a whole page (both slots of one arena)."""
     @overload
-    def copy(self, arena_id: int, src_id: int, dst_id: int) -> None:
+    def copy(self, arena_id: int, src_id: int, dst_id: int, *, after: bytes | None = None) -> None:
         """copy() by ids: the arena and its two slots."""
     def compress_async(
-        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+        self,
+        arena_id: int,
+        slot_id: int,
+        staging_id: int,
+        offset: int = 0,
+        dtype: DType = DType.f32,
+        *, after: bytes | None = None,
     ) -> Pending:
         """compress() without waiting for the device (cuda backend): see Pending."""
     def decompress_async(
-        self, arena_id: int, slot_id: int, staging_id: int, offset: int = 0, dtype: DType = DType.f32
+        self,
+        arena_id: int,
+        slot_id: int,
+        staging_id: int,
+        offset: int = 0,
+        dtype: DType = DType.f32,
+        *, after: bytes | None = None,
     ) -> Pending:
         """decompress() without waiting for the device (cuda backend): see Pending."""
-    def copy_async(self, arena_id: int, src_id: int, dst_id: int) -> Pending:
+    def copy_async(self, arena_id: int, src_id: int, dst_id: int, *, after: bytes | None = None) -> Pending:
         """copy() without waiting for the device (cuda backend): see Pending."""
     def stats(self) -> Stats:
         """The daemon's arenas, tenants, leases and pool."""

@@ -242,6 +242,27 @@ void CudaExecutor::launch_loop() {
   }
 }
 
+void CudaExecutor::wait_for_client(const Operation& op) {
+  cudaIpcEventHandle_t handle{};
+  static_assert(sizeof(handle) == sizeof(IpcEventBytes));
+  std::memcpy(&handle, op.after->data(), sizeof(handle));
+  cudaEvent_t event = nullptr;
+  if (const cudaError_t status = cudaIpcOpenEventHandle(&event, handle); status != cudaSuccess) {
+    throw StatusError(Status::invalid_argument,
+                      std::string(to_string(op.kind)) + ": the `after` event cannot be opened (" +
+                          kernels::cuda::handled_error_text(status) +
+                          "): it must be the IPC handle of an interprocess event "
+                          "(cudaEventInterprocess | cudaEventDisableTiming) of a live process "
+                          "on this machine");
+  }
+  // The wait is enqueued now (it waits for the event's last record before this call);
+  // destroying the imported event afterwards does not undo it.
+  const cudaError_t wait = cudaStreamWaitEvent(cuda_->stream, event, 0);
+  kernels::cuda::report_release_failure("cudaEventDestroy (an `after` event)", device_,
+                                        cudaEventDestroy(event));
+  check_op(wait, "waiting for the `after` event (cudaStreamWaitEvent)", op.kind, device_);
+}
+
 void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_any) {
   const Operation& op = job.op;
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
@@ -259,6 +280,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
     }
   }
   cudaStream_t stream = cuda_->stream;
+  if (op.after) wait_for_client(op);
   if (op.kind == OperationKind::copy) {
     if (op.source.size != op.page.size) {
       throw StatusError(Status::invalid_argument,

@@ -2,6 +2,9 @@
 // CudaExecutor: runs operations on one CUDA device's memory, on a stream of the daemon's.
 //
 //   submit()     queues the operation and returns (an I/O thread never touches CUDA);
+//   after        an operation with the client's `after` event makes the stream wait for
+//                it first (cudaIpcOpenEventHandle + cudaStreamWaitEvent): the engine's
+//                own writes are ordered before the daemon's reads without a host wait;
 //   launcher     a thread that checks sizes, finds the page format's device tables
 //                (uploaded once per layout and staged dtype), and enqueues the work:
 //                  compress    find_non_finite -> encode_page skipping a non-finite
@@ -88,6 +91,8 @@ class CudaExecutor final : public Executor {
   /// `launched_any` is set once something of it is on the stream.
   void enqueue(const Job& job, std::uint32_t slot, bool& launched_any);
   void enqueue_kv(const Operation& op, bool& launched_any);
+  /// Makes the stream wait for the client's `after` event; throws StatusError.
+  void wait_for_client(const Operation& op);
   /// Error of a finished compress whose check found a NaN/Inf (or nullptr).
   [[nodiscard]] std::exception_ptr check_result(const Job& job, std::uint32_t slot);
   /// Releases the operation's memory, calls its completion, counts it done.

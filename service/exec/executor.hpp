@@ -3,8 +3,8 @@
 //
 //   HostExecutor   a WorkerPool splits one state's heads across every core
 //                  (host_executor.hpp); host memory only.
-//   CUDA executor  a stream per daemon, completion signalled by an event; device memory.
-//                  It implements this same interface (the CUDA backend issue).
+//   CudaExecutor   a stream per daemon, completion signalled by an event; device memory
+//                  (cuda_executor.hpp).
 //
 // An Operation names its buffers by pointer and memory space and holds the allocations
 // and the page format it uses, so nothing it touches can be freed while it runs. submit()
@@ -16,8 +16,9 @@
 // Errors given to the completion:
 //   StatusError(not_finite)        a state or KV blocks to encode hold NaN/Inf; nothing
 //                                  written
-//   StatusError(invalid_argument)  buffer sizes that do not match the page format, or
-//                                  memory this executor cannot reach; nothing written
+//   StatusError(invalid_argument)  buffer sizes that do not match the page format,
+//                                  memory this executor cannot reach, or an `after`
+//                                  event it cannot wait for; nothing written
 //   StatusError(internal)          anything else (a bug, a device error)
 //
 // Thread-safety: submit() may be called from any thread; completions run on the
@@ -29,6 +30,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -79,6 +81,10 @@ struct Operation {
   /// Set to be told early (an IPC event), by executors that can export events (the CUDA
   /// executor); others ignore it and only complete.
   Enqueued enqueued;
+  /// compress/decompress/copy: an interprocess event of the client's stream (protocol
+  /// `after`) that the work waits for on the executor's stream. Executors without device
+  /// streams refuse it (invalid_argument).
+  std::optional<IpcEventBytes> after;
 };
 
 /// Called once with nullptr on success or the error.

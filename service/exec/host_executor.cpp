@@ -99,6 +99,12 @@ void HostExecutor::run(const Operation& op) {
     check_access(*buffer);
   }
   for (const kernels::BufferRef& chunk : op.chunks) check_access(chunk);
+  if (op.after) {
+    throw StatusError(Status::invalid_argument,
+                      std::string(to_string(op.kind)) +
+                          ": the host backend has no device stream to order after the client's "
+                          "event (`after`); finish writing the memory before the request");
+  }
   try {
     switch (op.kind) {
       case OperationKind::compress: return run_compress(op);

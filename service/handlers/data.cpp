@@ -1,5 +1,6 @@
 // Compress, Decompress, Copy: validated here, run by the Executor (never on this thread),
 // replied to when the work is complete.
+#include <cstring>
 #include <exception>
 #include <optional>
 
@@ -21,6 +22,17 @@ kernels::DType staging_dtype(wire::DType dtype) {
       dtype == wire::DType::f32 || dtype == wire::DType::bf16, Status::invalid_argument,
       cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
   return protocol::from_wire(dtype);
+}
+
+/// The request's `after` event: absent, or exactly the bytes of a cudaIpcEventHandle_t.
+std::optional<IpcEventBytes> after_event(const flatbuffers::Vector<std::uint8_t>* bytes) {
+  if (bytes == nullptr) return std::nullopt;
+  IpcEventBytes event{};
+  STATEPOOL_EXPECTS(bytes->size() == event.size(), Status::invalid_argument,
+                    cat("`after` holds ", bytes->size(), " bytes; an IPC event handle has ",
+                        event.size()));
+  std::memcpy(event.data(), bytes->data(), event.size());
+  return event;
 }
 
 /// A compress or decompress of one page from / into a staging range.
@@ -91,8 +103,10 @@ kernels::BufferRef staging_range(const ConnectionState& c, std::uint32_t id, std
 }
 
 Handled handle(Call& call, const wire::Compress& in) {
+  auto after = after_event(in.after());
   Operation op = codec_operation(call, OperationKind::compress, in.arena_id(), in.slot(),
                                  in.staging_id(), in.offset(), in.dtype());
+  op.after = std::move(after);
   const std::uint64_t page_bytes = op.codec->page_bytes();
   const auto event = co_await execute(call, std::move(op), in.event());
   const auto bytes = event_bytes(call, event);
@@ -100,8 +114,10 @@ Handled handle(Call& call, const wire::Compress& in) {
 }
 
 Handled handle(Call& call, const wire::Decompress& in) {
+  auto after = after_event(in.after());
   Operation op = codec_operation(call, OperationKind::decompress, in.arena_id(), in.slot(),
                                  in.staging_id(), in.offset(), in.dtype());
+  op.after = std::move(after);
   const std::uint64_t state_bytes = op.staged.size;
   const auto event = co_await execute(call, std::move(op), in.event());
   const auto bytes = event_bytes(call, event);
@@ -109,6 +125,7 @@ Handled handle(Call& call, const wire::Decompress& in) {
 }
 
 Handled handle(Call& call, const wire::Copy& in) {
+  auto after = after_event(in.after());
   Pool& pool = call.server.pool;
   const PageRef src = pool.page(call.connection.lease, in.arena_id(), in.src_slot());
   const PageRef dst = pool.page(call.connection.lease, in.arena_id(), in.dst_slot());
@@ -117,6 +134,7 @@ Handled handle(Call& call, const wire::Copy& in) {
   op.source = src.buffer();
   op.page = dst.buffer();
   op.keep_alive = {src.memory};
+  op.after = std::move(after);
   const auto event = co_await execute(call, std::move(op), in.event());
   const auto bytes = event_bytes(call, event);
   call.reply<wire::Copy>(wire::CreateCopyReply(call.builder(), bytes));

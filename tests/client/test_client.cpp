@@ -752,6 +752,11 @@ TEST(ClientSlots, DataRequestsCarryTheirFields) {
     EXPECT_EQ(c->staging_id(), 8u);
     EXPECT_EQ(c->offset(), 4096u);
     EXPECT_EQ(c->dtype(), wire::DType::bf16);
+    ASSERT_NE(c->after(), nullptr);  // the engine's event, byte for byte
+    ASSERT_EQ(c->after()->size(), 64u);
+    EXPECT_EQ(c->after()->Get(0), 0x01);
+    EXPECT_EQ(c->after()->Get(63), 0x40);
+    EXPECT_FALSE(c->event());
     {
       flatbuffers::FlatBufferBuilder b;
       peer.reply_ok(r.request->id(), wire::ReplyBody::CompressReply, b,
@@ -762,6 +767,7 @@ TEST(ClientSlots, DataRequestsCarryTheirFields) {
     EXPECT_EQ(d->arena_id(), 3u);
     EXPECT_EQ(d->slot(), 2u);
     EXPECT_EQ(d->dtype(), wire::DType::f32);
+    EXPECT_EQ(d->after(), nullptr);  // none asked for
     {
       flatbuffers::FlatBufferBuilder b;
       peer.reply_ok(r.request->id(), wire::ReplyBody::DecompressReply, b,
@@ -770,6 +776,8 @@ TEST(ClientSlots, DataRequestsCarryTheirFields) {
     r = peer.expect(wire::RequestBody::Copy);
     EXPECT_EQ(r.request->body_as_Copy()->src_slot(), 1u);
     EXPECT_EQ(r.request->body_as_Copy()->dst_slot(), 2u);
+    ASSERT_NE(r.request->body_as_Copy()->after(), nullptr);
+    EXPECT_EQ(r.request->body_as_Copy()->after()->size(), 64u);
     // An empty reply table may be sent without its union body.
     flatbuffers::FlatBufferBuilder b;
     b.Finish(wire::CreateReply(b, r.request->id()));
@@ -779,11 +787,13 @@ TEST(ClientSlots, DataRequestsCarryTheirFields) {
     peer.reply_ok(r.request->id(), wire::ReplyBody::DrainReply, b2, wire::CreateDrainReply(b2));
   });
   auto conn = sc::Connection::connect(options_for(daemon));
-  EXPECT_EQ(conn.compress(3, 1, 8, 4096, sk::DType::bf16), 1234u);
+  sc::IpcEventBytes event{};
+  for (std::size_t i = 0; i < event.size(); ++i) event[i] = static_cast<std::byte>(i + 1);
+  EXPECT_EQ(conn.compress(3, 1, 8, 4096, sk::DType::bf16, event), 1234u);
   EXPECT_EQ(conn.decompress(3, 2, 8, 0), 5678u);
   auto a = conn.adopt(3, 1);
   auto b = conn.adopt(3, 2);
-  conn.copy(a, b);
+  conn.copy(a, b, event);
   (void)a.release();
   (void)b.release();
   conn.drain();

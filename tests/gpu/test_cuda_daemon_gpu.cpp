@@ -1,7 +1,8 @@
 // statepoold --backend cuda end to end, as an engine uses it: device arenas and staging
 // mapped in the client, states written into device staging, compress / decompress / copy
 // by the daemon's kernels (page bytes equal to the CPU codec's), local decode on the device
-// with the same kernels, early replies with IPC events, legacy IPC handles, NaN refusal,
+// with the same kernels, early replies with IPC events, compresses ordered behind the
+// engine's stream (`after`), legacy IPC handles, NaN refusal,
 // and the engine's fused decode step on the device pages (client::DeviceDecodeStep);
 // device memory given back by CloseArena, also after a client holding the arena was
 // killed. Skipped without a CUDA device.
@@ -144,6 +145,52 @@ TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
     }
     EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
   }
+  EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
+}
+
+// The engine writes the state on its own stream, behind work that holds the stream for a
+// while (a host callback that sleeps), and passes a StreamFence as `after`: the daemon's
+// stream waits for the write, so the page is the new state's, with no host wait.
+TEST(CudaDaemon, AfterOrdersTheCompressBehindTheEnginesStream) {
+  STATEPOOL_SKIP_WITHOUT_GPU();
+  DaemonProcess daemon({"--backend", "cuda", "--device", "0", "--pool-capacity", "256MiB"});
+  auto conn = client::Connection::connect(options_for(daemon));
+  const auto layout = conn.register_layout(layout_for(kernels::CodecId::int8));
+  auto arena = conn.open_arena(layout, 2);
+  auto staging = conn.open_staging(layout.state_bytes_f32);
+  auto slots = conn.allocate(arena, 1);
+  upload(staging.device_data(), state_bytes(layout, 1));  // the old state
+  const auto fresh = state_bytes(layout, 2);
+  void* host = nullptr;  // pinned, so that the copy is asynchronous
+  ASSERT_EQ(cudaMallocHost(&host, fresh.size()), cudaSuccess);
+  std::memcpy(host, fresh.data(), fresh.size());
+  cudaStream_t engine = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&engine, cudaStreamNonBlocking), cudaSuccess);
+  client::StreamFence fence(0);
+  for (const bool async : {false, true}) {
+    ASSERT_EQ(cudaLaunchHostFunc(
+                  engine, [](void*) { std::this_thread::sleep_for(300ms); }, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(staging.device_data(), host, fresh.size(), cudaMemcpyHostToDevice,
+                              engine),
+              cudaSuccess);
+    const client::IpcEventBytes after = fence.record(engine);
+    if (async) {
+      const client::Pending pending = conn.compress_async(arena.id(), slots[0].id(), staging.id(),
+                                                          0, kernels::DType::f32, after);
+      client::synchronize(pending);
+    } else {
+      conn.compress(slots[0], staging, 0, kernels::DType::f32, after);
+    }
+    std::vector<std::byte> expected(layout.page_bytes);
+    arena.codec().encode(fresh, kernels::DType::f32, expected);
+    EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), expected)
+        << (async ? "compress_async" : "compress");
+    ASSERT_EQ(cudaStreamSynchronize(engine), cudaSuccess);
+    upload(staging.device_data(), state_bytes(layout, 1));  // old again for the next round
+  }
+  (void)cudaStreamDestroy(engine);
+  (void)cudaFreeHost(host);
   EXPECT_EQ(daemon.stop(SIGTERM, 20s), 0) << daemon.log();
 }
 

@@ -217,6 +217,50 @@ TEST_F(BadFrames, InvalidLayoutIsAnErrorAndTheConnectionStaysUsable) {
   EXPECT_EQ(r->id(), 3u);
 }
 
+// `after` must be a whole IPC event handle: another length is refused before anything
+// else is looked at, and the connection stays usable.
+TEST_F(BadFrames, AnAfterEventOfTheWrongLengthIsInvalidArgument) {
+  RawPeer peer(daemon_->socket_path());
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(wire::CreateRequest(b, 1, wire::RequestBody::Hello, wire::CreateHello(b, 1, 1).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  ASSERT_TRUE(peer.read_reply().has_value());
+  const std::vector<std::uint8_t> three = {1, 2, 3};
+  std::uint64_t id = 2;
+  for (const auto body : {wire::RequestBody::Compress, wire::RequestBody::Decompress,
+                          wire::RequestBody::Copy}) {
+    b.Clear();
+    const auto after = b.CreateVector(three);
+    flatbuffers::Offset<void> request;
+    if (body == wire::RequestBody::Compress) {
+      request = wire::CreateCompress(b, arena_->id(), 0, 0, 0, wire::DType::f32, false, after).Union();
+    } else if (body == wire::RequestBody::Decompress) {
+      request =
+          wire::CreateDecompress(b, arena_->id(), 0, 0, 0, wire::DType::f32, false, after).Union();
+    } else {
+      request = wire::CreateCopy(b, arena_->id(), 0, 1, false, after).Union();
+    }
+    b.Finish(wire::CreateRequest(b, id, body, request));
+    ASSERT_TRUE(peer.send_frame(b));
+    const auto reply = peer.read_reply();
+    ASSERT_TRUE(reply.has_value());
+    const auto* r = statepool::testing::as_reply(*reply);
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->id(), id);
+    EXPECT_EQ(r->status(), wire::Status::invalid_argument);
+    ASSERT_NE(r->message(), nullptr);
+    EXPECT_NE(r->message()->str().find("`after` holds 3 bytes"), std::string::npos)
+        << r->message()->str();
+    ++id;
+  }
+  b.Clear();
+  b.Finish(wire::CreateRequest(b, id, wire::RequestBody::Ping, wire::CreatePing(b).Union()));
+  ASSERT_TRUE(peer.send_frame(b));
+  const auto pong = peer.read_reply();
+  ASSERT_TRUE(pong.has_value());
+  EXPECT_EQ(statepool::testing::as_reply(*pong)->status(), wire::Status::ok);
+}
+
 // ---- configuration ----------------------------------------------------------------------
 
 namespace {

@@ -86,6 +86,42 @@ def test_async_calls_on_the_host_backend(conn):
         conn.free([src, dst])
 
 
+def test_after_events_on_the_host_backend(conn):
+    """`after` orders device work after an engine's stream; the host backend has none, so it
+    refuses the request (nothing written), and bytes of the wrong size never leave Python."""
+    info = conn.register_layout(small_layout(statepool.CodecId.int8, name="pytest-after"))
+    arena = conn.open_arena(info, 2)
+    state = random_state(info, 6)
+    with conn.open_staging(info.state_bytes_f32) as staging:
+        src, dst = conn.allocate(arena, 2)
+        staged = np.asarray(staging.view("float32", state.size))
+        staged[:] = state
+        conn.compress(src, staging, 0)
+        before = np.array(arena.page(dst))
+        event = b"\xa5" * 64
+        calls = [
+            lambda: conn.compress(dst, staging, 0, after=event),
+            lambda: conn.compress(arena.id, dst.id, staging.id, 0, after=bytearray(event)),
+            lambda: conn.decompress(dst, staging, 0, after=event),
+            lambda: conn.copy(src, dst, after=event),
+            lambda: conn.compress_async(arena.id, dst.id, staging.id, 0, after=event),
+            lambda: conn.decompress_async(arena.id, dst.id, staging.id, 0, after=event),
+            lambda: conn.copy_async(arena.id, src.id, dst.id, after=event),
+        ]
+        for call in calls:
+            with pytest.raises(statepool.InvalidArgument, match="host backend has no device stream"):
+                call()
+        assert np.array_equal(np.asarray(arena.page(dst)), before)
+        assert np.array_equal(staged, state)
+        with pytest.raises(ValueError, match="64-byte IPC handle"):
+            conn.compress(dst, staging, 0, after=b"short")
+        with pytest.raises(TypeError):
+            conn.copy(src, dst, after=64)
+        conn.compress(dst, staging, 0, after=None)  # None: no ordering asked for
+        del staged
+        conn.free([src, dst])
+
+
 def test_allocate_by_arena_id(conn):
     info = conn.register_layout(small_layout(statepool.CodecId.int4, name="pytest-by-id"))
     arena = conn.open_arena(info, 4)

@@ -226,6 +226,41 @@ TYPED_TEST_P(ExecutorConformance, WrongSizesAreInvalidArgumentAndWriteNothing) {
   EXPECT_EQ(short_page, short_before);
 }
 
+// `after` (protocol: the client's interprocess event) is something an executor waits for
+// or refuses; bytes that name no event are refused before anything is written, whether
+// the executor has device streams (the handle does not open) or not (nothing to order).
+TYPED_TEST_P(ExecutorConformance, AnAfterEventItCannotWaitForIsRefusedAndWritesNothing) {
+  const auto layout = layouts().front();
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> page(codec->page_bytes(), std::byte{0x11});
+  std::vector<std::byte> other(codec->page_bytes(), std::byte{0x22});
+  const auto staged_before = staged;
+  const auto page_before = page;
+  IpcEventBytes garbage{};
+  garbage.fill(std::byte{0xA5});
+  for (const OperationKind kind : {OperationKind::compress, OperationKind::decompress}) {
+    Operation op;
+    op.kind = kind;
+    op.codec = codec;
+    op.staged = this->buffer(staged);
+    op.page = this->buffer(page);
+    op.after = garbage;
+    std::string message;
+    EXPECT_EQ(status_of(this->run(op), &message), Status::invalid_argument) << to_string(kind);
+    EXPECT_NE(message.find("`after`"), std::string::npos) << message;
+    EXPECT_EQ(staged, staged_before) << to_string(kind);
+    EXPECT_EQ(page, page_before) << to_string(kind);
+  }
+  Operation copy;
+  copy.kind = OperationKind::copy;
+  copy.source = this->buffer(other);
+  copy.page = this->buffer(page);
+  copy.after = garbage;
+  EXPECT_EQ(status_of(this->run(copy)), Status::invalid_argument);
+  EXPECT_EQ(page, page_before);
+}
+
 TYPED_TEST_P(ExecutorConformance, MemoryItCannotReachIsRefused) {
   const auto layout = layouts().front();
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
@@ -480,6 +515,7 @@ TYPED_TEST_P(ExecutorConformance, KvBlocksNonFiniteOrWrongSizesWriteNoChunk) {
 REGISTER_TYPED_TEST_SUITE_P(ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes,
                             NonFiniteIsRefusedWithTheFirstValueInPageOrder,
                             WrongSizesAreInvalidArgumentAndWriteNothing,
+                            AnAfterEventItCannotWaitForIsRefusedAndWritesNothing,
                             MemoryItCannotReachIsRefused, CopyCopiesAWholePage,
                             CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory,
                             ManyConcurrentOperationsAllCompleteAndWaitIdleWaits,

@@ -639,20 +639,29 @@ class Connection {
   /// layout's conv_dtype. Returns the page bytes written. Error(not_finite) when the state
   /// holds NaN or Inf (the page is then unchanged, unless the staging range was rewritten
   /// during the call: docs/protocol.md section 7.6).
+  /// `after` (cuda backend): an interprocess event the engine recorded on its stream after
+  /// writing the state (client_cuda.hpp's StreamFence); the daemon's stream waits for it
+  /// before reading, with no host synchronisation. The same for the other data calls:
+  /// the memory they touch may still be in use by the engine's stream until that event.
+  /// The host backend refuses it (Error(invalid_argument)).
   std::uint64_t compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                         kernels::DType dtype = kernels::DType::f32);
+                         kernels::DType dtype = kernels::DType::f32,
+                         const std::optional<IpcEventBytes>& after = std::nullopt);
   std::uint64_t compress(ArenaId arena, SlotId slot, StagingId staging, std::uint64_t offset,
-                         kernels::DType dtype = kernels::DType::f32);
+                         kernels::DType dtype = kernels::DType::f32,
+                         const std::optional<IpcEventBytes>& after = std::nullopt);
   /// staging[offset, ...) <- the state of page[slot] in `dtype`. Returns the state bytes
   /// written.
   std::uint64_t decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                           kernels::DType dtype = kernels::DType::f32);
+                           kernels::DType dtype = kernels::DType::f32,
+                           const std::optional<IpcEventBytes>& after = std::nullopt);
   std::uint64_t decompress(ArenaId arena, SlotId slot, StagingId staging, std::uint64_t offset,
-                           kernels::DType dtype = kernels::DType::f32);
+                           kernels::DType dtype = kernels::DType::f32,
+                           const std::optional<IpcEventBytes>& after = std::nullopt);
   /// Copies a whole page (prefix checkpoint / fork). Both slots must be of one arena
   /// (Error(invalid_argument) otherwise, without a round trip).
-  void copy(const Slot& src, const Slot& dst);
-  void copy(ArenaId arena, SlotId src, SlotId dst);
+  void copy(const Slot& src, const Slot& dst, const std::optional<IpcEventBytes>& after = std::nullopt);
+  void copy(ArenaId arena, SlotId src, SlotId dst, const std::optional<IpcEventBytes>& after = std::nullopt);
 
   /// The same three without waiting for the device (the cuda backend): the daemon replies
   /// as soon as the work is on its stream, and `event` is an IPC event that completes with
@@ -663,11 +672,14 @@ class Connection {
   /// by the daemon, not reported: use compress() where that matters.
   [[nodiscard]] Pending compress_async(ArenaId arena, SlotId slot, StagingId staging,
                                        std::uint64_t offset,
-                                       kernels::DType dtype = kernels::DType::f32);
+                                       kernels::DType dtype = kernels::DType::f32,
+                                       const std::optional<IpcEventBytes>& after = std::nullopt);
   [[nodiscard]] Pending decompress_async(ArenaId arena, SlotId slot, StagingId staging,
                                          std::uint64_t offset,
-                                         kernels::DType dtype = kernels::DType::f32);
-  [[nodiscard]] Pending copy_async(ArenaId arena, SlotId src, SlotId dst);
+                                         kernels::DType dtype = kernels::DType::f32,
+                                         const std::optional<IpcEventBytes>& after = std::nullopt);
+  [[nodiscard]] Pending copy_async(ArenaId arena, SlotId src, SlotId dst,
+                                   const std::optional<IpcEventBytes>& after = std::nullopt);
 
   // --- prefix-state snapshots (docs/prefix-store.md) -----------------------------------
   /// Publishes the state in `slot` under `key`: the daemon copies the page into a page of

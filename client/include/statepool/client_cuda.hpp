@@ -2,7 +2,10 @@
 // The CUDA side of the client (builds with CUDA only): waiting for the daemon's device
 // work on an engine's stream, and decoding pages on the device without a round trip.
 //
-//   auto pending = conn.compress_async(arena.id(), slot.id(), staging.id(), 0);
+//   statepool::client::StreamFence fence(device);          // once
+//   ... the engine's kernels write the state into the staging buffer on `stream` ...
+//   auto pending = conn.compress_async(arena.id(), slot.id(), staging.id(), 0,
+//                                      kernels::DType::f32, fence.record(stream));
 //   statepool::client::wait_on_stream(pending, stream);   // stream waits, host does not
 //
 //   statepool::client::DeviceDecoder decoder(arena, kernels::DType::bf16);
@@ -21,6 +24,32 @@
 #include "statepool/kernels/cuda/step_kernels.hpp"
 
 namespace statepool::client {
+
+/// An interprocess event of the engine's, to order the daemon's work after the engine's
+/// own stream (the `after` argument of Connection::compress/decompress/copy and their
+/// _async forms): the daemon's stream waits for the event's last record before it reads
+/// or writes, so the host never waits. Record after the kernels that write the staged
+/// state (compress), or that still read the staging range or the pages (decompress,
+/// copy, a DeviceDecodeStep). The daemon enqueues its wait before it replies, so the
+/// fence may be recorded again once the call that got its bytes has returned.
+class StreamFence {
+ public:
+  /// Creates the event on `device` (cudaEventInterprocess | cudaEventDisableTiming).
+  /// Throws Error(internal) naming the CUDA error.
+  explicit StreamFence(int device);
+  ~StreamFence();
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+
+  /// Records the event on `stream` (which must belong to the fence's device) and returns
+  /// its IPC handle, for `after`.
+  [[nodiscard]] IpcEventBytes record(cudaStream_t stream);
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+  IpcEventBytes handle_{};
+};
 
 /// Makes `stream` wait for the work `pending` names (cudaIpcOpenEventHandle +
 /// cudaStreamWaitEvent); nothing when it carries no event. Call it before the next
