@@ -25,7 +25,8 @@ std::vector<std::string> available_backends() {
 
 Backend make_backend(const Config& config, support::WorkerPool& workers) {
   if (config.backend == "host") {
-    return Backend{std::make_shared<HostMemfdResource>(), std::make_unique<HostExecutor>(workers)};
+    return Backend{std::make_shared<HostMemfdResource>(), nullptr,
+                   std::make_unique<HostExecutor>(workers)};
   }
 #if defined(STATEPOOL_HAVE_CUDA)
   if (config.backend == "cuda") {
@@ -35,7 +36,9 @@ Backend make_backend(const Config& config, support::WorkerPool& workers) {
     });
     // The resource checks the driver and the device first: its error says what is missing.
     auto memory = std::make_shared<CudaResource>(config.device);
-    return Backend{std::move(memory), std::make_unique<CudaExecutor>(config.device)};
+    auto executor_memory = std::make_unique<TrackingResource>(*memory);
+    auto executor = std::make_unique<CudaExecutor>(config.device, *executor_memory);
+    return Backend{std::move(memory), std::move(executor_memory), std::move(executor)};
   }
 #endif
   throw std::runtime_error("unknown backend '" + config.backend + "'");

@@ -6,7 +6,8 @@
 //   host   HostMemfdResource + HostExecutor (a WorkerPool over every core)
 //   cuda   CudaResource (cuMemCreate with POSIX-fd handles, or legacy IPC handles;
 //          memory/cuda_resource.hpp) + CudaExecutor (a stream and events,
-//          exec/cuda_executor.hpp); only in builds with CUDA
+//          exec/cuda_executor.hpp), whose own device memory goes through a
+//          TrackingResource over the same CudaResource; only in builds with CUDA
 //
 // Thread-safety: make_backend is called once at start.
 
@@ -17,13 +18,17 @@
 #include "config/config.hpp"
 #include "exec/executor.hpp"
 #include "memory/resource.hpp"
+#include "memory/tracking.hpp"
 #include "statepool/support/worker_pool.hpp"
 
 namespace statepool::service {
 
 struct Backend {
   std::shared_ptr<MemoryResource> memory;
-  std::unique_ptr<Executor> executor;
+  /// The executor's own device memory (tables, check results, scratch), counted apart
+  /// from arenas and staging; null for an executor that allocates none (host).
+  std::unique_ptr<TrackingResource> executor_memory;
+  std::unique_ptr<Executor> executor;  // destroyed first: it releases executor_memory
 };
 
 /// The backends this build offers, for --help and error messages.

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
                " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
     }
-    Metrics metrics(pool, &staging_memory, tiers.get());
+    Metrics metrics(pool, &staging_memory, tiers.get(), backend.executor_memory.get());
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
     server.bind();
     if (!config.metrics_address.empty()) {
@@ -129,13 +129,24 @@ int main(int argc, char** argv) {
       LOG_INFO("api", "serving http://", host, ":", server.api_port(), "/v1");
     }
     LOG_INFO("server", "ready on ", config.socket_path);
-    const std::size_t forced = server.run();
+    const std::size_t forced = server.run();  // every operation has completed
     const auto problems = pool.check();
     for (const auto& p : problems) LOG_ERROR("pool", "consistency check at exit: ", p);
+    // The executor gives back its own device memory (tables, scratch) when it stops.
+    backend.executor.reset();
+    bool executor_leaked = false;
+    if (backend.executor_memory != nullptr) {
+      const MemoryUsage left = backend.executor_memory->usage();
+      if (left.live_allocations != 0) {
+        LOG_ERROR("pool", "consistency check at exit: the executor's memory still holds ",
+                  left.live_bytes, " bytes in ", left.live_allocations, " allocations");
+        executor_leaked = true;
+      }
+    }
     LOG_INFO("server", "stopped",
              forced > 0 ? cat(" (", forced, " busy connections closed at the drain timeout)")
                         : std::string());
-    return problems.empty() ? 0 : 1;
+    return problems.empty() && !executor_leaked ? 0 : 1;
   } catch (const std::exception& e) {
     LOG_ERROR("server", e.what());
     return 1;

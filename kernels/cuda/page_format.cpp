@@ -4,6 +4,7 @@
 
 #include "statepool/kernels/cuda/page_format.hpp"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -81,6 +82,60 @@ PageFormatView PageFormatTables::view() const noexcept {
   v.widths = widths_.empty() ? nullptr : widths_.data();
   v.impact = impact_.empty() ? nullptr : impact_.data();
   v.row_offsets = row_offsets_.empty() ? nullptr : row_offsets_.data();
+  return v;
+}
+
+namespace {
+
+std::size_t round_up8(std::size_t bytes) {
+  return (bytes + 7) & ~std::size_t{7};
+}
+
+/// Where each table of a blob starts, and its size.
+struct BlobOffsets {
+  std::size_t head_offsets = 0;
+  std::size_t impact = 0;
+  std::size_t row_offsets = 0;
+  std::size_t widths = 0;
+  std::size_t size = 0;
+};
+
+BlobOffsets blob_offsets(const PageFormatTables& t) {
+  BlobOffsets o;
+  o.impact = round_up8(o.head_offsets + t.head_offsets().size() * sizeof(std::uint64_t));
+  o.row_offsets = round_up8(o.impact + t.impact().size() * sizeof(float));
+  o.widths = round_up8(o.row_offsets + t.row_offsets().size() * sizeof(std::uint32_t));
+  o.size = o.widths + t.widths().size();
+  return o;
+}
+
+template <class T>
+void put(std::vector<std::byte>& blob, std::size_t offset, const std::vector<T>& table) {
+  if (!table.empty()) std::memcpy(blob.data() + offset, table.data(), table.size() * sizeof(T));
+}
+
+}  // namespace
+
+std::vector<std::byte> PageFormatTables::blob() const {
+  const BlobOffsets o = blob_offsets(*this);
+  std::vector<std::byte> out(o.size);
+  put(out, o.head_offsets, head_offsets_);
+  put(out, o.impact, impact_);
+  put(out, o.row_offsets, row_offsets_);
+  put(out, o.widths, widths_);
+  return out;
+}
+
+PageFormatView PageFormatTables::view_at(const std::byte* base) const noexcept {
+  const BlobOffsets o = blob_offsets(*this);
+  PageFormatView v = scalars_;
+  // The blob holds each table at an 8-byte boundary of an 8-byte aligned base.
+  v.head_offsets = reinterpret_cast<const std::uint64_t*>(base + o.head_offsets);
+  if (!impact_.empty()) v.impact = reinterpret_cast<const float*>(base + o.impact);
+  if (!row_offsets_.empty()) {
+    v.row_offsets = reinterpret_cast<const std::uint32_t*>(base + o.row_offsets);
+  }
+  if (!widths_.empty()) v.widths = reinterpret_cast<const std::uint8_t*>(base + o.widths);
   return v;
 }
 

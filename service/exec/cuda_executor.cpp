@@ -46,7 +46,8 @@ struct CudaExecutor::Device {
   cudaStream_t stream = nullptr;
   std::array<cudaEvent_t, kMaxInFlight> events{};  // interprocess, one per ring slot
   std::array<IpcEventBytes, kMaxInFlight> event_handles{};
-  unsigned long long* first_bad = nullptr;       // device [kMaxInFlight]
+  std::shared_ptr<Allocation> results;           // device memory of the executor's resource
+  unsigned long long* first_bad = nullptr;       // [kMaxInFlight] in `results`
   unsigned long long* first_bad_host = nullptr;  // pinned host [kMaxInFlight]
 
   ~Device() {
@@ -57,7 +58,6 @@ struct CudaExecutor::Device {
         if (event != nullptr) report_release_failure("cudaEventDestroy", device, cudaEventDestroy(event));
       }
       if (stream != nullptr) report_release_failure("cudaStreamDestroy", device, cudaStreamDestroy(stream));
-      if (first_bad != nullptr) report_release_failure("cudaFree", device, cudaFree(first_bad));
       if (first_bad_host != nullptr) {
         report_release_failure("cudaFreeHost", device, cudaFreeHost(first_bad_host));
       }
@@ -69,29 +69,49 @@ struct CudaExecutor::Device {
 };
 
 /// The device tables of every page format seen, kept for the daemon's life (layouts are
-/// never unregistered); the PageCodec is held so its address stays a valid key.
+/// never unregistered), in memory of the executor's resource; the PageCodec is held so its
+/// address stays a valid key.
 struct CudaExecutor::Formats {
   struct Entry {
     std::shared_ptr<const kernels::PageCodec> codec;
-    kernels::cuda::DevicePageFormat format;
+    std::shared_ptr<Allocation> tables;
+    kernels::cuda::PageFormatView view;
   };
   std::map<std::pair<const kernels::PageCodec*, kernels::DType>, Entry> entries;
 
+  /// Throws std::invalid_argument (a dtype), StatusError (no memory), CudaError.
   const kernels::cuda::PageFormatView& view(const std::shared_ptr<const kernels::PageCodec>& codec,
-                                            kernels::DType dtype) {
+                                            kernels::DType dtype, MemoryResource& memory,
+                                            int device) {
     const auto key = std::make_pair(codec.get(), dtype);
     auto it = entries.find(key);
-    if (it == entries.end()) {
-      it = entries.emplace(key, Entry{codec, kernels::cuda::DevicePageFormat(*codec, dtype)}).first;
-    }
-    return it->second.format.view();
+    if (it != entries.end()) return it->second.view;
+    const kernels::cuda::PageFormatTables tables(*codec, dtype);
+    const std::vector<std::byte> blob = tables.blob();
+    std::shared_ptr<Allocation> copy = memory.allocate(blob.size(), "page format tables");
+    // The launcher's own stream, waited for: the tables are complete before any launch
+    // on the executor's stream reads them, and no running work is waited for.
+    kernels::cuda::check(cudaMemcpyAsync(copy->info().data, blob.data(), blob.size(),
+                                         cudaMemcpyHostToDevice, cudaStreamPerThread),
+                         "uploading page format tables", device);
+    kernels::cuda::check(cudaStreamSynchronize(cudaStreamPerThread),
+                         "uploading page format tables", device);
+    const kernels::cuda::PageFormatView view = tables.view_at(copy->info().data);
+    it = entries.emplace(key, Entry{codec, std::move(copy), view}).first;
+    return it->second.view;
   }
 };
 
-CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_unique<Formats>()) {
+CudaExecutor::CudaExecutor(int device, MemoryResource& memory)
+    : device_(device), memory_(memory), formats_(std::make_unique<Formats>()) {
   // The stream, the events and the buffers belong to `device`; the caller's current
   // device is its own again afterwards.
   const kernels::cuda::DeviceGuard on(device);
+  if (memory.space() != MemorySpace::device || memory.device() != device) {
+    throw std::invalid_argument("cuda executor on CUDA device " + std::to_string(device) +
+                                ": its memory resource must be that device's memory, not " +
+                                std::string(memory.name()) + " memory");
+  }
   auto cuda = std::make_unique<Device>();
   cuda->device = device;
   setup(cudaStreamCreateWithFlags(&cuda->stream, cudaStreamNonBlocking), "creating a stream",
@@ -109,10 +129,9 @@ CudaExecutor::CudaExecutor(int device) : device_(device), formats_(std::make_uni
     static_assert(sizeof(handle) == sizeof(IpcEventBytes));
     std::memcpy(cuda->event_handles[i].data(), &handle, sizeof(handle));
   }
+  cuda->results = memory.allocate(sizeof(unsigned long long) * kMaxInFlight, "executor check results");
+  cuda->first_bad = reinterpret_cast<unsigned long long*>(cuda->results->info().data);
   void* results = nullptr;
-  setup(cudaMalloc(&results, sizeof(unsigned long long) * kMaxInFlight), "allocating check results",
-        device);
-  cuda->first_bad = static_cast<unsigned long long*>(results);
   setup(cudaMallocHost(&results, sizeof(unsigned long long) * kMaxInFlight),
         "allocating pinned check results", device);
   cuda->first_bad_host = static_cast<unsigned long long*>(results);
@@ -142,7 +161,7 @@ void CudaExecutor::submit(Operation op, Completion done) {
   {
     const std::lock_guard lock(mutex_);
     ++in_flight_;
-    queued_.push_back(Job{std::move(op), std::move(done)});
+    queued_.push_back(Job{std::move(op), std::move(done), {}});
   }
   wake_.notify_all();
 }
@@ -263,7 +282,7 @@ void CudaExecutor::wait_for_client(const Operation& op) {
   check_op(wait, "waiting for the `after` event (cudaStreamWaitEvent)", op.kind, device_);
 }
 
-void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_any) {
+void CudaExecutor::enqueue(Job& job, std::uint32_t slot, bool& launched_any) {
   const Operation& op = job.op;
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
     // A copy may have one end in the daemon's host memory (prefix-state snapshots moving
@@ -298,7 +317,7 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
   }
 
   if (op.kind == OperationKind::kv_encode || op.kind == OperationKind::kv_decode) {
-    enqueue_kv(op, launched_any);
+    enqueue_kv(job, launched_any);
     check_op(cudaEventRecord(cuda_->events[slot], stream), "cudaEventRecord", op.kind, device_);
     return;
   }
@@ -326,7 +345,11 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
   }
   const kernels::cuda::PageFormatView* view = nullptr;
   try {
-    view = &formats_->view(op.codec, op.dtype);
+    view = &formats_->view(op.codec, op.dtype, memory_, device_);
+  } catch (const StatusError&) {
+    throw;
+  } catch (const CudaError&) {
+    throw;
   } catch (const std::invalid_argument& e) {
     throw StatusError(Status::invalid_argument, e.what());
   } catch (const std::exception& e) {
@@ -352,25 +375,6 @@ void CudaExecutor::enqueue(const Job& job, std::uint32_t slot, bool& launched_an
 
 namespace {
 
-/// Stream-ordered device scratch, given back on the stream when it goes out of scope
-/// (after the work enqueued before that, whenever it completes).
-class Scratch {
- public:
-  Scratch(std::size_t bytes, cudaStream_t stream, OperationKind kind, int device)
-      : stream_(stream) {
-    check_op(cudaMallocAsync(&data_, std::max<std::size_t>(bytes, 1), stream), "cudaMallocAsync",
-             kind, device);
-  }
-  ~Scratch() { kernels::cuda::report_release_failure("cudaFreeAsync", -1, cudaFreeAsync(data_, stream_)); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
-
 /// The per-stream pointer arrays of one batched launch (one role: every layer's keys, or
 /// every layer's values), as the kernels read them from device memory.
 struct KvArrays {
@@ -385,7 +389,8 @@ struct KvArrays {
 // kernels take one shape per launch). Rare operations (a hybrid put or get), so the
 // launcher may wait here: for a put, the finiteness scan's result is read before anything
 // is written, as the host executor guarantees.
-void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
+void CudaExecutor::enqueue_kv(Job& job, bool& launched_any) {
+  const Operation& op = job.op;
   cudaStream_t stream = cuda_->stream;
   const OperationKind kind = op.kind;
   const char* fn = to_string(kind);
@@ -431,12 +436,24 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
   }
 
   // The encoded blocks in one device buffer: the only chunk when it is device memory,
-  // else scratch.
+  // else scratch after the tables (below).
   const bool in_place = op.chunks.size() == 1 && op.chunks[0].space == MemorySpace::device;
-  std::optional<Scratch> blob;
-  if (!in_place) blob.emplace(encoded_bytes, stream, kind, device_);
-  std::byte* encoded = in_place ? op.chunks[0].data : blob->data();
 
+  // Device copies of the arrays, the scan's results and (unless in place) the encoded
+  // blocks: one scratch allocation of the executor's memory resource, held by the job
+  // until its work is complete.
+  const std::size_t layers = op.kv.layers;
+  const std::size_t pointers = 2 * layers * sizeof(void*);
+  const std::size_t results = layers * sizeof(unsigned long long);
+  // Per role: [plain pointers][encoded pointers][scan results][roles], each role's block
+  // starting 256-byte aligned; then the encoded blocks.
+  const std::size_t block = (pointers + results + layers + 255) / 256 * 256;
+  const std::shared_ptr<Allocation> scratch =
+      memory_.allocate(2 * block + (in_place ? 0 : encoded_bytes), "KV scratch");
+  job.scratch.push_back(scratch);
+  std::byte* const tables = scratch->info().data;
+  std::array<std::byte*, 2> base{tables, tables + block};
+  std::byte* encoded = in_place ? op.chunks[0].data : tables + 2 * block;
   const std::vector<kernels::KvBlockStream> streams = kernels::kv_block_streams(op.kv, op.dtype);
   std::array<KvArrays, 2> roles;  // [keys, values]
   for (const kernels::KvBlockStream& s : streams) {
@@ -445,15 +462,6 @@ void CudaExecutor::enqueue_kv(const Operation& op, bool& launched_any) {
     a.encoded.push_back(encoded + s.encoded_offset);
     a.roles.push_back(s.stream.role);
   }
-  // Device copies of the arrays, and the scan's results: one scratch buffer.
-  const std::size_t layers = op.kv.layers;
-  const std::size_t pointers = 2 * layers * sizeof(void*);
-  const std::size_t results = layers * sizeof(unsigned long long);
-  // Per role: [plain pointers][encoded pointers][scan results][roles], each role's block
-  // starting 256-byte aligned (as cudaMallocAsync's own base is).
-  const std::size_t block = (pointers + results + layers + 255) / 256 * 256;
-  Scratch tables(2 * block, stream, kind, device_);
-  std::array<std::byte*, 2> base{tables.data(), tables.data() + block};
   for (std::size_t r = 0; r < 2; ++r) {
     const KvArrays& a = roles[r];
     if (a.plain.empty()) continue;
@@ -621,6 +629,7 @@ void CudaExecutor::complete_loop() {
 
 void CudaExecutor::finish(Job& job, std::exception_ptr error) noexcept {
   job.op.keep_alive.clear();  // release the memory before the session hears of completion
+  job.scratch.clear();
   try {
     job.done(error);
   } catch (...) {

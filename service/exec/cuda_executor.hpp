@@ -14,7 +14,8 @@
 //                  copy        cudaMemcpyAsync device to device -> event
 //                  kv_encode   kv_find_non_finite_streams, its result read at once (the
 //                              launcher waits for it: a rejected put writes nothing) ->
-//                              kv_encode_streams into stream-ordered scratch -> copies
+//                              kv_encode_streams into scratch (the executor's memory
+//                              resource, held until the job completes) -> copies
 //                              into the chunks -> event
 //                  kv_decode   chunks gathered into scratch unless there is one device
 //                              chunk (host chunks allowed: a lower tier's value) ->
@@ -54,6 +55,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "exec/executor.hpp"
 
@@ -63,9 +65,13 @@ class CudaExecutor final : public Executor {
  public:
   static constexpr std::uint32_t kMaxInFlight = 64;
 
-  /// Creates the stream and the event ring on `device`. Throws std::runtime_error naming
-  /// the CUDA error when the device cannot be used.
-  explicit CudaExecutor(int device);
+  /// Creates the stream and the event ring on `device`. The executor's own device memory
+  /// (the check results, every page format's tables, the KV blocks' scratch) comes from
+  /// `memory`, which must be `device`'s memory and outlive the executor (the daemon gives
+  /// it a TrackingResource, so that metrics and the exit check see it). Throws
+  /// std::runtime_error naming the CUDA error when the device cannot be used,
+  /// std::invalid_argument for a resource of other memory.
+  CudaExecutor(int device, MemoryResource& memory);
   ~CudaExecutor() override;
 
   [[nodiscard]] std::string_view name() const noexcept override { return "cuda"; }
@@ -81,6 +87,7 @@ class CudaExecutor final : public Executor {
   struct Job {
     Operation op;
     Completion done;
+    std::vector<std::shared_ptr<Allocation>> scratch;  // device scratch of its work
   };
   struct Device;   // the stream, the event ring and the result buffers (CUDA types)
   struct Formats;  // device tables per (page format, staged dtype)
@@ -89,8 +96,8 @@ class CudaExecutor final : public Executor {
   void complete_loop();
   /// Enqueues `job` on the stream into ring slot `slot`; throws StatusError.
   /// `launched_any` is set once something of it is on the stream.
-  void enqueue(const Job& job, std::uint32_t slot, bool& launched_any);
-  void enqueue_kv(const Operation& op, bool& launched_any);
+  void enqueue(Job& job, std::uint32_t slot, bool& launched_any);
+  void enqueue_kv(Job& job, bool& launched_any);
   /// Makes the stream wait for the client's `after` event; throws StatusError.
   void wait_for_client(const Operation& op);
   /// Error of a finished compress whose check found a NaN/Inf (or nullptr).
@@ -106,6 +113,7 @@ class CudaExecutor final : public Executor {
   std::exception_ptr failure(std::exception_ptr error);
 
   int device_;
+  MemoryResource& memory_;
   std::unique_ptr<Device> cuda_;
   std::unique_ptr<Formats> formats_;  // launcher thread only
 

@@ -56,8 +56,9 @@ MetricFamily family(std::string name, std::string help, MetricType type) {
 // Reads the pool at scrape time.
 class PoolCollector final : public prometheus::Collectable {
  public:
-  PoolCollector(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
-      : pool_(pool), staging_(staging), tiers_(tiers) {}
+  PoolCollector(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers,
+                const TrackingResource* executor)
+      : pool_(pool), staging_(staging), tiers_(tiers), executor_(executor) {}
 
   std::vector<MetricFamily> Collect() const override {
     const PoolStats stats = pool_.stats();
@@ -99,10 +100,12 @@ class PoolCollector final : public prometheus::Collectable {
     // (under the pool's limits) and the connections' staging buffers.
     auto memory_bytes =
         family("statepool_memory_bytes",
-               "Bytes the memory backend holds, by use (arenas, staging).", MetricType::Gauge);
+               "Bytes the memory backend holds, by use (arenas, staging, executor).",
+               MetricType::Gauge);
     auto memory_allocations = family(
         "statepool_memory_allocations",
-        "Live allocations of the memory backend, by use (arenas, staging).", MetricType::Gauge);
+        "Live allocations of the memory backend, by use (arenas, staging, executor).",
+        MetricType::Gauge);
     auto memory_failures =
         family("statepool_memory_allocation_failures_total",
                "Allocations the memory backend refused (out of memory or descriptors), by use.",
@@ -119,6 +122,7 @@ class PoolCollector final : public prometheus::Collectable {
     };
     add_memory("arenas", stats.memory);
     if (staging_ != nullptr) add_memory("staging", staging_->usage());
+    if (executor_ != nullptr) add_memory("executor", executor_->usage());
     out.push_back(std::move(memory_bytes));
     out.push_back(std::move(memory_allocations));
     out.push_back(std::move(memory_failures));
@@ -383,6 +387,7 @@ class PoolCollector final : public prometheus::Collectable {
   const Pool& pool_;
   const TrackingResource* staging_;
   const SnapshotTiers* tiers_;
+  const TrackingResource* executor_;
 };
 
 /// Reasons a connection is refused (statepool_connections_refused_total), pre-created.
@@ -392,9 +397,10 @@ constexpr const char* kRefusalReasons[] = {"uid", "connection_limit", "unattache
 }  // namespace
 
 struct Metrics::Impl {
-  Impl(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
+  Impl(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers,
+       const TrackingResource* executor)
       : registry(std::make_shared<prometheus::Registry>()),
-        collector(std::make_shared<PoolCollector>(pool, staging, tiers)),
+        collector(std::make_shared<PoolCollector>(pool, staging, tiers, executor)),
         requests(prometheus::BuildCounter()
                      .Name("statepool_requests_total")
                      .Help("Requests handled, by request type.")
@@ -471,8 +477,9 @@ struct Metrics::Impl {
   std::mutex mutex;
 };
 
-Metrics::Metrics(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers)
-    : impl_(std::make_unique<Impl>(pool, staging, tiers)) {}
+Metrics::Metrics(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers,
+                 const TrackingResource* executor)
+    : impl_(std::make_unique<Impl>(pool, staging, tiers, executor)) {}
 Metrics::~Metrics() = default;
 
 void Metrics::observe_request(wire::RequestBody type, wire::Status status, double seconds) {

@@ -34,8 +34,11 @@ class Metrics {
   /// `staging`, when given, is the tracking adaptor the connections' staging buffers are
   /// allocated through (statepool_memory_bytes{use="staging"}); both must outlive this.
   /// `tiers`, when given, is the prefix-state store below the pool (its tiers' series).
+  /// `executor`, when given, is the tracking adaptor of the executor's own device memory
+  /// (use="executor").
   explicit Metrics(const Pool& pool, const TrackingResource* staging = nullptr,
-                   const SnapshotTiers* tiers = nullptr);
+                   const SnapshotTiers* tiers = nullptr,
+                   const TrackingResource* executor = nullptr);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

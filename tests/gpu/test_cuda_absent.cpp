@@ -14,6 +14,7 @@
 
 #include "exec/cuda_executor.hpp"
 #include "memory/cuda_resource.hpp"
+#include "memory/host_memfd.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
 #include "statepool/kernels/cuda/vmm.hpp"
 
@@ -67,8 +68,9 @@ TEST(CudaAbsent, UsabilitySaysWhyWithoutThrowing) {
 
 TEST(CudaAbsent, TheExecutorNamesTheDeviceAndTheError) {
   STATEPOOL_SKIP_WITH_GPU();
+  HostMemfdResource memory;  // never reached: the device is checked first
   try {
-    CudaExecutor executor(0);
+    CudaExecutor executor(0, memory);
     FAIL() << "expected a CudaError without a CUDA device";
   } catch (const cuda::CudaError& e) {
     const std::string what = e.what();

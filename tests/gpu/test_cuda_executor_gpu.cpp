@@ -12,6 +12,7 @@
 #include "exec/cuda_executor.hpp"
 #include "executor_conformance.hpp"
 #include "memory/cuda_resource.hpp"
+#include "memory/tracking.hpp"
 
 namespace statepool::service {
 namespace {
@@ -31,10 +32,18 @@ class CudaRig {
   CudaRig() : missing_(no_device()) {
     if (!missing_.empty()) return;
     memory_ = std::make_unique<CudaResource>(0);
-    executor_ = std::make_unique<CudaExecutor>(0);
+    executor_memory_ = std::make_unique<TrackingResource>(*memory_);
+    executor_ = std::make_unique<CudaExecutor>(0, *executor_memory_);
   }
   ~CudaRig() {
-    if (executor_ != nullptr) executor_->wait_idle();
+    if (executor_ != nullptr) {
+      executor_->wait_idle();
+      EXPECT_GT(executor_memory_->usage().live_allocations, 0u);  // at least its check results
+      executor_.reset();
+      // Its own device memory (tables, check results, KV scratch) all given back.
+      EXPECT_EQ(executor_memory_->usage().live_allocations, 0u);
+      EXPECT_EQ(executor_memory_->usage().live_bytes, 0u);
+    }
     for (auto& [host, device] : bound_) (void)cudaFree(device);
   }
   CudaRig(const CudaRig&) = delete;
@@ -84,6 +93,7 @@ class CudaRig {
  private:
   std::string missing_;
   std::unique_ptr<CudaResource> memory_;
+  std::unique_ptr<TrackingResource> executor_memory_;
   std::unique_ptr<CudaExecutor> executor_;
   std::vector<std::pair<std::vector<std::byte>*, void*>> bound_;
 };

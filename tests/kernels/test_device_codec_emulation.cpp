@@ -211,17 +211,22 @@ TEST_P(DeviceCodecEmulation, EncodeWritesTheCpuPageBytes) {
   const auto& [c, dtype] = GetParam();
   const PageCodec cpu(c.layout);
   const PageFormatTables tables(cpu, dtype);
-  const PageFormatView view = tables.view();
-  ASSERT_EQ(cuda::view_problem(view), nullptr);
+  // The tables as the host holds them, and as one blob: what DevicePageFormat and the
+  // daemon's executor upload, addressed through view_at.
+  const std::vector<std::byte> blob = tables.blob();
   const auto staged = staged_state(c.layout, dtype, 7);
   std::vector<std::byte> expected(cpu.page_bytes());
   cpu.encode(staged, dtype, expected);
-  for (const unsigned ranks : kTeamSizes) {
-    std::vector<std::byte> page(cpu.page_bytes(), std::byte{0xA7});  // every byte is written
-    const void* in = staged.data();
-    void* out = page.data();
-    cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, ranks);
-    EXPECT_EQ(first_difference(page, expected), -1) << ranks << " ranks";
+  for (const PageFormatView& view : {tables.view(), tables.view_at(blob.data())}) {
+    ASSERT_EQ(cuda::view_problem(view), nullptr);
+    for (const unsigned ranks : kTeamSizes) {
+      std::vector<std::byte> page(cpu.page_bytes(), std::byte{0xA7});  // every byte is written
+      const void* in = staged.data();
+      void* out = page.data();
+      cuda::emulate_encode_pages(view, &in, &out, 1, nullptr, ranks);
+      EXPECT_EQ(first_difference(page, expected), -1)
+          << ranks << " ranks" << (view.head_offsets == tables.view().head_offsets ? "" : ", blob");
+    }
   }
 }
 
@@ -234,12 +239,15 @@ TEST_P(DeviceCodecEmulation, DecodeWritesTheCpuStagedBytes) {
   cpu.encode(source, DType::f32, page);
   std::vector<std::byte> expected(cpu.staged_bytes(dtype));
   cpu.decode(page, dtype, expected);
-  for (const unsigned ranks : kTeamSizes) {
-    std::vector<std::byte> staged(cpu.staged_bytes(dtype), std::byte{0x5C});
-    const void* in = page.data();
-    void* out = staged.data();
-    cuda::emulate_decode_pages(tables.view(), &in, &out, 1, ranks);
-    EXPECT_EQ(first_difference(staged, expected), -1) << ranks << " ranks";
+  const std::vector<std::byte> blob = tables.blob();
+  for (const PageFormatView& view : {tables.view(), tables.view_at(blob.data())}) {
+    for (const unsigned ranks : kTeamSizes) {
+      std::vector<std::byte> staged(cpu.staged_bytes(dtype), std::byte{0x5C});
+      const void* in = page.data();
+      void* out = staged.data();
+      cuda::emulate_decode_pages(view, &in, &out, 1, ranks);
+      EXPECT_EQ(first_difference(staged, expected), -1) << ranks << " ranks";
+    }
   }
 }
 

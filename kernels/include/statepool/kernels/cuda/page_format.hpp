@@ -62,6 +62,13 @@ class PageFormatTables {
   /// them with device copies).
   [[nodiscard]] const PageFormatView& scalars() const noexcept { return scalars_; }
 
+  /// Every table in one blob, each at an 8-byte boundary: what a device copy holds (one
+  /// allocation of blob().size() bytes, from any allocator with 8-byte alignment).
+  [[nodiscard]] std::vector<std::byte> blob() const;
+  /// The view of a copy of blob() placed at `base` (a device address): its table pointers
+  /// point into it.
+  [[nodiscard]] PageFormatView view_at(const std::byte* base) const noexcept;
+
   [[nodiscard]] const std::vector<std::uint64_t>& head_offsets() const noexcept {
     return head_offsets_;
   }
