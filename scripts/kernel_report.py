@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Static evidence for the CUDA kernels, read without a GPU (scripts/kernel-report runs it).
+
+    kernel_report.py --arch 90 --unit NAME SASS PTXAS [--unit ...] [--kernel S ...]
+                     [--check] [--json FILE]
+
+Inputs per compilation unit: the `nvdisasm --print-line-info-inline` listing of its cubin
+and the `ptxas -v` log of the same compile. For every kernel it prints:
+- registers, spill stores/loads, stack frame, static shared memory (ptxas -v);
+- theoretical occupancy at the planning shape (a Qwen3-Next layer: K = V = 128), from the
+  registers, the block size and the shared memory (static + the dynamic bytes the launcher
+  asks for at that shape), with the limiter;
+- global load and store instructions by width (U8/S8, U16/S16, 32, 64, 128 bits);
+- binary64 instructions and 64-bit integer division calls (__cuda_sm20_div/rem_[us]64);
+- every loop (backward branch): body instructions, global accesses by width, its source
+  line and, where the source marks it, what it is (below) and its instructions per value.
+
+Hot loops are marked in the source, on the line before the `for`:
+    // kernel-report: PATH VALUES [io]
+PATH names the work (e.g. "float-encode", "dual-codes"); VALUES is the values one trip of
+the loop as written handles; "io" marks a loop that moves page or staged bytes. The
+marker of a loop is looked up along its branch's inlining chain (innermost first). When
+the compiler unrolls a marked loop, the body holds several trips: the report counts the
+trips as the body's global accesses over the accesses one trip makes in the source,
+given as VALUES/ACCESSES (e.g. "4/1": four values and one global access per trip), or
+assumes one trip when no accesses are given.
+
+Roofline: per PATH, the instructions per value (summed over its loops) against the
+issue rate, and the bytes per value (from the path table below) against the memory
+bandwidth, for each card of CARDS; the expected fraction of a device-to-device copy of
+the staged state.
+
+--check fails (exit 1) on any spill, binary64 instruction or 64-bit division in any
+kernel, and on a byte-wide global access in a loop marked "io".
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+F64 = re.compile(r"\b(DADD|DMUL|DFMA|DSETP|DMNMX|MUFU\.RCP64H|MUFU\.RSQ64H)\b|\bF2F\.F64|\bF2F\.F32\.F64")
+DIV64 = re.compile(r"__cuda_sm\d+_(div|rem)_[us]64")
+GLOBAL = re.compile(r"\b(LDG|STG|LD|ST|RED|ATOMG)\.E(\.[A-Z0-9]+)*")
+LOC = re.compile(r'"([^"]+)", line (\d+)')
+MARK = re.compile(r"//\s*kernel-report:\s*(\S+)\s+(\d+)(?:/(\d+))?(\s+io)?")
+
+# The planning shape: one Qwen3-Next / Kimi-Linear head (K = V = 128).
+K = V = 128
+
+# Per kernel (substring of the mangled name): threads per block, dynamic shared memory
+# the launcher asks for at K = V = 128 (codec_kernels.cu, step_kernels.cu, kv_kernels.cu).
+LAUNCH = [
+    ("kv_", 256, 0),
+    ("encode_kernel", 256, (2 * K + V) * 4),
+    ("step_kernel", 128, (K * V + 2 * K + V) * 4),
+    ("", 256, 0),
+]
+
+# Per SM of each architecture: warps, blocks, registers, shared memory (usable per SM,
+# per block with opt-in, reserved per block).
+SM = {
+    80: dict(warps=64, blocks=32, regs=65536, smem=164 * 1024, smem_block=163 * 1024, reserved=1024),
+    90: dict(warps=64, blocks=32, regs=65536, smem=228 * 1024, smem_block=227 * 1024, reserved=1024),
+}
+
+# Cards the estimate is for: SMs, boost clock, DRAM bandwidth (vendor figures).
+CARDS = {
+    90: [("H100 SXM", 132, 1.98e9, 3.35e12), ("H200", 132, 1.98e9, 4.8e12)],
+    80: [("A100 80GB SXM", 108, 1.41e9, 2.04e12)],
+}
+
+# Bytes per value a path moves through DRAM at the planning shape, f32 staged state:
+# (read, written). Scales are per row / column / group (2 B per 128 or 32 values).
+PATHS = {
+    "float-encode": (4.0, 2.0),  # bf16/fp16 pages; fp32 4.0
+    "float-decode": (2.0, 4.0),
+    "uniform-scales": (0.0, 0.0),  # the group absmax pass reads what the codes pass reads
+    "uniform-encode": (4.0, 0.75 + 2.0 / 32),  # int6, 32-value groups
+    "uniform-decode": (0.75 + 2.0 / 32, 4.0),
+    "dual-rows": (4.0, 0.0),
+    "dual-columns": (0.0, 0.0),
+    "dual-refit": (0.0, 0.0),
+    "dual-codes": (0.0, 0.75 + 4.0 / 128),  # 6-bit codes, r and c
+    "dual-decode": (0.75 + 4.0 / 128, 4.0),
+    "step": (2 * (0.75 + 4.0 / 128), 0.0),  # a stepquant6 page read and written
+    "conv-copy": (1.0, 1.0),
+    "nonfinite-scan": (4.0, 0.0),
+    "kv-encode": (2.0, 0.25 + 4.0 / 32),  # kivi2 from bf16
+    "kv-decode": (0.25 + 4.0 / 32, 2.0),
+}
+
+
+def short(path: str) -> str:
+    for root in ("/kernels/", "/include/"):
+        if root in path:
+            return path[path.rindex(root) + 1:]
+    return path.rsplit("/", 1)[-1]
+
+
+class Source:
+    """Source lines by file, read once; the marker on the line before a loop."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, list[str]] = {}
+
+    def mark(self, path: str, line: int):
+        if path not in self.files:
+            try:
+                with open(path) as f:
+                    self.files[path] = f.read().split("\n")
+            except OSError:
+                self.files[path] = []
+        lines = self.files[path]
+        if 2 <= line <= len(lines):
+            m = MARK.search(lines[line - 2])
+            if m:
+                return m.group(1), int(m.group(2)), int(m.group(3) or 0), bool(m.group(4))
+        return None
+
+
+def kernels(text: str):
+    """(mangled name, [(instruction, [(file, line) innermost first])], labels)."""
+    for part in re.split(r"\n\.text\.", text)[1:]:
+        name = part.split(":", 1)[0]
+        instructions, labels = [], {}
+        chain: list[tuple[str, int]] = []
+        group: list[str] = []
+        previous_was_location = False
+        for line in part.split("\n"):
+            s = line.strip()
+            if s.startswith("//## File"):
+                if not previous_was_location:
+                    group = []
+                group.append(s)
+                previous_was_location = True
+                continue
+            previous_was_location = False
+            m = re.match(r"(\.L_x_\d+):", s)
+            if m:
+                labels[m.group(1)] = len(instructions)
+                continue
+            m = re.search(r"/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+            if m:
+                if group:
+                    chain = [(f, int(n)) for f, n in LOC.findall(group[0])]
+                    group = []
+                instructions.append((m.group(1), chain))
+        yield name, instructions, labels
+
+
+def ptxas_properties(log: str) -> dict[str, dict]:
+    """Per mangled name: registers, stack, spill stores/loads, static shared memory."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in log.split("\n"):
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            current = out.setdefault(m.group(1), {})
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and current is not None:
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)),
+                           spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current is not None:
+            current["registers"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            current["smem"] = int(s.group(1)) if s else 0
+    return out
+
+
+def width(instruction: str) -> str:
+    """The access width of a global load/store: 8, 16, 32, 64 or 128 (bits)."""
+    m = GLOBAL.search(instruction)
+    suffixes = m.group(0).split(".")[2:] if m else []
+    for s in suffixes:
+        if s in ("U8", "S8"):
+            return "8"
+        if s in ("U16", "S16"):
+            return "16"
+        if s in ("64", "128"):
+            return s
+    return "32"
+
+
+def is_global(instruction: str) -> bool:
+    op = instruction.split()[1] if instruction.startswith("@") else instruction.split()[0]
+    return op.startswith(("LDG.", "STG.", "RED.", "ATOMG."))
+
+
+def launch_of(name: str):
+    for key, threads, dynamic in LAUNCH:
+        if key in name:
+            return threads, dynamic
+    raise AssertionError("unreachable")
+
+
+def occupancy(arch: int, registers: int, threads: int, smem: int):
+    """(resident warps per SM, fraction of the SM, limiter)."""
+    sm = SM[arch]
+    warps = math.ceil(threads / 32)
+    regs_per_warp = math.ceil(max(registers, 1) * 32 / 256) * 256
+    limits = {
+        "warps": sm["warps"] // warps,
+        "blocks": sm["blocks"],
+        "registers": sm["regs"] // (regs_per_warp * warps),
+        "shared memory": sm["smem"] // (smem + sm["reserved"]) if smem else sm["blocks"],
+    }
+    if smem > sm["smem_block"]:
+        return 0, 0.0, "shared memory (does not fit)"
+    limiter = min(limits, key=lambda k: limits[k])
+    resident = limits[limiter] * warps
+    return resident, resident / sm["warps"], limiter
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+        return dict(zip(names, out))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def short_name(demangled: str) -> str:
+    """statepool::kernels::cuda::(anonymous)::encode_kernel<StagedF32>(...) -> encode_kernel<StagedF32>."""
+    name = re.sub(r"\(anonymous namespace\)::", "", demangled)
+    name = re.sub(r"statepool::kernels::cuda::|statepool::kernels::", "", name)
+    name = re.sub(r"^void ", "", name)
+    return name.split("(", 1)[0]
+
+
+def analyse(name: str, instructions, labels, props: dict, arch: int, source: Source) -> dict:
+    threads, dynamic = launch_of(name)
+    smem = props.get("smem", 0) + dynamic
+    warps, fraction, limiter = occupancy(arch, props.get("registers", 0), threads, smem)
+    widths = collections.Counter(width(t) + ("L" if "LDG" in t else "S") for t, _ in instructions
+                                 if is_global(t))
+    f64 = [(t, c) for t, c in instructions if F64.search(t)]
+    div64 = [(t, c) for t, c in instructions if DIV64.search(t)]
+    loops = []
+    for i, (t, chain) in enumerate(instructions):
+        m = re.search(r"\bBRA\b.*?(\.L_x_\d+)", t)
+        if not m or m.group(1) not in labels or labels[m.group(1)] > i:
+            continue
+        body = instructions[labels[m.group(1)]:i + 1]
+        accesses = collections.Counter(width(tt) + ("L" if "LDG" in tt else "S")
+                                       for tt, _ in body if is_global(tt))
+        mark = None
+        where = None
+        for f, n in chain:
+            mark = source.mark(f, n)
+            if mark:
+                where = f"{short(f)}:{n}"
+                break
+        if where is None and chain:
+            where = f"{short(chain[0][0])}:{chain[0][1]}"
+        loop = dict(instructions=len(body), accesses=dict(accesses), where=where or "?")
+        if mark:
+            path, values, per_trip, io = mark
+            trips = 1
+            if per_trip:
+                trips = max(1, round(sum(accesses.values()) / per_trip))
+            loop.update(path=path, io=io, values=values * trips,
+                        per_value=len(body) / (values * trips))
+        loops.append(loop)
+    return dict(name=name, threads=threads, smem=smem, registers=props.get("registers"),
+                stack=props.get("stack", 0), spill_stores=props.get("spill_stores", 0),
+                spill_loads=props.get("spill_loads", 0), warps=warps, occupancy=fraction,
+                limiter=limiter, widths=dict(widths), binary64=len(f64), div64=len(div64),
+                div64_sites=sorted({f"{short(c[0][0])}:{c[0][1]}" for _, c in div64 if c}),
+                loops=loops)
+
+
+def roofline(kernels_: list[dict], arch: int) -> list[dict]:
+    """Per path: instructions per value (the costliest copy of each marked loop) and the
+    estimate for each card."""
+    per_loop: dict[tuple[str, str], float] = {}
+    for k in kernels_:
+        for loop in k["loops"]:
+            if "path" in loop:
+                key = (loop["path"], loop["where"])
+                per_loop[key] = max(per_loop.get(key, 0.0), loop["per_value"])
+    paths: dict[str, float] = collections.defaultdict(float)
+    for (path, _), ipv in per_loop.items():
+        paths[path] += ipv
+    out = []
+    for path, ipv in sorted(paths.items()):
+        read, written = PATHS.get(path, (4.0, 4.0))
+        for card, sms, clock, bandwidth in CARDS[arch]:
+            issue = sms * 4 * clock * 32  # thread instructions per second, one per scheduler
+            compute = ipv / issue
+            memory = (read + written) / bandwidth
+            copy = 8.0 / bandwidth  # a device-to-device copy of the f32 value: read + write
+            out.append(dict(path=path, card=card, per_value=ipv, bytes=read + written,
+                            limiter="issue" if compute > memory else "memory",
+                            of_copy=copy / max(compute, memory)))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", type=int, default=90, choices=sorted(SM))
+    p.add_argument("--unit", nargs=3, action="append", metavar=("NAME", "SASS", "PTXAS"),
+                   required=True, help="a compilation unit: its name, SASS listing and ptxas -v log")
+    p.add_argument("--kernel", action="append", default=[],
+                   help="report only kernels whose mangled name contains this (repeatable)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 on a spill, binary64, 64-bit division or byte-wide page I/O")
+    p.add_argument("--json", help="also write the findings as JSON")
+    args = p.parse_args()
+
+    source = Source()
+    found = []
+    for unit, sass, log in args.unit:
+        with open(sass) as f:
+            text = f.read()
+        with open(log) as f:
+            props = ptxas_properties(f.read())
+        for name, instructions, labels in kernels(text):
+            if args.kernel and not any(s in name for s in args.kernel):
+                continue
+            k = analyse(name, instructions, labels, props.get(name, {}), args.arch, source)
+            k["unit"] = unit
+            found.append(k)
+    if not found:
+        print("kernel_report.py: no kernel matches", file=sys.stderr)
+        return 1
+    names = demangle([k["name"] for k in found])
+    problems = []
+    for k in found:
+        title = short_name(names[k["name"]])
+        k["title"] = title
+        print(f"== {k['unit']}: {title}")
+        print(f"   {k['registers']} registers, spills {k['spill_stores']}/{k['spill_loads']} B "
+              f"(stores/loads), stack {k['stack']} B, shared {k['smem']} B at K=V={K}, "
+              f"{k['threads']} threads/block")
+        print(f"   occupancy sm_{args.arch}: {k['warps']} warps/SM ({k['occupancy']:.0%}), "
+              f"limited by {k['limiter']}")
+        w = k["widths"]
+        print("   global access widths: " + ", ".join(
+            f"{kind} {bits}-bit x{w[bits + kind[0].upper()]}" for kind in ("loads", "stores")
+            for bits in ("8", "16", "32", "64", "128") if w.get(bits + kind[0].upper())))
+        print(f"   binary64: {k['binary64']}, 64-bit division calls: {k['div64']}"
+              + (f" ({', '.join(k['div64_sites'])})" if k["div64_sites"] else ""))
+        for loop in sorted(k["loops"], key=lambda l: -l["instructions"]):
+            if loop["instructions"] < 8 and "path" not in loop:
+                continue
+            acc = " ".join(f"{a}x{n}" for a, n in sorted(loop["accesses"].items()))
+            tag = ""
+            if "path" in loop:
+                tag = (f"  [{loop['path']}{' io' if loop['io'] else ''}: "
+                       f"{loop['per_value']:.1f} instr/value]")
+            print(f"   loop {loop['instructions']:5d} instr  {acc:28s} {loop['where']}{tag}")
+            if loop.get("io") and any(a in loop["accesses"] for a in ("8L", "8S")):
+                problems.append(f"{title}: byte-wide global access in the io loop at {loop['where']}")
+        if k["spill_stores"] or k["spill_loads"]:
+            problems.append(f"{title}: spills {k['spill_stores']}/{k['spill_loads']} bytes")
+        if k["binary64"]:
+            problems.append(f"{title}: {k['binary64']} binary64 instructions")
+        if k["div64"]:
+            problems.append(f"{title}: {k['div64']} 64-bit division calls")
+    estimates = roofline(found, args.arch)
+    if estimates:
+        print(f"== roofline (marked loops; f32 staged state; K=V={K})")
+        print(f"   {'path':16s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "
+              f"{'limiter':>8s} {'x copy':>7s}")
+        for e in estimates:
+            print(f"   {e['path']:16s} {e['card']:14s} {e['per_value']:11.1f} {e['bytes']:11.2f} "
+                  f"{e['limiter']:>8s} {e['of_copy']:7.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(arch=args.arch, kernels=found, roofline=estimates, problems=problems), f,
+                      indent=1)
+    if problems:
+        print(f"== {len(problems)} problem(s)")
+        for p_ in problems:
+            print(f"   {p_}")
+    return 1 if (args.check and problems) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
