@@ -207,6 +207,39 @@ struct HeadOut {
   }
 };
 
+// (row, column) of the flat indices first, first + stride, ... of a row-major grid of
+// `width` columns, kept without a division per step: first and stride are divided once.
+// A rank walks the values of its quads (first 4 rank, stride 4 size, width V), its
+// (row, quad) items (first rank, stride size, width quads per row) or the groups of its
+// quads (first 4 rank, stride 4 size, width group size) with it.
+struct GridCursor {
+  std::uint32_t i = 0;  // row of the current index
+  std::uint32_t j = 0;  // its column
+  std::uint32_t di = 0;
+  std::uint32_t dj = 0;
+  std::uint32_t width = 1;
+
+  STATEPOOL_HD GridCursor(std::uint32_t first, std::uint32_t stride, std::uint32_t w) noexcept
+      : i(first / w), j(first % w), di(stride / w), dj(stride % w), width(w) {}
+  /// Row and column of the current index + k (k <= 3).
+  STATEPOOL_HD void at(std::uint32_t k, std::uint32_t& row, std::uint32_t& col) const noexcept {
+    row = i;
+    col = j + k;
+    while (col >= width) {  // at most 3 times (width < 4), else at most once
+      col -= width;
+      ++row;
+    }
+  }
+  STATEPOOL_HD void next() noexcept {
+    i += di;
+    j += dj;
+    if (j >= width) {
+      j -= width;
+      ++i;
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------------------
 // Float codecs
 
@@ -252,27 +285,29 @@ STATEPOOL_HD void encode_uniform_head(const Team& t, const PageFormatView& f,
                                       std::uint64_t head_bytes) noexcept {
   const std::uint32_t bits = codec_code_bits(f.codec);
   const std::uint32_t qmax = code_qmax(bits);
-  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
-  const std::uint64_t group = f.group_size;
-  const std::uint64_t groups = uniform_group_count(n, f.group_size);
-  for (std::uint64_t g = t.rank(); g < groups; g += t.size()) {
-    const std::uint64_t begin = g * group;
-    const std::uint64_t end = begin + group < n ? begin + group : n;
+  // 32-bit within a head: K V <= kMaxHeadDim^2 = 2^24.
+  const std::uint32_t n = f.key_dim * f.value_dim;
+  const std::uint32_t group = f.group_size;
+  const std::uint32_t groups = (n + group - 1) / group;  // one division per head
+  for (std::uint32_t g = t.rank(); g < groups; g += t.size()) {
+    const std::uint32_t begin = g * group;
+    const std::uint32_t end = group < n - begin ? begin + group : n;
     std::uint32_t absmax = 0;
-    for (std::uint64_t i = begin; i < end; ++i) {
+    for (std::uint32_t i = begin; i < end; ++i) {
       const std::uint32_t a = abs_bits(x.flat(i));
       absmax = a > absmax ? a : absmax;
     }
     store_half(out + 2 * g, uniform_scale_bits(absmax, qmax));
   }
   std::uint8_t* codes = out + 2 * groups;
-  zero_bytes(t, out, 2 * groups + packed_bytes(n, bits), head_bytes);
+  zero_bytes(t, out, 2 * std::uint64_t{groups} + packed_bytes(n, bits), head_bytes);
   t.sync();
-  const std::uint64_t quads = (n + 3) / 4;
-  for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
-    const std::uint64_t first = 4 * q;
-    const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
-    const float s = load_half_float(out + 2 * (first / group));  // a quad is in one group
+  const std::uint32_t quads = (n + 3) / 4;
+  GridCursor group_of(4 * t.rank(), 4 * t.size(), group);  // .i: the quad's group
+  for (std::uint32_t q = t.rank(); q < quads; q += t.size(), group_of.next()) {
+    const std::uint32_t first = 4 * q;
+    const std::uint32_t rest = n - first < 4 ? n - first : 4;
+    const float s = load_half_float(out + 2 * group_of.i);  // a quad is in one group
     std::uint8_t u[4] = {0, 0, 0, 0};
     for (std::uint32_t k = 0; k < rest; ++k) {
       u[k] = static_cast<std::uint8_t>(uniform_code(x.flat(first + k), s, qmax));
@@ -286,14 +321,16 @@ STATEPOOL_HD void decode_uniform_head(const Team& t, const PageFormatView& f,
                                       const std::uint8_t* in, const HeadOut<Staged>& y) noexcept {
   const std::uint32_t bits = codec_code_bits(f.codec);
   const std::uint32_t qmax = code_qmax(bits);
-  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
-  const std::uint64_t groups = uniform_group_count(n, f.group_size);
+  const std::uint32_t n = f.key_dim * f.value_dim;  // as in encode_uniform_head
+  const std::uint32_t group = f.group_size;
+  const std::uint32_t groups = (n + group - 1) / group;
   const std::uint8_t* codes = in + 2 * groups;
-  const std::uint64_t quads = (n + 3) / 4;
-  for (std::uint64_t q = t.rank(); q < quads; q += t.size()) {
-    const std::uint64_t first = 4 * q;
-    const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
-    const float s = load_half_float(in + 2 * (first / f.group_size));
+  const std::uint32_t quads = (n + 3) / 4;
+  GridCursor group_of(4 * t.rank(), 4 * t.size(), group);
+  for (std::uint32_t q = t.rank(); q < quads; q += t.size(), group_of.next()) {
+    const std::uint32_t first = 4 * q;
+    const std::uint32_t rest = n - first < 4 ? n - first : 4;
+    const float s = load_half_float(in + 2 * group_of.i);
     std::uint32_t u[4];
     unpack_quad_at(bits, codes + q * quad_bytes(bits), rest, u);
     for (std::uint32_t k = 0; k < rest; ++k) {
@@ -386,38 +423,6 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
   }
   return h;
 }
-
-// (row, column) of the flat indices first, first + stride, ... of a row-major grid of
-// `width` columns, kept without a division per step: first and stride are divided once.
-// A rank walks the values of its quads (first 4 rank, stride 4 size, width V) or its
-// (row, quad) items (first rank, stride size, width quads per row) with it.
-struct GridCursor {
-  std::uint32_t i = 0;  // row of the current index
-  std::uint32_t j = 0;  // its column
-  std::uint32_t di = 0;
-  std::uint32_t dj = 0;
-  std::uint32_t width = 1;
-
-  STATEPOOL_HD GridCursor(std::uint32_t first, std::uint32_t stride, std::uint32_t w) noexcept
-      : i(first / w), j(first % w), di(stride / w), dj(stride % w), width(w) {}
-  /// Row and column of the current index + k (k <= 3).
-  STATEPOOL_HD void at(std::uint32_t k, std::uint32_t& row, std::uint32_t& col) const noexcept {
-    row = i;
-    col = j + k;
-    while (col >= width) {  // at most 3 times (width < 4), else at most once
-      col -= width;
-      ++row;
-    }
-  }
-  STATEPOOL_HD void next() noexcept {
-    i += di;
-    j += dj;
-    if (j >= width) {
-      j -= width;
-      ++i;
-    }
-  }
-};
 
 // Writes every code of the head: code(i, j, bits) is the offset-binary code u of value
 // (i, j) in a row of width `bits`; pivot rows of KDA heads get fp16 values.
