@@ -25,10 +25,11 @@ trips as the body's global accesses over the accesses one trip makes in the sour
 given as VALUES/ACCESSES (e.g. "4/1": four values and one global access per trip), or
 assumes one trip when no accesses are given.
 
-Roofline: per PATH, the instructions per value (summed over its loops) against the
-issue rate, and the bytes per value (from the path table below) against the memory
-bandwidth, for each card of CARDS; the expected fraction of a device-to-device copy of
-the staged state.
+Roofline: per codec operation (OPERATIONS: the paths it runs and the bytes per value it
+moves), the instructions per value against the ideal issue rate and the bytes against
+the DRAM bandwidth, for each card of CARDS; the expected speed relative to a
+device-to-device copy of the f32 staged state. Static counts: a marked loop's body is one
+trip; code for other codecs in the same body counts too, so the estimate errs high.
 
 --check fails (exit 1) on any spill, binary64 instruction or 64-bit division in any
 kernel, and on a byte-wide global access in a loop marked "io".
@@ -76,25 +77,24 @@ CARDS = {
     80: [("A100 80GB SXM", 108, 1.41e9, 2.04e12)],
 }
 
-# Bytes per value a path moves through DRAM at the planning shape, f32 staged state:
-# (read, written). Scales are per row / column / group (2 B per 128 or 32 values).
-PATHS = {
-    "float-encode": (4.0, 2.0),  # bf16/fp16 pages; fp32 4.0
-    "float-decode": (2.0, 4.0),
-    "uniform-scales": (0.0, 0.0),  # the group absmax pass reads what the codes pass reads
-    "uniform-encode": (4.0, 0.75 + 2.0 / 32),  # int6, 32-value groups
-    "uniform-decode": (0.75 + 2.0 / 32, 4.0),
-    "dual-rows": (4.0, 0.0),
-    "dual-columns": (0.0, 0.0),
-    "dual-refit": (0.0, 0.0),
-    "dual-codes": (0.0, 0.75 + 4.0 / 128),  # 6-bit codes, r and c
-    "dual-decode": (0.75 + 4.0 / 128, 4.0),
-    "step": (2 * (0.75 + 4.0 / 128), 0.0),  # a stepquant6 page read and written
-    "conv-copy": (1.0, 1.0),
-    "nonfinite-scan": (4.0, 0.0),
-    "kv-encode": (2.0, 0.25 + 4.0 / 32),  # kivi2 from bf16
-    "kv-decode": (0.25 + 4.0 / 32, 2.0),
-}
+# What one codec operation is made of: its marked paths (with the times each runs per
+# value) and the bytes per value it moves through DRAM at the planning shape, f32 staged
+# state (read, written): codes at their width, plus 2-byte scales per row and column (GDN,
+# K = V = 128), per 32-value group (int), nothing else (float). The step reads and writes
+# a stepquant6 page and its f32 inputs/outputs are per row or column (negligible).
+OPERATIONS = [
+    ("bf16 encode", {"float-encode": 1}, 4.0, 2.0),
+    ("bf16 decode", {"float-decode": 1}, 2.0, 4.0),
+    ("int8 encode", {"uniform-scales": 1, "uniform-encode": 1}, 4.0, 1.0 + 2 / 32),
+    ("int8 decode", {"uniform-decode": 1}, 1.0 + 2 / 32, 4.0),
+    ("stepquant6 encode", {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "dual-codes": 1},
+     4.0, 0.75 + 4 / 128),
+    ("dsq6 encode", {"dual-rows": 1, "dual-columns": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
+    ("stepquant6 decode", {"dual-decode": 1}, 0.75 + 4 / 128, 4.0),
+    ("stepquant6 step", {"dual-decode": 1, "step": 2, "dual-rows": 1, "dual-columns": 1,
+                         "dual-refit": 1, "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128),
+    ("non-finite scan", {"nonfinite-scan": 1}, 4.0, 0.0),
+]
 
 
 def short(path: str) -> str:
@@ -280,9 +280,12 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
                 loops=loops)
 
 
-def roofline(kernels_: list[dict], arch: int) -> list[dict]:
-    """Per path: instructions per value (the costliest copy of each marked loop) and the
-    estimate for each card."""
+def roofline(kernels_: list[dict], arch: int):
+    """Instructions per value of every marked path (the costliest compiled copy of each
+    marked loop, summed over the path's loops), and per operation of OPERATIONS the
+    estimate for each card: ideal issue (one instruction per scheduler per clock) against
+    the DRAM bandwidth, and the speed relative to a device copy of the f32 state (8 bytes
+    per value moved)."""
     per_loop: dict[tuple[str, str], float] = {}
     for k in kernels_:
         for loop in k["loops"]:
@@ -292,18 +295,18 @@ def roofline(kernels_: list[dict], arch: int) -> list[dict]:
     paths: dict[str, float] = collections.defaultdict(float)
     for (path, _), ipv in per_loop.items():
         paths[path] += ipv
-    out = []
-    for path, ipv in sorted(paths.items()):
-        read, written = PATHS.get(path, (4.0, 4.0))
+    estimates = []
+    for name, parts, read, written in OPERATIONS:
+        if any(p not in paths for p in parts):
+            continue
+        ipv = sum(paths[p] * n for p, n in parts.items())
         for card, sms, clock, bandwidth in CARDS[arch]:
-            issue = sms * 4 * clock * 32  # thread instructions per second, one per scheduler
-            compute = ipv / issue
+            compute = ipv / (sms * 4 * clock * 32)
             memory = (read + written) / bandwidth
-            copy = 8.0 / bandwidth  # a device-to-device copy of the f32 value: read + write
-            out.append(dict(path=path, card=card, per_value=ipv, bytes=read + written,
-                            limiter="issue" if compute > memory else "memory",
-                            of_copy=copy / max(compute, memory)))
-    return out
+            estimates.append(dict(operation=name, card=card, per_value=ipv, bytes=read + written,
+                                  limiter="issue" if compute > memory else "memory",
+                                  of_copy=(8.0 / bandwidth) / max(compute, memory)))
+    return dict(paths), estimates
 
 
 def main() -> int:
@@ -361,25 +364,31 @@ def main() -> int:
                        f"{loop['per_value']:.1f} instr/value]")
             print(f"   loop {loop['instructions']:5d} instr  {acc:28s} {loop['where']}{tag}")
             if loop.get("io") and any(a in loop["accesses"] for a in ("8L", "8S")):
-                problems.append(f"{title}: byte-wide global access in the io loop at {loop['where']}")
+                problem = f"{title}: byte-wide global access in the io loop at {loop['where']}"
+                if problem not in problems:
+                    problems.append(problem)
         if k["spill_stores"] or k["spill_loads"]:
             problems.append(f"{title}: spills {k['spill_stores']}/{k['spill_loads']} bytes")
         if k["binary64"]:
             problems.append(f"{title}: {k['binary64']} binary64 instructions")
         if k["div64"]:
             problems.append(f"{title}: {k['div64']} 64-bit division calls")
-    estimates = roofline(found, args.arch)
+    paths, estimates = roofline(found, args.arch)
+    if paths:
+        print("== instructions per value of the marked paths (static count of one trip)")
+        for path, ipv in sorted(paths.items()):
+            print(f"   {path:16s} {ipv:7.1f}")
     if estimates:
-        print(f"== roofline (marked loops; f32 staged state; K=V={K})")
-        print(f"   {'path':16s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "
+        print(f"== roofline (f32 staged state, K=V={K}, ideal issue)")
+        print(f"   {'operation':18s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "
               f"{'limiter':>8s} {'x copy':>7s}")
         for e in estimates:
-            print(f"   {e['path']:16s} {e['card']:14s} {e['per_value']:11.1f} {e['bytes']:11.2f} "
-                  f"{e['limiter']:>8s} {e['of_copy']:7.2f}")
+            print(f"   {e['operation']:18s} {e['card']:14s} {e['per_value']:11.1f} "
+                  f"{e['bytes']:11.2f} {e['limiter']:>8s} {e['of_copy']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(arch=args.arch, kernels=found, roofline=estimates, problems=problems), f,
-                      indent=1)
+            json.dump(dict(arch=args.arch, kernels=found, paths=paths, roofline=estimates,
+                           problems=problems), f, indent=1)
     if problems:
         print(f"== {len(problems)} problem(s)")
         for p_ in problems:

@@ -116,6 +116,7 @@ STATEPOOL_HD inline float load_half_float(const std::uint8_t* p) noexcept {
 template <class Team>
 STATEPOOL_HD void zero_bytes(const Team& t, std::uint8_t* p, std::uint64_t begin,
                              std::uint64_t end) noexcept {
+  // kernel-report: padding 1 io
   for (std::uint64_t i = begin + t.rank(); i < end; i += t.size()) {
     p[i] = 0;
   }
@@ -124,6 +125,7 @@ STATEPOOL_HD void zero_bytes(const Team& t, std::uint8_t* p, std::uint64_t begin
 template <class Team>
 STATEPOOL_HD void copy_bytes(const Team& t, const std::uint8_t* src, std::uint8_t* dst,
                              std::uint64_t n) noexcept {
+  // kernel-report: conv-copy 1 io
   for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
     dst[i] = src[i];
   }
@@ -248,6 +250,7 @@ STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f,
                                     const HeadValues<Staged>& x, std::uint8_t* out,
                                     std::uint64_t head_bytes) noexcept {
   const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  // kernel-report: float-encode 1 io
   for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
     const float v = x.flat(i);
     if (f.codec == CodecId::fp32) {
@@ -264,6 +267,7 @@ template <class Staged, class Team>
 STATEPOOL_HD void decode_float_head(const Team& t, const PageFormatView& f, const std::uint8_t* in,
                                     const HeadOut<Staged>& y) noexcept {
   const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
+  // kernel-report: float-decode 1 io
   for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
     float v;
     if (f.codec == CodecId::fp32) {
@@ -293,6 +297,7 @@ STATEPOOL_HD void encode_uniform_head(const Team& t, const PageFormatView& f,
     const std::uint32_t begin = g * group;
     const std::uint32_t end = group < n - begin ? begin + group : n;
     std::uint32_t absmax = 0;
+    // kernel-report: uniform-scales 1 io
     for (std::uint32_t i = begin; i < end; ++i) {
       const std::uint32_t a = abs_bits(x.flat(i));
       absmax = a > absmax ? a : absmax;
@@ -304,6 +309,7 @@ STATEPOOL_HD void encode_uniform_head(const Team& t, const PageFormatView& f,
   t.sync();
   const std::uint32_t quads = (n + 3) / 4;
   GridCursor group_of(4 * t.rank(), 4 * t.size(), group);  // .i: the quad's group
+  // kernel-report: uniform-encode 4 io
   for (std::uint32_t q = t.rank(); q < quads; q += t.size(), group_of.next()) {
     const std::uint32_t first = 4 * q;
     const std::uint32_t rest = n - first < 4 ? n - first : 4;
@@ -327,6 +333,7 @@ STATEPOOL_HD void decode_uniform_head(const Team& t, const PageFormatView& f,
   const std::uint8_t* codes = in + 2 * groups;
   const std::uint32_t quads = (n + 3) / 4;
   GridCursor group_of(4 * t.rank(), 4 * t.size(), group);
+  // kernel-report: uniform-decode 4 io
   for (std::uint32_t q = t.rank(); q < quads; q += t.size(), group_of.next()) {
     const std::uint32_t first = 4 * q;
     const std::uint32_t rest = n - first < 4 ? n - first : 4;
@@ -436,6 +443,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
     const std::uint64_t quads = (n + 3) / 4;
     std::uint8_t* codes = out + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
+    // kernel-report: dual-codes 4 io
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -453,6 +461,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
+  // kernel-report: dual-codes 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -486,6 +495,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
     const std::uint64_t quads = (n + 3) / 4;
     const std::uint8_t* codes = in + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
+    // kernel-report: dual-decode 4 io
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -503,6 +513,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
+  // kernel-report: dual-decode 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -551,6 +562,7 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
       const StagedRun<Staged> row{x.base, x.first + std::uint64_t{i} * V};
       if (h.kind == SqKind::absmax) {
         std::uint32_t absmax = 0;
+        // kernel-report: absmax-rows 1 io
         for (std::uint32_t j = 0; j < V; ++j) {
           const std::uint32_t a = abs_bits(row[j]);
           absmax = a > absmax ? a : absmax;
@@ -577,6 +589,7 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
                                 const HeadValues<Staged>& x, const std::uint8_t* r,
                                 const SqScratch& scratch, std::uint32_t j) noexcept {
   std::uint32_t max_bits = 0;
+  // kernel-report: dual-columns 1 io
   for (std::uint32_t i = 0; i < f.key_dim; ++i) {
     if (h.width(i) != stepquant::kPivotWidth) {
       const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), scratch.e()[i]);
@@ -588,6 +601,7 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
     const float b = stepquant::column_code_factor(c);
     float num = 0.0f;
     float den = 0.0f;
+    // kernel-report: dual-refit 1 io
     for (std::uint32_t i = 0; i < f.key_dim; ++i) {
       const std::uint32_t bits = h.width(i);
       if (bits != stepquant::kPivotWidth) {
@@ -615,6 +629,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   zero_bytes(t, out, h.data_end, head_bytes);
   if (h.kind == SqKind::pivot_head) {
     const std::uint64_t n = std::uint64_t{K} * V;
+    // kernel-report: pivot-encode 1 io
     for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
       store_half(out + 2 * i, float_to_half_bits(x.flat(i)));
     }
@@ -650,6 +665,7 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
   switch (h.kind) {
     case SqKind::pivot_head: {
       const std::uint64_t n = std::uint64_t{K} * V;
+      // kernel-report: pivot-decode 1 io
       for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
         y.store(i, load_half_float(in + 2 * i));
       }
@@ -776,6 +792,7 @@ STATEPOOL_HD void find_non_finite_block(const Team& t, const PageFormatView& f, 
                                         std::uint32_t head) noexcept {
   const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
   const std::uint64_t first = detail::head_first_value(f, head);
+  // kernel-report: nonfinite-scan 1 io
   for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
     if (Staged::non_finite(staged, first + i)) {
       t.atomic_min(first_index, first + i);  // later indices of this rank are larger

@@ -147,6 +147,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   const float beta = s.beta[item];
   for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
     float u = 0.0f;
+    // kernel-report: step 1
     for (std::uint32_t i = 0; i < K; ++i) {
       const float d = decay[i];
       float& x = state[std::uint64_t{i} * V + j];
@@ -156,6 +157,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     u = beta * (s.v[item * V + j] - u);
     float o = 0.0f;
     bool finite = true;
+    // kernel-report: step 1
     for (std::uint32_t i = 0; i < K; ++i) {
       float& x = state[std::uint64_t{i} * V + j];
       x += k[i] * u;

@@ -93,6 +93,7 @@ STATEPOOL_HD inline float row_abs_sum(const Row& x, std::uint32_t n) noexcept {
   for (std::uint32_t l = 0; l < kSumLanes; ++l) {
     p[l] = 0.0f;
   }
+  // kernel-report: dual-rows 32 io
   for (std::uint32_t j0 = 0; j0 < n; j0 += kSumLanes) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
