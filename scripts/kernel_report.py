@@ -48,7 +48,7 @@ import sys
 
 F64 = re.compile(r"\b(DADD|DMUL|DFMA|DSETP|DMNMX|MUFU\.RCP64H|MUFU\.RSQ64H)\b|\bF2F\.F64|\bF2F\.F32\.F64")
 DIV64 = re.compile(r"__cuda_sm\d+_(div|rem)_[us]64")
-GLOBAL = re.compile(r"\b(LDG|STG|LD|ST|RED|ATOMG)\.E(\.[A-Z0-9]+)*")
+GLOBAL = re.compile(r"\b(LDG|STG|LD|ST|RED|ATOMG|ATOM)\.E(\.[A-Z0-9]+)*")
 LOC = re.compile(r'"([^"]+)", line (\d+)')
 MARK = re.compile(r"//\s*kernel-report:\s*(\S+)\s+(\d+)(?:/(\d+))?(\s+io)?")
 
@@ -192,8 +192,15 @@ def width(instruction: str) -> str:
 
 
 def is_global(instruction: str) -> bool:
+    """A global access: LDG/STG, atomics and reductions on global memory, and generic
+    LD/ST (a pointer the compiler cannot prove global; the staged state and pages are)."""
     op = instruction.split()[1] if instruction.startswith("@") else instruction.split()[0]
-    return op.startswith(("LDG.", "STG.", "RED.", "ATOMG."))
+    return op.startswith(("LDG.", "STG.", "RED.", "ATOMG.", "LD.", "ST.", "ATOM."))
+
+
+def is_load(instruction: str) -> bool:
+    op = instruction.split()[1] if instruction.startswith("@") else instruction.split()[0]
+    return op.startswith(("LDG.", "LD."))
 
 
 def launch_of(name: str):
@@ -232,7 +239,10 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 def short_name(demangled: str) -> str:
     """statepool::kernels::cuda::(anonymous)::encode_kernel<StagedF32>(...) -> encode_kernel<StagedF32>."""
-    name = re.sub(r"\(anonymous namespace\)::", "", demangled)
+    families = {"1": "floats", "2": "uniform", "3": "stepquant"}  # CodecFamily's values
+    name = re.sub(r"\((?:statepool::kernels::cuda::)?CodecFamily\)(\d)",
+                  lambda m: families.get(m.group(1), m.group(1)), demangled)
+    name = re.sub(r"\(anonymous namespace\)::", "", name)
     name = re.sub(r"statepool::kernels::cuda::|statepool::kernels::", "", name)
     name = re.sub(r"^void ", "", name)
     return name.split("(", 1)[0]
@@ -242,7 +252,7 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
     threads, dynamic = launch_of(name)
     smem = props.get("smem", 0) + dynamic
     warps, fraction, limiter = occupancy(arch, props.get("registers", 0), threads, smem)
-    widths = collections.Counter(width(t) + ("L" if "LDG" in t else "S") for t, _ in instructions
+    widths = collections.Counter(width(t) + ("L" if is_load(t) else "S") for t, _ in instructions
                                  if is_global(t))
     f64 = [(t, c) for t, c in instructions if F64.search(t)]
     div64 = [(t, c) for t, c in instructions if DIV64.search(t)]
@@ -252,7 +262,7 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
         if not m or m.group(1) not in labels or labels[m.group(1)] > i:
             continue
         body = instructions[labels[m.group(1)]:i + 1]
-        accesses = collections.Counter(width(tt) + ("L" if "LDG" in tt else "S")
+        accesses = collections.Counter(width(tt) + ("L" if is_load(tt) else "S")
                                        for tt, _ in body if is_global(tt))
         mark = None
         where = None

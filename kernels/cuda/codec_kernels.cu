@@ -26,22 +26,23 @@ struct Slots {
   }
 };
 
-template <class Staged>
+// One kernel per (staged dtype, codec family): see CodecFamily.
+template <class Staged, CodecFamily Family>
 __global__ void __launch_bounds__(kBlock)
     encode_kernel(PageFormatView f, Slots<const void> staged, Slots<void> pages,
                   const unsigned long long* skip, std::uint32_t count) {
   extern __shared__ float scratch[];  // encode_scratch_floats(f)
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    encode_block<Staged>(detail::BlockTeam{}, f, staged[slot], pages[slot],
-                         skip != nullptr ? skip + slot : nullptr, blockIdx.x, scratch);
+    encode_block<Staged, Family>(detail::BlockTeam{}, f, staged[slot], pages[slot],
+                                 skip != nullptr ? skip + slot : nullptr, blockIdx.x, scratch);
   }
 }
 
-template <class Staged>
+template <class Staged, CodecFamily Family>
 __global__ void __launch_bounds__(kBlock) decode_kernel(PageFormatView f, Slots<const void> pages,
                                                         Slots<void> staged, std::uint32_t count) {
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    decode_block<Staged>(detail::BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x);
+    decode_block<Staged, Family>(detail::BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x);
   }
 }
 
@@ -56,6 +57,24 @@ __global__ void __launch_bounds__(kBlock)
 
 // ---------------------------------------------------------------------------------------
 // Host side
+
+// Calls launch.template operator()<Staged, Family>() for the view's staged dtype and codec
+// family.
+template <class Launch>
+void dispatch(const PageFormatView& f, const Launch& launch) {
+  const auto with = [&]<class Staged>() {
+    switch (codec_family(f.codec)) {
+      case CodecFamily::floats: launch.template operator()<Staged, CodecFamily::floats>(); break;
+      case CodecFamily::uniform: launch.template operator()<Staged, CodecFamily::uniform>(); break;
+      default: launch.template operator()<Staged, CodecFamily::stepquant>(); break;
+    }
+  };
+  if (f.staged_dtype == DType::f32) {
+    with.template operator()<StagedF32>();
+  } else {
+    with.template operator()<StagedBf16>();
+  }
+}
 
 bool aligned(const void* p, std::uintptr_t alignment) {
   return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
@@ -75,22 +94,20 @@ cudaError_t launch_encode(const PageFormatView& f, Slots<const void> staged, Slo
   const dim3 g = grid(page_blocks(f), count);
   // At most 48 KiB (kMaxHeadDim), the limit without an opt-in.
   const std::size_t shared = encode_scratch_floats(f) * sizeof(float);
-  if (f.staged_dtype == DType::f32) {
-    encode_kernel<StagedF32><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
-  } else {
-    encode_kernel<StagedBf16><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
-  }
+  const auto launch = [&]<class Staged, CodecFamily Family>() {
+    encode_kernel<Staged, Family><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
+  };
+  dispatch(f, launch);
   return cudaGetLastError();
 }
 
 cudaError_t launch_decode(const PageFormatView& f, Slots<const void> pages, Slots<void> staged,
                           std::uint32_t count, cudaStream_t stream) {
   const dim3 g = grid(page_blocks(f), count);
-  if (f.staged_dtype == DType::f32) {
-    decode_kernel<StagedF32><<<g, kBlock, 0, stream>>>(f, pages, staged, count);
-  } else {
-    decode_kernel<StagedBf16><<<g, kBlock, 0, stream>>>(f, pages, staged, count);
-  }
+  const auto launch = [&]<class Staged, CodecFamily Family>() {
+    decode_kernel<Staged, Family><<<g, kBlock, 0, stream>>>(f, pages, staged, count);
+  };
+  dispatch(f, launch);
   return cudaGetLastError();
 }
 

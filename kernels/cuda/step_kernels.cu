@@ -13,11 +13,23 @@ namespace {
 
 constexpr std::uint32_t kMaxGridY = 65535;  // more requests: blocks loop over them
 
+// One kernel per codec family (block_codec.hpp's CodecFamily).
+template <CodecFamily Family>
 __global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, StepView s) {
   extern __shared__ float scratch[];
   __shared__ unsigned long long flags[2];
   for (std::uint32_t request = blockIdx.y; request < s.batch; request += gridDim.y) {
-    step_block(detail::BlockTeam{}, f, s, scratch, flags, request, blockIdx.x);
+    step_block<Family>(detail::BlockTeam{}, f, s, scratch, flags, request, blockIdx.x);
+  }
+}
+
+using StepKernel = void (*)(PageFormatView, StepView);
+
+StepKernel kernel_for(const PageFormatView& f) noexcept {
+  switch (codec_family(f.codec)) {
+    case CodecFamily::floats: return step_kernel<CodecFamily::floats>;
+    case CodecFamily::uniform: return step_kernel<CodecFamily::uniform>;
+    default: return step_kernel<CodecFamily::stepquant>;
   }
 }
 
@@ -34,7 +46,8 @@ bool step_fits_device(const PageFormatView& view) noexcept {
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
           cudaSuccess ||
-      cudaFuncGetAttributes(&attributes, step_kernel) != cudaSuccess) {
+      cudaFuncGetAttributes(&attributes, kernel_for(view)) != cudaSuccess) {
+    (void)cudaGetLastError();  // answered: the next launch's status must be its own
     return false;
   }
   return dynamic_bytes(view) + attributes.sharedSizeBytes <= static_cast<std::uint64_t>(limit);
@@ -58,11 +71,11 @@ cudaError_t fused_step_pages(const PageFormatView& view, const StepView& step,
   const std::uint64_t shared = dynamic_bytes(view);
   if (shared > 48 * 1024) {
     const cudaError_t status = cudaFuncSetAttribute(
-        step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+        kernel_for(view), cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (status != cudaSuccess) return status;
   }
   const dim3 grid(step.num_heads, step.batch < kMaxGridY ? step.batch : kMaxGridY, 1);
-  step_kernel<<<grid, kStepBlock, shared, stream>>>(view, step);
+  kernel_for(view)<<<grid, kStepBlock, shared, stream>>>(view, step);
   return cudaGetLastError();
 }
 

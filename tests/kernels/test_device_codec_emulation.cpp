@@ -251,6 +251,39 @@ TEST_P(DeviceCodecEmulation, DecodeWritesTheCpuStagedBytes) {
   }
 }
 
+// The vector paths need 16-byte aligned heads; a staged state at an offset of one
+// element, and a page 4 bytes off (both still what the launchers accept), take the
+// element-wide paths, which write the same bytes.
+TEST_P(DeviceCodecEmulation, UnalignedStatesAndPagesWriteTheSameBytes) {
+  const auto& [c, dtype] = GetParam();
+  const PageCodec cpu(c.layout);
+  const PageFormatTables tables(cpu, dtype);
+  const std::size_t element = dtype == DType::f32 ? 4 : 2;
+  const auto staged = staged_state(c.layout, dtype, 9);
+  std::vector<std::byte> expected_page(cpu.page_bytes());
+  cpu.encode(staged, dtype, expected_page);
+  std::vector<std::byte> expected_staged(cpu.staged_bytes(dtype));
+  cpu.decode(expected_page, dtype, expected_staged);
+
+  std::vector<std::byte> staged_buffer(staged.size() + 16);
+  std::copy(staged.begin(), staged.end(), staged_buffer.begin() + element);
+  std::vector<std::byte> page_buffer(cpu.page_bytes() + 16, std::byte{0xA7});
+  const void* in = staged_buffer.data() + element;
+  void* out = page_buffer.data() + 4;
+  cuda::emulate_encode_pages(tables.view(), &in, &out, 1, nullptr, 3);
+  const std::vector<std::byte> page(page_buffer.begin() + 4,
+                                    page_buffer.begin() + 4 + cpu.page_bytes());
+  EXPECT_EQ(first_difference(page, expected_page), -1);
+
+  std::vector<std::byte> decoded_buffer(expected_staged.size() + 16, std::byte{0x5C});
+  const void* page_in = page_buffer.data() + 4;
+  void* staged_out = decoded_buffer.data() + element;
+  cuda::emulate_decode_pages(tables.view(), &page_in, &staged_out, 1, 3);
+  const std::vector<std::byte> decoded(decoded_buffer.begin() + element,
+                                       decoded_buffer.begin() + element + expected_staged.size());
+  EXPECT_EQ(first_difference(decoded, expected_staged), -1);
+}
+
 // A page and a staged state between guard bytes, encoded and decoded by the device block
 // bodies on a host team: a stray write shows in the guards (a stray read, under ASan).
 struct Guarded {

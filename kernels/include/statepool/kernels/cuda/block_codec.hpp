@@ -41,6 +41,7 @@
 // write disjoint bytes.
 
 #include <cstdint>
+#include <cstring>
 
 #include "statepool/kernels/cuda/page_format.hpp"
 #include "statepool/kernels/format.hpp"
@@ -70,7 +71,16 @@ STATEPOOL_HD inline std::uint32_t page_blocks(const PageFormatView& f) noexcept 
 // ---------------------------------------------------------------------------------------
 // Staged values (row-major [head][K][V] from the start of the staged state)
 
+// Each kind of staged values says where value i is (address) and how wide an element is
+// (kBytes), for the vector paths below.
 struct StagedF32 {
+  static constexpr std::uint32_t kBytes = 4;
+  STATEPOOL_HD static const void* address(const void* base, std::uint64_t i) noexcept {
+    return static_cast<const float*>(base) + i;
+  }
+  STATEPOOL_HD static void* address(void* base, std::uint64_t i) noexcept {
+    return static_cast<float*>(base) + i;
+  }
   STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
     return static_cast<const float*>(base)[i];
   }
@@ -83,6 +93,13 @@ struct StagedF32 {
 };
 
 struct StagedBf16 {
+  static constexpr std::uint32_t kBytes = 2;
+  STATEPOOL_HD static const void* address(const void* base, std::uint64_t i) noexcept {
+    return static_cast<const std::uint16_t*>(base) + i;
+  }
+  STATEPOOL_HD static void* address(void* base, std::uint64_t i) noexcept {
+    return static_cast<std::uint16_t*>(base) + i;
+  }
   STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
     return bf16_bits_to_float(static_cast<const std::uint16_t*>(base)[i]);
   }
@@ -113,10 +130,82 @@ STATEPOOL_HD inline float load_half_float(const std::uint8_t* p) noexcept {
   return half_bits_to_float(load_half(p));
 }
 
+// Sixteen bytes at a 16-byte aligned address, in one access on the GPU (a 128-bit load or
+// store); on the host through memcpy (the same little-endian bytes).
+struct Words4 {
+  std::uint32_t w[4];
+};
+
+STATEPOOL_HD inline bool aligned16(const void* p) noexcept {
+  return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0;
+}
+
+STATEPOOL_HD inline Words4 load16(const void* p) noexcept {
+#if defined(__CUDA_ARCH__)
+  const uint4 v = *static_cast<const uint4*>(p);
+  return {{v.x, v.y, v.z, v.w}};
+#else
+  Words4 v;
+  std::memcpy(v.w, p, 16);
+  return v;
+#endif
+}
+
+STATEPOOL_HD inline void store16(void* p, const Words4& v) noexcept {
+#if defined(__CUDA_ARCH__)
+  *static_cast<uint4*>(p) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+#else
+  std::memcpy(p, v.w, 16);
+#endif
+}
+
+// Eight staged values from value i (16-byte aligned: the caller checked), as floats.
+template <class Staged>
+STATEPOOL_HD inline void load8(const void* base, std::uint64_t i, float* v) noexcept {
+  const auto* p = static_cast<const std::uint8_t*>(Staged::address(base, i));
+  if constexpr (Staged::kBytes == 4) {
+    const Words4 a = load16(p);
+    const Words4 b = load16(p + 16);
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      v[k] = bits_float(a.w[k]);
+      v[4 + k] = bits_float(b.w[k]);
+    }
+  } else {
+    const Words4 a = load16(p);
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      v[2 * k] = bf16_bits_to_float(static_cast<std::uint16_t>(a.w[k]));
+      v[2 * k + 1] = bf16_bits_to_float(static_cast<std::uint16_t>(a.w[k] >> 16));
+    }
+  }
+}
+
+// Eight values stored as Staged::store stores them, from value i (16-byte aligned).
+template <class Staged>
+STATEPOOL_HD inline void store8(void* base, std::uint64_t i, const float* v) noexcept {
+  auto* p = static_cast<std::uint8_t*>(Staged::address(base, i));
+  if constexpr (Staged::kBytes == 4) {
+    Words4 a;
+    Words4 b;
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      a.w[k] = float_bits(v[k]);
+      b.w[k] = float_bits(v[4 + k]);
+    }
+    store16(p, a);
+    store16(p + 16, b);
+  } else {
+    Words4 a;
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      a.w[k] = std::uint32_t{float_to_bf16_bits(v[2 * k])} |
+               (std::uint32_t{float_to_bf16_bits(v[2 * k + 1])} << 16);
+    }
+    store16(p, a);
+  }
+}
+
 template <class Team>
 STATEPOOL_HD void zero_bytes(const Team& t, std::uint8_t* p, std::uint64_t begin,
                              std::uint64_t end) noexcept {
-  // kernel-report: padding 1 io
+  // kernel-report: padding 1
   for (std::uint64_t i = begin + t.rank(); i < end; i += t.size()) {
     p[i] = 0;
   }
@@ -245,35 +334,110 @@ struct GridCursor {
 // ---------------------------------------------------------------------------------------
 // Float codecs
 
+// A float head is K V values of 2 or 4 bytes from the head's start (4-byte aligned in the
+// page). Vector path, when the staged head and the page head both start 16-byte aligned
+// and K V is a multiple of 8 (every real model's shape): a rank per 8 values, 128-bit
+// loads and stores on both sides. Otherwise a rank per value with element-wide accesses.
+
+// 8 values into a float page's bytes at `out` (16-byte aligned).
+STATEPOOL_HD inline void store_float8(CodecId codec, std::uint8_t* out, const float* v) noexcept {
+  if (codec == CodecId::fp32) {
+    Words4 a;
+    Words4 b;
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      a.w[k] = float_bits(v[k]);
+      b.w[k] = float_bits(v[4 + k]);
+    }
+    store16(out, a);
+    store16(out + 16, b);
+    return;
+  }
+  const bool bf16 = codec == CodecId::bf16;
+  Words4 a;
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    const std::uint32_t lo = bf16 ? float_to_bf16_bits(v[2 * k]) : float_to_half_bits(v[2 * k]);
+    const std::uint32_t hi =
+        bf16 ? float_to_bf16_bits(v[2 * k + 1]) : float_to_half_bits(v[2 * k + 1]);
+    a.w[k] = lo | (hi << 16);
+  }
+  store16(out, a);
+}
+
+// 8 values from a float page's bytes at `in` (16-byte aligned).
+STATEPOOL_HD inline void load_float8(CodecId codec, const std::uint8_t* in, float* v) noexcept {
+  if (codec == CodecId::fp32) {
+    const Words4 a = load16(in);
+    const Words4 b = load16(in + 16);
+    for (std::uint32_t k = 0; k < 4; ++k) {
+      v[k] = bits_float(a.w[k]);
+      v[4 + k] = bits_float(b.w[k]);
+    }
+    return;
+  }
+  const bool bf16 = codec == CodecId::bf16;
+  const Words4 a = load16(in);
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    const auto lo = static_cast<std::uint16_t>(a.w[k]);
+    const auto hi = static_cast<std::uint16_t>(a.w[k] >> 16);
+    v[2 * k] = bf16 ? bf16_bits_to_float(lo) : half_bits_to_float(lo);
+    v[2 * k + 1] = bf16 ? bf16_bits_to_float(hi) : half_bits_to_float(hi);
+  }
+}
+
+template <class Staged>
+STATEPOOL_HD inline bool float_head_vectors(const PageFormatView& f, const void* base,
+                                            std::uint64_t first, const std::uint8_t* page) noexcept {
+  const std::uint32_t n = f.key_dim * f.value_dim;
+  return n % 8 == 0 && aligned16(Staged::address(base, first)) && aligned16(page);
+}
+
 template <class Staged, class Team>
 STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f,
                                     const HeadValues<Staged>& x, std::uint8_t* out,
                                     std::uint64_t head_bytes) noexcept {
-  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
-  // kernel-report: float-encode 1 io
-  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
-    const float v = x.flat(i);
-    if (f.codec == CodecId::fp32) {
-      store_le32(out + 4 * i, float_bits(v));
-    } else {
-      store_half(out + 2 * i,
-                 f.codec == CodecId::bf16 ? float_to_bf16_bits(v) : float_to_half_bits(v));
+  const std::uint32_t n = f.key_dim * f.value_dim;  // <= kMaxHeadDim^2 = 2^24
+  const std::uint32_t width = float_codec_value_bytes(f.codec);
+  if (float_head_vectors<Staged>(f, x.base, x.first, out)) {
+    // kernel-report: float-encode 8 io
+    for (std::uint32_t c = t.rank(); c < n / 8; c += t.size()) {
+      float v[8];
+      load8<Staged>(x.base, x.first + 8 * c, v);
+      store_float8(f.codec, out + 8 * width * c, v);
+    }
+  } else {
+    for (std::uint32_t i = t.rank(); i < n; i += t.size()) {
+      const float v = x.flat(i);
+      if (f.codec == CodecId::fp32) {
+        reinterpret_cast<std::uint32_t*>(out)[i] = float_bits(v);  // 4-byte aligned head
+      } else {
+        reinterpret_cast<std::uint16_t*>(out)[i] =
+            f.codec == CodecId::bf16 ? float_to_bf16_bits(v) : float_to_half_bits(v);
+      }
     }
   }
-  zero_bytes(t, out, n * float_codec_value_bytes(f.codec), head_bytes);
+  zero_bytes(t, out, std::uint64_t{n} * width, head_bytes);
 }
 
 template <class Staged, class Team>
 STATEPOOL_HD void decode_float_head(const Team& t, const PageFormatView& f, const std::uint8_t* in,
                                     const HeadOut<Staged>& y) noexcept {
-  const std::uint64_t n = std::uint64_t{f.key_dim} * f.value_dim;
-  // kernel-report: float-decode 1 io
-  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+  const std::uint32_t n = f.key_dim * f.value_dim;
+  const std::uint32_t width = float_codec_value_bytes(f.codec);
+  if (float_head_vectors<Staged>(f, y.base, y.first, in)) {
+    // kernel-report: float-decode 8 io
+    for (std::uint32_t c = t.rank(); c < n / 8; c += t.size()) {
+      float v[8];
+      load_float8(f.codec, in + 8 * width * c, v);
+      store8<Staged>(y.base, y.first + 8 * c, v);
+    }
+    return;
+  }
+  for (std::uint32_t i = t.rank(); i < n; i += t.size()) {
     float v;
     if (f.codec == CodecId::fp32) {
-      v = bits_float(load_le32(in + 4 * i));
+      v = bits_float(reinterpret_cast<const std::uint32_t*>(in)[i]);
     } else {
-      const std::uint16_t bits = load_half(in + 2 * i);
+      const std::uint16_t bits = reinterpret_cast<const std::uint16_t*>(in)[i];
       v = f.codec == CodecId::bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
     }
     y.store(i, v);
@@ -711,42 +875,65 @@ STATEPOOL_HD inline std::uint64_t encode_scratch_floats(const PageFormatView& f)
   return 2 * std::uint64_t{f.key_dim} + f.value_dim;
 }
 
+/// The codec families, each with its own kernels (codec_kernels.cu, step_kernels.cu): a
+/// kernel compiled for one family holds none of the others' code, so its registers are
+/// what that family needs (one kernel for all needed the most any codec needs). `any`
+/// dispatches at run time (the host emulation may use either).
+enum class CodecFamily : std::uint8_t { any, floats, uniform, stepquant };
+
+/// The family of `codec`: float, uniform int, or STEPQuant / DSQ.
+STATEPOOL_HD inline CodecFamily codec_family(CodecId codec) noexcept {
+  if (is_float_codec(codec)) return CodecFamily::floats;
+  if (is_uniform_codec(codec)) return CodecFamily::uniform;
+  return CodecFamily::stepquant;
+}
+
 /// Encodes head `head` of `staged` into `page` (the head's bytes only). `scratch` is
 /// encode_scratch_floats(f) floats of block scratch, visible to every rank of the team.
-template <class Staged, class Team>
+/// `Family`: any, or codec_family(f.codec).
+template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void* staged,
                               std::uint8_t* page, std::uint32_t head, float* scratch) noexcept {
   const detail::HeadValues<Staged> x{staged, detail::head_first_value(f, head), f.value_dim};
   std::uint8_t* out = page + f.head_offsets[head];
   const std::uint64_t bytes = f.head_offsets[head + 1] - f.head_offsets[head];
-  if (is_float_codec(f.codec)) {
-    detail::encode_float_head(t, f, x, out, bytes);
-  } else if (is_uniform_codec(f.codec)) {
-    detail::encode_uniform_head(t, f, x, out, bytes);
-  } else {
-    detail::encode_sq_head(t, f, head, x, out, bytes, scratch);
+  const CodecFamily family = Family == CodecFamily::any ? codec_family(f.codec) : Family;
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::floats) {
+    if (family == CodecFamily::floats) detail::encode_float_head(t, f, x, out, bytes);
+  }
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::uniform) {
+    if (family == CodecFamily::uniform) detail::encode_uniform_head(t, f, x, out, bytes);
+  }
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::stepquant) {
+    if (family == CodecFamily::stepquant) {
+      detail::encode_sq_head(t, f, head, x, out, bytes, scratch);
+    }
   }
 }
 
-/// Decodes head `head` of `page` into `staged`.
-template <class Staged, class Team>
+/// Decodes head `head` of `page` into `staged`. `Family`: as encode_head's.
+template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std::uint8_t* page,
                               void* staged, std::uint32_t head) noexcept {
   const detail::HeadOut<Staged> y{staged, detail::head_first_value(f, head)};
   const std::uint8_t* in = page + f.head_offsets[head];
-  if (is_float_codec(f.codec)) {
-    detail::decode_float_head(t, f, in, y);
-  } else if (is_uniform_codec(f.codec)) {
-    detail::decode_uniform_head(t, f, in, y);
-  } else {
-    detail::decode_sq_head(t, f, head, in, y);
+  const CodecFamily family = Family == CodecFamily::any ? codec_family(f.codec) : Family;
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::floats) {
+    if (family == CodecFamily::floats) detail::decode_float_head(t, f, in, y);
+  }
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::uniform) {
+    if (family == CodecFamily::uniform) detail::decode_uniform_head(t, f, in, y);
+  }
+  if constexpr (Family == CodecFamily::any || Family == CodecFamily::stepquant) {
+    if (family == CodecFamily::stepquant) detail::decode_sq_head(t, f, head, in, y);
   }
 }
 
 /// Block `block` of a slot's encode: head `block`, or a piece of the conv state. `skip`
 /// is this slot's skip entry or null; a slot whose entry is not kAllFinite is left
-/// untouched (every rank returns before writing). `scratch`: as encode_head's.
-template <class Staged, class Team>
+/// untouched (every rank returns before writing). `scratch` and `Family`: as
+/// encode_head's.
+template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const void* staged,
                                void* page, const unsigned long long* skip, std::uint32_t block,
                                float* scratch) noexcept {
@@ -755,7 +942,7 @@ STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const voi
   }
   auto* out = static_cast<std::uint8_t*>(page);
   if (block < f.head_count) {
-    encode_head<Staged>(t, f, staged, out, block, scratch);
+    encode_head<Staged, Family>(t, f, staged, out, block, scratch);
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;
@@ -767,12 +954,12 @@ STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const voi
 }
 
 /// Block `block` of a slot's decode.
-template <class Staged, class Team>
+template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void decode_block(const Team& t, const PageFormatView& f, const void* page,
                                void* staged, std::uint32_t block) noexcept {
   const auto* in = static_cast<const std::uint8_t*>(page);
   if (block < f.head_count) {
-    decode_head<Staged>(t, f, in, staged, block);
+    decode_head<Staged, Family>(t, f, in, staged, block);
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;

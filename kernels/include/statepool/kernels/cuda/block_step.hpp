@@ -72,6 +72,15 @@ struct ScratchHead {
 };
 
 struct StagedScratch {
+  static constexpr std::uint32_t kBytes = 4;
+  STATEPOOL_HD static const void* address(const void* base, std::uint64_t i) noexcept {
+    const auto* s = static_cast<const ScratchHead*>(base);
+    return s->data + (i - s->first);
+  }
+  STATEPOOL_HD static void* address(void* base, std::uint64_t i) noexcept {
+    const auto* s = static_cast<const ScratchHead*>(base);
+    return s->data + (i - s->first);
+  }
   STATEPOOL_HD static float load(const void* base, std::uint64_t i) noexcept {
     const auto* s = static_cast<const ScratchHead*>(base);
     return s->data[i - s->first];
@@ -97,8 +106,9 @@ STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) n
 /// Block (request, h) of a step. `scratch` is step_scratch_floats(f) floats of block
 /// scratch and `flags` two values of block-shared scratch (the first non-finite column,
 /// the first earlier request with this slot), all visible to every rank of the team. A
-/// team may run several blocks one after the other with the same scratch.
-template <class Team>
+/// team may run several blocks one after the other with the same scratch. `Family`: any,
+/// or codec_family(f.codec) (block_codec.hpp).
+template <CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepView& s,
                              float* scratch, unsigned long long* flags, std::uint32_t request,
                              std::uint32_t h) noexcept {
@@ -132,7 +142,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepDuplicateSlot;
     return;
   }
-  decode_head<detail::StagedScratch>(t, f, page, &values, head);
+  decode_head<detail::StagedScratch, Family>(t, f, page, &values, head);
   const bool per_row = f.arch == Arch::kda;
   const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;
   for (std::uint32_t i = t.rank(); i < K; i += t.size()) {
@@ -172,7 +182,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   if (t.rank() == 0 && s.rejected != nullptr) {
     s.rejected[item] = finite ? kStepStored : kStepNotFinite;
   }
-  if (finite) encode_head<detail::StagedScratch>(t, f, &values, page, head, decay);
+  if (finite) encode_head<detail::StagedScratch, Family>(t, f, &values, page, head, decay);
 }
 
 }  // namespace statepool::kernels::cuda
