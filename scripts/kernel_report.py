@@ -60,6 +60,7 @@ K = V = 128
 LAUNCH = [
     ("kv_", 256, 0),
     ("encode_kernel", 256, (2 * K + V) * 4),
+    ("decode_kernel", 256, (K + V) * 4),
     ("step_kernel", 128, (K * V + 2 * K + V) * 4),
     ("", 256, 0),
 ]
@@ -83,17 +84,27 @@ CARDS = {
 # K = V = 128), per 32-value group (int), nothing else (float). The step reads and writes
 # a stepquant6 page and its f32 inputs/outputs are per row or column (negligible).
 OPERATIONS = [
-    ("bf16 encode", {"float-encode": 1}, 4.0, 2.0),
-    ("bf16 decode", {"float-decode": 1}, 2.0, 4.0),
-    ("int8 encode", {"uniform-scales": 1, "uniform-encode": 1}, 4.0, 1.0 + 2 / 32),
-    ("int8 decode", {"uniform-decode": 1}, 1.0 + 2 / 32, 4.0),
-    ("stepquant6 encode", {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "dual-codes": 1},
-     4.0, 0.75 + 4 / 128),
-    ("dsq6 encode", {"dual-rows": 1, "dual-columns": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
-    ("stepquant6 decode", {"dual-decode": 1}, 0.75 + 4 / 128, 4.0),
-    ("stepquant6 step", {"dual-decode": 1, "step": 2, "dual-rows": 1, "dual-columns": 1,
-                         "dual-refit": 1, "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128),
-    ("non-finite scan", {"nonfinite-scan": 1}, 4.0, 0.0),
+    # (operation, the kernel it runs in, its paths with the times each runs per value,
+    #  bytes read and written per value)
+    ("bf16 encode", "encode_kernel<StagedF32, floats>", {"float-encode": 1}, 4.0, 2.0),
+    ("bf16 decode", "decode_kernel<StagedF32, floats>", {"float-decode": 1}, 2.0, 4.0),
+    ("int8 encode", "encode_kernel<StagedF32, uniform>", {"uniform-scales": 1, "uniform-encode": 1},
+     4.0, 1.0 + 2 / 32),
+    ("int8 decode", "decode_kernel<StagedF32, uniform>", {"uniform-decode": 1}, 1.0 + 2 / 32, 4.0),
+    ("stepquant6 encode", "encode_kernel<StagedF32, stepquant>",
+     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
+    ("stepquant6 enc KDA", "encode_kernel<StagedF32, stepquant>",
+     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "kda-codes": 1}, 4.0, 0.75 + 4 / 128),
+    ("dsq6 encode", "encode_kernel<StagedF32, stepquant>",
+     {"dual-rows": 1, "dual-columns": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
+    ("stepquant6 decode", "decode_kernel<StagedF32, stepquant>", {"dual-decode": 1},
+     0.75 + 4 / 128, 4.0),
+    ("stepquant6 dec KDA", "decode_kernel<StagedF32, stepquant>", {"kda-decode": 1},
+     0.75 + 4 / 128, 4.0),
+    ("stepquant6 step", "step_kernel<stepquant>",
+     {"dual-decode": 1, "step": 2, "dual-rows": 1, "dual-columns": 1, "dual-refit": 1,
+      "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128),
+    ("non-finite scan", "find_non_finite_kernel<StagedF32>", {"nonfinite-scan": 1}, 4.0, 0.0),
 ]
 
 
@@ -291,32 +302,35 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
 
 
 def roofline(kernels_: list[dict], arch: int):
-    """Instructions per value of every marked path (the costliest compiled copy of each
-    marked loop, summed over the path's loops), and per operation of OPERATIONS the
-    estimate for each card: ideal issue (one instruction per scheduler per clock) against
-    the DRAM bandwidth, and the speed relative to a device copy of the f32 state (8 bytes
-    per value moved)."""
-    per_loop: dict[tuple[str, str], float] = {}
+    """Instructions per value of every marked path in each kernel (the costliest compiled
+    copy of each marked loop, summed over the path's loops), and per operation of
+    OPERATIONS, from its kernel's paths, the estimate for each card: ideal issue (one
+    instruction per scheduler per clock) against the DRAM bandwidth, and the speed
+    relative to a device copy of the f32 state (8 bytes per value moved). For the step,
+    that copy is what an FP32 step moves, so the column is the speed-up over it."""
+    paths: dict[str, dict[str, float]] = {}  # kernel title -> path -> instr/value
     for k in kernels_:
+        per_loop: dict[tuple[str, str], float] = {}
         for loop in k["loops"]:
             if "path" in loop:
                 key = (loop["path"], loop["where"])
                 per_loop[key] = max(per_loop.get(key, 0.0), loop["per_value"])
-    paths: dict[str, float] = collections.defaultdict(float)
-    for (path, _), ipv in per_loop.items():
-        paths[path] += ipv
+        mine = paths.setdefault(k["title"], collections.defaultdict(float))
+        for (path, _), ipv in per_loop.items():
+            mine[path] += ipv
     estimates = []
-    for name, parts, read, written in OPERATIONS:
-        if any(p not in paths for p in parts):
+    for name, kernel, parts, read, written in OPERATIONS:
+        found = paths.get(kernel, {})
+        if any(p not in found for p in parts):
             continue
-        ipv = sum(paths[p] * n for p, n in parts.items())
+        ipv = sum(found[p] * n for p, n in parts.items())
         for card, sms, clock, bandwidth in CARDS[arch]:
             compute = ipv / (sms * 4 * clock * 32)
             memory = (read + written) / bandwidth
             estimates.append(dict(operation=name, card=card, per_value=ipv, bytes=read + written,
                                   limiter="issue" if compute > memory else "memory",
                                   of_copy=(8.0 / bandwidth) / max(compute, memory)))
-    return dict(paths), estimates
+    return {k: dict(v) for k, v in paths.items()}, estimates
 
 
 def main() -> int:
@@ -385,9 +399,10 @@ def main() -> int:
             problems.append(f"{title}: {k['div64']} 64-bit division calls")
     paths, estimates = roofline(found, args.arch)
     if paths:
-        print("== instructions per value of the marked paths (static count of one trip)")
-        for path, ipv in sorted(paths.items()):
-            print(f"   {path:16s} {ipv:7.1f}")
+        print("== instructions per value of the marked paths per kernel (static count of one trip)")
+        for kernel, mine in paths.items():
+            if mine:
+                print(f"   {kernel}: " + ", ".join(f"{p} {v:.1f}" for p, v in sorted(mine.items())))
     if estimates:
         print(f"== roofline (f32 staged state, K=V={K}, ideal issue)")
         print(f"   {'operation':18s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "

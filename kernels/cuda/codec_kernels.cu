@@ -41,8 +41,10 @@ __global__ void __launch_bounds__(kBlock)
 template <class Staged, CodecFamily Family>
 __global__ void __launch_bounds__(kBlock) decode_kernel(PageFormatView f, Slots<const void> pages,
                                                         Slots<void> staged, std::uint32_t count) {
+  extern __shared__ float scratch[];  // decode_scratch_floats(f)
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    decode_block<Staged, Family>(detail::BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x);
+    decode_block<Staged, Family>(detail::BlockTeam{}, f, pages[slot], staged[slot], blockIdx.x,
+                                 scratch);
   }
 }
 
@@ -104,8 +106,10 @@ cudaError_t launch_encode(const PageFormatView& f, Slots<const void> staged, Slo
 cudaError_t launch_decode(const PageFormatView& f, Slots<const void> pages, Slots<void> staged,
                           std::uint32_t count, cudaStream_t stream) {
   const dim3 g = grid(page_blocks(f), count);
+  // At most 32 KiB (kMaxHeadDim), under the limit without an opt-in.
+  const std::size_t shared = decode_scratch_floats(f) * sizeof(float);
   const auto launch = [&]<class Staged, CodecFamily Family>() {
-    decode_kernel<Staged, Family><<<g, kBlock, 0, stream>>>(f, pages, staged, count);
+    decode_kernel<Staged, Family><<<g, kBlock, shared, stream>>>(f, pages, staged, count);
   };
   dispatch(f, launch);
   return cudaGetLastError();

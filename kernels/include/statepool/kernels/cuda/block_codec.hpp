@@ -625,7 +625,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: dual-codes 4 io
+  // kernel-report: kda-codes 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -659,7 +659,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
     const std::uint64_t quads = (n + 3) / 4;
     const std::uint8_t* codes = in + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
-    // kernel-report: dual-decode 4 io
+    // kernel-report: fallback-decode 4 io
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -677,7 +677,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: dual-decode 4 io
+  // kernel-report: kda-decode 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -820,12 +820,96 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   });
 }
 
+// Sixteen consecutive codes of `Bits` bits from Bits / 2 little-endian words: code n is
+// bits [n Bits, n Bits + Bits) of the words' concatenation (the packing of packing.hpp).
+template <std::uint32_t Bits>
+STATEPOOL_HD inline void unpack16(const std::uint32_t* w, std::uint32_t* u) noexcept {
+  constexpr std::uint32_t kWords = Bits / 2;
+  constexpr std::uint32_t kMask = (1u << Bits) - 1u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t n = 0; n < 16; ++n) {
+    const std::uint32_t bit = n * Bits;
+    const std::uint32_t word = bit / 32;
+    const std::uint64_t pair =
+        w[word] | (word + 1 < kWords ? std::uint64_t{w[word + 1]} << 32 : std::uint64_t{0});
+    u[n] = static_cast<std::uint32_t>(pair >> (bit % 32)) & kMask;
+  }
+}
+
+// Whether a GDN / DSQ head decodes by 16-code chunks (decode_run16): one run of codes at
+// one width starting 4-byte aligned, rows of a multiple of 16 values, and a staged head
+// that starts 16-byte aligned (every real model's shape: K = V = 128).
+template <class Staged>
+STATEPOOL_HD inline bool run16_fits(const PageFormatView& f, const SqHead& h,
+                                    const std::uint8_t* in, const void* base,
+                                    std::uint64_t first) noexcept {
+  return h.kind != SqKind::pivot_head && h.row_offsets == nullptr && f.value_dim % 16 == 0 &&
+         (reinterpret_cast<std::uintptr_t>(in + h.codes_offset) & 3u) == 0 &&
+         aligned16(Staged::address(base, first));
+}
+
+// The decode of such a head: the row scales (and the column scales of a dual head)
+// converted once into block scratch (K + V floats), sync, then a rank per 16 codes:
+// Bits / 2 32-bit loads, the codes unpacked, 16 values computed exactly as the
+// per-value path computes them and stored with 128-bit stores; sync (the scratch is
+// free again).
+template <std::uint32_t Bits, class Staged, class Team>
+STATEPOOL_HD void decode_run16(const Team& t, const PageFormatView& f, const SqHead& h,
+                               const std::uint8_t* in, const HeadOut<Staged>& y,
+                               float* scratch) noexcept {
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  const bool dual = h.kind == SqKind::dual;
+  float* rs = scratch;
+  float* cs = scratch + K;
+  const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // r[K] (s[K]), then c[V]
+  for (std::uint32_t i = t.rank(); i < K + (dual ? V : 0); i += t.size()) {
+    scratch[i] = half_bits_to_float(halves[i]);
+  }
+  t.sync();
+  const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, Bits));
+  const std::uint32_t per_row = V / 16;
+  const std::uint32_t chunks = K * per_row;
+  const auto* words = reinterpret_cast<const std::uint32_t*>(in + h.codes_offset);
+  GridCursor cursor(t.rank(), t.size(), per_row);
+  // kernel-report: dual-decode 16 io
+  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
+    std::uint32_t w[Bits / 2];
+    for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+      w[m] = words[k * (Bits / 2) + m];
+    }
+    std::uint32_t u[16];
+    unpack16<Bits>(w, u);
+    const float r = rs[cursor.i];
+    const float* c = cs + 16 * cursor.j;
+    float v[16];
+    for (std::uint32_t n = 0; n < 16; ++n) {
+      const std::int32_t z = stepquant::unit_level(u[n], Bits);
+      v[n] = dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
+    }
+    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k}, v);
+    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k} + 8, v + 8);
+  }
+  t.sync();
+}
+
 template <class Staged, class Team>
 STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
-                                 const std::uint8_t* in, const HeadOut<Staged>& y) noexcept {
+                                 const std::uint8_t* in, const HeadOut<Staged>& y,
+                                 float* scratch) noexcept {
   const SqHead h = sq_head(f, head);
   const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
+  if (run16_fits<Staged>(f, h, in, y.base, y.first)) {
+    switch (h.bits) {
+      case 2: decode_run16<2>(t, f, h, in, y, scratch); return;
+      case 4: decode_run16<4>(t, f, h, in, y, scratch); return;
+      case 6: decode_run16<6>(t, f, h, in, y, scratch); return;
+      default: decode_run16<8>(t, f, h, in, y, scratch); return;
+    }
+  }
   switch (h.kind) {
     case SqKind::pivot_head: {
       const std::uint64_t n = std::uint64_t{K} * V;
@@ -869,6 +953,12 @@ STATEPOOL_HD inline std::uint64_t recurrent_staged_bytes(const PageFormatView& f
 
 }  // namespace detail
 
+/// Floats of block scratch a decode needs: the K row and V column scales of a STEPQuant /
+/// DSQ head as floats (decode_run16).
+STATEPOOL_HD inline std::uint64_t decode_scratch_floats(const PageFormatView& f) noexcept {
+  return std::uint64_t{f.key_dim} + f.value_dim;
+}
+
 /// Floats of block scratch an encode needs (stepquant and dsq heads: 2 K + V; at most
 /// 48 KiB, at K = V = kMaxHeadDim).
 STATEPOOL_HD inline std::uint64_t encode_scratch_floats(const PageFormatView& f) noexcept {
@@ -911,10 +1001,11 @@ STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void
   }
 }
 
-/// Decodes head `head` of `page` into `staged`. `Family`: as encode_head's.
+/// Decodes head `head` of `page` into `staged`. `scratch` is decode_scratch_floats(f)
+/// floats of block scratch, visible to every rank. `Family`: as encode_head's.
 template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std::uint8_t* page,
-                              void* staged, std::uint32_t head) noexcept {
+                              void* staged, std::uint32_t head, float* scratch) noexcept {
   const detail::HeadOut<Staged> y{staged, detail::head_first_value(f, head)};
   const std::uint8_t* in = page + f.head_offsets[head];
   const CodecFamily family = Family == CodecFamily::any ? codec_family(f.codec) : Family;
@@ -925,7 +1016,7 @@ STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std:
     if (family == CodecFamily::uniform) detail::decode_uniform_head(t, f, in, y);
   }
   if constexpr (Family == CodecFamily::any || Family == CodecFamily::stepquant) {
-    if (family == CodecFamily::stepquant) detail::decode_sq_head(t, f, head, in, y);
+    if (family == CodecFamily::stepquant) detail::decode_sq_head(t, f, head, in, y, scratch);
   }
 }
 
@@ -953,13 +1044,13 @@ STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const voi
       out + f.conv_offset + begin, size);
 }
 
-/// Block `block` of a slot's decode.
+/// Block `block` of a slot's decode. `scratch`: as decode_head's.
 template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void decode_block(const Team& t, const PageFormatView& f, const void* page,
-                               void* staged, std::uint32_t block) noexcept {
+                               void* staged, std::uint32_t block, float* scratch) noexcept {
   const auto* in = static_cast<const std::uint8_t*>(page);
   if (block < f.head_count) {
-    decode_head<Staged, Family>(t, f, in, staged, block);
+    decode_head<Staged, Family>(t, f, in, staged, block, scratch);
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;

@@ -142,7 +142,8 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepDuplicateSlot;
     return;
   }
-  decode_head<detail::StagedScratch, Family>(t, f, page, &values, head);
+  // The decay's place (K + 2 K + V floats) is free until the decode is done.
+  decode_head<detail::StagedScratch, Family>(t, f, page, &values, head, decay);
   const bool per_row = f.arch == Arch::kda;
   const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;
   for (std::uint32_t i = t.rank(); i < K; i += t.size()) {

@@ -92,13 +92,14 @@ inline void emulate_encode_pages(const PageFormatView& f, const void* const* sta
 /// decode_pages on the host: pages[i] -> staged[i].
 inline void emulate_decode_pages(const PageFormatView& f, const void* const* pages,
                                  void* const* staged, std::uint32_t count, unsigned ranks) {
+  std::vector<float> scratch(decode_scratch_floats(f));  // the block's shared memory
   run_team(ranks, [&](const auto& team) {
     for (std::uint32_t slot = 0; slot < count; ++slot) {
       for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
         if (f.staged_dtype == DType::f32) {
-          decode_block<StagedF32>(team, f, pages[slot], staged[slot], block);
+          decode_block<StagedF32>(team, f, pages[slot], staged[slot], block, scratch.data());
         } else {
-          decode_block<StagedBf16>(team, f, pages[slot], staged[slot], block);
+          decode_block<StagedBf16>(team, f, pages[slot], staged[slot], block, scratch.data());
         }
       }
     }
