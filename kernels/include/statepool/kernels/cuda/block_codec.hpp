@@ -607,7 +607,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
     const std::uint64_t quads = (n + 3) / 4;
     std::uint8_t* codes = out + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
-    // kernel-report: dual-codes 4 io
+    // kernel-report: fallback-codes 4 io
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -782,6 +782,84 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
   return c;
 }
 
+// Whether a GDN / DSQ head is coded by 16-code chunks (write_run16, decode_run16): one
+// run of codes at one width starting 4-byte aligned, rows of a multiple of 16 values,
+// and a staged head that starts 16-byte aligned (every real model's shape: K = V = 128).
+template <class Staged>
+STATEPOOL_HD inline bool run16_fits(const PageFormatView& f, const SqHead& h,
+                                    const std::uint8_t* in, const void* base,
+                                    std::uint64_t first) noexcept {
+  return h.kind != SqKind::pivot_head && h.row_offsets == nullptr && f.value_dim % 16 == 0 &&
+         (reinterpret_cast<std::uintptr_t>(in + h.codes_offset) & 3u) == 0 &&
+         aligned16(Staged::address(base, first));
+}
+
+// Sixteen codes of `Bits` bits into Bits / 2 little-endian words (unpack16's inverse).
+template <std::uint32_t Bits>
+STATEPOOL_HD inline void pack16(const std::uint32_t* u, std::uint32_t* w) noexcept {
+  constexpr std::uint32_t kWords = Bits / 2;
+  for (std::uint32_t m = 0; m < kWords; ++m) {
+    w[m] = 0;
+  }
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t n = 0; n < 16; ++n) {
+    const std::uint32_t bit = n * Bits;
+    const std::uint32_t word = bit / 32;
+    const std::uint32_t shift = bit % 32;
+    w[word] |= u[n] << shift;
+    if (shift + Bits > 32) w[word + 1] |= u[n] >> (32 - shift);
+  }
+}
+
+// The codes of such a head (run16_fits) by 16-value chunks: a rank loads 16 staged values
+// with 128-bit loads, codes them (code(v, i, j, Bits)), packs them and stores Bits / 2
+// 32-bit words.
+template <std::uint32_t Bits, class Staged, class Team, class Code>
+STATEPOOL_HD void write_run16(const Team& t, const PageFormatView& f, const SqHead& h,
+                              const HeadValues<Staged>& x, std::uint8_t* out,
+                              const Code& code) noexcept {
+  const std::uint32_t per_row = f.value_dim / 16;
+  const std::uint32_t chunks = f.key_dim * per_row;
+  auto* words = reinterpret_cast<std::uint32_t*>(out + h.codes_offset);
+  GridCursor cursor(t.rank(), t.size(), per_row);
+  // kernel-report: dual-codes 16 io
+  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
+    float v[16];
+    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k}, v);
+    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k} + 8, v + 8);
+    std::uint32_t u[16];
+    for (std::uint32_t n = 0; n < 16; ++n) {
+      u[n] = code(v[n], cursor.i, 16 * cursor.j + n, Bits);
+    }
+    std::uint32_t w[Bits / 2];
+    pack16<Bits>(u, w);
+    for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+      words[k * (Bits / 2) + m] = w[m];
+    }
+  }
+}
+
+// Every code of a dual or absmax head: code(v, i, j, bits) is the code of value v at
+// (i, j). By 16-value chunks where the head allows (run16_fits), else per quad.
+template <class Staged, class Team, class Code>
+STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqHead& h,
+                               const HeadValues<Staged>& x, std::uint8_t* out,
+                               const Code& code) noexcept {
+  if (run16_fits<Staged>(f, h, out, x.base, x.first)) {
+    switch (h.bits) {
+      case 2: write_run16<2>(t, f, h, x, out, code); return;
+      case 4: write_run16<4>(t, f, h, x, out, code); return;
+      case 6: write_run16<6>(t, f, h, x, out, code); return;
+      default: write_run16<8>(t, f, h, x, out, code); return;
+    }
+  }
+  write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
+    return code(x.at(i, j), i, j, bits);
+  });
+}
+
 template <class Staged, class Team>
 STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
                                  const HeadValues<Staged>& x, std::uint8_t* out,
@@ -803,9 +881,10 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   write_row_scales(t, f, h, x, out, scratch);
   t.sync();
   if (h.kind == SqKind::absmax) {
-    write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-      return stepquant::absmax_code(x.at(i, j), scratch.a()[i], bits);
-    });
+    encode_codes(t, f, h, x, out,
+                 [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
+                   return stepquant::absmax_code(v, scratch.a()[i], bits);
+                 });
     return;
   }
   std::uint8_t* c = out + 2 * std::uint64_t{K};
@@ -815,8 +894,8 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
     scratch.b()[j] = stepquant::column_code_factor(cj);
   }
   t.sync();
-  write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-    return stepquant::dual_code(x.at(i, j), scratch.a()[i], scratch.b()[j], bits);
+  encode_codes(t, f, h, x, out, [&](float v, std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
+    return stepquant::dual_code(v, scratch.a()[i], scratch.b()[j], bits);
   });
 }
 
@@ -836,18 +915,6 @@ STATEPOOL_HD inline void unpack16(const std::uint32_t* w, std::uint32_t* u) noex
         w[word] | (word + 1 < kWords ? std::uint64_t{w[word + 1]} << 32 : std::uint64_t{0});
     u[n] = static_cast<std::uint32_t>(pair >> (bit % 32)) & kMask;
   }
-}
-
-// Whether a GDN / DSQ head decodes by 16-code chunks (decode_run16): one run of codes at
-// one width starting 4-byte aligned, rows of a multiple of 16 values, and a staged head
-// that starts 16-byte aligned (every real model's shape: K = V = 128).
-template <class Staged>
-STATEPOOL_HD inline bool run16_fits(const PageFormatView& f, const SqHead& h,
-                                    const std::uint8_t* in, const void* base,
-                                    std::uint64_t first) noexcept {
-  return h.kind != SqKind::pivot_head && h.row_offsets == nullptr && f.value_dim % 16 == 0 &&
-         (reinterpret_cast<std::uintptr_t>(in + h.codes_offset) & 3u) == 0 &&
-         aligned16(Staged::address(base, first));
 }
 
 // The decode of such a head: the row scales (and the column scales of a dual head)
