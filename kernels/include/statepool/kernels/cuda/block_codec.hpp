@@ -625,7 +625,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: kda-codes 4 io
+  // kernel-report: fallback-codes 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -677,7 +677,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: kda-decode 4 io
+  // kernel-report: fallback-decode 4 io
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -794,6 +794,18 @@ STATEPOOL_HD inline bool run16_fits(const PageFormatView& f, const SqHead& h,
          aligned16(Staged::address(base, first));
 }
 
+// Whether a KDA head is coded by 16-value chunks of its rows (write_rows16,
+// decode_rows16): rows of a multiple of 16 values (every row's bytes are then a multiple
+// of 4), the first row starting 4-byte aligned, the staged head 16-byte aligned.
+template <class Staged>
+STATEPOOL_HD inline bool rows16_fits(const PageFormatView& f, const SqHead& h,
+                                     const std::uint8_t* in, const void* base,
+                                     std::uint64_t first) noexcept {
+  return h.row_offsets != nullptr && f.value_dim % 16 == 0 &&
+         (reinterpret_cast<std::uintptr_t>(in + h.row_offsets[0]) & 3u) == 0 &&
+         aligned16(Staged::address(base, first));
+}
+
 // Sixteen codes of `Bits` bits into Bits / 2 little-endian words (unpack16's inverse).
 template <std::uint32_t Bits>
 STATEPOOL_HD inline void pack16(const std::uint32_t* u, std::uint32_t* w) noexcept {
@@ -841,8 +853,58 @@ STATEPOOL_HD void write_run16(const Team& t, const PageFormatView& f, const SqHe
   }
 }
 
+// Chunk n (16 values) of a row of `bits` bits: codes of 16 staged values, or (a pivot
+// row) their fp16 bits, as Bits / 2 (8) 32-bit words at `dst`.
+template <std::uint32_t Bits, class Code>
+STATEPOOL_HD inline void write_chunk16(const float* v, std::uint32_t i, std::uint32_t j0,
+                                       std::uint32_t* dst, const Code& code) noexcept {
+  std::uint32_t u[16];
+  for (std::uint32_t n = 0; n < 16; ++n) {
+    u[n] = code(v[n], i, j0 + n, Bits);
+  }
+  std::uint32_t w[Bits / 2];
+  pack16<Bits>(u, w);
+  for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+    dst[m] = w[m];
+  }
+}
+
+// The rows of a KDA head (rows16_fits) by 16-value chunks: a rank per (row, chunk), the
+// row's width read per chunk (ranks of one warp may take rows of other widths).
+template <class Staged, class Team, class Code>
+STATEPOOL_HD void write_rows16(const Team& t, const PageFormatView& f, const SqHead& h,
+                               const HeadValues<Staged>& x, std::uint8_t* out,
+                               const Code& code) noexcept {
+  const std::uint32_t per_row = f.value_dim / 16;
+  const std::uint32_t chunks = f.key_dim * per_row;
+  GridCursor cursor(t.rank(), t.size(), per_row);
+  // kernel-report: kda-codes 16 io
+  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
+    const std::uint32_t i = cursor.i;
+    const std::uint32_t bits = h.width(i);
+    float v[16];
+    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k}, v);
+    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k} + 8, v + 8);
+    // A chunk takes 2 bits bytes: bits / 2 words.
+    auto* dst = reinterpret_cast<std::uint32_t*>(out + h.row_offsets[i]) + cursor.j * (bits / 2);
+    switch (bits) {
+      case 2: write_chunk16<2>(v, i, 16 * cursor.j, dst, code); break;
+      case 4: write_chunk16<4>(v, i, 16 * cursor.j, dst, code); break;
+      case 6: write_chunk16<6>(v, i, 16 * cursor.j, dst, code); break;
+      case 8: write_chunk16<8>(v, i, 16 * cursor.j, dst, code); break;
+      default:  // a pivot row: fp16 values
+        for (std::uint32_t m = 0; m < 8; ++m) {
+          dst[m] = std::uint32_t{float_to_half_bits(v[2 * m])} |
+                   (std::uint32_t{float_to_half_bits(v[2 * m + 1])} << 16);
+        }
+        break;
+    }
+  }
+}
+
 // Every code of a dual or absmax head: code(v, i, j, bits) is the code of value v at
-// (i, j). By 16-value chunks where the head allows (run16_fits), else per quad.
+// (i, j). By 16-value chunks where the head allows (run16_fits, rows16_fits), else per
+// quad.
 template <class Staged, class Team, class Code>
 STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqHead& h,
                                const HeadValues<Staged>& x, std::uint8_t* out,
@@ -854,6 +916,10 @@ STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqH
       case 6: write_run16<6>(t, f, h, x, out, code); return;
       default: write_run16<8>(t, f, h, x, out, code); return;
     }
+  }
+  if (rows16_fits<Staged>(f, h, out, x.base, x.first)) {
+    write_rows16(t, f, h, x, out, code);
+    return;
   }
   write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
     return code(x.at(i, j), i, j, bits);
@@ -962,6 +1028,73 @@ STATEPOOL_HD void decode_run16(const Team& t, const PageFormatView& f, const SqH
   t.sync();
 }
 
+// 16 values of chunk `src` (Bits / 2 words) of a row at width Bits: value(z) of each
+// level z.
+template <std::uint32_t Bits, class Value>
+STATEPOOL_HD inline void read_chunk16(const std::uint32_t* src, float* v,
+                                      const Value& value) noexcept {
+  std::uint32_t w[Bits / 2];
+  for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+    w[m] = src[m];
+  }
+  std::uint32_t u[16];
+  unpack16<Bits>(w, u);
+  for (std::uint32_t n = 0; n < 16; ++n) {
+    v[n] = value(n, stepquant::unit_level(u[n], Bits), Bits);
+  }
+}
+
+// The decode of a KDA head (rows16_fits): the scales once into block scratch as in
+// decode_run16, then a rank per (row, 16-value chunk), the row's width read per chunk.
+template <class Staged, class Team>
+STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const SqHead& h,
+                                const std::uint8_t* in, const HeadOut<Staged>& y,
+                                float* scratch) noexcept {
+  const std::uint32_t K = f.key_dim;
+  const std::uint32_t V = f.value_dim;
+  const bool dual = h.kind == SqKind::dual;
+  float* rs = scratch;
+  float* cs = scratch + K;
+  const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // r[K] (s[K]), then c[V]
+  for (std::uint32_t i = t.rank(); i < K + (dual ? V : 0); i += t.size()) {
+    scratch[i] = half_bits_to_float(halves[i]);
+  }
+  t.sync();
+  const std::uint32_t per_row = V / 16;
+  const std::uint32_t chunks = K * per_row;
+  GridCursor cursor(t.rank(), t.size(), per_row);
+  // kernel-report: kda-decode 16 io
+  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
+    const std::uint32_t i = cursor.i;
+    const std::uint32_t bits = h.width(i);
+    const auto* src =
+        reinterpret_cast<const std::uint32_t*>(in + h.row_offsets[i]) + cursor.j * (bits / 2);
+    const float r = rs[i];
+    const float* c = cs + 16 * cursor.j;
+    const auto value = [&](std::uint32_t n, std::int32_t z, std::uint32_t b) {
+      const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, b));
+      return dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
+    };
+    float v[16];
+    switch (bits) {
+      case 2: read_chunk16<2>(src, v, value); break;
+      case 4: read_chunk16<4>(src, v, value); break;
+      case 6: read_chunk16<6>(src, v, value); break;
+      case 8: read_chunk16<8>(src, v, value); break;
+      default:  // a pivot row: fp16 values
+        for (std::uint32_t m = 0; m < 8; ++m) {
+          const std::uint32_t word = src[m];
+          v[2 * m] = half_bits_to_float(static_cast<std::uint16_t>(word));
+          v[2 * m + 1] = half_bits_to_float(static_cast<std::uint16_t>(word >> 16));
+        }
+        break;
+    }
+    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k}, v);
+    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k} + 8, v + 8);
+  }
+  t.sync();
+}
+
 template <class Staged, class Team>
 STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
                                  const std::uint8_t* in, const HeadOut<Staged>& y,
@@ -976,6 +1109,10 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
       case 6: decode_run16<6>(t, f, h, in, y, scratch); return;
       default: decode_run16<8>(t, f, h, in, y, scratch); return;
     }
+  }
+  if (rows16_fits<Staged>(f, h, in, y.base, y.first)) {
+    decode_rows16(t, f, h, in, y, scratch);
+    return;
   }
   switch (h.kind) {
     case SqKind::pivot_head: {
