@@ -19,8 +19,7 @@ namespace statepool::bench {
 
 inline void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
-    throw std::runtime_error(std::string(what) + ": " +
-                             kernels::cuda::handled_error_text(status));
+    throw std::runtime_error(std::string(what) + ": " + kernels::cuda::handled_error_text(status));
   }
 }
 

@@ -42,8 +42,8 @@ class OpenedEvent {
 
 StreamFence::StreamFence(int device) : device_(device) {
   const kernels::cuda::DeviceGuard on(device);
-  if (const cudaError_t s = cudaEventCreateWithFlags(
-          &event_, cudaEventInterprocess | cudaEventDisableTiming);
+  if (const cudaError_t s =
+          cudaEventCreateWithFlags(&event_, cudaEventInterprocess | cudaEventDisableTiming);
       s != cudaSuccess) {
     fail("cudaEventCreateWithFlags (an interprocess event)", s);
   }
@@ -61,8 +61,8 @@ StreamFence::~StreamFence() {
     const kernels::cuda::DeviceGuard on(device_);
     kernels::cuda::report_release_failure("cudaEventDestroy", device_, cudaEventDestroy(event_));
   } catch (const kernels::cuda::CudaError& e) {
-    kernels::cuda::report_release_failure("making the device current for cudaEventDestroy",
-                                          device_, static_cast<cudaError_t>(e.code()));
+    kernels::cuda::report_release_failure("making the device current for cudaEventDestroy", device_,
+                                          static_cast<cudaError_t>(e.code()));
   }
 }
 

@@ -685,7 +685,8 @@ flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> after_to_wire(
 }  // namespace
 
 std::uint64_t Connection::compress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                                   kernels::DType dtype, const std::optional<IpcEventBytes>& after) {
+                                   kernels::DType dtype,
+                                   const std::optional<IpcEventBytes>& after) {
   require_valid(slot, "compress");
   require_valid(staging, "compress");
   return compress(slot.arena_id(), slot.id(), staging.id(), offset, dtype, after);
@@ -704,7 +705,8 @@ std::uint64_t Connection::compress(ArenaId arena, SlotId slot, StagingId staging
 }
 
 std::uint64_t Connection::decompress(const Slot& slot, const Staging& staging, std::uint64_t offset,
-                                     kernels::DType dtype, const std::optional<IpcEventBytes>& after) {
+                                     kernels::DType dtype,
+                                     const std::optional<IpcEventBytes>& after) {
   require_valid(slot, "decompress");
   require_valid(staging, "decompress");
   return decompress(slot.arena_id(), slot.id(), staging.id(), offset, dtype, after);
@@ -734,7 +736,8 @@ void Connection::copy(const Slot& src, const Slot& dst, const std::optional<IpcE
   copy(src.arena_id(), src.id(), dst.id(), after);
 }
 
-void Connection::copy(ArenaId arena, SlotId src, SlotId dst, const std::optional<IpcEventBytes>& after) {
+void Connection::copy(ArenaId arena, SlotId src, SlotId dst,
+                      const std::optional<IpcEventBytes>& after) {
   impl().call<wire::Copy>(
       [&](auto& b) {
         const auto event = after_to_wire(b, after);

@@ -36,7 +36,8 @@ DevicePageFormat::DevicePageFormat(const PageCodec& codec, DType staged_dtype) {
 }
 
 DevicePageFormat::~DevicePageFormat() {
-  if (tables_ != nullptr) report_release_failure("cudaFree (DevicePageFormat)", -1, cudaFree(tables_));
+  if (tables_ != nullptr)
+    report_release_failure("cudaFree (DevicePageFormat)", -1, cudaFree(tables_));
 }
 
 DevicePageFormat::DevicePageFormat(DevicePageFormat&& other) noexcept

@@ -198,10 +198,8 @@ bool is_sticky(cudaError_t status) noexcept {
     case cudaErrorInvalidAddressSpace:
     case cudaErrorInvalidPc:
     case cudaErrorLaunchFailure:
-    case cudaErrorExternalDevice:
-      return true;
-    default:
-      return false;
+    case cudaErrorExternalDevice: return true;
+    default: return false;
   }
 }
 

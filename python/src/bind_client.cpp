@@ -1012,9 +1012,8 @@ stream waits for it. The same ``after`` exists on decompress, copy and their _as
           [](const ConnectionHandle& c, client::ArenaId a, client::SlotId s, client::StagingId st,
              std::uint64_t offset, DType dtype, const py::object& after) {
             const auto event = after_event(after);
-            return call(c, [&](Connection& conn) {
-              return conn.compress(a, s, st, offset, dtype, event);
-            });
+            return call(
+                c, [&](Connection& conn) { return conn.compress(a, s, st, offset, dtype, event); });
           },
           py::arg("arena_id"), py::arg("slot_id"), py::arg("staging_id"), py::arg("offset") = 0,
           py::arg("dtype") = DType::f32, py::kw_only(), py::arg("after") = py::none())

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "statepool/kernels/codec.hpp"
 #include "log.hpp"
+#include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
 #include "statepool/kernels/cuda/kv_kernels.hpp"
@@ -55,9 +55,11 @@ struct CudaExecutor::Device {
     try {
       const kernels::cuda::DeviceGuard on(device);
       for (cudaEvent_t event : events) {
-        if (event != nullptr) report_release_failure("cudaEventDestroy", device, cudaEventDestroy(event));
+        if (event != nullptr)
+          report_release_failure("cudaEventDestroy", device, cudaEventDestroy(event));
       }
-      if (stream != nullptr) report_release_failure("cudaStreamDestroy", device, cudaStreamDestroy(stream));
+      if (stream != nullptr)
+        report_release_failure("cudaStreamDestroy", device, cudaStreamDestroy(stream));
       if (first_bad_host != nullptr) {
         report_release_failure("cudaFreeHost", device, cudaFreeHost(first_bad_host));
       }
@@ -94,8 +96,8 @@ struct CudaExecutor::Formats {
     kernels::cuda::check(cudaMemcpyAsync(copy->info().data, blob.data(), blob.size(),
                                          cudaMemcpyHostToDevice, cudaStreamPerThread),
                          "uploading page format tables", device);
-    kernels::cuda::check(cudaStreamSynchronize(cudaStreamPerThread),
-                         "uploading page format tables", device);
+    kernels::cuda::check(cudaStreamSynchronize(cudaStreamPerThread), "uploading page format tables",
+                         device);
     const kernels::cuda::PageFormatView view = tables.view_at(copy->info().data);
     it = entries.emplace(key, Entry{codec, std::move(copy), view}).first;
     return it->second.view;
@@ -129,7 +131,8 @@ CudaExecutor::CudaExecutor(int device, MemoryResource& memory)
     static_assert(sizeof(handle) == sizeof(IpcEventBytes));
     std::memcpy(cuda->event_handles[i].data(), &handle, sizeof(handle));
   }
-  cuda->results = memory.allocate(sizeof(unsigned long long) * kMaxInFlight, "executor check results");
+  cuda->results =
+      memory.allocate(sizeof(unsigned long long) * kMaxInFlight, "executor check results");
   cuda->first_bad = reinterpret_cast<unsigned long long*>(cuda->results->info().data);
   void* results = nullptr;
   setup(cudaMallocHost(&results, sizeof(unsigned long long) * kMaxInFlight),
@@ -611,8 +614,8 @@ void CudaExecutor::complete_loop() {
     lock.unlock();
     std::exception_ptr error;
     try {
-      check_op(cudaEventSynchronize(cuda_->events[slot]), "waiting for the work (cudaEventSynchronize)",
-               job.op.kind, device_);
+      check_op(cudaEventSynchronize(cuda_->events[slot]),
+               "waiting for the work (cudaEventSynchronize)", job.op.kind, device_);
       error = check_result(job, slot);
     } catch (...) {
       error = failure(std::current_exception());

@@ -28,9 +28,9 @@ kernels::DType staging_dtype(wire::DType dtype) {
 std::optional<IpcEventBytes> after_event(const flatbuffers::Vector<std::uint8_t>* bytes) {
   if (bytes == nullptr) return std::nullopt;
   IpcEventBytes event{};
-  STATEPOOL_EXPECTS(bytes->size() == event.size(), Status::invalid_argument,
-                    cat("`after` holds ", bytes->size(), " bytes; an IPC event handle has ",
-                        event.size()));
+  STATEPOOL_EXPECTS(
+      bytes->size() == event.size(), Status::invalid_argument,
+      cat("`after` holds ", bytes->size(), " bytes; an IPC event handle has ", event.size()));
   std::memcpy(event.data(), bytes->data(), event.size());
   return event;
 }

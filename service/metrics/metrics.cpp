@@ -98,14 +98,13 @@ class PoolCollector final : public prometheus::Collectable {
 
     // What the backend's memory resource holds, through the tracking adaptors: the arenas
     // (under the pool's limits) and the connections' staging buffers.
-    auto memory_bytes =
-        family("statepool_memory_bytes",
-               "Bytes the memory backend holds, by use (arenas, staging, executor).",
+    auto memory_bytes = family(
+        "statepool_memory_bytes",
+        "Bytes the memory backend holds, by use (arenas, staging, executor).", MetricType::Gauge);
+    auto memory_allocations =
+        family("statepool_memory_allocations",
+               "Live allocations of the memory backend, by use (arenas, staging, executor).",
                MetricType::Gauge);
-    auto memory_allocations = family(
-        "statepool_memory_allocations",
-        "Live allocations of the memory backend, by use (arenas, staging, executor).",
-        MetricType::Gauge);
     auto memory_failures =
         family("statepool_memory_allocation_failures_total",
                "Allocations the memory backend refused (out of memory or descriptors), by use.",

@@ -171,9 +171,9 @@ TEST(CudaDaemon, AfterOrdersTheCompressBehindTheEnginesStream) {
     ASSERT_EQ(cudaLaunchHostFunc(
                   engine, [](void*) { std::this_thread::sleep_for(300ms); }, nullptr),
               cudaSuccess);
-    ASSERT_EQ(cudaMemcpyAsync(staging.device_data(), host, fresh.size(), cudaMemcpyHostToDevice,
-                              engine),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpyAsync(staging.device_data(), host, fresh.size(), cudaMemcpyHostToDevice, engine),
+        cudaSuccess);
     const client::IpcEventBytes after = fence.record(engine);
     if (async) {
       const client::Pending pending = conn.compress_async(arena.id(), slots[0].id(), staging.id(),

@@ -227,13 +227,14 @@ TEST_F(BadFrames, AnAfterEventOfTheWrongLengthIsInvalidArgument) {
   ASSERT_TRUE(peer.read_reply().has_value());
   const std::vector<std::uint8_t> three = {1, 2, 3};
   std::uint64_t id = 2;
-  for (const auto body : {wire::RequestBody::Compress, wire::RequestBody::Decompress,
-                          wire::RequestBody::Copy}) {
+  for (const auto body :
+       {wire::RequestBody::Compress, wire::RequestBody::Decompress, wire::RequestBody::Copy}) {
     b.Clear();
     const auto after = b.CreateVector(three);
     flatbuffers::Offset<void> request;
     if (body == wire::RequestBody::Compress) {
-      request = wire::CreateCompress(b, arena_->id(), 0, 0, 0, wire::DType::f32, false, after).Union();
+      request =
+          wire::CreateCompress(b, arena_->id(), 0, 0, 0, wire::DType::f32, false, after).Union();
     } else if (body == wire::RequestBody::Decompress) {
       request =
           wire::CreateDecompress(b, arena_->id(), 0, 0, 0, wire::DType::f32, false, after).Union();

@@ -173,10 +173,9 @@ TEST(DeviceStepEmulationSlots, ASlotTwiceInOneBatchIsSteppedOnceForItsFirstReque
     StepBatch got = in;
     std::vector<std::uint8_t> rejected(6, 0xEE);
     cuda::emulate_fused_step(tables.view(), view(pages, got, 3, rejected.data()), ranks);
-    EXPECT_EQ(rejected, (std::vector<std::uint8_t>{cuda::kStepStored, cuda::kStepStored,
-                                                   cuda::kStepStored, cuda::kStepStored,
-                                                   cuda::kStepDuplicateSlot,
-                                                   cuda::kStepDuplicateSlot}))
+    EXPECT_EQ(rejected, (std::vector<std::uint8_t>{
+                            cuda::kStepStored, cuda::kStepStored, cuda::kStepStored,
+                            cuda::kStepStored, cuda::kStepDuplicateSlot, cuda::kStepDuplicateSlot}))
         << ranks << " ranks";
     EXPECT_EQ(pages, expected_pages) << ranks << " ranks";
     // Requests 0 and 1 wrote what they write alone; request 2 wrote nothing.

@@ -660,8 +660,10 @@ class Connection {
                            const std::optional<IpcEventBytes>& after = std::nullopt);
   /// Copies a whole page (prefix checkpoint / fork). Both slots must be of one arena
   /// (Error(invalid_argument) otherwise, without a round trip).
-  void copy(const Slot& src, const Slot& dst, const std::optional<IpcEventBytes>& after = std::nullopt);
-  void copy(ArenaId arena, SlotId src, SlotId dst, const std::optional<IpcEventBytes>& after = std::nullopt);
+  void copy(const Slot& src, const Slot& dst,
+            const std::optional<IpcEventBytes>& after = std::nullopt);
+  void copy(ArenaId arena, SlotId src, SlotId dst,
+            const std::optional<IpcEventBytes>& after = std::nullopt);
 
   /// The same three without waiting for the device (the cuda backend): the daemon replies
   /// as soon as the work is on its stream, and `event` is an IPC event that completes with

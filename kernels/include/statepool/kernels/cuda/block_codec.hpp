@@ -386,7 +386,8 @@ STATEPOOL_HD inline void load_float8(CodecId codec, const std::uint8_t* in, floa
 
 template <class Staged>
 STATEPOOL_HD inline bool float_head_vectors(const PageFormatView& f, const void* base,
-                                            std::uint64_t first, const std::uint8_t* page) noexcept {
+                                            std::uint64_t first,
+                                            const std::uint8_t* page) noexcept {
   const std::uint32_t n = f.key_dim * f.value_dim;
   return n % 8 == 0 && aligned16(Staged::address(base, first)) && aligned16(page);
 }
@@ -947,10 +948,9 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   write_row_scales(t, f, h, x, out, scratch);
   t.sync();
   if (h.kind == SqKind::absmax) {
-    encode_codes(t, f, h, x, out,
-                 [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
-                   return stepquant::absmax_code(v, scratch.a()[i], bits);
-                 });
+    encode_codes(t, f, h, x, out, [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
+      return stepquant::absmax_code(v, scratch.a()[i], bits);
+    });
     return;
   }
   std::uint8_t* c = out + 2 * std::uint64_t{K};

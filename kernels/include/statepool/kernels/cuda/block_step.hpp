@@ -125,8 +125,8 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   float* state = scratch;
   float* decay = scratch + std::uint64_t{K} * V;
   detail::ScratchHead values{state, detail::head_first_value(f, head)};
-  unsigned long long* flag = flags;           // the first non-finite column
-  unsigned long long* earlier = flags + 1;    // the first earlier request with this slot
+  unsigned long long* flag = flags;         // the first non-finite column
+  unsigned long long* earlier = flags + 1;  // the first earlier request with this slot
 
   t.sync();  // the team's previous block is done with the scratch and the flags
   if (t.rank() == 0) {

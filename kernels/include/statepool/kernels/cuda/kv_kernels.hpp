@@ -17,8 +17,8 @@
 // Launchers never throw and never synchronise: they check what the host can check
 // (kv_view_problem(view), null arrays), enqueue on `stream` and return the launch status
 // (cudaGetLastError, which also clears it: callers check every CUDA call, so what it
-// returns is the launch's own error); on a bad argument they return cudaErrorInvalidValue with nothing
-// enqueued. count == 0 enqueues nothing and returns cudaSuccess; so does a shape with no
+// returns is the launch's own error); on a bad argument they return cudaErrorInvalidValue with
+// nothing enqueued. count == 0 enqueues nothing and returns cudaSuccess; so does a shape with no
 // values, except that kv_find_non_finite_streams still sets first_index to UINT64_MAX.
 // Kernel faults surface at the next synchronisation, as usual.
 //
