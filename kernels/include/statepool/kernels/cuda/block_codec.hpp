@@ -983,6 +983,19 @@ STATEPOOL_HD inline void unpack16(const std::uint32_t* w, std::uint32_t* u) noex
   }
 }
 
+// The row scales (r[K], or s[K] of an absmax head) and the column scales (c[V], dual
+// heads) as floats into block scratch, then sync: what the chunked decodes read.
+template <class Team>
+STATEPOOL_HD void load_scales(const Team& t, const PageFormatView& f, const SqHead& h,
+                              const std::uint8_t* in, float* scratch) noexcept {
+  const std::uint32_t count = f.key_dim + (h.kind == SqKind::dual ? f.value_dim : 0);
+  const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // the head starts with them
+  for (std::uint32_t i = t.rank(); i < count; i += t.size()) {
+    scratch[i] = half_bits_to_float(halves[i]);
+  }
+  t.sync();
+}
+
 // The decode of such a head: the row scales (and the column scales of a dual head)
 // converted once into block scratch (K + V floats), sync, then a rank per 16 codes:
 // Bits / 2 32-bit loads, the codes unpacked, 16 values computed exactly as the
@@ -995,13 +1008,9 @@ STATEPOOL_HD void decode_run16(const Team& t, const PageFormatView& f, const SqH
   const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
   const bool dual = h.kind == SqKind::dual;
-  float* rs = scratch;
-  float* cs = scratch + K;
-  const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // r[K] (s[K]), then c[V]
-  for (std::uint32_t i = t.rank(); i < K + (dual ? V : 0); i += t.size()) {
-    scratch[i] = half_bits_to_float(halves[i]);
-  }
-  t.sync();
+  const float* rs = scratch;
+  const float* cs = scratch + K;
+  load_scales(t, f, h, in, scratch);
   const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, Bits));
   const std::uint32_t per_row = V / 16;
   const std::uint32_t chunks = K * per_row;
@@ -1053,13 +1062,9 @@ STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const Sq
   const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
   const bool dual = h.kind == SqKind::dual;
-  float* rs = scratch;
-  float* cs = scratch + K;
-  const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // r[K] (s[K]), then c[V]
-  for (std::uint32_t i = t.rank(); i < K + (dual ? V : 0); i += t.size()) {
-    scratch[i] = half_bits_to_float(halves[i]);
-  }
-  t.sync();
+  const float* rs = scratch;
+  const float* cs = scratch + K;
+  load_scales(t, f, h, in, scratch);
   const std::uint32_t per_row = V / 16;
   const std::uint32_t chunks = K * per_row;
   GridCursor cursor(t.rank(), t.size(), per_row);
