@@ -20,17 +20,22 @@
 // Grid: one block per (slot, x) with x in [0, page_blocks(view)): x < head_count encodes
 // or decodes head x; the others copy one kConvChunkBytes piece of the conv state. Within
 // a head (K rows, V columns, n = K V values, page order = row-major):
-//   float codecs      rank per value
+//   float codecs      rank per 8 values (128-bit accesses) where the head is aligned,
+//                     else rank per value
 //   int4/6/8          rank per group (absmax, fp16 scale), sync, rank per quad (codes)
 //   dual axis (GDN at 2/4/6/8 bits, KDA, dsq4/6)
 //                     rank per row (r_i from the lane sum of fit_math.hpp; e_i and a_i
 //                     into the block scratch), sync, rank per column (c_j: max over rows,
 //                     then the refit sums over rows in row order, binary32; b_j into the
-//                     scratch), sync, rank per quad (codes)
+//                     scratch), sync, codes: rank per 16 values of a row (run16_fits,
+//                     rows16_fits), else rank per quad
 //   temporal_only     rank per row (absmax scale, its reciprocal into the scratch), sync,
-//                     rank per quad
+//                     codes as above
 //   pivot GDN head    rank per value (fp16)
-//   decode            rank per quad (per value for the float codecs and pivot heads)
+//   decode            float codecs as encode; STEPQuant / DSQ: the scales into the block
+//                     scratch, sync, rank per 16 codes of a row where the head allows,
+//                     sync; else (and int4/6/8) rank per quad; pivot heads per value
+// docs/kernels.md has the design, the budgets and kernel-report's numbers.
 // A quad is four consecutive codes of one packed run, which starts on a byte boundary
 // (packing.hpp): GDN and dsq heads pack all K V codes as one run, KDA heads every row as
 // its own run at its byte offset (PageFormatView::row_offsets), a pivot row as V fp16
