@@ -1,6 +1,7 @@
 // CUDA KV-cache stream encode / decode / non-finite scan (kv_kernels.hpp): thin
-// __global__ entries that run kv_math.hpp's per-item functions, one thread per item, and
-// the host launchers that check arguments and size the grid. Built with --fmad=false
+// __global__ entries whose item loops run kv_math.hpp's per-item functions, one thread
+// per item (a group record, a 32-bit word of flat values), and the host launchers that
+// check arguments and size the grid. Built with --fmad=false
 // (kernels/CMakeLists.txt).
 
 #include <cstdint>
@@ -16,6 +17,9 @@ constexpr unsigned kBlock = 256;
 constexpr std::uint32_t kMaxGridY = 65535;  // more streams: blocks loop over them
 constexpr std::uint64_t kMaxGridX = 8192;   // longer streams: threads stride over items
 constexpr unsigned long long kFinite = ~0ull;
+// Encode: a group's 32 values stay in registers (each read once); 4 blocks per SM (64
+// registers, half the SM's warps) keep 32 loads in flight per thread without a spill.
+constexpr unsigned kEncodeBlocksPerSm = 4;
 
 // Element access of the plain side (aligned device loads and stores).
 struct LoadF32 {
@@ -47,22 +51,168 @@ struct StoreF16 {
   }
 };
 
+// Word access to an encoded stream whose first byte is 4-byte aligned (kv_math.hpp,
+// "Alignment": every record and flat word is then a 32-bit word).
+struct WordsOut {
+  std::uint32_t* p;
+  __device__ void word(std::uint64_t i, std::uint32_t w) const noexcept { p[i] = w; }
+};
+struct WordsIn {
+  const std::uint32_t* p;
+  __device__ std::uint32_t word(std::uint64_t i) const noexcept { return p[i]; }
+};
+
+__device__ bool word_aligned(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 4 == 0;
+}
+
+// The item loops of one stream. Threads start at `first` (their index in the grid's x
+// dimension, < 2^21) and stride by `step` (the grid's width); the group loops keep a
+// cursor instead of dividing per record.
+
+template <std::uint32_t Bits, class Load, class Out>
+__device__ void encode_groups(const KvGeometry& g, const KvItems& it, const Load& load,
+                              const Out& out, std::uint32_t first, std::uint32_t step) {
+  const KvGroupWalk walk = kv_group_walk(g, step);
+  KvGroupCursor c = kv_group_cursor(walk, first);
+  // kernel-report: kivi-encode 32/37 io
+  for (std::uint64_t r = first; r < it.groups; r += step) {
+    kv_encode_group<Bits>(load, kv_group_span(g, c), out, r * (1 + Bits));
+    kv_group_advance(c, walk);
+  }
+}
+
+template <KvFlatFormat F, class Load, class Out>
+__device__ void encode_flat16(const KvItems& it, const Load& load, const Out& out,
+                              std::uint32_t first, std::uint32_t step) {
+  // kernel-report: kv16-encode 2/3 io
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    kv_encode_flat<F>(it, w, load, out);
+  }
+}
+
+template <class Load, class Out>
+__device__ void encode_fp8(const KvItems& it, const Load& load, const Out& out, std::uint32_t first,
+                           std::uint32_t step) {
+  // kernel-report: fp8-encode 4/5 io
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, out);
+  }
+}
+
+// A stream that is not 4-byte aligned (the API takes any alignment: e.g. streams packed
+// back to back after an fp8 stream of an odd number of values): the same items, by the
+// byte. Not a layout of the executors' aligned buffers; not marked as a hot loop.
+template <class Load>
+__device__ void encode_bytes(const KvGeometry& g, const KvItems& it, const Load& load,
+                             const KvBytesOut& out, std::uint32_t first, std::uint32_t step) {
+  const KvGroupWalk walk = kv_group_walk(g, step);
+  KvGroupCursor c = kv_group_cursor(walk, first);
+  for (std::uint64_t r = first; r < it.groups; r += step) {
+    if (g.bits == 2) {
+      kv_encode_group<2>(load, kv_group_span(g, c), out, r * 3);
+    } else {
+      kv_encode_group<4>(load, kv_group_span(g, c), out, r * 5);
+    }
+    kv_group_advance(c, walk);
+  }
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    switch (it.format) {
+      case KvFlatFormat::bf16: kv_encode_flat<KvFlatFormat::bf16>(it, w, load, out); break;
+      case KvFlatFormat::fp16: kv_encode_flat<KvFlatFormat::fp16>(it, w, load, out); break;
+      case KvFlatFormat::e4m3: kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, out); break;
+    }
+  }
+}
+
+template <std::uint32_t Bits, class In, class Store>
+__device__ void decode_groups(const KvGeometry& g, const KvItems& it, const In& in,
+                              const Store& store, std::uint32_t first, std::uint32_t step) {
+  const KvGroupWalk walk = kv_group_walk(g, step);
+  KvGroupCursor c = kv_group_cursor(walk, first);
+  // kernel-report: kivi-decode 32/37 io
+  for (std::uint64_t r = first; r < it.groups; r += step) {
+    kv_decode_group<Bits>(in, r * (1 + Bits), kv_group_span(g, c), store);
+    kv_group_advance(c, walk);
+  }
+}
+
+template <KvFlatFormat F, class In, class Store>
+__device__ void decode_flat16(const KvItems& it, const In& in, const Store& store,
+                              std::uint32_t first, std::uint32_t step) {
+  // kernel-report: kv16-decode 2/3 io
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    kv_decode_flat<F>(it, w, in, store);
+  }
+}
+
+template <class In, class Store>
+__device__ void decode_fp8(const KvItems& it, const In& in, const Store& store, std::uint32_t first,
+                           std::uint32_t step) {
+  // kernel-report: fp8-decode 4/5 io
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store);
+  }
+}
+
+// encode_bytes' counterpart.
+template <class Store>
+__device__ void decode_bytes(const KvGeometry& g, const KvItems& it, const KvBytesIn& in,
+                             const Store& store, std::uint32_t first, std::uint32_t step) {
+  const KvGroupWalk walk = kv_group_walk(g, step);
+  KvGroupCursor c = kv_group_cursor(walk, first);
+  for (std::uint64_t r = first; r < it.groups; r += step) {
+    if (g.bits == 2) {
+      kv_decode_group<2>(in, r * 3, kv_group_span(g, c), store);
+    } else {
+      kv_decode_group<4>(in, r * 5, kv_group_span(g, c), store);
+    }
+    kv_group_advance(c, walk);
+  }
+  for (std::uint64_t w = first; w < it.words; w += step) {
+    switch (it.format) {
+      case KvFlatFormat::bf16: kv_decode_flat<KvFlatFormat::bf16>(it, w, in, store); break;
+      case KvFlatFormat::fp16: kv_decode_flat<KvFlatFormat::fp16>(it, w, in, store); break;
+      case KvFlatFormat::e4m3: kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store); break;
+    }
+  }
+}
+
 template <class Load, class Elem>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, kEncodeBlocksPerSm)
     kv_encode_kernel(KvBatchView v, const KvRole* roles, const void* const* plain,
                      void* const* encoded, const unsigned long long* skip, std::uint32_t count) {
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint32_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const std::uint32_t step = gridDim.x * blockDim.x;
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
     if (skip != nullptr && skip[slot] != kFinite) {
       continue;
     }
     const KvGeometry g = kv_geometry(v.codec, roles[slot], v.tokens, v.channels);
-    const std::uint64_t items = kv_work_items(g);
+    const KvItems it = kv_items(v.codec, g);
     const Load load{static_cast<const Elem*>(plain[slot])};
-    auto* out = static_cast<std::uint8_t*>(encoded[slot]);
-    for (std::uint64_t item = first; item < items; item += step) {
-      kv_encode_item(v.codec, g, item, load, out);
+    void* const out = encoded[slot];
+    if (word_aligned(out)) {  // uniform across the grid
+      const WordsOut words{static_cast<std::uint32_t*>(out)};
+      if (g.bits == 2) {
+        encode_groups<2>(g, it, load, words, first, step);
+      } else if (g.bits == 4) {
+        encode_groups<4>(g, it, load, words, first, step);
+      }
+      switch (it.format) {
+        case KvFlatFormat::bf16:
+          encode_flat16<KvFlatFormat::bf16>(it, load, words, first, step);
+          break;
+        case KvFlatFormat::fp16:
+          encode_flat16<KvFlatFormat::fp16>(it, load, words, first, step);
+          break;
+        case KvFlatFormat::e4m3: encode_fp8(it, load, words, first, step); break;
+      }
+    } else {
+      encode_bytes(g, it, load, KvBytesOut{static_cast<std::uint8_t*>(out)}, first, step);
+    }
+    if (first == 0) {
+      kv_encode_tail(it, load, KvBytesOut{static_cast<std::uint8_t*>(out)});
     }
   }
 }
@@ -71,15 +221,34 @@ template <class Store, class Elem>
 __global__ void __launch_bounds__(kBlock)
     kv_decode_kernel(KvBatchView v, const KvRole* roles, const void* const* encoded,
                      void* const* plain, std::uint32_t count) {
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint32_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const std::uint32_t step = gridDim.x * blockDim.x;
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
     const KvGeometry g = kv_geometry(v.codec, roles[slot], v.tokens, v.channels);
-    const std::uint64_t items = kv_work_items(g);
+    const KvItems it = kv_items(v.codec, g);
     const Store store{static_cast<Elem*>(plain[slot])};
-    const auto* in = static_cast<const std::uint8_t*>(encoded[slot]);
-    for (std::uint64_t item = first; item < items; item += step) {
-      kv_decode_item(v.codec, g, item, in, store);
+    const void* const in = encoded[slot];
+    if (word_aligned(in)) {  // uniform across the grid
+      const WordsIn words{static_cast<const std::uint32_t*>(in)};
+      if (g.bits == 2) {
+        decode_groups<2>(g, it, words, store, first, step);
+      } else if (g.bits == 4) {
+        decode_groups<4>(g, it, words, store, first, step);
+      }
+      switch (it.format) {
+        case KvFlatFormat::bf16:
+          decode_flat16<KvFlatFormat::bf16>(it, words, store, first, step);
+          break;
+        case KvFlatFormat::fp16:
+          decode_flat16<KvFlatFormat::fp16>(it, words, store, first, step);
+          break;
+        case KvFlatFormat::e4m3: decode_fp8(it, words, store, first, step); break;
+      }
+    } else {
+      decode_bytes(g, it, KvBytesIn{static_cast<const std::uint8_t*>(in)}, store, first, step);
+    }
+    if (first == 0) {
+      kv_decode_tail(it, KvBytesIn{static_cast<const std::uint8_t*>(in)}, store);
     }
   }
 }
@@ -93,6 +262,7 @@ __global__ void __launch_bounds__(kBlock)
   const std::uint64_t n = v.tokens * v.channels;
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
     const Load load{static_cast<const Elem*>(plain[slot])};
+    // kernel-report: kv-find 1/1 io
     for (std::uint64_t i = first; i < n; i += step) {
       if (is_non_finite_bits(float_bits(load(i)))) {
         atomicMin(first_index + slot, static_cast<unsigned long long>(i));
@@ -111,11 +281,17 @@ dim3 grid(std::uint64_t items, std::uint32_t count) {
   return {static_cast<unsigned>(x), count < kMaxGridY ? count : kMaxGridY, 1};
 }
 
-/// The larger of the keys' and the values' work items (they differ under KIVI).
+/// The most items one loop of a stream runs (group records or flat words), over both
+/// roles (they differ under KIVI); at least 1 for a tail.
 std::uint64_t max_items(const KvBatchView& v) {
-  const std::uint64_t k = kv_work_items(kv_geometry(v.codec, KvRole::keys, v.tokens, v.channels));
-  const std::uint64_t u = kv_work_items(kv_geometry(v.codec, KvRole::values, v.tokens, v.channels));
-  return k > u ? k : u;
+  std::uint64_t most = 0;
+  for (const KvRole role : {KvRole::keys, KvRole::values}) {
+    const KvItems it = kv_items(v.codec, kv_geometry(v.codec, role, v.tokens, v.channels));
+    most = it.groups > most ? it.groups : most;
+    most = it.words > most ? it.words : most;
+    most = it.tail != 0 && most == 0 ? 1 : most;
+  }
+  return most;
 }
 
 }  // namespace
@@ -126,6 +302,9 @@ const char* kv_view_problem(const KvBatchView& v) noexcept {
   }
   if (v.dtype != DType::f32 && v.dtype != DType::bf16 && v.dtype != DType::f16) {
     return "plain values must be f32, bf16 or f16";
+  }
+  if (v.channels > kKvMaxChannels) {  // the group walks divide 32-bit (kv_math.hpp)
+    return "too many channels";
   }
   std::uint64_t values = 0;
   std::uint64_t bytes = 0;

@@ -1,12 +1,13 @@
-// The CUDA KV-cache kernels' code, run on the host: kv_math.hpp's kv_encode_item /
-// kv_decode_item over every work item of a stream, with the element access of
-// kernels/cuda/kv_kernels.cu, against the CPU's kv_encode / kv_decode (which work in
-// tiles, with vectorized loops). Equal bytes for every codec, role, plain dtype and
-// awkward shape (partial groups, a residual window that starts inside a group, channels
-// past one CPU tile), on random values over a wide range and on arbitrary encoded bytes.
-// The GPU runs exactly these item bodies, so this is the evidence that the device bytes
-// equal the CPU bytes where no GPU is at hand; tests/gpu/test_kv_kernels_gpu.cpp checks
-// the device itself.
+// The CUDA KV-cache kernels' code, run on the host: kv_math.hpp's per-item functions
+// (group records, flat words, the tail) over every item of a stream, as the threads of
+// kernels/cuda/kv_kernels.cu meet them (a group cursor over a grid of 1 or 37 threads;
+// 32-bit word access to aligned streams, byte access to others), with its element
+// access, against the CPU's kv_encode / kv_decode (which work in tiles, with vectorized
+// loops). Equal bytes for every codec, role, plain dtype and awkward shape (partial
+// groups, a residual window that starts inside a group, channels past one CPU tile), on
+// random values over a wide range and on arbitrary encoded bytes. The GPU runs exactly
+// these item bodies, so this is the evidence that the device bytes equal the CPU bytes
+// where no GPU is at hand; tests/gpu/test_kv_kernels_gpu.cpp checks the device itself.
 
 #include <gtest/gtest.h>
 
@@ -60,26 +61,98 @@ struct StorePlain {
   }
 };
 
+// kv_kernels.cu's word access to a 4-byte aligned stream (WordsOut / WordsIn), on host
+// bytes.
+struct WordsOut {
+  std::uint8_t* p;
+  void word(std::uint64_t i, std::uint32_t w) const noexcept { std::memcpy(p + 4 * i, &w, 4); }
+};
+struct WordsIn {
+  const std::uint8_t* p;
+  std::uint32_t word(std::uint64_t i) const noexcept {
+    std::uint32_t w;
+    std::memcpy(&w, p + 4 * i, 4);
+    return w;
+  }
+};
+
+// How the kernels' threads meet a stream: a grid `step` threads wide, thread `first`
+// taking records first, first + step, ... with a group cursor, then flat words the same
+// way, thread 0 the tail. Words: the aligned path (WordsOut / WordsIn and the loops
+// per format); else the byte path (KvBytesOut / KvBytesIn).
+enum class Access { words, bytes };
+
 std::vector<std::byte> device_encode(const KvStream& s, DType dtype,
-                                     const std::vector<std::byte>& plain) {
+                                     const std::vector<std::byte>& plain, Access access,
+                                     std::uint32_t step) {
   const KvGeometry g = kv_geometry(s);
+  const KvItems it = kv_items(s.codec, g);
   std::vector<std::byte> out(g.bytes, std::byte{0x5A});
   const LoadPlain load{plain.data(), dtype};
   auto* dst = reinterpret_cast<std::uint8_t*>(out.data());
-  for (std::uint64_t item = 0; item < kv_work_items(g); ++item) {
-    kv_encode_item(s.codec, g, item, load, dst);
+  const auto run = [&](const auto& o) {
+    for (std::uint32_t first = 0; first < step; ++first) {
+      const KvGroupWalk walk = kv_group_walk(g, step);
+      KvGroupCursor c = kv_group_cursor(walk, first);
+      for (std::uint64_t r = first; r < it.groups; r += step) {
+        if (g.bits == 2) {
+          kv_encode_group<2>(load, kv_group_span(g, c), o, r * 3);
+        } else {
+          kv_encode_group<4>(load, kv_group_span(g, c), o, r * 5);
+        }
+        kv_group_advance(c, walk);
+      }
+      for (std::uint64_t w = first; w < it.words; w += step) {
+        switch (it.format) {
+          case KvFlatFormat::bf16: kv_encode_flat<KvFlatFormat::bf16>(it, w, load, o); break;
+          case KvFlatFormat::fp16: kv_encode_flat<KvFlatFormat::fp16>(it, w, load, o); break;
+          case KvFlatFormat::e4m3: kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, o); break;
+        }
+      }
+    }
+    kv_encode_tail(it, load, KvBytesOut{dst});
+  };
+  if (access == Access::words) {
+    run(WordsOut{dst});
+  } else {
+    run(KvBytesOut{dst});
   }
   return out;
 }
 
 std::vector<std::byte> device_decode(const KvStream& s, const std::vector<std::byte>& encoded,
-                                     DType dtype) {
+                                     DType dtype, Access access, std::uint32_t step) {
   const KvGeometry g = kv_geometry(s);
+  const KvItems it = kv_items(s.codec, g);
   std::vector<std::byte> out(s.tokens * s.channels * dtype_bytes(dtype), std::byte{0x5A});
   const StorePlain store{out.data(), dtype};
   const auto* src = reinterpret_cast<const std::uint8_t*>(encoded.data());
-  for (std::uint64_t item = 0; item < kv_work_items(g); ++item) {
-    kv_decode_item(s.codec, g, item, src, store);
+  const auto run = [&](const auto& in) {
+    for (std::uint32_t first = 0; first < step; ++first) {
+      const KvGroupWalk walk = kv_group_walk(g, step);
+      KvGroupCursor c = kv_group_cursor(walk, first);
+      for (std::uint64_t r = first; r < it.groups; r += step) {
+        if (g.bits == 2) {
+          kv_decode_group<2>(in, r * 3, kv_group_span(g, c), store);
+        } else {
+          kv_decode_group<4>(in, r * 5, kv_group_span(g, c), store);
+        }
+        kv_group_advance(c, walk);
+      }
+      for (std::uint64_t w = first; w < it.words; w += step) {
+        switch (it.format) {
+          case KvFlatFormat::bf16: kv_decode_flat<KvFlatFormat::bf16>(it, w, in, store); break;
+          case KvFlatFormat::fp16: kv_decode_flat<KvFlatFormat::fp16>(it, w, in, store); break;
+          case KvFlatFormat::e4m3: kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store); break;
+        }
+      }
+    }
+    kv_decode_tail(it, KvBytesIn{src}, store);
+  };
+  if (access == Access::words) {
+    run(WordsIn{src});
+  } else {
+    run(KvBytesIn{src});
   }
   return out;
 }
@@ -121,6 +194,9 @@ constexpr DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 // a group; channels: partial value groups, one tile of the CPU loops and past it.
 constexpr std::uint64_t kTokens[] = {1, 31, 33, 160, 161, 200};
 constexpr std::uint64_t kChannels[] = {1, 5, 32, 33, 1030};
+// Grid widths: one thread, and a width that is no multiple of any shape's records per
+// row (the group cursor wraps at every step).
+constexpr std::uint32_t kSteps[] = {1, 37};
 
 TEST(DeviceKvEmulation, ItemBodiesWriteTheCpuBytesBothWays) {
   std::uint64_t seed = 7;
@@ -137,14 +213,19 @@ TEST(DeviceKvEmulation, ItemBodiesWriteTheCpuBytesBothWays) {
             const std::vector<std::byte> plain = random_plain(tokens, channels, dtype, seed++);
             std::vector<std::byte> cpu(kv_encoded_bytes(s), std::byte{0xA5});
             kv_encode(s, dtype, plain, cpu);
-            const std::vector<std::byte> device = device_encode(s, dtype, plain);
-            ASSERT_EQ(first_difference(cpu, device), -1);
-
-            for (const DType out : kDtypes) {
-              std::vector<std::byte> decoded(plain.size() / dtype_bytes(dtype) * dtype_bytes(out));
-              kv_decode(s, cpu, out, decoded);
-              ASSERT_EQ(first_difference(decoded, device_decode(s, cpu, out)), -1)
-                  << "decoding to " << dtype_name(out);
+            for (const Access access : {Access::words, Access::bytes}) {
+              for (const std::uint32_t step : kSteps) {
+                SCOPED_TRACE(std::string(access == Access::words ? "words" : "bytes") +
+                             ", grid of " + std::to_string(step));
+                ASSERT_EQ(first_difference(cpu, device_encode(s, dtype, plain, access, step)), -1);
+                for (const DType out : kDtypes) {
+                  std::vector<std::byte> decoded(plain.size() / dtype_bytes(dtype) *
+                                                 dtype_bytes(out));
+                  kv_decode(s, cpu, out, decoded);
+                  ASSERT_EQ(first_difference(decoded, device_decode(s, cpu, out, access, step)), -1)
+                      << "decoding to " << dtype_name(out);
+                }
+              }
             }
           }
         }
@@ -165,13 +246,15 @@ TEST(DeviceKvEmulation, ArbitraryBytesDecodeAlike) {
       for (std::byte& b : encoded) b = static_cast<std::byte>(rng());
       std::vector<float> cpu(s.tokens * s.channels);
       kv_decode(s, encoded, cpu);
-      const std::vector<std::byte> device = device_decode(s, encoded, DType::f32);
-      for (std::size_t i = 0; i < cpu.size(); ++i) {
-        float d;
-        std::memcpy(&d, device.data() + 4 * i, 4);
-        if (std::isnan(cpu[i]) && std::isnan(d)) continue;
-        ASSERT_EQ(std::bit_cast<std::uint32_t>(cpu[i]), std::bit_cast<std::uint32_t>(d))
-            << to_string(codec) << " " << to_string(role) << " value " << i;
+      for (const Access access : {Access::words, Access::bytes}) {
+        const std::vector<std::byte> device = device_decode(s, encoded, DType::f32, access, 37);
+        for (std::size_t i = 0; i < cpu.size(); ++i) {
+          float d;
+          std::memcpy(&d, device.data() + 4 * i, 4);
+          if (std::isnan(cpu[i]) && std::isnan(d)) continue;
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(cpu[i]), std::bit_cast<std::uint32_t>(d))
+              << to_string(codec) << " " << to_string(role) << " value " << i;
+        }
       }
     }
   }

@@ -157,13 +157,64 @@ STATEPOOL_HD inline std::uint16_t kv_get16(const std::uint8_t* src) noexcept {
   return static_cast<std::uint16_t>(src[0] | (static_cast<std::uint32_t>(src[1]) << 8));
 }
 
-/// The independent pieces of work of one stream, as the CPU loop and the CUDA grid share
-/// them: bf16 / fp8 one per value (row-major index); group codecs one per group record
-/// (items [0, groups)), then KIVI one per value of the residual window (items
-/// [groups, groups + residual * channels), row-major from the oldest residual token).
-/// Items write disjoint bytes.
-STATEPOOL_HD constexpr std::uint64_t kv_work_items(const KvGeometry& g) noexcept {
-  return g.group_bytes == 0 ? g.tokens * g.channels : g.groups + g.residual * g.channels;
+// How the CUDA kernels (kv_kernels.cu) split a stream, and the per-item functions they
+// run (test_device_kv_emulation.cpp runs the same on the host against the CPU codecs).
+//
+// Alignment. An encoded stream is moved as little-endian 32-bit words counted from its
+// first byte; every item reads or writes whole words of its own, except the stream's
+// last, partial word (the tail). What the layout guarantees, relative to the stream's
+// first byte:
+//   - group records (kivi2 12 B, kivi4 / flexgen4 20 B: kv_group_bytes, a multiple of 4)
+//     lie back to back from byte 0: record r is words [r (1 + B), (r + 1) (1 + B)) for B
+//     bits per code. Its word 0 is scale | offset << 16; then B words of codes, 32 / B
+//     codes per word, code i of the word at bits [B i, B i + B) (packing.hpp's quads, two
+//     or four per word, little-endian). Records are 4-byte aligned, never 16 in general
+//     (20 B apart), so 32-bit words are the widest access they allow.
+//   - the flat part (bf16 or fp8 values; the KIVI FP16 residual window) starts at byte
+//     residual_offset = groups * kv_group_bytes (a multiple of 4; 0 for bf16 / fp8): word
+//     w holds its values [w V, w V + V), V = 2 (2-byte values) or 4 (fp8), lowest first.
+//   - the tail: the flat part's last values % V values (one 2-byte value, or 1-3 fp8
+//     values) in a partial word, written and read by the byte.
+// So a stream whose first byte is 4-byte aligned takes only 32-bit accesses, its tail
+// aside; the kernels check that per stream and otherwise run the same items through
+// KvBytesOut / KvBytesIn. The plain side is accessed a value at a time (aligned to the
+// element size: kv_kernels.hpp).
+
+/// Format of the flat part's values.
+enum class KvFlatFormat : std::uint8_t { bf16, fp16, e4m3 };
+
+/// Values per 32-bit word of the flat part: 2 (bf16, fp16) or 4 (e4m3).
+STATEPOOL_HD constexpr std::uint32_t kv_flat_per_word(KvFlatFormat f) noexcept {
+  return f == KvFlatFormat::e4m3 ? 4u : 2u;
+}
+
+/// The items of one stream. Items write disjoint bytes.
+struct KvItems {
+  std::uint64_t groups = 0;      ///< group records: kv_encode_group / kv_decode_group
+  std::uint64_t words = 0;       ///< whole words of the flat part
+  std::uint64_t flat_word = 0;   ///< the flat part's first word (residual_offset / 4)
+  std::uint64_t flat_value = 0;  ///< row-major index of the flat part's first value
+  std::uint32_t tail = 0;        ///< values in the partial last word (< values per word)
+  KvFlatFormat format = KvFlatFormat::fp16;
+};
+
+/// The items of a stream of `codec` with geometry g (codec must be in the enum).
+STATEPOOL_HD constexpr KvItems kv_items(KvCodecId codec, const KvGeometry& g) noexcept {
+  KvItems it;
+  std::uint64_t flat = 0;  // values of the flat part
+  if (codec == KvCodecId::bf16 || codec == KvCodecId::fp8) {
+    it.format = codec == KvCodecId::bf16 ? KvFlatFormat::bf16 : KvFlatFormat::e4m3;
+    flat = g.tokens * g.channels;
+  } else {
+    it.groups = g.groups;
+    it.flat_word = g.residual_offset / 4u;  // groups * (12 or 20) bytes
+    it.flat_value = g.quantized * g.channels;
+    flat = g.residual * g.channels;
+  }
+  const std::uint32_t per_word = kv_flat_per_word(it.format);
+  it.words = flat / per_word;
+  it.tail = static_cast<std::uint32_t>(flat % per_word);
+  return it;
 }
 
 /// The values of one group: `count` (1..32) values at row-major indices first + i * stride.
@@ -173,125 +224,280 @@ struct KvGroupSpan {
   std::uint32_t count = 0;
 };
 
-/// Group record `group` (< g.groups) of a group codec's stream. Per channel (KIVI keys):
-/// record j * channels + c holds tokens [32 j, min(32 j + 32, quantized)) of channel c.
-/// Per token: record t * groups_per_row + k holds channels [32 k, min(32 k + 32,
-/// channels)) of token t.
+/// A group record's place in the stream, without a division per record. Per channel
+/// (KIVI keys): record major * channels + minor holds tokens [32 major, min(32 major + 32,
+/// quantized)) of channel minor. Per token: record major * groups_per_row + minor holds
+/// channels [32 minor, min(32 minor + 32, channels)) of token major.
+struct KvGroupCursor {
+  std::uint64_t major = 0;
+  std::uint32_t minor = 0;
+};
+
+/// A walk over records item, item + step, ...: the step as a (major, minor) pair.
+/// Needs channels < 2^32 (kv_view_problem bounds them at kKvMaxChannels); every division
+/// is 32-bit, once per walk.
+struct KvGroupWalk {
+  std::uint32_t minors = 1;  ///< records per major: channels or groups_per_row
+  std::uint32_t major_step = 0;
+  std::uint32_t minor_step = 0;
+};
+
+STATEPOOL_HD constexpr KvGroupWalk kv_group_walk(const KvGeometry& g, std::uint32_t step) noexcept {
+  KvGroupWalk w;
+  const std::uint64_t minors = g.per_channel ? g.channels : g.groups_per_row;
+  w.minors = minors == 0 ? 1u : static_cast<std::uint32_t>(minors);  // 0: no records
+  w.major_step = step / w.minors;
+  w.minor_step = step % w.minors;
+  return w;
+}
+
+/// The cursor of record `item` (< 2^32: the kernels start at their thread's index).
+STATEPOOL_HD constexpr KvGroupCursor kv_group_cursor(const KvGroupWalk& w,
+                                                     std::uint32_t item) noexcept {
+  return KvGroupCursor{item / w.minors, item % w.minors};
+}
+
+/// Moves the cursor on by the walk's step.
+STATEPOOL_HD constexpr void kv_group_advance(KvGroupCursor& c, const KvGroupWalk& w) noexcept {
+  c.major += w.major_step;
+  c.minor += w.minor_step;  // < 2 minors: no overflow
+  if (c.minor >= w.minors) {
+    c.minor -= w.minors;
+    ++c.major;
+  }
+}
+
+/// The values of the record at cursor c.
 STATEPOOL_HD constexpr KvGroupSpan kv_group_span(const KvGeometry& g,
-                                                 std::uint64_t group) noexcept {
+                                                 const KvGroupCursor& c) noexcept {
   KvGroupSpan span;
   if (g.per_channel) {
-    const std::uint64_t t0 = group / g.channels * kKvGroupSize;
+    const std::uint64_t t0 = c.major * kKvGroupSize;
     const std::uint64_t left = g.quantized - t0;
-    span.first = t0 * g.channels + group % g.channels;
+    span.first = t0 * g.channels + c.minor;
     span.stride = g.channels;
     span.count = static_cast<std::uint32_t>(left < kKvGroupSize ? left : kKvGroupSize);
   } else {
-    const std::uint64_t t = group / g.groups_per_row;
-    const std::uint64_t c0 = group % g.groups_per_row * kKvGroupSize;
+    const std::uint64_t c0 = std::uint64_t{c.minor} * kKvGroupSize;
     const std::uint64_t left = g.channels - c0;
-    span.first = t * g.channels + c0;
+    span.first = c.major * g.channels + c0;
     span.stride = 1;
     span.count = static_cast<std::uint32_t>(left < kKvGroupSize ? left : kKvGroupSize);
   }
   return span;
 }
 
-/// Encodes one group into its record: fp16 scale, fp16 offset (little-endian), then 32
-/// codes packed as packing.hpp's quads (4 bits: low nibble first; 2 bits: lowest bits
-/// first); slots past span.count hold zero bits. load(i) gives the value at row-major i.
-template <std::uint32_t Bits, class Load>
-STATEPOOL_HD inline void kv_encode_group(const Load& load, const KvGroupSpan& span,
-                                         std::uint8_t* record) noexcept {
+/// Byte-wise access to an encoded stream of any alignment (little-endian words): the
+/// tails, and the kernels' path for a stream that is not 4-byte aligned.
+struct KvBytesOut {
+  std::uint8_t* p;
+  STATEPOOL_HD void word(std::uint64_t i, std::uint32_t w) const noexcept {
+    store_le32(p + 4 * i, w);
+  }
+  STATEPOOL_HD void byte(std::uint64_t i, std::uint32_t b) const noexcept {
+    p[i] = static_cast<std::uint8_t>(b);
+  }
+};
+struct KvBytesIn {
+  const std::uint8_t* p;
+  STATEPOOL_HD std::uint32_t word(std::uint64_t i) const noexcept { return load_le32(p + 4 * i); }
+  STATEPOOL_HD std::uint32_t byte(std::uint64_t i) const noexcept { return p[i]; }
+};
+
+/// Encodes one group into record words [word, word + 1 + Bits): fp16 scale | fp16 offset
+/// << 16, then the codes (slots past span.count hold zero bits). load(i) gives the value
+/// at row-major i; each is read once. out.word(i, w) writes word i of the stream.
+template <std::uint32_t Bits, class Load, class Out>
+STATEPOOL_HD inline void kv_encode_group(const Load& load, const KvGroupSpan& span, const Out& out,
+                                         std::uint64_t word) noexcept {
   static_assert(Bits == 2 || Bits == 4);
   constexpr std::uint32_t levels = kv_levels(Bits);
-  float lo = load(span.first);
+  constexpr std::uint32_t per_word = 32u / Bits;
+  float x[kKvGroupSize];
+  x[0] = load(span.first);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t i = 1; i < kKvGroupSize; ++i) {  // slots past count repeat x[0]
+    x[i] = i < span.count ? load(span.first + i * span.stride) : x[0];
+  }
+  float lo = x[0];
   float hi = lo;
-  for (std::uint32_t i = 1; i < span.count; ++i) {
-    const float v = load(span.first + i * span.stride);
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t i = 1; i < kKvGroupSize; ++i) {
+    lo = x[i] < lo ? x[i] : lo;
+    hi = x[i] > hi ? x[i] : hi;
   }
   const KvGroupScale g = kv_group_scale(lo, hi, levels);
-  kv_put16(record, g.scale_bits);
-  kv_put16(record + 2, g.offset_bits);
+  out.word(word, g.scale_bits | (static_cast<std::uint32_t>(g.offset_bits) << 16));
   const float s = half_bits_to_float(g.scale_bits);
   const float a = half_bits_to_float(g.offset_bits);
-  std::uint8_t* codes = record + 4;
-  for (std::uint32_t q = 0; q < kKvGroupSize / 4; ++q) {
-    std::uint32_t u[4];
-    for (std::uint32_t k = 0; k < 4; ++k) {
-      const std::uint32_t i = 4 * q + k;
-      u[k] = i < span.count ? kv_code(load(span.first + i * span.stride), s, a, levels) : 0u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t k = 0; k < Bits; ++k) {
+    std::uint32_t w = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (std::uint32_t j = 0; j < per_word; ++j) {
+      const std::uint32_t i = k * per_word + j;
+      const std::uint32_t q = i < span.count ? kv_code(x[i], s, a, levels) : 0u;
+      w |= q << (Bits * j);
     }
-    pack_quad<Bits>(u[0], u[1], u[2], u[3], codes + q * quad_bytes(Bits));
+    out.word(word + 1 + k, w);
   }
 }
 
-/// Decodes one group record: store(i, x_hat) for the span's values.
-template <std::uint32_t Bits, class Store>
-STATEPOOL_HD inline void kv_decode_group(const std::uint8_t* record, const KvGroupSpan& span,
+/// Decodes the record at words [word, word + 1 + Bits): store(i, x_hat) for the span's
+/// values. in.word(i) reads word i of the stream.
+template <std::uint32_t Bits, class In, class Store>
+STATEPOOL_HD inline void kv_decode_group(const In& in, std::uint64_t word, const KvGroupSpan& span,
                                          const Store& store) noexcept {
   static_assert(Bits == 2 || Bits == 4);
-  const float s = half_bits_to_float(kv_get16(record));
-  const float a = half_bits_to_float(kv_get16(record + 2));
-  const std::uint8_t* codes = record + 4;
-  for (std::uint32_t q = 0; q * 4 < span.count; ++q) {
-    std::uint32_t u[4];
-    unpack_quad<Bits>(codes + q * quad_bytes(Bits), u);
-    for (std::uint32_t k = 0; k < 4 && 4 * q + k < span.count; ++k) {
-      store(span.first + (4 * q + k) * span.stride, kv_value(u[k], s, a));
+  constexpr std::uint32_t mask = kv_levels(Bits);
+  constexpr std::uint32_t per_word = 32u / Bits;
+  const std::uint32_t head = in.word(word);
+  const float s = half_bits_to_float(static_cast<std::uint16_t>(head));
+  const float a = half_bits_to_float(static_cast<std::uint16_t>(head >> 16));
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t k = 0; k < Bits; ++k) {
+    const std::uint32_t w = in.word(word + 1 + k);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (std::uint32_t j = 0; j < per_word; ++j) {
+      const std::uint32_t i = k * per_word + j;
+      if (i < span.count) {
+        store(span.first + i * span.stride, kv_value((w >> (Bits * j)) & mask, s, a));
+      }
     }
   }
 }
 
-/// Encodes work item `item` (< kv_work_items(g)) of a stream of `codec` into `out`, the
-/// whole encoded stream. load(i): the input value at row-major index i, as a float.
-template <class Load>
-STATEPOOL_HD inline void kv_encode_item(KvCodecId codec, const KvGeometry& g, std::uint64_t item,
-                                        const Load& load, std::uint8_t* out) noexcept {
-  switch (codec) {
-    case KvCodecId::bf16: kv_put16(out + 2 * item, float_to_bf16_bits(load(item))); return;
-    case KvCodecId::fp8: out[item] = float_to_e4m3_bits(load(item)); return;
-    case KvCodecId::kivi2:
-    case KvCodecId::kivi4:
-    case KvCodecId::flexgen4: break;
+/// The stored bits of one flat value.
+template <KvFlatFormat F>
+STATEPOOL_HD inline std::uint32_t kv_flat_bits(float x) noexcept {
+  if constexpr (F == KvFlatFormat::bf16) {
+    return float_to_bf16_bits(x);
+  } else if constexpr (F == KvFlatFormat::fp16) {
+    return float_to_half_bits(x);
+  } else {
+    return float_to_e4m3_bits(x);
   }
-  if (item < g.groups) {
-    std::uint8_t* record = out + item * g.group_bytes;
-    if (g.bits == 2) {
-      kv_encode_group<2>(load, kv_group_span(g, item), record);
-    } else {
-      kv_encode_group<4>(load, kv_group_span(g, item), record);
-    }
-    return;
+}
+template <KvFlatFormat F>
+STATEPOOL_HD inline float kv_flat_value(std::uint32_t bits) noexcept {
+  if constexpr (F == KvFlatFormat::bf16) {
+    return bf16_bits_to_float(static_cast<std::uint16_t>(bits));
+  } else if constexpr (F == KvFlatFormat::fp16) {
+    return half_bits_to_float(static_cast<std::uint16_t>(bits));
+  } else {
+    return e4m3_bits_to_float(static_cast<std::uint8_t>(bits));
   }
-  const std::uint64_t r = item - g.groups;  // residual window, FP16
-  kv_put16(out + g.residual_offset + 2 * r, float_to_half_bits(load(g.quantized * g.channels + r)));
 }
 
-/// Decodes work item `item` of an encoded stream `in`: store(i, x_hat) for its values.
-template <class Store>
-STATEPOOL_HD inline void kv_decode_item(KvCodecId codec, const KvGeometry& g, std::uint64_t item,
-                                        const std::uint8_t* in, const Store& store) noexcept {
-  switch (codec) {
-    case KvCodecId::bf16: store(item, bf16_bits_to_float(kv_get16(in + 2 * item))); return;
-    case KvCodecId::fp8: store(item, e4m3_bits_to_float(in[item])); return;
-    case KvCodecId::kivi2:
-    case KvCodecId::kivi4:
-    case KvCodecId::flexgen4: break;
-  }
-  if (item < g.groups) {
-    const std::uint8_t* record = in + item * g.group_bytes;
-    if (g.bits == 2) {
-      kv_decode_group<2>(record, kv_group_span(g, item), store);
-    } else {
-      kv_decode_group<4>(record, kv_group_span(g, item), store);
+/// One word of the flat part: values [value, value + count) (count <= values per word;
+/// the missing ones are zero bits), each read once.
+template <KvFlatFormat F, class Load>
+STATEPOOL_HD inline std::uint32_t kv_encode_flat_word(
+    const Load& load, std::uint64_t value, std::uint32_t count = kv_flat_per_word(F)) noexcept {
+  constexpr std::uint32_t per_word = kv_flat_per_word(F);
+  constexpr std::uint32_t shift = 32u / per_word;
+  std::uint32_t w = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t k = 0; k < per_word; ++k) {
+    if (k < count) {
+      w |= kv_flat_bits<F>(load(value + k)) << (shift * k);
     }
+  }
+  return w;
+}
+
+/// store(value + k, x_hat) for the first `count` values of flat word w.
+template <KvFlatFormat F, class Store>
+STATEPOOL_HD inline void kv_decode_flat_word(std::uint32_t w, std::uint64_t value,
+                                             const Store& store,
+                                             std::uint32_t count = kv_flat_per_word(F)) noexcept {
+  constexpr std::uint32_t per_word = kv_flat_per_word(F);
+  constexpr std::uint32_t shift = 32u / per_word;
+  constexpr std::uint32_t mask = (1u << shift) - 1u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (std::uint32_t k = 0; k < per_word; ++k) {
+    if (k < count) {
+      store(value + k, kv_flat_value<F>((w >> (shift * k)) & mask));
+    }
+  }
+}
+
+/// Flat word item w (< it.words).
+template <KvFlatFormat F, class Load, class Out>
+STATEPOOL_HD inline void kv_encode_flat(const KvItems& it, std::uint64_t w, const Load& load,
+                                        const Out& out) noexcept {
+  out.word(it.flat_word + w, kv_encode_flat_word<F>(load, it.flat_value + w * kv_flat_per_word(F)));
+}
+template <KvFlatFormat F, class In, class Store>
+STATEPOOL_HD inline void kv_decode_flat(const KvItems& it, std::uint64_t w, const In& in,
+                                        const Store& store) noexcept {
+  kv_decode_flat_word<F>(in.word(it.flat_word + w), it.flat_value + w * kv_flat_per_word(F), store);
+}
+
+template <KvFlatFormat F, class Load, class Out>
+STATEPOOL_HD inline void kv_encode_tail_t(const KvItems& it, const Load& load,
+                                          const Out& out) noexcept {
+  constexpr std::uint32_t per_word = kv_flat_per_word(F);
+  const std::uint32_t w =
+      kv_encode_flat_word<F>(load, it.flat_value + it.words * per_word, it.tail);
+  const std::uint64_t at = 4u * (it.flat_word + it.words);
+  for (std::uint32_t b = 0; b < it.tail * (4u / per_word); ++b) {
+    out.byte(at + b, w >> (8u * b));
+  }
+}
+template <KvFlatFormat F, class In, class Store>
+STATEPOOL_HD inline void kv_decode_tail_t(const KvItems& it, const In& in,
+                                          const Store& store) noexcept {
+  constexpr std::uint32_t per_word = kv_flat_per_word(F);
+  const std::uint64_t at = 4u * (it.flat_word + it.words);
+  std::uint32_t w = 0;
+  for (std::uint32_t b = 0; b < it.tail * (4u / per_word); ++b) {
+    w |= in.byte(at + b) << (8u * b);
+  }
+  kv_decode_flat_word<F>(w, it.flat_value + it.words * per_word, store, it.tail);
+}
+
+/// The tail item (nothing when it.tail == 0): the flat part's last, partial word, by the
+/// byte (out.byte(i, b) writes byte i of the stream).
+template <class Load, class Out>
+STATEPOOL_HD inline void kv_encode_tail(const KvItems& it, const Load& load,
+                                        const Out& out) noexcept {
+  if (it.tail == 0) {
     return;
   }
-  const std::uint64_t r = item - g.groups;
-  store(g.quantized * g.channels + r, half_bits_to_float(kv_get16(in + g.residual_offset + 2 * r)));
+  switch (it.format) {
+    case KvFlatFormat::bf16: kv_encode_tail_t<KvFlatFormat::bf16>(it, load, out); return;
+    case KvFlatFormat::fp16: kv_encode_tail_t<KvFlatFormat::fp16>(it, load, out); return;
+    case KvFlatFormat::e4m3: kv_encode_tail_t<KvFlatFormat::e4m3>(it, load, out); return;
+  }
+}
+template <class In, class Store>
+STATEPOOL_HD inline void kv_decode_tail(const KvItems& it, const In& in,
+                                        const Store& store) noexcept {
+  if (it.tail == 0) {
+    return;
+  }
+  switch (it.format) {
+    case KvFlatFormat::bf16: kv_decode_tail_t<KvFlatFormat::bf16>(it, in, store); return;
+    case KvFlatFormat::fp16: kv_decode_tail_t<KvFlatFormat::fp16>(it, in, store); return;
+    case KvFlatFormat::e4m3: kv_decode_tail_t<KvFlatFormat::e4m3>(it, in, store); return;
+  }
 }
 
 }  // namespace statepool::kernels

@@ -4,15 +4,19 @@
 // full-attention layer of a prefix), each stream keys or values.
 //
 // Byte identity: the encoded streams are identical, byte for byte, to kv_encode on the
-// CPU, and the decoded values identical to kv_decode, in every dtype. Both run
-// kv_math.hpp's kv_encode_item / kv_decode_item over the same work items (a group record,
-// or one value); here one thread per item. Every float operation in them is correctly
-// rounded (__fdiv_rn, rintf) and none is fused (the library builds with --fmad=false,
-// and the only product, code * scale, is exact anyway).
+// CPU, and the decoded values identical to kv_decode, in every dtype. Both use
+// kv_math.hpp's per-value math; here its per-item functions run one thread per item (a
+// group record, a 32-bit word of 2 bf16 / fp16 or 4 fp8 values, the stream's partial last
+// word), and test_device_kv_emulation.cpp runs those items on the host against the CPU.
+// Every float operation in them is correctly rounded (__fdiv_rn, rintf) and none is fused
+// (the library builds with --fmad=false, and the only product, code * scale, is exact).
 //
 // Work split: a grid of (blocks, min(count, 65535)) blocks of 256 threads; block (x, y)
-// handles streams y, y + gridDim.y, ... and, within a stream, items x * 256 + thread,
-// striding by the grid (so any grid width is correct). Items write disjoint bytes.
+// handles streams y, y + gridDim.y, ... and, within a stream, group records and then flat
+// words x * 256 + thread, striding by the grid (so any grid width is correct); thread 0
+// of the grid takes the partial last word. Items write disjoint bytes. A stream whose
+// encoded[i] is 4-byte aligned is read and written in 32-bit words (kv_math.hpp,
+// "Alignment"); any other takes the same items byte by byte.
 //
 // Launchers never throw and never synchronise: they check what the host can check
 // (kv_view_problem(view), null arrays), enqueue on `stream` and return the launch status
@@ -27,9 +31,9 @@
 // memory). plain[i] holds tokens * channels values in view.dtype, row-major
 // [token][channel], aligned to its element size (4 bytes for f32, 2 for bf16 / f16);
 // encoded[i] holds kv_encoded_bytes(view.codec, roles[i], tokens, channels) bytes, any
-// alignment. Buffers must not overlap. Every byte of a destination is written (except
-// under skip, below). roles[i] is KvRole::keys or KvRole::values; the device cannot check:
-// any other value is taken as values.
+// alignment (4-byte aligned is the fast path). Buffers must not overlap. Every byte of
+// a destination is written (except under skip, below). roles[i] is KvRole::keys or
+// KvRole::values; the device cannot check: any other value is taken as values.
 //
 // Non-finite input: encode writes unspecified (in-bounds) bytes for NaN/Inf, where the CPU
 // throws. Scan with kv_find_non_finite_streams first and pass its result as `skip`: a
@@ -55,7 +59,9 @@ struct KvBatchView {
   std::uint64_t channels = 0;
 };
 
-/// Null when `view` can be launched; else why not ("unknown KV codec", ...).
+/// Null when `view` can be launched (a known codec and dtype, at most kKvMaxChannels
+/// channels, tokens * channels * 20 within 64 bits); else why not ("unknown KV codec",
+/// "too many channels", ...).
 [[nodiscard]] const char* kv_view_problem(const KvBatchView& view) noexcept;
 
 /// encoded[i] <- kv_encode of plain[i] as roles[i], for i < count. `skip`: null, or a
