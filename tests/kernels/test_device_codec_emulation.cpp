@@ -86,12 +86,19 @@ stepquant::Plan cycling_plan(Arch arch, std::uint32_t layers, std::uint32_t head
 std::vector<Case> cases() {
   std::vector<Case> out;
   // Float and uniform codecs: several shapes and group sizes (a group larger than the
-  // head, groups that straddle rows, 4-value groups).
+  // head, groups that straddle rows, 4-value groups). The uniform paths by 16-value chunks
+  // (block_uniform.hpp): one pass per 32-value group (128 x 128, group 32); scales, then
+  // codes, for other multiples of 16 (a partial last group: 16 x 24 by 256; a last group
+  // of one chunk: 16 x 16 by 48; 1 x 48 by 32), with a group cut into parts across ranks
+  // where groups are fewer than ranks (128 x 128 by 4096 and 8192); an odd number of
+  // scales (16 x 24 by 128) takes the per-quad path.
   struct Plain {
     std::uint32_t k, v, group;
   };
-  const Plain plain[] = {{7, 5, 12}, {10, 10, 32}, {16, 24, 4}, {128, 128, 0},
-                         {3, 3, 4},  {9, 7, 0},    {1, 3, 8}};
+  const Plain plain[] = {{7, 5, 12},    {10, 10, 32}, {16, 24, 4}, {128, 128, 0},
+                         {3, 3, 4},     {9, 7, 0},    {1, 3, 8},   {128, 128, 8192},
+                         {16, 24, 256}, {16, 16, 48}, {1, 48, 32}, {128, 128, 4096},
+                         {16, 24, 128}};
   for (const CodecId id :
        {CodecId::fp32, CodecId::bf16, CodecId::fp16, CodecId::int4, CodecId::int6, CodecId::int8}) {
     for (const Plain& p : plain) {

@@ -26,6 +26,19 @@
 #define STATEPOOL_HD
 #endif
 
+// Loop unrolling asked of the device compiler only (host loops are the host compiler's
+// to vectorize): STATEPOOL_UNROLL unrolls a loop of constant trip count fully, so the
+// arrays it indexes stay in registers; STATEPOOL_UNROLL_BY(n) unrolls n trips (the
+// hot loops whose trips scripts/kernel-report counts, marked "xN").
+#if defined(__CUDA_ARCH__)
+#define STATEPOOL_PRAGMA(x) _Pragma(#x)
+#define STATEPOOL_UNROLL STATEPOOL_PRAGMA(unroll)
+#define STATEPOOL_UNROLL_BY(n) STATEPOOL_PRAGMA(unroll n)
+#else
+#define STATEPOOL_UNROLL
+#define STATEPOOL_UNROLL_BY(n)
+#endif
+
 namespace statepool::kernels {
 
 /// IEEE-754 binary32 bits of `value`.
