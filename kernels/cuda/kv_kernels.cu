@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "statepool/kernels/cuda/kv_kernels.hpp"
+#include "statepool/kernels/cuda/kv_stream.hpp"
 #include "statepool/kernels/kv_math.hpp"
 #include "statepool/kernels/numeric.hpp"
 
@@ -51,133 +52,6 @@ struct StoreF16 {
   }
 };
 
-// Word access to an encoded stream whose first byte is 4-byte aligned (kv_math.hpp,
-// "Alignment": every record and flat word is then a 32-bit word).
-struct WordsOut {
-  std::uint32_t* p;
-  __device__ void word(std::uint64_t i, std::uint32_t w) const noexcept { p[i] = w; }
-};
-struct WordsIn {
-  const std::uint32_t* p;
-  __device__ std::uint32_t word(std::uint64_t i) const noexcept { return p[i]; }
-};
-
-__device__ bool word_aligned(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 4 == 0;
-}
-
-// The item loops of one stream. Threads start at `first` (their index in the grid's x
-// dimension, < 2^21) and stride by `step` (the grid's width); the group loops keep a
-// cursor instead of dividing per record.
-
-template <std::uint32_t Bits, class Load, class Out>
-__device__ void encode_groups(const KvGeometry& g, const KvItems& it, const Load& load,
-                              const Out& out, std::uint32_t first, std::uint32_t step) {
-  const KvGroupWalk walk = kv_group_walk(g, step);
-  KvGroupCursor c = kv_group_cursor(walk, first);
-  // kernel-report: kivi-encode 32/37 io
-  for (std::uint64_t r = first; r < it.groups; r += step) {
-    kv_encode_group<Bits>(load, kv_group_span(g, c), out, r * (1 + Bits));
-    kv_group_advance(c, walk);
-  }
-}
-
-template <KvFlatFormat F, class Load, class Out>
-__device__ void encode_flat16(const KvItems& it, const Load& load, const Out& out,
-                              std::uint32_t first, std::uint32_t step) {
-  // kernel-report: kv16-encode 2/3 io
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    kv_encode_flat<F>(it, w, load, out);
-  }
-}
-
-template <class Load, class Out>
-__device__ void encode_fp8(const KvItems& it, const Load& load, const Out& out, std::uint32_t first,
-                           std::uint32_t step) {
-  // kernel-report: fp8-encode 4/5 io
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, out);
-  }
-}
-
-// A stream that is not 4-byte aligned (the API takes any alignment: e.g. streams packed
-// back to back after an fp8 stream of an odd number of values): the same items, by the
-// byte. Not a layout of the executors' aligned buffers; not marked as a hot loop.
-template <class Load>
-__device__ void encode_bytes(const KvGeometry& g, const KvItems& it, const Load& load,
-                             const KvBytesOut& out, std::uint32_t first, std::uint32_t step) {
-  const KvGroupWalk walk = kv_group_walk(g, step);
-  KvGroupCursor c = kv_group_cursor(walk, first);
-  for (std::uint64_t r = first; r < it.groups; r += step) {
-    if (g.bits == 2) {
-      kv_encode_group<2>(load, kv_group_span(g, c), out, r * 3);
-    } else {
-      kv_encode_group<4>(load, kv_group_span(g, c), out, r * 5);
-    }
-    kv_group_advance(c, walk);
-  }
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    switch (it.format) {
-      case KvFlatFormat::bf16: kv_encode_flat<KvFlatFormat::bf16>(it, w, load, out); break;
-      case KvFlatFormat::fp16: kv_encode_flat<KvFlatFormat::fp16>(it, w, load, out); break;
-      case KvFlatFormat::e4m3: kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, out); break;
-    }
-  }
-}
-
-template <std::uint32_t Bits, class In, class Store>
-__device__ void decode_groups(const KvGeometry& g, const KvItems& it, const In& in,
-                              const Store& store, std::uint32_t first, std::uint32_t step) {
-  const KvGroupWalk walk = kv_group_walk(g, step);
-  KvGroupCursor c = kv_group_cursor(walk, first);
-  // kernel-report: kivi-decode 32/37 io
-  for (std::uint64_t r = first; r < it.groups; r += step) {
-    kv_decode_group<Bits>(in, r * (1 + Bits), kv_group_span(g, c), store);
-    kv_group_advance(c, walk);
-  }
-}
-
-template <KvFlatFormat F, class In, class Store>
-__device__ void decode_flat16(const KvItems& it, const In& in, const Store& store,
-                              std::uint32_t first, std::uint32_t step) {
-  // kernel-report: kv16-decode 2/3 io
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    kv_decode_flat<F>(it, w, in, store);
-  }
-}
-
-template <class In, class Store>
-__device__ void decode_fp8(const KvItems& it, const In& in, const Store& store, std::uint32_t first,
-                           std::uint32_t step) {
-  // kernel-report: fp8-decode 4/5 io
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store);
-  }
-}
-
-// encode_bytes' counterpart.
-template <class Store>
-__device__ void decode_bytes(const KvGeometry& g, const KvItems& it, const KvBytesIn& in,
-                             const Store& store, std::uint32_t first, std::uint32_t step) {
-  const KvGroupWalk walk = kv_group_walk(g, step);
-  KvGroupCursor c = kv_group_cursor(walk, first);
-  for (std::uint64_t r = first; r < it.groups; r += step) {
-    if (g.bits == 2) {
-      kv_decode_group<2>(in, r * 3, kv_group_span(g, c), store);
-    } else {
-      kv_decode_group<4>(in, r * 5, kv_group_span(g, c), store);
-    }
-    kv_group_advance(c, walk);
-  }
-  for (std::uint64_t w = first; w < it.words; w += step) {
-    switch (it.format) {
-      case KvFlatFormat::bf16: kv_decode_flat<KvFlatFormat::bf16>(it, w, in, store); break;
-      case KvFlatFormat::fp16: kv_decode_flat<KvFlatFormat::fp16>(it, w, in, store); break;
-      case KvFlatFormat::e4m3: kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store); break;
-    }
-  }
-}
-
 template <class Load, class Elem>
 __global__ void __launch_bounds__(kBlock, kEncodeBlocksPerSm)
     kv_encode_kernel(KvBatchView v, const KvRole* roles, const void* const* plain,
@@ -191,29 +65,7 @@ __global__ void __launch_bounds__(kBlock, kEncodeBlocksPerSm)
     const KvGeometry g = kv_geometry(v.codec, roles[slot], v.tokens, v.channels);
     const KvItems it = kv_items(v.codec, g);
     const Load load{static_cast<const Elem*>(plain[slot])};
-    void* const out = encoded[slot];
-    if (word_aligned(out)) {  // uniform across the grid
-      const WordsOut words{static_cast<std::uint32_t*>(out)};
-      if (g.bits == 2) {
-        encode_groups<2>(g, it, load, words, first, step);
-      } else if (g.bits == 4) {
-        encode_groups<4>(g, it, load, words, first, step);
-      }
-      switch (it.format) {
-        case KvFlatFormat::bf16:
-          encode_flat16<KvFlatFormat::bf16>(it, load, words, first, step);
-          break;
-        case KvFlatFormat::fp16:
-          encode_flat16<KvFlatFormat::fp16>(it, load, words, first, step);
-          break;
-        case KvFlatFormat::e4m3: encode_fp8(it, load, words, first, step); break;
-      }
-    } else {
-      encode_bytes(g, it, load, KvBytesOut{static_cast<std::uint8_t*>(out)}, first, step);
-    }
-    if (first == 0) {
-      kv_encode_tail(it, load, KvBytesOut{static_cast<std::uint8_t*>(out)});
-    }
+    kv_encode_thread(g, it, load, encoded[slot], first, step);
   }
 }
 
@@ -227,29 +79,7 @@ __global__ void __launch_bounds__(kBlock)
     const KvGeometry g = kv_geometry(v.codec, roles[slot], v.tokens, v.channels);
     const KvItems it = kv_items(v.codec, g);
     const Store store{static_cast<Elem*>(plain[slot])};
-    const void* const in = encoded[slot];
-    if (word_aligned(in)) {  // uniform across the grid
-      const WordsIn words{static_cast<const std::uint32_t*>(in)};
-      if (g.bits == 2) {
-        decode_groups<2>(g, it, words, store, first, step);
-      } else if (g.bits == 4) {
-        decode_groups<4>(g, it, words, store, first, step);
-      }
-      switch (it.format) {
-        case KvFlatFormat::bf16:
-          decode_flat16<KvFlatFormat::bf16>(it, words, store, first, step);
-          break;
-        case KvFlatFormat::fp16:
-          decode_flat16<KvFlatFormat::fp16>(it, words, store, first, step);
-          break;
-        case KvFlatFormat::e4m3: decode_fp8(it, words, store, first, step); break;
-      }
-    } else {
-      decode_bytes(g, it, KvBytesIn{static_cast<const std::uint8_t*>(in)}, store, first, step);
-    }
-    if (first == 0) {
-      kv_decode_tail(it, KvBytesIn{static_cast<const std::uint8_t*>(in)}, store);
-    }
+    kv_decode_thread(g, it, encoded[slot], store, first, step);
   }
 }
 

@@ -1,13 +1,13 @@
-// The CUDA KV-cache kernels' code, run on the host: kv_math.hpp's per-item functions
-// (group records, flat words, the tail) over every item of a stream, as the threads of
-// kernels/cuda/kv_kernels.cu meet them (a group cursor over a grid of 1 or 37 threads;
-// 32-bit word access to aligned streams, byte access to others), with its element
-// access, against the CPU's kv_encode / kv_decode (which work in tiles, with vectorized
-// loops). Equal bytes for every codec, role, plain dtype and awkward shape (partial
-// groups, a residual window that starts inside a group, channels past one CPU tile), on
-// random values over a wide range and on arbitrary encoded bytes. The GPU runs exactly
-// these item bodies, so this is the evidence that the device bytes equal the CPU bytes
-// where no GPU is at hand; tests/gpu/test_kv_kernels_gpu.cpp checks the device itself.
+// The CUDA KV-cache kernels' code, run on the host: every thread of a grid of 1 or 37
+// threads runs kv_stream.hpp's kv_encode_thread / kv_decode_thread, the code of
+// kernels/cuda/kv_kernels.cu's threads (a group cursor; 32-bit word access to aligned
+// streams, byte access to others) over kv_math.hpp's per-item functions, against the CPU's
+// kv_encode / kv_decode (which work in tiles, with vectorized loops). Equal bytes for every codec,
+// role, plain dtype and awkward shape (partial groups, a residual window that starts inside a
+// group, channels past one CPU tile), on random values over a wide range and on arbitrary encoded
+// bytes. The GPU runs exactly these item bodies, so this is the evidence that the device bytes
+// equal the CPU bytes where no GPU is at hand; tests/gpu/test_kv_kernels_gpu.cpp checks the device
+// itself.
 
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "statepool/kernels/cuda/kv_stream.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/kv_math.hpp"
 #include "statepool/kernels/numeric.hpp"
@@ -61,25 +62,10 @@ struct StorePlain {
   }
 };
 
-// kv_kernels.cu's word access to a 4-byte aligned stream (WordsOut / WordsIn), on host
-// bytes.
-struct WordsOut {
-  std::uint8_t* p;
-  void word(std::uint64_t i, std::uint32_t w) const noexcept { std::memcpy(p + 4 * i, &w, 4); }
-};
-struct WordsIn {
-  const std::uint8_t* p;
-  std::uint32_t word(std::uint64_t i) const noexcept {
-    std::uint32_t w;
-    std::memcpy(&w, p + 4 * i, 4);
-    return w;
-  }
-};
-
-// How the kernels' threads meet a stream: a grid `step` threads wide, thread `first`
-// taking records first, first + step, ... with a group cursor, then flat words the same
-// way, thread 0 the tail. Words: the aligned path (WordsOut / WordsIn and the loops
-// per format); else the byte path (KvBytesOut / KvBytesIn).
+// How the kernels' threads meet a stream (kv_stream.hpp, the kernels' own code): a grid
+// `step` threads wide, thread `first` taking records first, first + step, ... with a
+// group cursor, then flat words the same way, thread 0 the tail. Words where the stream
+// starts 4-byte aligned; else by the byte (the stream placed at an odd address).
 enum class Access { words, bytes };
 
 std::vector<std::byte> device_encode(const KvStream& s, DType dtype,
@@ -87,72 +73,28 @@ std::vector<std::byte> device_encode(const KvStream& s, DType dtype,
                                      std::uint32_t step) {
   const KvGeometry g = kv_geometry(s);
   const KvItems it = kv_items(s.codec, g);
-  std::vector<std::byte> out(g.bytes, std::byte{0x5A});
+  const std::size_t at = access == Access::words ? 0 : 1;
+  std::vector<std::byte> buffer(g.bytes + 4, std::byte{0x5A});
   const LoadPlain load{plain.data(), dtype};
-  auto* dst = reinterpret_cast<std::uint8_t*>(out.data());
-  const auto run = [&](const auto& o) {
-    for (std::uint32_t first = 0; first < step; ++first) {
-      const KvGroupWalk walk = kv_group_walk(g, step);
-      KvGroupCursor c = kv_group_cursor(walk, first);
-      for (std::uint64_t r = first; r < it.groups; r += step) {
-        if (g.bits == 2) {
-          kv_encode_group<2>(load, kv_group_span(g, c), o, r * 3);
-        } else {
-          kv_encode_group<4>(load, kv_group_span(g, c), o, r * 5);
-        }
-        kv_group_advance(c, walk);
-      }
-      for (std::uint64_t w = first; w < it.words; w += step) {
-        switch (it.format) {
-          case KvFlatFormat::bf16: kv_encode_flat<KvFlatFormat::bf16>(it, w, load, o); break;
-          case KvFlatFormat::fp16: kv_encode_flat<KvFlatFormat::fp16>(it, w, load, o); break;
-          case KvFlatFormat::e4m3: kv_encode_flat<KvFlatFormat::e4m3>(it, w, load, o); break;
-        }
-      }
-    }
-    kv_encode_tail(it, load, KvBytesOut{dst});
-  };
-  if (access == Access::words) {
-    run(WordsOut{dst});
-  } else {
-    run(KvBytesOut{dst});
+  for (std::uint32_t first = 0; first < step; ++first) {
+    cuda::kv_encode_thread(g, it, load, buffer.data() + at, first, step);
   }
-  return out;
+  EXPECT_EQ(buffer[at + g.bytes], std::byte{0x5A}) << "a byte past the stream was written";
+  return {buffer.begin() + static_cast<std::ptrdiff_t>(at),
+          buffer.begin() + static_cast<std::ptrdiff_t>(at + g.bytes)};
 }
 
 std::vector<std::byte> device_decode(const KvStream& s, const std::vector<std::byte>& encoded,
                                      DType dtype, Access access, std::uint32_t step) {
   const KvGeometry g = kv_geometry(s);
   const KvItems it = kv_items(s.codec, g);
+  const std::size_t at = access == Access::words ? 0 : 1;
+  std::vector<std::byte> in(encoded.size() + 4);
+  std::copy(encoded.begin(), encoded.end(), in.begin() + static_cast<std::ptrdiff_t>(at));
   std::vector<std::byte> out(s.tokens * s.channels * dtype_bytes(dtype), std::byte{0x5A});
   const StorePlain store{out.data(), dtype};
-  const auto* src = reinterpret_cast<const std::uint8_t*>(encoded.data());
-  const auto run = [&](const auto& in) {
-    for (std::uint32_t first = 0; first < step; ++first) {
-      const KvGroupWalk walk = kv_group_walk(g, step);
-      KvGroupCursor c = kv_group_cursor(walk, first);
-      for (std::uint64_t r = first; r < it.groups; r += step) {
-        if (g.bits == 2) {
-          kv_decode_group<2>(in, r * 3, kv_group_span(g, c), store);
-        } else {
-          kv_decode_group<4>(in, r * 5, kv_group_span(g, c), store);
-        }
-        kv_group_advance(c, walk);
-      }
-      for (std::uint64_t w = first; w < it.words; w += step) {
-        switch (it.format) {
-          case KvFlatFormat::bf16: kv_decode_flat<KvFlatFormat::bf16>(it, w, in, store); break;
-          case KvFlatFormat::fp16: kv_decode_flat<KvFlatFormat::fp16>(it, w, in, store); break;
-          case KvFlatFormat::e4m3: kv_decode_flat<KvFlatFormat::e4m3>(it, w, in, store); break;
-        }
-      }
-    }
-    kv_decode_tail(it, KvBytesIn{src}, store);
-  };
-  if (access == Access::words) {
-    run(WordsIn{src});
-  } else {
-    run(KvBytesIn{src});
+  for (std::uint32_t first = 0; first < step; ++first) {
+    cuda::kv_decode_thread(g, it, in.data() + at, store, first, step);
   }
   return out;
 }
