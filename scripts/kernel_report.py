@@ -15,15 +15,17 @@ and the `ptxas -v` log of the same compile. For every kernel it prints:
 - every loop (backward branch): body instructions, global accesses by width, its source
   line and, where the source marks it, what it is (below) and its instructions per value.
 
-Hot loops are marked in the source, on the line before the `for`:
-    // kernel-report: PATH VALUES [io]
+Hot loops are marked in the source, before the `for` (only STATEPOOL_UNROLL lines between):
+    // kernel-report: PATH VALUES[/ACCESSES] [xN] [io|fallback]
 PATH names the work (e.g. "float-encode", "dual-codes"); VALUES is the values one trip of
-the loop as written handles; "io" marks a loop that moves page or staged bytes. The
+the loop as written handles; "io" marks a loop that moves page or staged bytes on the
+paths every planned shape takes, "fallback" one that does so only for shapes no planned
+model has (unaligned buffers, rows of odd sizes: listed, never a --check problem). The
 marker of a loop is looked up along its branch's inlining chain (innermost first). When
-the compiler unrolls a marked loop, the body holds several trips: the report counts the
-trips as the body's global accesses over the accesses one trip makes in the source,
-given as VALUES/ACCESSES (e.g. "4/1": four values and one global access per trip), or
-assumes one trip when no accesses are given.
+the compiler unrolls a marked loop, the body holds several trips: "xN" says the source
+asks for N (STATEPOOL_UNROLL_BY(N)); otherwise the report counts the trips as the body's
+global accesses over ACCESSES, the global accesses one trip makes in the source (e.g.
+"4/1"), or assumes one trip when neither is given.
 
 Roofline: per codec operation (OPERATIONS: the paths it runs and the bytes per value it
 moves), the instructions per value against the ideal issue rate and the bytes against
@@ -50,7 +52,8 @@ F64 = re.compile(r"\b(DADD|DMUL|DFMA|DSETP|DMNMX|MUFU\.RCP64H|MUFU\.RSQ64H)\b|\b
 DIV64 = re.compile(r"__cuda_sm\d+_(div|rem)_[us]64")
 GLOBAL = re.compile(r"\b(LDG|STG|LD|ST|RED|ATOMG|ATOM)\.E(\.[A-Z0-9]+)*")
 LOC = re.compile(r'"([^"]+)", line (\d+)')
-MARK = re.compile(r"//\s*kernel-report:\s*(\S+)\s+(\d+)(?:/(\d+))?(\s+io)?")
+MARK = re.compile(r"//\s*kernel-report:\s*(\S+)\s+(\d+)(?:/(\d+))?(?:\s+x(\d+))?(?:\s+(io|fallback))?")
+UNROLL_LINE = re.compile(r"^\s*STATEPOOL_UNROLL")
 
 # The planning shape: one Qwen3-Next / Kimi-Linear head (K = V = 128).
 K = V = 128
@@ -59,9 +62,9 @@ K = V = 128
 # the launcher asks for at K = V = 128 (codec_kernels.cu, step_kernels.cu, kv_kernels.cu).
 LAUNCH = [
     ("kv_", 256, 0),
-    ("encode_kernel", 256, (2 * K + V) * 4),
+    ("encode_kernel", 256, (32 * 33 + 5 * K + V) * 4),
     ("decode_kernel", 256, (K + V) * 4),
-    ("step_kernel", 128, (K * V + 2 * K + V) * 4),
+    ("step_kernel", 128, (K * V + 32 * 33 + 5 * K + V) * 4),
     ("", 256, 0),
 ]
 
@@ -79,32 +82,47 @@ CARDS = {
 }
 
 # What one codec operation is made of: its marked paths (with the times each runs per
-# value) and the bytes per value it moves through DRAM at the planning shape, f32 staged
-# state (read, written): codes at their width, plus 2-byte scales per row and column (GDN,
-# K = V = 128), per 32-value group (int), nothing else (float). The step reads and writes
-# a stepquant6 page and its f32 inputs/outputs are per row or column (negligible).
+# value) and the bytes per value it moves through DRAM at the planning shape (read,
+# written): codes at their width, plus 2-byte scales per row and column (GDN, K = V =
+# 128), per 32-value group (int), nothing else (float); then the bytes per value of the
+# device copy it is compared with: the f32 staged state (8: read and written) for the
+# recurrent-state codecs and the step (an FP32 step moves the state once each way, so
+# there the column is the speed-up over it), the bf16 plain side (4) for KV streams.
+# A KV stream's residual window (its newest 128 tokens, fp16) is left out: at 4096 tokens
+# it is 3% of the values.
 OPERATIONS = [
     # (operation, the kernel it runs in, its paths with the times each runs per value,
-    #  bytes read and written per value)
-    ("bf16 encode", "encode_kernel<StagedF32, floats>", {"float-encode": 1}, 4.0, 2.0),
-    ("bf16 decode", "decode_kernel<StagedF32, floats>", {"float-decode": 1}, 2.0, 4.0),
-    ("int8 encode", "encode_kernel<StagedF32, uniform>", {"uniform-scales": 1, "uniform-encode": 1},
-     4.0, 1.0 + 2 / 32),
-    ("int8 decode", "decode_kernel<StagedF32, uniform>", {"uniform-decode": 1}, 1.0 + 2 / 32, 4.0),
+    #  bytes read and written per value, bytes per value of the copy)
+    ("bf16 encode", "encode_kernel<StagedF32, floats>", {"float-encode": 1}, 4.0, 2.0, 8.0),
+    ("bf16 decode", "decode_kernel<StagedF32, floats>", {"float-decode": 1}, 2.0, 4.0, 8.0),
+    ("int8 encode", "encode_kernel<StagedF32, uniform>", {"uniform-encode": 1}, 4.0,
+     1.0 + 2 / 32, 8.0),
+    ("int8 decode", "decode_kernel<StagedF32, uniform>", {"uniform-decode": 1}, 1.0 + 2 / 32, 4.0,
+     8.0),
     ("stepquant6 encode", "encode_kernel<StagedF32, stepquant>",
-     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
-    ("stepquant6 enc KDA", "encode_kernel<StagedF32, stepquant>",
-     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "kda-codes": 1}, 4.0, 0.75 + 4 / 128),
+     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128,
+     8.0),
+    ("stepquant6 enc KDA", "encode_kernel<StagedF32, stepquant_rows>",
+     {"dual-rows": 1, "dual-columns": 1, "dual-refit": 1, "kda-codes": 1}, 4.0, 0.75 + 4 / 128,
+     8.0),
     ("dsq6 encode", "encode_kernel<StagedF32, stepquant>",
-     {"dual-rows": 1, "dual-columns": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128),
+     {"dual-rows": 1, "dual-columns": 1, "dual-codes": 1}, 4.0, 0.75 + 4 / 128, 8.0),
     ("stepquant6 decode", "decode_kernel<StagedF32, stepquant>", {"dual-decode": 1},
-     0.75 + 4 / 128, 4.0),
-    ("stepquant6 dec KDA", "decode_kernel<StagedF32, stepquant>", {"kda-decode": 1},
-     0.75 + 4 / 128, 4.0),
+     0.75 + 4 / 128, 4.0, 8.0),
+    ("stepquant6 dec KDA", "decode_kernel<StagedF32, stepquant_rows>", {"kda-decode": 1},
+     0.75 + 4 / 128, 4.0, 8.0),
     ("stepquant6 step", "step_kernel<stepquant>",
      {"dual-decode": 1, "step": 2, "dual-rows": 1, "dual-columns": 1, "dual-refit": 1,
-      "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128),
-    ("non-finite scan", "find_non_finite_kernel<StagedF32>", {"nonfinite-scan": 1}, 4.0, 0.0),
+      "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128, 8.0),
+    ("non-finite scan", "find_non_finite_kernel<StagedF32>", {"nonfinite-scan": 1}, 4.0, 0.0, 8.0),
+    ("kivi4 KV encode", "kv_encode_kernel<LoadBf16, unsigned short>", {"kivi-encode": 1}, 2.0,
+     20 / 32, 4.0),
+    ("kivi4 KV decode", "kv_decode_kernel<StoreBf16, unsigned short>", {"kivi-decode": 1},
+     20 / 32, 2.0, 4.0),
+    ("kivi2 KV encode", "kv_encode_kernel<LoadBf16, unsigned short>", {"kivi-encode": 1}, 2.0,
+     12 / 32, 4.0),
+    ("kivi2 KV decode", "kv_decode_kernel<StoreBf16, unsigned short>", {"kivi-decode": 1},
+     12 / 32, 2.0, 4.0),
 ]
 
 
@@ -129,10 +147,14 @@ class Source:
             except OSError:
                 self.files[path] = []
         lines = self.files[path]
-        if 2 <= line <= len(lines):
-            m = MARK.search(lines[line - 2])
+        before = line - 2  # index of the line before the loop's
+        while 0 <= before < len(lines) and UNROLL_LINE.match(lines[before]):
+            before -= 1
+        if 0 <= before < len(lines):
+            m = MARK.search(lines[before])
             if m:
-                return m.group(1), int(m.group(2)), int(m.group(3) or 0), bool(m.group(4))
+                return (m.group(1), int(m.group(2)), int(m.group(3) or 0), int(m.group(4) or 0),
+                        m.group(5) or "")
         return None
 
 
@@ -250,7 +272,7 @@ def demangle(names: list[str]) -> dict[str, str]:
 
 def short_name(demangled: str) -> str:
     """statepool::kernels::cuda::(anonymous)::encode_kernel<StagedF32>(...) -> encode_kernel<StagedF32>."""
-    families = {"1": "floats", "2": "uniform", "3": "stepquant"}  # CodecFamily's values
+    families = {"1": "floats", "2": "uniform", "3": "stepquant", "4": "stepquant_rows"}  # CodecFamily
     name = re.sub(r"\((?:statepool::kernels::cuda::)?CodecFamily\)(\d)",
                   lambda m: families.get(m.group(1), m.group(1)), demangled)
     name = re.sub(r"\(anonymous namespace\)::", "", name)
@@ -286,12 +308,14 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
             where = f"{short(chain[0][0])}:{chain[0][1]}"
         loop = dict(instructions=len(body), accesses=dict(accesses), where=where or "?")
         if mark:
-            path, values, per_trip, io = mark
+            path, values, per_trip, unroll, kind = mark
             trips = 1
-            if per_trip:
+            if unroll:
+                trips = unroll
+            elif per_trip:
                 trips = max(1, round(sum(accesses.values()) / per_trip))
-            loop.update(path=path, io=io, values=values * trips,
-                        per_value=len(body) / (values * trips))
+            loop.update(path=path, io=kind == "io", fallback=kind == "fallback",
+                        values=values * trips, per_value=len(body) / (values * trips))
         loops.append(loop)
     return dict(name=name, threads=threads, smem=smem, registers=props.get("registers"),
                 stack=props.get("stack", 0), spill_stores=props.get("spill_stores", 0),
@@ -306,8 +330,9 @@ def roofline(kernels_: list[dict], arch: int):
     copy of each marked loop, summed over the path's loops), and per operation of
     OPERATIONS, from its kernel's paths, the estimate for each card: ideal issue (one
     instruction per scheduler per clock) against the DRAM bandwidth, and the speed
-    relative to a device copy of the f32 state (8 bytes per value moved). For the step,
-    that copy is what an FP32 step moves, so the column is the speed-up over it."""
+    relative to a device copy (OPERATIONS: the f32 state, 8 bytes per value moved, or the
+    bf16 side of a KV stream, 4). For the step, that copy is what an FP32 step moves, so
+    the column is the speed-up over it."""
     paths: dict[str, dict[str, float]] = {}  # kernel title -> path -> instr/value
     for k in kernels_:
         per_loop: dict[tuple[str, str], float] = {}
@@ -319,7 +344,7 @@ def roofline(kernels_: list[dict], arch: int):
         for (path, _), ipv in per_loop.items():
             mine[path] += ipv
     estimates = []
-    for name, kernel, parts, read, written in OPERATIONS:
+    for name, kernel, parts, read, written, copy in OPERATIONS:
         found = paths.get(kernel, {})
         if any(p not in found for p in parts):
             continue
@@ -329,7 +354,7 @@ def roofline(kernels_: list[dict], arch: int):
             memory = (read + written) / bandwidth
             estimates.append(dict(operation=name, card=card, per_value=ipv, bytes=read + written,
                                   limiter="issue" if compute > memory else "memory",
-                                  of_copy=(8.0 / bandwidth) / max(compute, memory)))
+                                  of_copy=(copy / bandwidth) / max(compute, memory)))
     return {k: dict(v) for k, v in paths.items()}, estimates
 
 
@@ -384,8 +409,8 @@ def main() -> int:
             acc = " ".join(f"{a}x{n}" for a, n in sorted(loop["accesses"].items()))
             tag = ""
             if "path" in loop:
-                tag = (f"  [{loop['path']}{' io' if loop['io'] else ''}: "
-                       f"{loop['per_value']:.1f} instr/value]")
+                kind = " io" if loop["io"] else " fallback" if loop["fallback"] else ""
+                tag = f"  [{loop['path']}{kind}: {loop['per_value']:.1f} instr/value]"
             print(f"   loop {loop['instructions']:5d} instr  {acc:28s} {loop['where']}{tag}")
             if loop.get("io") and any(a in loop["accesses"] for a in ("8L", "8S")):
                 problem = f"{title}: byte-wide global access in the io loop at {loop['where']}"

@@ -68,11 +68,11 @@ void check_impact(std::span<const float> impact, std::uint32_t key_dim) {
   }
 }
 
-// Step 1's lane sum of one row (fit_math.hpp's row_abs_sum, the same additions in the
-// same order): the 32 lanes are four 8-float vectors, each full chunk of 32 values adds
-// into them, a last partial chunk is padded with +0 (which leaves a lane's non-negative
-// sum unchanged), and the tree adds vectors 0 + 2 and 1 + 3 (stride 16), then the two
-// (stride 8), then the eight lanes of the result (strides 4, 2, 1).
+// Step 1's lane sum of one row (fit_math.hpp's lane_partial and lane_tree, the same additions in
+// the same order): the 32 lanes are four 8-float vectors, each full chunk of 32 values adds into
+// them, a last partial chunk is padded with +0 (which leaves a lane's non-negative sum unchanged),
+// and the tree adds vectors 0 + 2 and 1 + 3 (stride 16), then the two (stride 8), then the eight
+// lanes of the result (strides 4, 2, 1).
 using F32x8 = float __attribute__((vector_size(32)));
 using I32x8 = std::int32_t __attribute__((vector_size(32)));
 constexpr std::uint32_t kLaneVectors = kSumLanes / 8;

@@ -13,7 +13,8 @@ namespace statepool::kernels::cuda {
 namespace {
 
 constexpr unsigned kBlock = 256;
-constexpr std::uint32_t kMaxGridY = 65535;  // more slots: blocks loop over them
+constexpr std::uint32_t kMaxGridY = 65535;              // more slots: blocks loop over them
+constexpr std::size_t kDefaultSharedLimit = 48 * 1024;  // dynamic shared memory without opt-in
 
 // The per-slot pointers of a launch: a device array of `count` pointers, or (single-page
 // forms) one pointer for slot 0.
@@ -26,9 +27,17 @@ struct Slots {
   }
 };
 
+// Blocks of the encode kernel an SM must hold: at most 64 registers per thread (32 for
+// the float codecs, which need no more), so that at least half the SM's warps are
+// resident. Left to itself, ptxas gave the STEPQuant encodes 110 to 125 registers (a
+// quarter of the SM), or 32 with spills around the divisions' slow-path calls; with the
+// bound every encode keeps within it without a spill (scripts/kernel-report).
+template <CodecFamily Family>
+constexpr int kEncodeBlocksPerSm = Family == CodecFamily::floats ? 8 : 4;
+
 // One kernel per (staged dtype, codec family): see CodecFamily.
 template <class Staged, CodecFamily Family>
-__global__ void __launch_bounds__(kBlock)
+__global__ void __launch_bounds__(kBlock, kEncodeBlocksPerSm<Family>)
     encode_kernel(PageFormatView f, Slots<const void> staged, Slots<void> pages,
                   const unsigned long long* skip, std::uint32_t count) {
   extern __shared__ float scratch[];  // encode_scratch_floats(f)
@@ -53,7 +62,8 @@ __global__ void __launch_bounds__(kBlock)
     find_non_finite_kernel(PageFormatView f, Slots<const void> staged,
                            unsigned long long* first_index, std::uint32_t count) {
   for (std::uint32_t slot = blockIdx.y; slot < count; slot += gridDim.y) {
-    find_non_finite_block<Staged>(detail::BlockTeam{}, f, staged[slot], first_index + slot, blockIdx.x);
+    find_non_finite_block<Staged>(detail::BlockTeam{}, f, staged[slot], first_index + slot,
+                                  blockIdx.x);
   }
 }
 
@@ -65,9 +75,12 @@ __global__ void __launch_bounds__(kBlock)
 template <class Launch>
 void dispatch(const PageFormatView& f, const Launch& launch) {
   const auto with = [&]<class Staged>() {
-    switch (codec_family(f.codec)) {
+    switch (codec_family(f)) {
       case CodecFamily::floats: launch.template operator()<Staged, CodecFamily::floats>(); break;
       case CodecFamily::uniform: launch.template operator()<Staged, CodecFamily::uniform>(); break;
+      case CodecFamily::stepquant_rows:
+        launch.template operator()<Staged, CodecFamily::stepquant_rows>();
+        break;
       default: launch.template operator()<Staged, CodecFamily::stepquant>(); break;
     }
   };
@@ -94,19 +107,27 @@ cudaError_t launch_encode(const PageFormatView& f, Slots<const void> staged, Slo
                           const unsigned long long* skip, std::uint32_t count,
                           cudaStream_t stream) {
   const dim3 g = grid(page_blocks(f), count);
-  // At most 48 KiB (kMaxHeadDim), the limit without an opt-in.
+  // 7.1 KiB at K = V = 128; heads above K = V = 2048 need more than 48 KiB, the limit
+  // without an opt-in (at most 97 KiB, at kMaxHeadDim).
   const std::size_t shared = encode_scratch_floats(f) * sizeof(float);
+  cudaError_t status = cudaSuccess;
   const auto launch = [&]<class Staged, CodecFamily Family>() {
+    if (shared > kDefaultSharedLimit) {
+      status = cudaFuncSetAttribute(encode_kernel<Staged, Family>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(shared));
+      if (status != cudaSuccess) return;
+    }
     encode_kernel<Staged, Family><<<g, kBlock, shared, stream>>>(f, staged, pages, skip, count);
   };
   dispatch(f, launch);
-  return cudaGetLastError();
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 cudaError_t launch_decode(const PageFormatView& f, Slots<const void> pages, Slots<void> staged,
                           std::uint32_t count, cudaStream_t stream) {
   const dim3 g = grid(page_blocks(f), count);
-  // At most 32 KiB (kMaxHeadDim), under the limit without an opt-in.
+  // At most 48 KiB (kMaxHeadDim), the limit without an opt-in.
   const std::size_t shared = decode_scratch_floats(f) * sizeof(float);
   const auto launch = [&]<class Staged, CodecFamily Family>() {
     decode_kernel<Staged, Family><<<g, kBlock, shared, stream>>>(f, pages, staged, count);

@@ -26,9 +26,10 @@ __global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, Step
 using StepKernel = void (*)(PageFormatView, StepView);
 
 StepKernel kernel_for(const PageFormatView& f) noexcept {
-  switch (codec_family(f.codec)) {
+  switch (codec_family(f)) {
     case CodecFamily::floats: return step_kernel<CodecFamily::floats>;
     case CodecFamily::uniform: return step_kernel<CodecFamily::uniform>;
+    case CodecFamily::stepquant_rows: return step_kernel<CodecFamily::stepquant_rows>;
     default: return step_kernel<CodecFamily::stepquant>;
   }
 }

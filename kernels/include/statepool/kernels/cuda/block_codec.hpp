@@ -13,28 +13,32 @@
 //   void atomic_min(unsigned long long* p, unsigned long long v) const
 //                                                   *p = min(*p, v) atomically, across teams
 // Every loop below hands item k to rank k mod size(), so any team size computes the same
-// bytes; nothing is shared between ranks but the page itself (a rank writes scales into
-// the page, sync(), then every rank reads them back: the page is the block's scratch, so
-// no head is too large for shared memory).
+// bytes. Ranks share the page and a block scratch (shared memory on the GPU, sized by
+// encode_scratch_floats / decode_scratch_floats): a rank writes a scale or a constant,
+// sync(), then every rank reads it.
 //
 // Grid: one block per (slot, x) with x in [0, page_blocks(view)): x < head_count encodes
-// or decodes head x; the others copy one kConvChunkBytes piece of the conv state. Within
-// a head (K rows, V columns, n = K V values, page order = row-major):
-//   float codecs      rank per 8 values (128-bit accesses) where the head is aligned,
-//                     else rank per value
-//   int4/6/8          rank per group (absmax, fp16 scale), sync, rank per quad (codes)
+// or decodes head x; the others copy one kConvChunkBytes piece of the conv state (16
+// bytes per rank). Within a head (K rows, V columns, n = K V values, row-major):
+//   float codecs, pivot GDN heads
+//                     rank per 8 values (128-bit accesses) where the head is aligned,
+//                     else rank per value (block_float.hpp)
+//   int4/6/8          rank per 32-value group in one pass, or absmax by groups (or parts
+//                     of groups), sync, codes per 16-value chunk; else rank per group,
+//                     sync, rank per quad (block_uniform.hpp)
 //   dual axis (GDN at 2/4/6/8 bits, KDA, dsq4/6)
-//                     rank per row (r_i from the lane sum of fit_math.hpp; e_i and a_i
-//                     into the block scratch), sync, rank per column (c_j: max over rows,
-//                     then the refit sums over rows in row order, binary32; b_j into the
-//                     scratch), sync, codes: rank per 16 values of a row (run16_fits,
-//                     rows16_fits), else rank per quad
-//   temporal_only     rank per row (absmax scale, its reciprocal into the scratch), sync,
-//                     codes as above
-//   pivot GDN head    rank per value (fp16)
-//   decode            float codecs as encode; STEPQuant / DSQ: the scales into the block
-//                     scratch, sync, rank per 16 codes of a row where the head allows,
-//                     sync; else (and int4/6/8) rank per quad; pivot heads per value
+//                     by batches of 32 rows: rank per (row, lane) for the lane partials,
+//                     sync, rank per row for r_i and its constants, sync; rank per
+//                     column (c_j: max over rows, then the refit sums over rows in row
+//                     order, binary32; b_j into the scratch), sync, codes: rank per 16
+//                     values of a row (run16_fits, rows16_fits), else rank per quad
+//                     (block_stepquant.hpp)
+//   temporal_only     the row pass with maxima (absmax scale, its reciprocal into the
+//                     scratch), codes as above
+//   decode            float codecs as encode; int4/6/8 rank per 16 codes; STEPQuant /
+//                     DSQ: the scales (and KDA widths) into the block scratch, sync, rank
+//                     per 16 codes of a row where the head allows, sync; else rank per
+//                     quad
 // docs/kernels.md has the design, the budgets and kernel-report's numbers.
 // A quad is four consecutive codes of one packed run, which starts on a byte boundary
 // (packing.hpp): GDN and dsq heads pack all K V codes as one run, KDA heads every row as
@@ -87,38 +91,25 @@ STATEPOOL_HD inline std::uint64_t recurrent_staged_bytes(const PageFormatView& f
 
 }  // namespace detail
 
-/// The codec families, each with its own kernels (codec_kernels.cu, step_kernels.cu): a
-/// kernel compiled for one family holds none of the others' code, so its registers are
-/// what that family needs (one kernel for all needed the most any codec needs). `any`
-/// dispatches at run time (the host emulation may use either).
-enum class CodecFamily : std::uint8_t { any, floats, uniform, stepquant };
-
-/// The family of `codec`: float, uniform int, or STEPQuant / DSQ.
-STATEPOOL_HD inline CodecFamily codec_family(CodecId codec) noexcept {
-  if (is_float_codec(codec)) return CodecFamily::floats;
-  if (is_uniform_codec(codec)) return CodecFamily::uniform;
-  return CodecFamily::stepquant;
-}
-
 /// Encodes head `head` of `staged` into `page` (the head's bytes only). `scratch` is
 /// encode_scratch_floats(f) floats of block scratch, visible to every rank of the team.
-/// `Family`: any, or codec_family(f.codec).
+/// `Family`: any, or codec_family(f).
 template <class Staged, CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void encode_head(const Team& t, const PageFormatView& f, const void* staged,
                               std::uint8_t* page, std::uint32_t head, float* scratch) noexcept {
   const detail::HeadValues<Staged> x{staged, detail::head_first_value(f, head), f.value_dim};
   std::uint8_t* out = page + f.head_offsets[head];
   const std::uint64_t bytes = f.head_offsets[head + 1] - f.head_offsets[head];
-  const CodecFamily family = Family == CodecFamily::any ? codec_family(f.codec) : Family;
+  const CodecFamily family = Family == CodecFamily::any ? codec_family(f) : Family;
   if constexpr (Family == CodecFamily::any || Family == CodecFamily::floats) {
-    if (family == CodecFamily::floats) detail::encode_float_head(t, f, x, out, bytes);
+    if (family == CodecFamily::floats) detail::encode_float_head(t, f, f.codec, x, out, bytes);
   }
   if constexpr (Family == CodecFamily::any || Family == CodecFamily::uniform) {
     if (family == CodecFamily::uniform) detail::encode_uniform_head(t, f, x, out, bytes);
   }
-  if constexpr (Family == CodecFamily::any || Family == CodecFamily::stepquant) {
-    if (family == CodecFamily::stepquant) {
-      detail::encode_sq_head(t, f, head, x, out, bytes, scratch);
+  if constexpr (Family == CodecFamily::any || is_stepquant_family(Family)) {
+    if (is_stepquant_family(family)) {
+      detail::encode_sq_head<Family>(t, f, head, x, out, bytes, scratch);
     }
   }
 }
@@ -130,15 +121,15 @@ STATEPOOL_HD void decode_head(const Team& t, const PageFormatView& f, const std:
                               void* staged, std::uint32_t head, float* scratch) noexcept {
   const detail::HeadOut<Staged> y{staged, detail::head_first_value(f, head)};
   const std::uint8_t* in = page + f.head_offsets[head];
-  const CodecFamily family = Family == CodecFamily::any ? codec_family(f.codec) : Family;
+  const CodecFamily family = Family == CodecFamily::any ? codec_family(f) : Family;
   if constexpr (Family == CodecFamily::any || Family == CodecFamily::floats) {
-    if (family == CodecFamily::floats) detail::decode_float_head(t, f, in, y);
+    if (family == CodecFamily::floats) detail::decode_float_head(t, f, f.codec, in, y);
   }
   if constexpr (Family == CodecFamily::any || Family == CodecFamily::uniform) {
     if (family == CodecFamily::uniform) detail::decode_uniform_head(t, f, in, y);
   }
-  if constexpr (Family == CodecFamily::any || Family == CodecFamily::stepquant) {
-    if (family == CodecFamily::stepquant) detail::decode_sq_head(t, f, head, in, y, scratch);
+  if constexpr (Family == CodecFamily::any || is_stepquant_family(Family)) {
+    if (is_stepquant_family(family)) detail::decode_sq_head<Family>(t, f, head, in, y, scratch);
   }
 }
 
@@ -159,8 +150,8 @@ STATEPOOL_HD void encode_block(const Team& t, const PageFormatView& f, const voi
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;
-  const std::uint64_t size =
-      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes;
+  const auto size = static_cast<std::uint32_t>(
+      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes);
   detail::copy_bytes(
       t, static_cast<const std::uint8_t*>(staged) + detail::recurrent_staged_bytes(f) + begin,
       out + f.conv_offset + begin, size);
@@ -176,8 +167,8 @@ STATEPOOL_HD void decode_block(const Team& t, const PageFormatView& f, const voi
     return;
   }
   const std::uint64_t begin = std::uint64_t{block - f.head_count} * kConvChunkBytes;
-  const std::uint64_t size =
-      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes;
+  const auto size = static_cast<std::uint32_t>(
+      f.conv_bytes - begin < kConvChunkBytes ? f.conv_bytes - begin : kConvChunkBytes);
   detail::copy_bytes(t, in + f.conv_offset + begin,
                      static_cast<std::uint8_t*>(staged) + detail::recurrent_staged_bytes(f) + begin,
                      size);

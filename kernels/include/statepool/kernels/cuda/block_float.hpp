@@ -73,26 +73,26 @@ STATEPOOL_HD inline bool float_head_vectors(const PageFormatView& f, const void*
 }
 
 template <class Staged, class Team>
-STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f,
+STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f, CodecId codec,
                                     const HeadValues<Staged>& x, std::uint8_t* out,
                                     std::uint64_t head_bytes) noexcept {
   const std::uint32_t n = f.key_dim * f.value_dim;  // <= kMaxHeadDim^2 = 2^24
-  const std::uint32_t width = float_codec_value_bytes(f.codec);
+  const std::uint32_t width = float_codec_value_bytes(codec);
   if (float_head_vectors<Staged>(f, x.base, x.first, out)) {
     // kernel-report: float-encode 8 io
     for (std::uint32_t c = t.rank(); c < n / 8; c += t.size()) {
       float v[8];
       load8<Staged>(x.base, x.first + 8 * c, v);
-      store_float8(f.codec, out + 8 * width * c, v);
+      store_float8(codec, out + 8 * width * c, v);
     }
   } else {
     for (std::uint32_t i = t.rank(); i < n; i += t.size()) {
       const float v = x.flat(i);
-      if (f.codec == CodecId::fp32) {
+      if (codec == CodecId::fp32) {
         reinterpret_cast<std::uint32_t*>(out)[i] = float_bits(v);  // 4-byte aligned head
       } else {
         reinterpret_cast<std::uint16_t*>(out)[i] =
-            f.codec == CodecId::bf16 ? float_to_bf16_bits(v) : float_to_half_bits(v);
+            codec == CodecId::bf16 ? float_to_bf16_bits(v) : float_to_half_bits(v);
       }
     }
   }
@@ -100,26 +100,26 @@ STATEPOOL_HD void encode_float_head(const Team& t, const PageFormatView& f,
 }
 
 template <class Staged, class Team>
-STATEPOOL_HD void decode_float_head(const Team& t, const PageFormatView& f, const std::uint8_t* in,
-                                    const HeadOut<Staged>& y) noexcept {
+STATEPOOL_HD void decode_float_head(const Team& t, const PageFormatView& f, CodecId codec,
+                                    const std::uint8_t* in, const HeadOut<Staged>& y) noexcept {
   const std::uint32_t n = f.key_dim * f.value_dim;
-  const std::uint32_t width = float_codec_value_bytes(f.codec);
+  const std::uint32_t width = float_codec_value_bytes(codec);
   if (float_head_vectors<Staged>(f, y.base, y.first, in)) {
     // kernel-report: float-decode 8 io
     for (std::uint32_t c = t.rank(); c < n / 8; c += t.size()) {
       float v[8];
-      load_float8(f.codec, in + 8 * width * c, v);
+      load_float8(codec, in + 8 * width * c, v);
       store8<Staged>(y.base, y.first + 8 * c, v);
     }
     return;
   }
   for (std::uint32_t i = t.rank(); i < n; i += t.size()) {
     float v;
-    if (f.codec == CodecId::fp32) {
+    if (codec == CodecId::fp32) {
       v = bits_float(reinterpret_cast<const std::uint32_t*>(in)[i]);
     } else {
       const std::uint16_t bits = reinterpret_cast<const std::uint16_t*>(in)[i];
-      v = f.codec == CodecId::bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
+      v = codec == CodecId::bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
     }
     y.store(i, v);
   }

@@ -10,10 +10,33 @@
 #include <cstdint>
 #include <cstring>
 
+#include "statepool/kernels/cuda/page_format.hpp"
+#include "statepool/kernels/format.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/packing.hpp"
 
 namespace statepool::kernels::cuda {
+
+/// The codec families, each with its own kernels (codec_kernels.cu, step_kernels.cu): a
+/// kernel compiled for one family holds none of the others' code, so its registers are
+/// what that family needs (one kernel for all needed the most any codec needs), and
+/// scripts/kernel-report sees each family's loops apart. `stepquant`: heads of one width
+/// (STEPQuant GDN heads, DSQ on either arch); `stepquant_rows`: STEPQuant KDA heads, whose
+/// rows have their own widths. `any` dispatches at run time (the host emulation may use
+/// either).
+enum class CodecFamily : std::uint8_t { any, floats, uniform, stepquant, stepquant_rows };
+
+/// The family of `f`'s codec and arch.
+STATEPOOL_HD inline CodecFamily codec_family(const PageFormatView& f) noexcept {
+  if (is_float_codec(f.codec)) return CodecFamily::floats;
+  if (is_uniform_codec(f.codec)) return CodecFamily::uniform;
+  if (f.arch == Arch::kda && !is_dsq_codec(f.codec)) return CodecFamily::stepquant_rows;
+  return CodecFamily::stepquant;
+}
+
+STATEPOOL_HD constexpr bool is_stepquant_family(CodecFamily family) noexcept {
+  return family == CodecFamily::stepquant || family == CodecFamily::stepquant_rows;
+}
 
 // ---------------------------------------------------------------------------------------
 // Staged values (row-major [head][K][V] from the start of the staged state)
@@ -158,11 +181,23 @@ STATEPOOL_HD void zero_bytes(const Team& t, std::uint8_t* p, std::uint64_t begin
   }
 }
 
+// n <= kConvChunkBytes bytes of the conv state: 16 per rank where both sides start
+// 16-byte aligned (the planned layouts: the staged conv part follows K V values per head,
+// the page's follows heads of multiples of 16 bytes), then the last n % 16 one per rank;
+// otherwise byte by byte.
 template <class Team>
 STATEPOOL_HD void copy_bytes(const Team& t, const std::uint8_t* src, std::uint8_t* dst,
-                             std::uint64_t n) noexcept {
-  // kernel-report: conv-copy 1 io
-  for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
+                             std::uint32_t n) noexcept {
+  std::uint32_t done = 0;
+  if (aligned16(src) && aligned16(dst)) {
+    done = n / 16 * 16;
+    // kernel-report: conv-copy 16 io
+    for (std::uint32_t i = 16 * t.rank(); i < done; i += 16 * t.size()) {
+      store16(dst + i, load16(src + i));
+    }
+  }
+  // kernel-report: conv-bytes 1 fallback
+  for (std::uint32_t i = done + t.rank(); i < n; i += t.size()) {
     dst[i] = src[i];
   }
 }
@@ -285,9 +320,7 @@ STATEPOOL_HD inline void pack16(const std::uint32_t* u, std::uint32_t* w) noexce
   for (std::uint32_t m = 0; m < kWords; ++m) {
     w[m] = 0;
   }
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  STATEPOOL_UNROLL
   for (std::uint32_t n = 0; n < 16; ++n) {
     const std::uint32_t bit = n * Bits;
     const std::uint32_t word = bit / 32;
@@ -303,9 +336,7 @@ template <std::uint32_t Bits>
 STATEPOOL_HD inline void unpack16(const std::uint32_t* w, std::uint32_t* u) noexcept {
   constexpr std::uint32_t kWords = Bits / 2;
   constexpr std::uint32_t kMask = (1u << Bits) - 1u;
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
+  STATEPOOL_UNROLL
   for (std::uint32_t n = 0; n < 16; ++n) {
     const std::uint32_t bit = n * Bits;
     const std::uint32_t word = bit / 32;

@@ -96,9 +96,9 @@ struct StagedScratch {
 
 }  // namespace detail
 
-/// Floats of block scratch the step needs for `view`'s heads: K V (the state), then K
-/// (the decay of every row), which the encode's scratch (encode_scratch_floats, 2 K + V)
-/// reuses once the update has read the decay.
+/// Floats of block scratch the step needs for `view`'s heads: K V (the state), then
+/// encode_scratch_floats: the decode's scratch, then the decay of every row (K), then
+/// the encode's scratch once the update has read the decay.
 STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) noexcept {
   return std::uint64_t{f.key_dim} * f.value_dim + encode_scratch_floats(f);
 }
@@ -107,7 +107,7 @@ STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) n
 /// scratch and `flags` two values of block-shared scratch (the first non-finite column,
 /// the first earlier request with this slot), all visible to every rank of the team. A
 /// team may run several blocks one after the other with the same scratch. `Family`: any,
-/// or codec_family(f.codec) (block_codec.hpp).
+/// or codec_family(f) (block_io.hpp).
 template <CodecFamily Family = CodecFamily::any, class Team>
 STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepView& s,
                              float* scratch, unsigned long long* flags, std::uint32_t request,
@@ -142,7 +142,8 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepDuplicateSlot;
     return;
   }
-  // The decay's place (K + 2 K + V floats) is free until the decode is done.
+  // The decay's place (encode_scratch_floats(f) >= decode_scratch_floats(f)) is free
+  // until the decode is done.
   decode_head<detail::StagedScratch, Family>(t, f, page, &values, head, decay);
   const bool per_row = f.arch == Arch::kda;
   const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;
@@ -158,7 +159,8 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   const float beta = s.beta[item];
   for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
     float u = 0.0f;
-    // kernel-report: step 1
+    // kernel-report: step 1 x4
+    STATEPOOL_UNROLL_BY(4)
     for (std::uint32_t i = 0; i < K; ++i) {
       const float d = decay[i];
       float& x = state[std::uint64_t{i} * V + j];
@@ -168,7 +170,8 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     u = beta * (s.v[item * V + j] - u);
     float o = 0.0f;
     bool finite = true;
-    // kernel-report: step 1
+    // kernel-report: step 1 x4
+    STATEPOOL_UNROLL_BY(4)
     for (std::uint32_t i = 0; i < K; ++i) {
       float& x = state[std::uint64_t{i} * V + j];
       x += k[i] * u;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "statepool/kernels/cuda/block_float.hpp"
 #include "statepool/kernels/cuda/block_io.hpp"
 #include "statepool/kernels/cuda/page_format.hpp"
 #include "statepool/kernels/format.hpp"
@@ -113,7 +114,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
     const std::uint64_t quads = (n + 3) / 4;
     std::uint8_t* codes = out + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
-    // kernel-report: fallback-codes 4 io
+    // kernel-report: quad-codes 4 fallback
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -131,7 +132,7 @@ STATEPOOL_HD void write_codes(const Team& t, const PageFormatView& f, const SqHe
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: fallback-codes 4 io
+  // kernel-report: quad-codes 4 fallback
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -165,7 +166,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
     const std::uint64_t quads = (n + 3) / 4;
     const std::uint8_t* codes = in + h.codes_offset;
     GridCursor cursor(4 * t.rank(), 4 * t.size(), V);
-    // kernel-report: fallback-decode 4 io
+    // kernel-report: quad-decode 4 fallback
     for (std::uint64_t q = t.rank(); q < quads; q += t.size(), cursor.next()) {
       const std::uint64_t first = 4 * q;
       const auto rest = static_cast<std::uint32_t>(n - first < 4 ? n - first : 4);
@@ -183,7 +184,7 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   const std::uint32_t row_quads = (V + 3) / 4;
   const std::uint64_t items = std::uint64_t{f.key_dim} * row_quads;
   GridCursor cursor(t.rank(), t.size(), row_quads);
-  // kernel-report: fallback-decode 4 io
+  // kernel-report: quad-decode 4 fallback
   for (std::uint64_t item = t.rank(); item < items; item += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
     const std::uint32_t q = cursor.j;
@@ -206,63 +207,141 @@ STATEPOOL_HD void read_codes(const Team& t, const PageFormatView& f, const SqHea
   }
 }
 
-// The block scratch of a stepquant / dsq encode (encode_scratch_floats): per row the
-// step-2 factor e_i and the step-3 factor a_i (temporal_only: 1 / s_i), per column the
-// step-3 factor b_j. Written by the rank that computes them, read after a sync().
+// Rows whose lane partials the row pass holds at once (write_row_scales).
+inline constexpr std::uint32_t kRowBatch = 32;
+// Floats of one row's lane partials in the scratch: kSumLanes, padded by one so that the
+// ranks summing rows r = 0, 1, ... read partial l of their rows from different banks.
+inline constexpr std::uint32_t kPartialStride = stepquant::kSumLanes + 1;
+
+// The block scratch of a stepquant / dsq encode (encode_scratch_floats floats). Each entry
+// is written by the rank that computes it and read by others after a sync():
+//   partial [kRowBatch][kPartialStride]  lane partials of a batch of rows (the row pass)
+//   e[K], a[K]    per row, the step-2 factor e_i and the step-3 factor a_i
+//                 (temporal_only: a_i = 1 / s_i)
+//   rg[K], ww[K]  per row, the refit's constants r_i g_i (exact) and w_i w_i
+//   bits[K]       per row, its width as a float (exact), so the column passes of a KDA
+//                 head read no global memory per row
+//   b[V]          per column, the step-3 factor b_j
 struct SqScratch {
   float* data;
   std::uint32_t key_dim;
 
-  STATEPOOL_HD float* e() const noexcept { return data; }
-  STATEPOOL_HD float* a() const noexcept { return data + key_dim; }
-  STATEPOOL_HD float* b() const noexcept { return data + 2 * std::uint64_t{key_dim}; }
+  STATEPOOL_HD float* partial() const noexcept { return data; }
+  STATEPOOL_HD float* row(std::uint32_t k) const noexcept {
+    return data + kRowBatch * kPartialStride + std::uint64_t{k} * key_dim;
+  }
+  STATEPOOL_HD float* e() const noexcept { return row(0); }
+  STATEPOOL_HD float* a() const noexcept { return row(1); }
+  STATEPOOL_HD float* rg() const noexcept { return row(2); }
+  STATEPOOL_HD float* ww() const noexcept { return row(3); }
+  STATEPOOL_HD float* bits() const noexcept { return row(4); }
+  STATEPOOL_HD float* b() const noexcept { return row(5); }
 };
 
+// The fp16 value of scale k of the head's scale arrays (r[K] then c[V], or s[K]), which
+// start at the head's first byte (4-byte aligned): one 16-bit store.
+STATEPOOL_HD inline void store_scale(std::uint8_t* head, std::uint32_t k, float v) noexcept {
+  reinterpret_cast<std::uint16_t*>(head)[k] = float_to_half_bits(v);
+}
+
 // Step 1 (dual) or the absmax scale (temporal_only) of every row, into the page, and the
-// row's factors into the scratch.
+// row's constants into the scratch. Rows go by batches of kRowBatch: a rank per (row,
+// lane) item adds (or takes the maximum of) the lane's values j = l, l + 32, ... in
+// increasing j (fit_math.hpp's lane_partial, so the 32 ranks of a
+// warp read 32 consecutive values), sync, then a rank per row of the batch takes the
+// lane tree (or the maximum) of its partials and writes the row's scale and constants,
+// sync. Every rank runs the same number of batches, so the barriers pair up.
 template <class Staged, class Team>
 STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const SqHead& h,
                                    const HeadValues<Staged>& x, std::uint8_t* out,
                                    const SqScratch& scratch) noexcept {
+  const std::uint32_t K = f.key_dim;
   const std::uint32_t V = f.value_dim;
-  for (std::uint32_t i = t.rank(); i < f.key_dim; i += t.size()) {
-    const std::uint32_t bits = h.width(i);
-    float s = 0.0f;  // pivot rows store 0
-    if (bits != stepquant::kPivotWidth) {
-      const StagedRun<Staged> row{x.base, x.first + std::uint64_t{i} * V};
-      if (h.kind == SqKind::absmax) {
-        std::uint32_t absmax = 0;
-        // kernel-report: absmax-rows 1 io
-        for (std::uint32_t j = 0; j < V; ++j) {
-          const std::uint32_t a = abs_bits(row[j]);
-          absmax = a > absmax ? a : absmax;
+  const bool absmax = h.kind == SqKind::absmax;
+  float* partial = scratch.partial();
+  for (std::uint32_t batch = 0; batch < K; batch += kRowBatch) {
+    const std::uint32_t rows = K - batch < kRowBatch ? K - batch : kRowBatch;
+    for (std::uint32_t item = t.rank(); item < rows * stepquant::kSumLanes; item += t.size()) {
+      const std::uint32_t r = item / stepquant::kSumLanes;  // a shift
+      const std::uint32_t l = item % stepquant::kSumLanes;
+      const std::uint32_t i = batch + r;
+      const std::uint64_t first = std::uint64_t{i} * V;
+      float p = 0.0f;
+      std::uint32_t m = 0;
+      if (absmax) {
+        // kernel-report: absmax-rows 1 x4 io
+        STATEPOOL_UNROLL_BY(4)
+        for (std::uint32_t j = l; j < V; j += stepquant::kSumLanes) {
+          const std::uint32_t a = abs_bits(x.flat(first + j));
+          m = a > m ? a : m;
         }
-        s = stepquant::absmax_row_scale(absmax, bits);
-        scratch.a()[i] = stepquant::absmax_code_factor(s);
+        p = bits_float(m);  // a finite |x|: stored and read back as the same bits
       } else {
-        s = stepquant::row_scale_from_sum(stepquant::row_abs_sum(row, V), V, h.weight(i), bits);
-        scratch.e()[i] =
-            stepquant::column_ratio_factor(s, stepquant::row_code_limit(h.grid8, bits));
-        scratch.a()[i] = stepquant::code_row_factor(s, stepquant::row_grid(h.grid8, bits));
+        p = stepquant::lane_partial(StagedRun<Staged>{x.base, x.first + first}, l, V);
       }
+      partial[r * kPartialStride + l] = p;
     }
-    store_half(out + 2 * i, float_to_half_bits(s));
+    t.sync();
+    for (std::uint32_t r = t.rank(); r < rows; r += t.size()) {
+      const std::uint32_t i = batch + r;
+      const std::uint32_t bits = h.width(i);
+      // This rank's own row of partials: the tree adds in place.
+      float* lanes = partial + r * kPartialStride;
+      float s = 0.0f;  // pivot rows store 0
+      float e = 0.0f;
+      float a = 0.0f;
+      float rg = 0.0f;
+      if (bits != stepquant::kPivotWidth && absmax) {
+        std::uint32_t m = 0;
+        for (std::uint32_t l = 0; l < stepquant::kSumLanes; ++l) {
+          const std::uint32_t v = float_bits(lanes[l]);
+          m = v > m ? v : m;
+        }
+        s = stepquant::absmax_row_scale(m, bits);
+        a = stepquant::absmax_code_factor(s);
+      } else if (bits != stepquant::kPivotWidth) {
+        s = stepquant::row_scale_from_sum(stepquant::lane_tree(lanes), V, h.weight(i), bits);
+        e = stepquant::column_ratio_factor(s, stepquant::row_code_limit(h.grid8, bits));
+        a = stepquant::code_row_factor(s, stepquant::row_grid(h.grid8, bits));
+        rg = s * static_cast<float>(stepquant::row_grid(h.grid8, bits));  // exact
+      }
+      scratch.e()[i] = e;
+      scratch.a()[i] = a;
+      scratch.rg()[i] = rg;
+      scratch.ww()[i] = stepquant::refit_weight(h.weight(i));
+      scratch.bits()[i] = static_cast<float>(bits);
+      store_scale(out, i, s);
+    }
+    t.sync();
   }
 }
 
 // Steps 2-4 of one column j: the max-based scale, then each round of the refit (h.refits):
 // the levels of step 3 under the column's current scale and the impact-weighted
 // least-squares scale from them, sums over rows in row order. A column's rounds read no
-// other column, so this equals the CPU's rounds over whole rows.
-template <class Staged>
+// other column, so this equals the CPU's rounds over whole rows. Bits: the width of every
+// row (GDN, dsq: no pivot rows), or 0 for a head whose rows have their own widths and
+// may be pivots (KDA: read from the scratch). Per row only the scratch is read (a
+// broadcast: the ranks of a warp take consecutive columns of the same row).
+template <std::uint32_t Bits, class Staged>
 STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
-                                const HeadValues<Staged>& x, const std::uint8_t* r,
-                                const SqScratch& scratch, std::uint32_t j) noexcept {
+                                const HeadValues<Staged>& x, const SqScratch& scratch,
+                                std::uint32_t j) noexcept {
+  const std::uint32_t K = f.key_dim;
+  const float* e = scratch.e();
+  const float* a = scratch.a();
+  const float* rg = scratch.rg();
+  const float* ww = scratch.ww();
+  const float* widths = scratch.bits();
+  const auto width = [&](std::uint32_t i) {
+    return Bits != 0 ? Bits : static_cast<std::uint32_t>(widths[i]);
+  };
   std::uint32_t max_bits = 0;
-  // kernel-report: dual-columns 1 io
-  for (std::uint32_t i = 0; i < f.key_dim; ++i) {
-    if (h.width(i) != stepquant::kPivotWidth) {
-      const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), scratch.e()[i]);
+  // kernel-report: dual-columns 1 x4 io
+  STATEPOOL_UNROLL_BY(4)
+  for (std::uint32_t i = 0; i < K; ++i) {
+    if (Bits != 0 || width(i) != stepquant::kPivotWidth) {
+      const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), e[i]);
       max_bits = m > max_bits ? m : max_bits;
     }
   }
@@ -271,21 +350,32 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
     const float b = stepquant::column_code_factor(c);
     float num = 0.0f;
     float den = 0.0f;
-    // kernel-report: dual-refit 1 io
-    for (std::uint32_t i = 0; i < f.key_dim; ++i) {
-      const std::uint32_t bits = h.width(i);
-      if (bits != stepquant::kPivotWidth) {
+    // kernel-report: dual-refit 1 x4 io
+    STATEPOOL_UNROLL_BY(4)
+    for (std::uint32_t i = 0; i < K; ++i) {
+      const std::uint32_t bits = width(i);
+      if (Bits != 0 || bits != stepquant::kPivotWidth) {
         const float v = x.at(i, j);
-        const std::int32_t z =
-            stepquant::unit_level(stepquant::dual_code(v, scratch.a()[i], b, bits), bits);
-        const float rg =
-            load_half_float(r + 2 * i) * static_cast<float>(stepquant::row_grid(h.grid8, bits));
-        stepquant::refit_accumulate(v, z, rg, stepquant::refit_weight(h.weight(i)), num, den);
+        const std::int32_t z = stepquant::unit_level(stepquant::dual_code(v, a[i], b, bits), bits);
+        stepquant::refit_accumulate(v, z, rg[i], ww[i], num, den);
       }
     }
     c = stepquant::refit_column_scale(num, den, c);
   }
   return c;
+}
+
+// Every column's scale c_j into the page and its factor b_j into the scratch: a rank per
+// column (the ranks of a warp read 32 consecutive values of a row).
+template <std::uint32_t Bits, class Staged, class Team>
+STATEPOOL_HD void write_column_scales(const Team& t, const PageFormatView& f, const SqHead& h,
+                                      const HeadValues<Staged>& x, std::uint8_t* out,
+                                      const SqScratch& scratch) noexcept {
+  for (std::uint32_t j = t.rank(); j < f.value_dim; j += t.size()) {
+    const float c = column_scale<Bits>(f, h, x, scratch, j);
+    store_scale(out, f.key_dim + j, c);
+    scratch.b()[j] = stepquant::column_code_factor(c);
+  }
 }
 
 // Whether a GDN / DSQ head is coded by 16-code chunks (write_run16, decode_run16): one
@@ -340,27 +430,53 @@ STATEPOOL_HD void write_run16(const Team& t, const PageFormatView& f, const SqHe
   }
 }
 
-// Chunk n (16 values) of a row of `bits` bits: codes of 16 staged values, or (a pivot
-// row) their fp16 bits, as Bits / 2 (8) 32-bit words at `dst`.
-template <std::uint32_t Bits, class Code>
-STATEPOOL_HD inline void write_chunk16(const float* v, std::uint32_t i, std::uint32_t j0,
-                                       std::uint32_t* dst, const Code& code) noexcept {
-  std::uint32_t u[16];
+// Sixteen codes of `bits` bits (2, 4, 6, 8, or 16: the fp16 bits of a pivot row) as
+// packing.hpp's little-endian bit stream: bits / 2 32-bit words to dst, stored as they
+// fill. For a width known only at run time (KDA rows), so a warp whose ranks take rows of
+// different widths runs one path, not one per width.
+STATEPOOL_HD inline void put_stream16(const std::uint32_t* u, std::uint32_t bits,
+                                      std::uint32_t* dst) noexcept {
+  std::uint64_t acc = 0;
+  std::uint32_t fill = 0;  // bits of acc not yet stored (< 32 between codes)
+  std::uint32_t m = 0;
+  STATEPOOL_UNROLL
   for (std::uint32_t n = 0; n < 16; ++n) {
-    u[n] = code(v[n], i, j0 + n, Bits);
+    acc |= std::uint64_t{u[n]} << fill;
+    fill += bits;
+    if (fill >= 32) {
+      dst[m++] = static_cast<std::uint32_t>(acc);
+      acc >>= 32;
+      fill -= 32;
+    }
   }
-  std::uint32_t w[Bits / 2];
-  pack16<Bits>(u, w);
-  for (std::uint32_t m = 0; m < Bits / 2; ++m) {
-    dst[m] = w[m];
+}
+
+// put_stream16's inverse: sixteen codes of `bits` bits from bits / 2 words at src, loaded
+// as they are needed.
+STATEPOOL_HD inline void get_stream16(const std::uint32_t* src, std::uint32_t bits,
+                                      std::uint32_t* u) noexcept {
+  const std::uint32_t mask = (1u << bits) - 1u;
+  std::uint64_t acc = 0;
+  std::uint32_t avail = 0;  // bits of acc not yet taken (< bits + 32)
+  std::uint32_t m = 0;
+  STATEPOOL_UNROLL
+  for (std::uint32_t n = 0; n < 16; ++n) {
+    if (avail < bits) {
+      acc |= std::uint64_t{src[m++]} << avail;
+      avail += 32;
+    }
+    u[n] = static_cast<std::uint32_t>(acc) & mask;
+    acc >>= bits;
+    avail -= bits;
   }
 }
 
 // The rows of a KDA head (rows16_fits) by 16-value chunks: a rank per (row, chunk), the
-// row's width read per chunk (ranks of one warp may take rows of other widths).
+// row's width read per chunk (ranks of one warp may take rows of other widths, hence the
+// width-generic bit stream). A chunk takes 2 bits bytes: bits / 2 words, pivot rows 8.
 template <class Staged, class Team, class Code>
 STATEPOOL_HD void write_rows16(const Team& t, const PageFormatView& f, const SqHead& h,
-                               const HeadValues<Staged>& x, std::uint8_t* out,
+                               const HeadValues<Staged>& x, std::uint8_t* out, const float* widths,
                                const Code& code) noexcept {
   const std::uint32_t per_row = f.value_dim / 16;
   const std::uint32_t chunks = f.key_dim * per_row;
@@ -368,87 +484,91 @@ STATEPOOL_HD void write_rows16(const Team& t, const PageFormatView& f, const SqH
   // kernel-report: kda-codes 16 io
   for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
-    const std::uint32_t bits = h.width(i);
+    const auto bits = static_cast<std::uint32_t>(widths[i]);
     float v[16];
     load8<Staged>(x.base, x.first + 16 * std::uint64_t{k}, v);
     load8<Staged>(x.base, x.first + 16 * std::uint64_t{k} + 8, v + 8);
-    // A chunk takes 2 bits bytes: bits / 2 words.
-    auto* dst = reinterpret_cast<std::uint32_t*>(out + h.row_offsets[i]) + cursor.j * (bits / 2);
-    switch (bits) {
-      case 2: write_chunk16<2>(v, i, 16 * cursor.j, dst, code); break;
-      case 4: write_chunk16<4>(v, i, 16 * cursor.j, dst, code); break;
-      case 6: write_chunk16<6>(v, i, 16 * cursor.j, dst, code); break;
-      case 8: write_chunk16<8>(v, i, 16 * cursor.j, dst, code); break;
-      default:  // a pivot row: fp16 values
-        for (std::uint32_t m = 0; m < 8; ++m) {
-          dst[m] = std::uint32_t{float_to_half_bits(v[2 * m])} |
-                   (std::uint32_t{float_to_half_bits(v[2 * m + 1])} << 16);
-        }
-        break;
+    std::uint32_t u[16];
+    if (bits == stepquant::kPivotWidth) {
+      for (std::uint32_t n = 0; n < 16; ++n) u[n] = float_to_half_bits(v[n]);
+    } else {
+      for (std::uint32_t n = 0; n < 16; ++n) u[n] = code(v[n], i, 16 * cursor.j + n, bits);
     }
+    put_stream16(u, bits,
+                 reinterpret_cast<std::uint32_t*>(out + h.row_offsets[i]) + cursor.j * (bits / 2));
   }
 }
 
 // Every code of a dual or absmax head: code(v, i, j, bits) is the code of value v at
 // (i, j). By 16-value chunks where the head allows (run16_fits, rows16_fits), else per
-// quad.
-template <class Staged, class Team, class Code>
+// quad. `widths`: the rows' widths in the scratch (SqScratch::bits). Family: as
+// encode_sq_head's.
+template <CodecFamily Family, class Staged, class Team, class Code>
 STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqHead& h,
-                               const HeadValues<Staged>& x, std::uint8_t* out,
+                               const HeadValues<Staged>& x, std::uint8_t* out, const float* widths,
                                const Code& code) noexcept {
-  if (run16_fits<Staged>(f, h, out, x.base, x.first)) {
-    switch (h.bits) {
-      case 2: write_run16<2>(t, f, h, x, out, code); return;
-      case 4: write_run16<4>(t, f, h, x, out, code); return;
-      case 6: write_run16<6>(t, f, h, x, out, code); return;
-      default: write_run16<8>(t, f, h, x, out, code); return;
+  if constexpr (Family != CodecFamily::stepquant_rows) {
+    if (run16_fits<Staged>(f, h, out, x.base, x.first)) {
+      switch (h.bits) {
+        case 2: write_run16<2>(t, f, h, x, out, code); return;
+        case 4: write_run16<4>(t, f, h, x, out, code); return;
+        case 6: write_run16<6>(t, f, h, x, out, code); return;
+        default: write_run16<8>(t, f, h, x, out, code); return;
+      }
     }
   }
-  if (rows16_fits<Staged>(f, h, out, x.base, x.first)) {
-    write_rows16(t, f, h, x, out, code);
-    return;
+  if constexpr (Family != CodecFamily::stepquant) {
+    if (rows16_fits<Staged>(f, h, out, x.base, x.first)) {
+      write_rows16(t, f, h, x, out, widths, code);
+      return;
+    }
   }
   write_codes(t, f, h, x, out, [&](std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
     return code(x.at(i, j), i, j, bits);
   });
 }
 
-template <class Staged, class Team>
+// One head of a stepquant / dsq page. Family: stepquant (one-width heads),
+// stepquant_rows (KDA heads) or any; a kernel compiles only its family's paths.
+template <CodecFamily Family, class Staged, class Team>
 STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
                                  const HeadValues<Staged>& x, std::uint8_t* out,
                                  std::uint64_t head_bytes, float* scratch_floats) noexcept {
   const SqHead h = sq_head(f, head);
-  const std::uint32_t K = f.key_dim;
-  const std::uint32_t V = f.value_dim;
-  const SqScratch scratch{scratch_floats, K};
-  zero_bytes(t, out, h.data_end, head_bytes);
-  if (h.kind == SqKind::pivot_head) {
-    const std::uint64_t n = std::uint64_t{K} * V;
-    // kernel-report: pivot-encode 1 io
-    for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
-      store_half(out + 2 * i, float_to_half_bits(x.flat(i)));
+  const SqScratch scratch{scratch_floats, f.key_dim};
+  if (h.kind == SqKind::pivot_head) {  // fp16 x[K V]: the fp16 codec's head
+    if constexpr (Family != CodecFamily::stepquant_rows) {
+      encode_float_head(t, f, CodecId::fp16, x, out, head_bytes);
     }
     return;
   }
-  t.sync();  // the team's previous head is done with the scratch
-  write_row_scales(t, f, h, x, out, scratch);
-  t.sync();
+  zero_bytes(t, out, h.data_end, head_bytes);
+  t.sync();                                    // the team's previous head is done with the scratch
+  write_row_scales(t, f, h, x, out, scratch);  // ends with a sync
   if (h.kind == SqKind::absmax) {
-    encode_codes(t, f, h, x, out, [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
-      return stepquant::absmax_code(v, scratch.a()[i], bits);
-    });
+    encode_codes<Family>(t, f, h, x, out, scratch.bits(),
+                         [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
+                           return stepquant::absmax_code(v, scratch.a()[i], bits);
+                         });
     return;
   }
-  std::uint8_t* c = out + 2 * std::uint64_t{K};
-  for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
-    const float cj = column_scale(f, h, x, out, scratch, j);
-    store_half(c + 2 * j, float_to_half_bits(cj));
-    scratch.b()[j] = stepquant::column_code_factor(cj);
+  if (h.row_offsets != nullptr) {  // KDA: rows of their own widths
+    if constexpr (Family != CodecFamily::stepquant) {
+      write_column_scales<0>(t, f, h, x, out, scratch);
+    }
+  } else if constexpr (Family != CodecFamily::stepquant_rows) {
+    switch (h.bits) {
+      case 2: write_column_scales<2>(t, f, h, x, out, scratch); break;
+      case 4: write_column_scales<4>(t, f, h, x, out, scratch); break;
+      case 6: write_column_scales<6>(t, f, h, x, out, scratch); break;
+      default: write_column_scales<8>(t, f, h, x, out, scratch); break;
+    }
   }
   t.sync();
-  encode_codes(t, f, h, x, out, [&](float v, std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
-    return stepquant::dual_code(v, scratch.a()[i], scratch.b()[j], bits);
-  });
+  encode_codes<Family>(t, f, h, x, out, scratch.bits(),
+                       [&](float v, std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
+                         return stepquant::dual_code(v, scratch.a()[i], scratch.b()[j], bits);
+                       });
 }
 
 // The row scales (r[K], or s[K] of an absmax head) and the column scales (c[V], dual
@@ -460,6 +580,12 @@ STATEPOOL_HD void load_scales(const Team& t, const PageFormatView& f, const SqHe
   const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // the head starts with them
   for (std::uint32_t i = t.rank(); i < count; i += t.size()) {
     scratch[i] = half_bits_to_float(halves[i]);
+  }
+  if (h.row_offsets != nullptr) {  // KDA: the rows' widths after the scales, as floats
+    float* widths = scratch + f.key_dim + f.value_dim;
+    for (std::uint32_t i = t.rank(); i < f.key_dim; i += t.size()) {
+      widths[i] = static_cast<float>(h.width(i));
+    }
   }
   t.sync();
 }
@@ -505,22 +631,6 @@ STATEPOOL_HD void decode_run16(const Team& t, const PageFormatView& f, const SqH
   t.sync();
 }
 
-// 16 values of chunk `src` (Bits / 2 words) of a row at width Bits: value(z) of each
-// level z.
-template <std::uint32_t Bits, class Value>
-STATEPOOL_HD inline void read_chunk16(const std::uint32_t* src, float* v,
-                                      const Value& value) noexcept {
-  std::uint32_t w[Bits / 2];
-  for (std::uint32_t m = 0; m < Bits / 2; ++m) {
-    w[m] = src[m];
-  }
-  std::uint32_t u[16];
-  unpack16<Bits>(w, u);
-  for (std::uint32_t n = 0; n < 16; ++n) {
-    v[n] = value(n, stepquant::unit_level(u[n], Bits), Bits);
-  }
-}
-
 // The decode of a KDA head (rows16_fits): the scales once into block scratch as in
 // decode_run16, then a rank per (row, 16-value chunk), the row's width read per chunk.
 template <class Staged, class Team>
@@ -532,6 +642,7 @@ STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const Sq
   const bool dual = h.kind == SqKind::dual;
   const float* rs = scratch;
   const float* cs = scratch + K;
+  const float* widths = scratch + K + V;
   load_scales(t, f, h, in, scratch);
   const std::uint32_t per_row = V / 16;
   const std::uint32_t chunks = K * per_row;
@@ -539,28 +650,23 @@ STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const Sq
   // kernel-report: kda-decode 16 io
   for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
     const std::uint32_t i = cursor.i;
-    const std::uint32_t bits = h.width(i);
+    const auto bits = static_cast<std::uint32_t>(widths[i]);
     const auto* src =
         reinterpret_cast<const std::uint32_t*>(in + h.row_offsets[i]) + cursor.j * (bits / 2);
     const float r = rs[i];
     const float* c = cs + 16 * cursor.j;
-    const auto value = [&](std::uint32_t n, std::int32_t z, std::uint32_t b) {
-      const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, b));
-      return dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
-    };
+    std::uint32_t u[16];
+    get_stream16(src, bits, u);
     float v[16];
-    switch (bits) {
-      case 2: read_chunk16<2>(src, v, value); break;
-      case 4: read_chunk16<4>(src, v, value); break;
-      case 6: read_chunk16<6>(src, v, value); break;
-      case 8: read_chunk16<8>(src, v, value); break;
-      default:  // a pivot row: fp16 values
-        for (std::uint32_t m = 0; m < 8; ++m) {
-          const std::uint32_t word = src[m];
-          v[2 * m] = half_bits_to_float(static_cast<std::uint16_t>(word));
-          v[2 * m + 1] = half_bits_to_float(static_cast<std::uint16_t>(word >> 16));
-        }
-        break;
+    if (bits == stepquant::kPivotWidth) {
+      for (std::uint32_t n = 0; n < 16; ++n)
+        v[n] = half_bits_to_float(static_cast<std::uint16_t>(u[n]));
+    } else {
+      const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, bits));
+      for (std::uint32_t n = 0; n < 16; ++n) {
+        const std::int32_t z = stepquant::unit_level(u[n], bits);
+        v[n] = dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
+      }
     }
     store8<Staged>(y.base, y.first + 16 * std::uint64_t{k}, v);
     store8<Staged>(y.base, y.first + 16 * std::uint64_t{k} + 8, v + 8);
@@ -568,34 +674,35 @@ STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const Sq
   t.sync();
 }
 
-template <class Staged, class Team>
+// Family: as encode_sq_head's.
+template <CodecFamily Family, class Staged, class Team>
 STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::uint32_t head,
                                  const std::uint8_t* in, const HeadOut<Staged>& y,
                                  float* scratch) noexcept {
   const SqHead h = sq_head(f, head);
   const std::uint32_t K = f.key_dim;
-  const std::uint32_t V = f.value_dim;
-  if (run16_fits<Staged>(f, h, in, y.base, y.first)) {
-    switch (h.bits) {
-      case 2: decode_run16<2>(t, f, h, in, y, scratch); return;
-      case 4: decode_run16<4>(t, f, h, in, y, scratch); return;
-      case 6: decode_run16<6>(t, f, h, in, y, scratch); return;
-      default: decode_run16<8>(t, f, h, in, y, scratch); return;
+  if constexpr (Family != CodecFamily::stepquant_rows) {
+    if (run16_fits<Staged>(f, h, in, y.base, y.first)) {
+      switch (h.bits) {
+        case 2: decode_run16<2>(t, f, h, in, y, scratch); return;
+        case 4: decode_run16<4>(t, f, h, in, y, scratch); return;
+        case 6: decode_run16<6>(t, f, h, in, y, scratch); return;
+        default: decode_run16<8>(t, f, h, in, y, scratch); return;
+      }
     }
   }
-  if (rows16_fits<Staged>(f, h, in, y.base, y.first)) {
-    decode_rows16(t, f, h, in, y, scratch);
-    return;
+  if constexpr (Family != CodecFamily::stepquant) {
+    if (rows16_fits<Staged>(f, h, in, y.base, y.first)) {
+      decode_rows16(t, f, h, in, y, scratch);
+      return;
+    }
   }
   switch (h.kind) {
-    case SqKind::pivot_head: {
-      const std::uint64_t n = std::uint64_t{K} * V;
-      // kernel-report: pivot-decode 1 io
-      for (std::uint64_t i = t.rank(); i < n; i += t.size()) {
-        y.store(i, load_half_float(in + 2 * i));
+    case SqKind::pivot_head:  // fp16 x[K V]: the fp16 codec's head
+      if constexpr (Family != CodecFamily::stepquant_rows) {
+        decode_float_head(t, f, CodecId::fp16, in, y);
       }
       break;
-    }
     case SqKind::absmax:
       read_codes(
           t, f, h, in, y, [&](std::uint32_t i, std::uint32_t, std::uint32_t bits, std::uint32_t u) {
@@ -619,15 +726,17 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
 }  // namespace detail
 
 /// Floats of block scratch a decode needs: the K row and V column scales of a STEPQuant /
-/// DSQ head as floats (decode_run16).
+/// DSQ head as floats, and the K row widths of a KDA head (load_scales).
 STATEPOOL_HD inline std::uint64_t decode_scratch_floats(const PageFormatView& f) noexcept {
-  return std::uint64_t{f.key_dim} + f.value_dim;
+  return 2 * std::uint64_t{f.key_dim} + f.value_dim;
 }
 
-/// Floats of block scratch an encode needs (stepquant and dsq heads: 2 K + V; at most
-/// 48 KiB, at K = V = kMaxHeadDim).
+/// Floats of block scratch an encode needs (stepquant and dsq heads: the lane partials of
+/// kRowBatch rows, five per row, one per column; 7.1 KiB at K = V = 128, 97 KiB at
+/// K = V = kMaxHeadDim, where the launch opts in to more than 48 KiB).
 STATEPOOL_HD inline std::uint64_t encode_scratch_floats(const PageFormatView& f) noexcept {
-  return 2 * std::uint64_t{f.key_dim} + f.value_dim;
+  return std::uint64_t{detail::kRowBatch} * detail::kPartialStride + 5 * std::uint64_t{f.key_dim} +
+         f.value_dim;
 }
 
 }  // namespace statepool::kernels::cuda

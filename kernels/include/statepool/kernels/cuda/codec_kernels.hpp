@@ -14,13 +14,13 @@
 // The block bodies are block_codec.hpp's, which the CPU tests also run on host threads
 // (tests/kernels/test_device_codec_emulation.cpp); tests/gpu checks the device.
 //
-// Work split (block_codec.hpp has the details): a grid of (page_blocks(view), slots)
-// blocks of 256 threads; block (x, slot) encodes or decodes head x of that slot (x <
-// head_count) or copies a 32 KiB piece of its conv state. Within a head: a thread per
-// row for row scales, a thread per column for column scales and the refit (sequential
-// over rows), a thread per quad of four codes for packing and decoding, with
-// __syncthreads() between the phases; the page itself holds the scales between phases,
-// 2K + V floats of dynamic shared memory the per-row and per-column reciprocals.
+// Work split (block_codec.hpp and the family headers have the details): a grid of
+// (page_blocks(view), slots) blocks of 256 threads; block (x, slot) encodes or decodes
+// head x of that slot (x < head_count) or copies a 32 KiB piece of its conv state.
+// Within a head the work goes by 16-value chunks where the shape allows, with
+// __syncthreads() between the phases of a fit; dynamic shared memory holds the fit's
+// per-row and per-column constants (encode_scratch_floats) or the decode's scales
+// (decode_scratch_floats).
 //
 // Launchers never throw and never synchronise: they check what the host can check
 // (view_problem(view), null pointers, alignment of the single-page pointers), enqueue on

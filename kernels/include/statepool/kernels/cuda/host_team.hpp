@@ -69,23 +69,38 @@ void run_team(unsigned ranks, const Body& body) {
   }
 }
 
+/// Calls fn.template operator()<Family>() with f's family (codec_family): the kernel
+/// instance the device launches, so the host runs exactly the paths compiled into it.
+template <class Fn>
+void with_family(const PageFormatView& f, const Fn& fn) {
+  switch (codec_family(f)) {
+    case CodecFamily::floats: fn.template operator()<CodecFamily::floats>(); break;
+    case CodecFamily::uniform: fn.template operator()<CodecFamily::uniform>(); break;
+    case CodecFamily::stepquant_rows: fn.template operator()<CodecFamily::stepquant_rows>(); break;
+    default: fn.template operator()<CodecFamily::stepquant>(); break;
+  }
+}
+
 /// encode_pages on the host: staged[i] -> pages[i] for i < count, skipping slot i when
 /// skip is not null and skip[i] != kAllFinite.
 inline void emulate_encode_pages(const PageFormatView& f, const void* const* staged,
                                  void* const* pages, std::uint32_t count,
                                  const unsigned long long* skip, unsigned ranks) {
   std::vector<float> scratch(encode_scratch_floats(f));  // the block's shared memory
-  run_team(ranks, [&](const auto& team) {
-    for (std::uint32_t slot = 0; slot < count; ++slot) {
-      for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
-        const unsigned long long* s = skip != nullptr ? skip + slot : nullptr;
-        if (f.staged_dtype == DType::f32) {
-          encode_block<StagedF32>(team, f, staged[slot], pages[slot], s, block, scratch.data());
-        } else {
-          encode_block<StagedBf16>(team, f, staged[slot], pages[slot], s, block, scratch.data());
+  with_family(f, [&]<CodecFamily Family>() {
+    run_team(ranks, [&](const auto& team) {
+      for (std::uint32_t slot = 0; slot < count; ++slot) {
+        for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
+          const unsigned long long* s = skip != nullptr ? skip + slot : nullptr;
+          float* shared = scratch.data();
+          if (f.staged_dtype == DType::f32) {
+            encode_block<StagedF32, Family>(team, f, staged[slot], pages[slot], s, block, shared);
+          } else {
+            encode_block<StagedBf16, Family>(team, f, staged[slot], pages[slot], s, block, shared);
+          }
         }
       }
-    }
+    });
   });
 }
 
@@ -93,16 +108,20 @@ inline void emulate_encode_pages(const PageFormatView& f, const void* const* sta
 inline void emulate_decode_pages(const PageFormatView& f, const void* const* pages,
                                  void* const* staged, std::uint32_t count, unsigned ranks) {
   std::vector<float> scratch(decode_scratch_floats(f));  // the block's shared memory
-  run_team(ranks, [&](const auto& team) {
-    for (std::uint32_t slot = 0; slot < count; ++slot) {
-      for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
-        if (f.staged_dtype == DType::f32) {
-          decode_block<StagedF32>(team, f, pages[slot], staged[slot], block, scratch.data());
-        } else {
-          decode_block<StagedBf16>(team, f, pages[slot], staged[slot], block, scratch.data());
+  with_family(f, [&]<CodecFamily Family>() {
+    run_team(ranks, [&](const auto& team) {
+      for (std::uint32_t slot = 0; slot < count; ++slot) {
+        for (std::uint32_t block = 0; block < page_blocks(f); ++block) {
+          if (f.staged_dtype == DType::f32) {
+            decode_block<StagedF32, Family>(team, f, pages[slot], staged[slot], block,
+                                            scratch.data());
+          } else {
+            decode_block<StagedBf16, Family>(team, f, pages[slot], staged[slot], block,
+                                             scratch.data());
+          }
         }
       }
-    }
+    });
   });
 }
 
@@ -126,16 +145,19 @@ inline void emulate_find_non_finite_pages(const PageFormatView& f, const void* c
 }
 
 /// The fused step kernel on the host: step_block for every (request, head) of `s`, the
-/// same grid as fused_step_pages (step_kernels.hpp), one scratch shared by the team.
+/// same grid and family as fused_step_pages (step_kernels.hpp), one scratch shared by
+/// the team.
 inline void emulate_fused_step(const PageFormatView& f, const StepView& s, unsigned ranks) {
   std::vector<float> scratch(step_scratch_floats(f));
   unsigned long long flags[2] = {kAllFinite, kAllFinite};
-  run_team(ranks, [&](const auto& team) {
-    for (std::uint32_t request = 0; request < s.batch; ++request) {
-      for (std::uint32_t h = 0; h < s.num_heads; ++h) {
-        step_block(team, f, s, scratch.data(), flags, request, h);
+  with_family(f, [&]<CodecFamily Family>() {
+    run_team(ranks, [&](const auto& team) {
+      for (std::uint32_t request = 0; request < s.batch; ++request) {
+        for (std::uint32_t h = 0; h < s.num_heads; ++h) {
+          step_block<Family>(team, f, s, scratch.data(), flags, request, h);
+        }
       }
-    }
+    });
   });
 }
 

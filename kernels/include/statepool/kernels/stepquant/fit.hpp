@@ -14,7 +14,8 @@
 // format.hpp (3 at 2 bits, 2^(b-1) - 1 otherwise); q_i = L_{b_i} and g_i = 1 for GDN and
 // DSQ, g_i = grid_factor(b_i) (1, 4, 16, 32 at 8, 6, 4, 2 bits) and q_i = L_{b_i} g_i for
 // KDA, the row's largest level on the shared 8-bit grid; 1/y is 0 for y = 0; S is the
-// lane sum of fit_math.hpp's row_abs_sum: 32 strided lane partials, then a fixed tree):
+// lane sum of fit_math.hpp's lane_partial and lane_tree: 32 strided lane partials, then a fixed
+// tree):
 //   1. r_i = fp16(sqrt(S_j |x_ij| / (V w_i))). A row whose r_i rounds to 0 (all zeros,
 //      or values below about 1e-15) gets r_i = 1, or r_i = 0 at 2 bits. Per row
 //      e_i = 1/(r_i q_i) and a_i = 1/(r_i g_i) (both products exact).
@@ -87,8 +88,8 @@ enum class Refit : bool { off = false, on = true };
 /// over non-pivot rows, symmetric levels, one impact-weighted least-squares refit of the
 /// columns (two in coarse heads, refit_rounds; none when `refit` is off), fp16 rounding of
 /// every scale as stored, re-encode. KDA heads may mix widths (levels of a b-bit row are
-/// scaled by grid_factor(b) onto the shared 8-bit column grid); GDN heads have one width for all rows. A GDN head of pivots gives
-/// kind dual_axis with every row a pivot.
+/// scaled by grid_factor(b) onto the shared 8-bit column grid); GDN heads have one width for all
+/// rows. A GDN head of pivots gives kind dual_axis with every row a pivot.
 void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
               std::span<const float> impact, HeadFit& out, Refit refit = Refit::on);

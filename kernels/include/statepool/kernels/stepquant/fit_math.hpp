@@ -6,9 +6,9 @@
 // cover this math for both.
 //
 // What each side owns is the loop order around these pieces, and the fit (format v2)
-// fixes it: every reduction over a row's values is the lane sum of row_abs_sum below (32
-// strided lane partials, then a fixed tree: what a warp's shuffle reduction and CPU SIMD
-// both compute cheaply); the refit sums over rows run in row order (one column per lane
+// fixes it: every reduction over a row's values is the lane sum below (32 strided lane
+// partials, lane_partial, then a fixed tree, lane_tree: what a warp and CPU SIMD both
+// compute cheaply); the refit sums over rows run in row order (one column per lane
 // on either side); the maxima are order-free; everything else is per value.
 //
 // Format v2 is binary32 only, and divides once per row or column, never per value:
@@ -84,27 +84,21 @@ STATEPOOL_HD inline float lane_tree(float* p) noexcept {
   return p[0];
 }
 
-/// sum_j |x[j]|, j < n, in binary32 as the lane sum: lane l (0..31) adds the values
-/// j = l, l + 32, l + 64, ... in increasing j, from +0; then lane_tree. `Row` is anything
-/// with x[j] -> float (a pointer, or a converting accessor on the device).
+/// Lane l's partial of the lane sum of sum_j |x[j]|, j < n: the values j = l, l + 32,
+/// l + 64, ... added in increasing j, from +0, in binary32. The lane sum of a row is
+/// lane_tree of its 32 partials. `Row` is anything with x[j] -> float (a pointer, or a
+/// converting accessor on the device). The device computes the partials of a row with
+/// a warp (one lane each: 32 consecutive values per step) and the CPU with four 8-float
+/// vectors (kernels/cpu/stepquant_fit.cpp): the same additions in the same order.
 template <class Row>
-STATEPOOL_HD inline float row_abs_sum(const Row& x, std::uint32_t n) noexcept {
-  float p[kSumLanes];
-  for (std::uint32_t l = 0; l < kSumLanes; ++l) {
-    p[l] = 0.0f;
+STATEPOOL_HD inline float lane_partial(const Row& x, std::uint32_t l, std::uint32_t n) noexcept {
+  float p = 0.0f;
+  // kernel-report: dual-rows 1 x4 io
+  STATEPOOL_UNROLL_BY(4)
+  for (std::uint32_t j = l; j < n; j += kSumLanes) {
+    p = add_f32(p, abs_f32(x[j]));
   }
-  // kernel-report: dual-rows 32 io
-  for (std::uint32_t j0 = 0; j0 < n; j0 += kSumLanes) {
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-    for (std::uint32_t l = 0; l < kSumLanes; ++l) {
-      if (j0 + l < n) {
-        p[l] = add_f32(p[l], abs_f32(x[j0 + l]));
-      }
-    }
-  }
-  return lane_tree(p);
+  return p;
 }
 
 // --- fp16 ------------------------------------------------------------------------------
