@@ -112,7 +112,7 @@ OPERATIONS = [
     ("stepquant6 dec KDA", "decode_kernel<StagedF32, stepquant_rows>", {"kda-decode": 1},
      0.75 + 4 / 128, 4.0, 8.0),
     ("stepquant6 step", "step_kernel<stepquant>",
-     {"dual-decode": 1, "step": 2, "dual-rows": 1, "dual-columns": 1, "dual-refit": 1,
+     {"dual-decode": 1, "step": 1, "dual-rows": 1, "dual-columns": 1, "dual-refit": 1,
       "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128, 8.0),
     ("non-finite scan", "find_non_finite_kernel<StagedF32>", {"nonfinite-scan": 1}, 4.0, 0.0, 8.0),
     ("kivi4 KV encode", "kv_encode_kernel<LoadBf16, unsigned short>", {"kivi-encode": 1}, 2.0,
@@ -327,7 +327,8 @@ def analyse(name: str, instructions, labels, props: dict, arch: int, source: Sou
 
 def roofline(kernels_: list[dict], arch: int):
     """Instructions per value of every marked path in each kernel (the costliest compiled
-    copy of each marked loop, summed over the path's loops), and per operation of
+    copy of each marked loop, summed over the path's loops: the step's two update passes
+    are one path), and per operation of
     OPERATIONS, from its kernel's paths, the estimate for each card: ideal issue (one
     instruction per scheduler per clock) against the DRAM bandwidth, and the speed
     relative to a device copy (OPERATIONS: the f32 state, 8 bytes per value moved, or the

@@ -19,48 +19,35 @@ namespace detail {
 // and K V is a multiple of 8 (every real model's shape): a rank per 8 values, 128-bit
 // loads and stores on both sides. Otherwise a rank per value with element-wide accesses.
 
-// 8 values into a float page's bytes at `out` (16-byte aligned).
+// 8 values into a float page's bytes at `out` (16-byte aligned): fp32 and bf16 pages hold
+// the values as the staged kinds of the same width do.
 STATEPOOL_HD inline void store_float8(CodecId codec, std::uint8_t* out, const float* v) noexcept {
   if (codec == CodecId::fp32) {
+    store8<StagedF32>(out, 0, v);
+  } else if (codec == CodecId::bf16) {
+    store8<StagedBf16>(out, 0, v);
+  } else {
     Words4 a;
-    Words4 b;
     for (std::uint32_t k = 0; k < 4; ++k) {
-      a.w[k] = float_bits(v[k]);
-      b.w[k] = float_bits(v[4 + k]);
+      a.w[k] = std::uint32_t{float_to_half_bits(v[2 * k])} |
+               (std::uint32_t{float_to_half_bits(v[2 * k + 1])} << 16);
     }
     store16(out, a);
-    store16(out + 16, b);
-    return;
   }
-  const bool bf16 = codec == CodecId::bf16;
-  Words4 a;
-  for (std::uint32_t k = 0; k < 4; ++k) {
-    const std::uint32_t lo = bf16 ? float_to_bf16_bits(v[2 * k]) : float_to_half_bits(v[2 * k]);
-    const std::uint32_t hi =
-        bf16 ? float_to_bf16_bits(v[2 * k + 1]) : float_to_half_bits(v[2 * k + 1]);
-    a.w[k] = lo | (hi << 16);
-  }
-  store16(out, a);
 }
 
 // 8 values from a float page's bytes at `in` (16-byte aligned).
 STATEPOOL_HD inline void load_float8(CodecId codec, const std::uint8_t* in, float* v) noexcept {
   if (codec == CodecId::fp32) {
+    load8<StagedF32>(in, 0, v);
+  } else if (codec == CodecId::bf16) {
+    load8<StagedBf16>(in, 0, v);
+  } else {
     const Words4 a = load16(in);
-    const Words4 b = load16(in + 16);
     for (std::uint32_t k = 0; k < 4; ++k) {
-      v[k] = bits_float(a.w[k]);
-      v[4 + k] = bits_float(b.w[k]);
+      v[2 * k] = half_bits_to_float(static_cast<std::uint16_t>(a.w[k]));
+      v[2 * k + 1] = half_bits_to_float(static_cast<std::uint16_t>(a.w[k] >> 16));
     }
-    return;
-  }
-  const bool bf16 = codec == CodecId::bf16;
-  const Words4 a = load16(in);
-  for (std::uint32_t k = 0; k < 4; ++k) {
-    const auto lo = static_cast<std::uint16_t>(a.w[k]);
-    const auto hi = static_cast<std::uint16_t>(a.w[k] >> 16);
-    v[2 * k] = bf16 ? bf16_bits_to_float(lo) : half_bits_to_float(lo);
-    v[2 * k + 1] = bf16 ? bf16_bits_to_float(hi) : half_bits_to_float(hi);
   }
 }
 

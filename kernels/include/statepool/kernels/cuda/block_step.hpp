@@ -6,8 +6,8 @@
 // the CPU tests against kernels::fused_step) execute the same code:
 //
 //   1. decode_head: the page's head -> `state`, K x V floats of block scratch (shared
-//      memory on the GPU), and rank per row: d_i = decay_factor(g) into K more floats of
-//      scratch; sync;
+//      memory on the GPU), and rank per row: d_i = decay_factor(g), k_i and q_i into 3 K
+//      more floats of scratch (the update then reads per row only shared memory); sync;
 //   2. rank per value column j: for every row i in row order, S_ij = S_ij d_i and
 //      u_j += S_ij k_i; u_j = beta (v_j - u_j); then for every row in row order
 //      S_ij += k_i u_j and o_j += S_ij q_i; a non-finite S_ij lowers the block's flag;
@@ -15,8 +15,8 @@
 //      between them, and every S_ij, u_j and o_j is computed with exactly the operations
 //      and the order of kernels/cpu/step_internal.hpp's step_head);
 //   3. if the new state is finite: encode_head: `state` -> the page's head (its scratch
-//      where the decay was). Otherwise the
-//      page keeps its bytes and rank 0 marks the item in `rejected`.
+//      where the decay was). Otherwise the page keeps its bytes and rank 0 marks the item
+//      in `rejected`.
 // A request whose slot index is not below page_count, or equals the slot of an earlier
 // request of the batch, is skipped and marked (the device cannot throw, and the host
 // cannot read the device's slot list to check it): two blocks stepping one page at once
@@ -97,8 +97,8 @@ struct StagedScratch {
 }  // namespace detail
 
 /// Floats of block scratch the step needs for `view`'s heads: K V (the state), then
-/// encode_scratch_floats: the decode's scratch, then the decay of every row (K), then
-/// the encode's scratch once the update has read the decay.
+/// encode_scratch_floats: the decode's scratch, then the decay, k and q of every row
+/// (3 K), then the encode's scratch once the update has read them.
 STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) noexcept {
   return std::uint64_t{f.key_dim} * f.value_dim + encode_scratch_floats(f);
 }
@@ -145,27 +145,31 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   // The decay's place (encode_scratch_floats(f) >= decode_scratch_floats(f)) is free
   // until the decode is done.
   decode_head<detail::StagedScratch, Family>(t, f, page, &values, head, decay);
+  // The decay d_i, k_i and q_i of every row side by side in the block scratch (3 K floats
+  // of the encode's place), so the update reads per row only shared memory.
   const bool per_row = f.arch == Arch::kda;
   const float* g = per_row ? s.log_decay + item * K : s.log_decay + item;
+  const std::uint32_t group = s.num_heads / s.qk_heads;
+  const std::uint64_t qk = std::uint64_t{request} * s.qk_heads + h / group;
+  float* key = decay + K;
+  float* query = decay + 2 * K;
   for (std::uint32_t i = t.rank(); i < K; i += t.size()) {
     decay[i] = decay_factor(per_row ? g[i] : *g);
+    key[i] = s.k[qk * K + i];
+    query[i] = s.q[qk * K + i];
   }
   t.sync();
 
-  const std::uint32_t group = s.num_heads / s.qk_heads;
-  const std::uint64_t qk = std::uint64_t{request} * s.qk_heads + h / group;
-  const float* q = s.q + qk * K;
-  const float* k = s.k + qk * K;
   const float beta = s.beta[item];
   for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
+    float* column = state + j;  // S_ij at column[i V]: K V < 2^24
     float u = 0.0f;
     // kernel-report: step 1 x4
     STATEPOOL_UNROLL_BY(4)
     for (std::uint32_t i = 0; i < K; ++i) {
-      const float d = decay[i];
-      float& x = state[std::uint64_t{i} * V + j];
-      x *= d;
-      u += x * k[i];
+      float& x = column[i * V];
+      x *= decay[i];
+      u += x * key[i];
     }
     u = beta * (s.v[item * V + j] - u);
     float o = 0.0f;
@@ -173,9 +177,9 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     // kernel-report: step 1 x4
     STATEPOOL_UNROLL_BY(4)
     for (std::uint32_t i = 0; i < K; ++i) {
-      float& x = state[std::uint64_t{i} * V + j];
-      x += k[i] * u;
-      o += x * q[i];
+      float& x = column[i * V];
+      x += key[i] * u;
+      o += x * query[i];
       finite = finite && !is_non_finite_bits(float_bits(x));
     }
     s.out[item * V + j] = o;
