@@ -340,8 +340,9 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
   // kernel-report: dual-columns 1 x4 io
   STATEPOOL_UNROLL_BY(4)
   for (std::uint32_t i = 0; i < K; ++i) {
+    const float v = x.at(i, j);  // loaded on every row, so the address steps by V
     if (Bits != 0 || width(i) != stepquant::kPivotWidth) {
-      const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), e[i]);
+      const std::uint32_t m = stepquant::column_ratio_bits(v, e[i]);
       max_bits = m > max_bits ? m : max_bits;
     }
   }
@@ -354,8 +355,8 @@ STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
     STATEPOOL_UNROLL_BY(4)
     for (std::uint32_t i = 0; i < K; ++i) {
       const std::uint32_t bits = width(i);
+      const float v = x.at(i, j);
       if (Bits != 0 || bits != stepquant::kPivotWidth) {
-        const float v = x.at(i, j);
         const std::int32_t z = stepquant::unit_level(stepquant::dual_code(v, a[i], b, bits), bits);
         stepquant::refit_accumulate(v, z, rg[i], ww[i], num, den);
       }
