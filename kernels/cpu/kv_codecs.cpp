@@ -69,8 +69,8 @@ void check_bytes(const char* fn, const KvStream& s, const char* what, std::uint6
 // input of a tile is widened to FP32 in a per-thread buffer; the per-value math is
 // kv_math.hpp's, in loops over plain arrays that vectorize (cloned, simd.hpp), and codes
 // are packed with packing.hpp's pack_run (the quads of the record format). bf16 and fp8
-// go in flat chunks. Every result equals the work-item functions' (kv_encode_item /
-// kv_decode_item), which the CUDA kernels run: test_device_kv_emulation.cpp holds the two
+// go in flat chunks. Every result equals the CUDA kernels' threads' (cuda/kv_stream.hpp,
+// over kv_math.hpp's per-item functions): test_device_kv_emulation.cpp holds the two
 // to the same bytes, and test_kv_codecs.cpp these loops to an independent transcription
 // of the format.
 

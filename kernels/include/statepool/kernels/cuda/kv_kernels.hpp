@@ -7,7 +7,8 @@
 // CPU, and the decoded values identical to kv_decode, in every dtype. Both use
 // kv_math.hpp's per-value math; here its per-item functions run one thread per item (a
 // group record, a 32-bit word of 2 bf16 / fp16 or 4 fp8 values, the stream's partial last
-// word), and test_device_kv_emulation.cpp runs those items on the host against the CPU.
+// word) in kv_stream.hpp's thread loops, which test_device_kv_emulation.cpp runs on the
+// host against the CPU.
 // Every float operation in them is correctly rounded (__fdiv_rn, rintf) and none is fused
 // (the library builds with --fmad=false, and the only product, code * scale, is exact).
 //
