@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -129,15 +128,14 @@ STATEPOOL_FORCE_INLINE float from_order_key(std::int32_t k) {
   return bits_float(static_cast<std::uint32_t>(k ^ ((k >> 31) & 0x7FFFFFFF)));
 }
 
-// The scale and offset of a group into its record; returns the divisor and offset that
-// its codes use (kv_code_divisor: +Inf for a zero scale).
+// The scale and offset of a group into its record; returns the inverse scale and offset
+// that its codes use (kv_inverse_scale, kv_group_code).
 STATEPOOL_FORCE_INLINE void put_group_scale(float lo, float hi, std::uint32_t levels,
-                                            std::uint8_t* record, float& divisor, float& offset) {
+                                            std::uint8_t* record, float& inverse, float& offset) {
   const KvGroupScale g = kv_group_scale(lo, hi, levels);
   kv_put16(record, g.scale_bits);
   kv_put16(record + 2, g.offset_bits);
-  const float s = half_bits_to_float(g.scale_bits);
-  divisor = s > 0.0f ? s : std::numeric_limits<float>::infinity();
+  inverse = kv_inverse_scale(half_bits_to_float(g.scale_bits));
   offset = half_bits_to_float(g.offset_bits);
 }
 
@@ -153,12 +151,12 @@ STATEPOOL_FORCE_INLINE void encode_token_group(const float* v, std::size_t count
     lo = k < lo ? k : lo;
     hi = k > hi ? k : hi;
   }
-  float d = 0.0f;
+  float inv = 0.0f;
   float a = 0.0f;
-  put_group_scale(from_order_key(lo), from_order_key(hi), levels, record, d, a);
+  put_group_scale(from_order_key(lo), from_order_key(hi), levels, record, inv, a);
   std::uint8_t u[kKvGroupSize] = {};
   for (std::size_t i = 0; i < count; ++i) {
-    u[i] = static_cast<std::uint8_t>(kv_code_divisor(v[i], d, a, levels));
+    u[i] = static_cast<std::uint8_t>(kv_group_code(v[i], inv, a, levels));
   }
   pack_run(Bits, u, kKvGroupSize, record + 4);
 }
@@ -192,7 +190,7 @@ STATEPOOL_FORCE_INLINE void encode_channel_groups_t(const float* x, std::size_t 
   constexpr std::uint32_t levels = kv_levels(Bits);
   float lo[kTileChannels];
   float hi[kTileChannels];
-  float d[kTileChannels];
+  float inv[kTileChannels];
   float a[kTileChannels];
   std::memcpy(lo, x, 4 * cols);
   std::memcpy(hi, x, 4 * cols);
@@ -204,13 +202,13 @@ STATEPOOL_FORCE_INLINE void encode_channel_groups_t(const float* x, std::size_t 
     }
   }
   for (std::size_t c = 0; c < cols; ++c) {
-    put_group_scale(lo[c], hi[c], levels, records + c * kv_group_bytes(Bits), d[c], a[c]);
+    put_group_scale(lo[c], hi[c], levels, records + c * kv_group_bytes(Bits), inv[c], a[c]);
   }
   for (std::size_t r = 0; r < rows; ++r) {
     const float* v = x + r * cols;
     std::uint8_t* ur = u + r * cols;
     for (std::size_t c = 0; c < cols; ++c) {
-      ur[c] = static_cast<std::uint8_t>(kv_code_divisor(v[c], d[c], a[c], levels));
+      ur[c] = static_cast<std::uint8_t>(kv_group_code(v[c], inv[c], a[c], levels));
     }
   }
   for (std::size_t c = 0; c < cols; ++c) {

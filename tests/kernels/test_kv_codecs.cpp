@@ -156,6 +156,24 @@ void put16(std::vector<std::uint8_t>& out, std::uint32_t v) {
   out.push_back(static_cast<std::uint8_t>(v >> 8));
 }
 
+// A group's code of x (scale s > 0, offset a), as documented: the group's one division,
+// 1 / s, then x - a and the product, each rounded to binary32 once. (The product of two
+// floats is exact in binary64, so the cast is its one rounding whatever the compiler's
+// contraction setting.)
+float ref_code(float x, float a, float s, std::uint32_t levels) {
+  const float inv = 1.0f / s;
+  const float d = x - a;
+  const auto y = static_cast<float>(double{d} * double{inv});
+  return std::clamp(std::nearbyint(y), 0.0f, static_cast<float>(levels));
+}
+
+// The code the earlier encoder gave: a division per value, round_half_even((x - a) / s).
+// Only to find the values where the two differ (KvGroupCodes below).
+float quotient_code(float x, float a, float s, std::uint32_t levels) {
+  const float d = x - a;
+  return std::clamp(std::nearbyint(d / s), 0.0f, static_cast<float>(levels));
+}
+
 void ref_group(const std::vector<float>& x, RefGroup group, std::uint32_t bits, Ref& ref) {
   const auto levels = static_cast<std::uint32_t>((1u << bits) - 1u);
   float lo = x[group.members[0]];
@@ -175,9 +193,7 @@ void ref_group(const std::vector<float>& x, RefGroup group, std::uint32_t bits, 
   std::array<std::uint32_t, 32> q{};
   for (std::size_t k = 0; k < group.members.size(); ++k) {
     const float xv = x[group.members[k]];
-    float r = s > 0 ? std::nearbyint((xv - a) / s) : 0.0f;
-    r = std::clamp(r, 0.0f, static_cast<float>(levels));
-    q[k] = static_cast<std::uint32_t>(r);
+    q[k] = s > 0 ? static_cast<std::uint32_t>(ref_code(xv, a, s, levels)) : 0u;
     ref.decoded[group.members[k]] = static_cast<float>(q[k]) * s + a;
   }
   const std::uint32_t per_byte = 8 / bits;
@@ -360,10 +376,10 @@ constexpr KvCodecId kCodecs[] = {KvCodecId::bf16, KvCodecId::fp8, KvCodecId::kiv
                                  KvCodecId::kivi4, KvCodecId::flexgen4};
 
 // The documented per-value bound of a group value (docs/codecs.md): L levels, stored
-// scale s and offset a.
-double group_bound(double x, double s, double a, std::uint32_t levels) {
-  return 0.5 * s + levels * std::ldexp(1.0, -24) +
-         std::ldexp(1.0, -22) * (std::fabs(x) + std::fabs(a));
+// scale s. (The offset enters only through s: x - a is rounded relative to itself.)
+double group_bound(double x, double s, std::uint32_t levels) {
+  return 0.5 * s + std::ldexp(1.0, -22) * levels * s + levels * std::ldexp(1.0, -24) +
+         std::ldexp(1.0, -24) * std::fabs(x);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -418,7 +434,7 @@ TEST_P(KvCodec, BytesDecodeAndErrorBoundMatchTheDocumentedFormat) {
             double xi = x[i];
             if (!in_range) xi = std::clamp(xi, off, off + ref.levels * sc);  // clipped
             const double err = std::fabs(xi - double{y[i]});
-            ASSERT_LE(err, group_bound(xi, sc, off, ref.levels))
+            ASSERT_LE(err, group_bound(xi, sc, ref.levels))
                 << "value " << i << " x " << x[i] << " x_hat " << y[i] << " s " << sc << " a "
                 << off;
             if (d == Data::gaussian && sc >= std::ldexp(1.0, -14)) {
@@ -674,9 +690,85 @@ TEST(KvLayout, ConstantGroups) {
       if (fp16_value) {
         EXPECT_EQ(v, c);
       } else {
-        EXPECT_LE(std::fabs(double{v} - c),
-                  group_bound(c, half_value(get16(enc, 0)), half_value(get16(enc, 2)), 15));
+        EXPECT_LE(std::fabs(double{v} - c), group_bound(c, half_value(get16(enc, 0)), 15));
         EXPECT_LE(std::fabs(double{v} - c), 1e-4 * std::fabs(double{c}));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Codes near a tie: the product by the group's reciprocal, not the quotient.
+
+// A group of two anchors, lo = a (an fp16 value, so the offset) and hi = a + L s0, and
+// values near a + (k + 1/2) s (s the group's stored scale) whose documented code (x - a)
+// * (1 / s) differs by one level from the earlier encoder's (x - a) / s.
+struct NearTieGroup {
+  float lo = 0;
+  float hi = 0;
+  std::vector<float> values;
+};
+
+std::vector<NearTieGroup> near_tie_groups(std::uint32_t levels) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  std::vector<NearTieGroup> out;
+  for (const float a : {0.0f, -2.5f, 1000.0f}) {
+    for (std::uint32_t s_bits = 0x2400; s_bits < 0x5800; s_bits += 7) {  // 0.0156 .. 128
+      NearTieGroup g;
+      g.lo = a;
+      g.hi = static_cast<float>(a + levels * half_value(static_cast<std::uint16_t>(s_bits)));
+      const float t = (g.hi - a) / static_cast<float>(levels);  // as ref_group
+      const auto s = static_cast<float>(half_value(ref_half(t)));
+      for (std::uint32_t k = 0; k < levels; ++k) {
+        float x = static_cast<float>(a + (k + 0.5) * double{s});
+        for (int j = 0; j < 4; ++j) x = std::nextafter(x, -kInf);
+        for (int j = 0; j < 9; ++j, x = std::nextafter(x, kInf)) {
+          if (x > g.lo && x < g.hi && ref_code(x, a, s, levels) != quotient_code(x, a, s, levels)) {
+            g.values.push_back(x);
+          }
+        }
+      }
+      if (!g.values.empty()) out.push_back(std::move(g));
+    }
+  }
+  return out;
+}
+
+// The encoder's codes are the documented ones on values where dividing per value would
+// give another code (so an encoder that divides fails here), for every group codec and
+// role.
+TEST(KvGroupCodes, NearTiesFollowTheReciprocalNotTheQuotient) {
+  for (const KvCodecId codec : {KvCodecId::kivi2, KvCodecId::kivi4, KvCodecId::flexgen4}) {
+    const std::uint32_t levels = codec == KvCodecId::kivi2 ? 3 : 15;
+    const std::vector<NearTieGroup> cases = near_tie_groups(levels);
+    ASSERT_GE(cases.size(), 50u) << to_string(codec);
+    for (const KvRole role : {KvRole::keys, KvRole::values}) {
+      SCOPED_TRACE(std::string(to_string(codec)) + " " + to_string(role));
+      const std::uint64_t T = (codec == KvCodecId::flexgen4 ? 0 : 128) + 96;
+      const std::uint64_t C = 96;
+      const KvStream s{codec, role, T, C};
+      std::vector<float> x(T * C, 0.5f);
+      const Ref layout = ref_encode(s, x);  // the groups' members
+      std::size_t differing = 0;
+      for (std::size_t gi = 0; gi < layout.groups.size(); ++gi) {
+        const NearTieGroup& c = cases[gi % cases.size()];
+        const std::vector<std::uint64_t>& m = layout.groups[gi].members;
+        ASSERT_EQ(m.size(), 32u);
+        x[m[0]] = c.lo;
+        x[m[1]] = c.hi;
+        for (std::size_t i = 2; i < m.size(); ++i) x[m[i]] = c.values[(i - 2) % c.values.size()];
+        differing += std::min(m.size() - 2, c.values.size());
+      }
+      const Ref ref = ref_encode(s, x);
+      std::vector<std::byte> enc(kv_encoded_bytes(s), std::byte{0xA5});
+      kv_encode(s, x, enc);
+      EXPECT_EQ(first_difference(enc, ref.bytes), -1);
+      EXPECT_GE(differing, 300u);  // values whose code differs from the quotient's
+      std::vector<float> y(T * C);
+      kv_decode(s, enc, y);
+      for (std::size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(y[i]), std::bit_cast<std::uint32_t>(ref.decoded[i]))
+            << "value " << i;
       }
     }
   }

@@ -12,17 +12,32 @@
 //   t           = (hi - a) / L                           binary32, round to nearest even
 //   scale bits  = fp16(t), round to nearest even, saturating at 65504, when t > 0; else 0
 //   s           = the float value of those bits
-//   code q      = clamp(round_half_even((x - a) / s), 0, L)   when s > 0;  0 otherwise
+//   inv         = 1 / s (one division per group, correctly rounded) when s > 0; else 0
+//   code q      = clamp(round_half_even((x - a) * inv), 0, L)
 //   x_hat       = q * s + a                              (q * s is exact in binary32)
 // What is stored is what is used: the codes are computed with the stored fp16 values.
 // Rounding the offset down keeps every value at or above it (no value clips at the
-// bottom, so the error stays within half a step even for a narrow group far from zero);
-// the scale, from hi - a, then spans the group, and rounding it to nearest moves the top
-// code by at most L * 2^-11 of a step, which still rounds to L.
+// bottom, so the error stays within about half a step even for a narrow group far from
+// zero); the scale, from hi - a, then spans the group, and rounding it to nearest moves
+// the top code by at most L * 2^-11 of a step, which still rounds to L.
 //
-// Every operation is a correctly rounded binary32 operation or exact integer work, and
-// none is a multiply-add candidate whose fusion would change a bit (q * s is exact), so
-// the host and the device (rintf, __fdiv_rn) give the same bytes.
+// The codes multiply by the group's reciprocal instead of dividing per value (format
+// v2's rule, STEPQUANT.md: one reciprocal per row or column, then multiplications); the
+// earlier encoder computed round_half_even((x - a) / s). Decoding is unchanged, so
+// records of either encoder decode alike. (x - a) * inv carries three roundings (x - a,
+// 1 / s, the product: a relative error up to about 3 * 2^-24) where the quotient
+// carried two, so the two encoders differ, by one level, only where (x - a) / s lies
+// within about 3 (L + 1/2) 2^-24 of a half-integer. docs/codecs.md ("Group
+// quantization") derives the bound |x - x_hat| <= s/2 + 2^-22 L s + L 2^-24 + 2^-24 |x|.
+// With s = 0, inv = 0 and every finite x gets code 0 ((x - a) * 0 = +-0; x - a is
+// finite for finite x since |a| <= 65504). Non-finite values (which kv_encode rejects
+// and the device scan skips) get the codes the division gave: NaN 0, -Inf 0, +Inf L
+// when s > 0 and 0 when s = 0.
+//
+// Every operation is a correctly rounded binary32 operation or exact integer work, one
+// rounding each: through numeric.hpp's add_f32, mul_f32 and div_rn (the _rn intrinsics
+// on the device, which nvcc never fuses into a multiply-add; the host builds with
+// -ffp-contract=off) and rintf. So the host and the device give the same bytes.
 //
 // OCP FP8 E4M3: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 15 with
 // mantissa 7 is NaN, there is no Inf; max finite 448 (0x7E); subnormals m * 2^-9.
@@ -76,27 +91,25 @@ STATEPOOL_HD inline KvGroupScale kv_group_scale(float lo, float hi, std::uint32_
   return g;
 }
 
-/// Code of x under a divisor d: the stored scale s when s > 0. d = +Inf gives 0 for any
-/// finite x (and a), which is kv_code's code for s == 0: the CPU loops pass +Inf for a
-/// zero scale instead of branching per value.
-STATEPOOL_HD inline std::uint32_t kv_code_divisor(float x, float d, float a,
-                                                  std::uint32_t levels) noexcept {
+/// The factor of a group's codes: 1 / s correctly rounded (the group's one division),
+/// or 0 when s == 0 (then every finite value gets code 0).
+STATEPOOL_HD inline float kv_inverse_scale(float s) noexcept {
+  return reciprocal_or_zero(s);  // branch-free: the host loops vectorize
+}
+
+/// Code of x under the group's offset a and inverse scale inv = kv_inverse_scale(s):
+/// clamp(round_half_even((x - a) * inv), 0, L), each operation one binary32 rounding
+/// (add_f32 / mul_f32: never fused). Branch-free, so that the host loops vectorize.
+STATEPOOL_HD inline std::uint32_t kv_group_code(float x, float inv, float a,
+                                                std::uint32_t levels) noexcept {
   // round_half_even_small is exact where it matters; far outside [0, L] (only below a
-  // saturated offset) the clamp decides.
-  float r = round_half_even_small(div_rn(x - a, d));
+  // saturated offset, or for +-Inf) the clamp decides; NaN fails r > 0 and gives 0.
+  // x + (-a) is IEEE's x - a, bit for bit (signed zeros too).
+  float r = round_half_even_small(mul_f32(add_f32(x, -a), inv));
   const float top = static_cast<float>(levels);
   r = r > 0.0f ? r : 0.0f;
   r = r < top ? r : top;
   return static_cast<std::uint32_t>(r);
-}
-
-/// Code of x under the stored scale s and offset a (0 when s == 0).
-STATEPOOL_HD inline std::uint32_t kv_code(float x, float s, float a,
-                                          std::uint32_t levels) noexcept {
-  if (!(s > 0.0f)) {
-    return 0;
-  }
-  return kv_code_divisor(x, s, a, levels);
 }
 
 /// Reconstruction of code q: q * s (exact) + a, one rounding.
@@ -332,7 +345,7 @@ STATEPOOL_HD inline void kv_encode_group(const Load& load, const KvGroupSpan& sp
   }
   const KvGroupScale g = kv_group_scale(lo, hi, levels);
   out.word(word, g.scale_bits | (static_cast<std::uint32_t>(g.offset_bits) << 16));
-  const float s = half_bits_to_float(g.scale_bits);
+  const float inv = kv_inverse_scale(half_bits_to_float(g.scale_bits));
   const float a = half_bits_to_float(g.offset_bits);
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -344,7 +357,7 @@ STATEPOOL_HD inline void kv_encode_group(const Load& load, const KvGroupSpan& sp
 #endif
     for (std::uint32_t j = 0; j < per_word; ++j) {
       const std::uint32_t i = k * per_word + j;
-      const std::uint32_t q = i < span.count ? kv_code(x[i], s, a, levels) : 0u;
+      const std::uint32_t q = i < span.count ? kv_group_code(x[i], inv, a, levels) : 0u;
       w |= q << (Bits * j);
     }
     out.word(word + 1 + k, w);

@@ -18,6 +18,7 @@
 
 #if !defined(__CUDA_ARCH__)
 #include <bit>
+#include <cmath>
 #endif
 
 #if defined(__CUDACC__)
@@ -83,6 +84,34 @@ STATEPOOL_HD inline float div_rn(float a, float b) noexcept {
 #endif
 }
 
+// Binary32 operations rounded once each and never fused into a multiply-add: on the
+// device the _rn intrinsics, which nvcc never contracts; on the host plain operators
+// (the libraries build with -ffp-contract=off). The codecs whose bytes the host and the
+// device must both produce use these.
+STATEPOOL_HD inline float add_f32(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+STATEPOOL_HD inline float mul_f32(float a, float b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+STATEPOOL_HD inline float sqrt_f32(float a) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+
 /// Rounds to the nearest integer, ties to even, exactly for |x| < 2^22. For larger |x|
 /// the host result is within 2 of x (and keeps its sign; +-Inf stays +-Inf), the device
 /// result is exact: callers that clamp to a small range afterwards get identical codes.
@@ -104,6 +133,12 @@ STATEPOOL_HD inline float round_half_even_small(float x) noexcept {
 STATEPOOL_HD inline std::uint32_t select_u32(bool cond, std::uint32_t a, std::uint32_t b) noexcept {
   const std::uint32_t mask = 0u - static_cast<std::uint32_t>(cond);
   return (a & mask) | (b & ~mask);
+}
+
+/// 1 / y, or 0 when y = 0 (e.g. a zero scale).
+STATEPOOL_HD inline float reciprocal_or_zero(float y) noexcept {
+  // 1 / y is computed for y = 0 too (+Inf, not selected): masks, so host loops vectorize.
+  return bits_float(select_u32(y > 0.0f, float_bits(div_rn(1.0f, y)), 0u));
 }
 
 // ---------------------------------------------------------------------------------------

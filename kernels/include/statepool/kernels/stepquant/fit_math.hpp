@@ -23,10 +23,6 @@
 
 #include <cstdint>
 
-#if !defined(__CUDA_ARCH__)
-#include <cmath>
-#endif
-
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/quantize.hpp"
@@ -34,31 +30,8 @@
 
 namespace statepool::kernels::stepquant {
 
-// --- binary32 arithmetic, one rounding per operation ---------------------------------
-
-STATEPOOL_HD inline float add_f32(float a, float b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-STATEPOOL_HD inline float mul_f32(float a, float b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-STATEPOOL_HD inline float sqrt_f32(float a) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __fsqrt_rn(a);
-#else
-  return std::sqrt(a);
-#endif
-}
+// add_f32, mul_f32, sqrt_f32, div_rn and reciprocal_or_zero (numeric.hpp): binary32, one
+// rounding per operation, never fused.
 
 /// |x| in binary32 (exact).
 STATEPOOL_HD inline float abs_f32(float x) noexcept {
@@ -144,12 +117,6 @@ STATEPOOL_HD inline float row_scale_from_sum(float abs_sum, std::uint32_t n, flo
 }
 
 // --- per-row reciprocals ------------------------------------------------------------------
-
-/// 1 / y, or 0 when y = 0 (a 2-bit row of scale 0).
-STATEPOOL_HD inline float reciprocal_or_zero(float y) noexcept {
-  // 1 / y is computed for y = 0 too (+Inf, not selected): masks, so host loops vectorize.
-  return bits_float(select_u32(y > 0.0f, float_bits(div_rn(1.0f, y)), 0u));
-}
 
 /// e_i = 1 / (r_i q_i), the row's factor in step 2 (r_i q_i is exact: an fp16 value
 /// times an integer below 2^7); 0 when r_i = 0.
