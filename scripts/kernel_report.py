@@ -58,13 +58,17 @@ UNROLL_LINE = re.compile(r"^\s*STATEPOOL_UNROLL")
 # The planning shape: one Qwen3-Next / Kimi-Linear head (K = V = 128).
 K = V = 128
 
-# Per kernel (substring of the mangled name): threads per block, dynamic shared memory
+# Per kernel (substring of its short title): threads per block, dynamic shared memory
 # the launcher asks for at K = V = 128 (codec_kernels.cu, step_kernels.cu, kv_kernels.cu).
 LAUNCH = [
     ("kv_", 256, 0),
-    ("encode_kernel", 256, (32 * 33 + 5 * K + V) * 4),
+    # KDA (CodecFamily 4, stepquant_rows) adds 8 floats per row to the encode's scratch.
+    ("encode_kernel<StagedF32, stepquant_rows>", 256, (32 * 33 + 4 * K + V + 8 * K) * 4),
+    ("encode_kernel<StagedBf16, stepquant_rows>", 256, (32 * 33 + 4 * K + V + 8 * K) * 4),
+    ("encode_kernel", 256, (32 * 33 + 4 * K + V) * 4),
     ("decode_kernel", 256, (K + V) * 4),
-    ("step_kernel", 128, (K * V + 32 * 33 + 5 * K + V) * 4),
+    ("step_kernel<stepquant_rows>", 128, (K * V + 32 * 33 + 4 * K + V + 8 * K) * 4),
+    ("step_kernel", 128, (K * V + 32 * 33 + 4 * K + V) * 4),
     ("", 256, 0),
 ]
 
@@ -236,9 +240,9 @@ def is_load(instruction: str) -> bool:
     return op.startswith(("LDG.", "LD."))
 
 
-def launch_of(name: str):
+def launch_of(title: str):
     for key, threads, dynamic in LAUNCH:
-        if key in name:
+        if key in title:
             return threads, dynamic
     raise AssertionError("unreachable")
 
@@ -281,8 +285,9 @@ def short_name(demangled: str) -> str:
     return name.split("(", 1)[0]
 
 
-def analyse(name: str, instructions, labels, props: dict, arch: int, source: Source) -> dict:
-    threads, dynamic = launch_of(name)
+def analyse(title: str, name: str, instructions, labels, props: dict, arch: int,
+            source: Source) -> dict:
+    threads, dynamic = launch_of(title)
     smem = props.get("smem", 0) + dynamic
     warps, fraction, limiter = occupancy(arch, props.get("registers", 0), threads, smem)
     widths = collections.Counter(width(t) + ("L" if is_load(t) else "S") for t, _ in instructions
@@ -381,17 +386,17 @@ def main() -> int:
         for name, instructions, labels in kernels(text):
             if args.kernel and not any(s in name for s in args.kernel):
                 continue
-            k = analyse(name, instructions, labels, props.get(name, {}), args.arch, source)
-            k["unit"] = unit
-            found.append(k)
+            found.append((unit, name, instructions, labels, props.get(name, {})))
     if not found:
         print("kernel_report.py: no kernel matches", file=sys.stderr)
         return 1
-    names = demangle([k["name"] for k in found])
+    names = demangle([name for _, name, _, _, _ in found])
+    found = [dict(analyse(short_name(names[name]), name, instructions, labels, kprops, args.arch,
+                          source), unit=unit, title=short_name(names[name]))
+             for unit, name, instructions, labels, kprops in found]
     problems = []
     for k in found:
-        title = short_name(names[k["name"]])
-        k["title"] = title
+        title = k["title"]
         print(f"== {k['unit']}: {title}")
         print(f"   {k['registers']} registers, spills {k['spill_stores']}/{k['spill_loads']} B "
               f"(stores/loads), stack {k['stack']} B, shared {k['smem']} B at K=V={K}, "

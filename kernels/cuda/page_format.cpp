@@ -72,6 +72,17 @@ PageFormatTables::PageFormatTables(const PageCodec& codec, DType staged_dtype) {
         row_offsets_.push_back(static_cast<std::uint32_t>(offset));
         offset += stepquant::row_bytes(layout.value_dim, widths_[head * K + i]);
       }
+      for (std::uint32_t c = 0; c < kRowClasses; ++c) {
+        for (std::size_t i = 0; i < K; ++i) {
+          if (widths_[head * K + i] == row_class_width(c)) {
+            row_order_.push_back(static_cast<std::uint32_t>(i));
+          }
+        }
+        class_ends_.push_back(static_cast<std::uint32_t>(row_order_.size() - head * K));
+      }
+      if (row_order_.size() != (head + 1) * K) {
+        throw std::logic_error("a KDA row has a width outside 2, 4, 6, 8, 16");
+      }
     }
   }
 }
@@ -82,6 +93,8 @@ PageFormatView PageFormatTables::view() const noexcept {
   v.widths = widths_.empty() ? nullptr : widths_.data();
   v.impact = impact_.empty() ? nullptr : impact_.data();
   v.row_offsets = row_offsets_.empty() ? nullptr : row_offsets_.data();
+  v.row_order = row_order_.empty() ? nullptr : row_order_.data();
+  v.class_ends = class_ends_.empty() ? nullptr : class_ends_.data();
   return v;
 }
 
@@ -96,6 +109,8 @@ struct BlobOffsets {
   std::size_t head_offsets = 0;
   std::size_t impact = 0;
   std::size_t row_offsets = 0;
+  std::size_t row_order = 0;
+  std::size_t class_ends = 0;
   std::size_t widths = 0;
   std::size_t size = 0;
 };
@@ -104,7 +119,9 @@ BlobOffsets blob_offsets(const PageFormatTables& t) {
   BlobOffsets o;
   o.impact = round_up8(o.head_offsets + t.head_offsets().size() * sizeof(std::uint64_t));
   o.row_offsets = round_up8(o.impact + t.impact().size() * sizeof(float));
-  o.widths = round_up8(o.row_offsets + t.row_offsets().size() * sizeof(std::uint32_t));
+  o.row_order = round_up8(o.row_offsets + t.row_offsets().size() * sizeof(std::uint32_t));
+  o.class_ends = round_up8(o.row_order + t.row_order().size() * sizeof(std::uint32_t));
+  o.widths = round_up8(o.class_ends + t.class_ends().size() * sizeof(std::uint32_t));
   o.size = o.widths + t.widths().size();
   return o;
 }
@@ -122,6 +139,8 @@ std::vector<std::byte> PageFormatTables::blob() const {
   put(out, o.head_offsets, head_offsets_);
   put(out, o.impact, impact_);
   put(out, o.row_offsets, row_offsets_);
+  put(out, o.row_order, row_order_);
+  put(out, o.class_ends, class_ends_);
   put(out, o.widths, widths_);
   return out;
 }
@@ -134,6 +153,10 @@ PageFormatView PageFormatTables::view_at(const std::byte* base) const noexcept {
   if (!impact_.empty()) v.impact = reinterpret_cast<const float*>(base + o.impact);
   if (!row_offsets_.empty()) {
     v.row_offsets = reinterpret_cast<const std::uint32_t*>(base + o.row_offsets);
+  }
+  if (!row_order_.empty()) {
+    v.row_order = reinterpret_cast<const std::uint32_t*>(base + o.row_order);
+    v.class_ends = reinterpret_cast<const std::uint32_t*>(base + o.class_ends);
   }
   if (!widths_.empty()) v.widths = reinterpret_cast<const std::uint8_t*>(base + o.widths);
   return v;
@@ -181,8 +204,9 @@ const char* view_problem(const PageFormatView& v) noexcept {
   if (v.variant != StepQuantVariant::temporal_only && v.impact == nullptr) {
     return "stepquant full / spatial_only / no_refit needs the impact table";
   }
-  if (v.arch == Arch::kda && v.row_offsets == nullptr) {
-    return "stepquant KDA needs the row offset table";
+  if (v.arch == Arch::kda &&
+      (v.row_offsets == nullptr || v.row_order == nullptr || v.class_ends == nullptr)) {
+    return "stepquant KDA needs the row offset, row order and class tables";
   }
   return nullptr;
 }

@@ -13,9 +13,12 @@ namespace {
 
 constexpr std::uint32_t kMaxGridY = 65535;  // more requests: blocks loop over them
 
-// One kernel per codec family (block_codec.hpp's CodecFamily).
+// One kernel per codec family (block_codec.hpp's CodecFamily). At least 3 blocks per SM:
+// what the shared memory allows at K = V = 128 (72-76 KiB each, the head in it); the
+// bound lets ptxas use up to 170 registers (with none, it held the KDA kernel to 64 and
+// spilled).
 template <CodecFamily Family>
-__global__ void __launch_bounds__(kStepBlock) step_kernel(PageFormatView f, StepView s) {
+__global__ void __launch_bounds__(kStepBlock, 3) step_kernel(PageFormatView f, StepView s) {
   extern __shared__ float scratch[];
   __shared__ unsigned long long flags[2];
   for (std::uint32_t request = blockIdx.y; request < s.batch; request += gridDim.y) {

@@ -134,13 +134,16 @@ std::vector<Case> cases() {
   struct Odd {
     std::uint32_t k, v;
   };
-  for (const Odd s : {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}, Odd{5, 40}, Odd{3, 33}, Odd{1, 1}}) {
+  // V = 32 and 48: KDA rows by 16-value chunks and width classes (write_class16) at a
+  // small K, where a class's chunks do not fill the team.
+  for (const Odd s :
+       {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}, Odd{5, 40}, Odd{3, 33}, Odd{1, 1}, Odd{10, 32}}) {
     plans.push_back({"gdn4_" + shape_name(s.k, s.v),
                      cycling_plan(Arch::gdn, 2, 3, s.k, s.v, 4, all4, s.k * 31 + s.v)});
     plans.push_back({"kda4_" + shape_name(s.k, s.v),
                      cycling_plan(Arch::kda, 1, 3, s.k, s.v, 4, all4, s.k * 17 + s.v)});
   }
-  for (const Odd s : {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}}) {
+  for (const Odd s : {Odd{7, 5}, Odd{10, 10}, Odd{16, 24}, Odd{9, 48}}) {
     plans.push_back({"gdn6_" + shape_name(s.k, s.v),
                      cycling_plan(Arch::gdn, 1, 4, s.k, s.v, 6, all6, s.k * 13 + s.v)});
     plans.push_back({"kda6_" + shape_name(s.k, s.v),
@@ -574,6 +577,25 @@ TEST(DeviceCodecEmulationTables, TablesFollowThePageCodec) {
   }
   EXPECT_NE(v.impact, nullptr);
   EXPECT_EQ(v.widths[4], P);
+  // The same rows by width class: 2-bit rows 0 and 7, 4-bit 1 and 6, 6-bit 2 and 5,
+  // 8-bit 3, the pivot 4.
+  const std::uint32_t expected_order[] = {0, 7, 1, 6, 2, 5, 3, 4};
+  const std::uint32_t expected_ends[] = {2, 4, 6, 7, 8};
+  for (std::uint32_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(v.row_order[i], expected_order[i]) << "slot " << i;
+  }
+  for (std::uint32_t c = 0; c < cuda::kRowClasses; ++c) {
+    EXPECT_EQ(v.class_ends[c], expected_ends[c]) << "class " << c;
+  }
+  // The blob's view holds the same tables.
+  const std::vector<std::byte> blob = tables.blob();
+  const PageFormatView b = tables.view_at(blob.data());
+  for (std::uint32_t i = 0; i < 2 * 8; ++i) {
+    EXPECT_EQ(b.row_order[i], v.row_order[i]) << "slot " << i;
+  }
+  for (std::uint32_t c = 0; c < 2 * cuda::kRowClasses; ++c) {
+    EXPECT_EQ(b.class_ends[c], v.class_ends[c]) << "class " << c;
+  }
 
   const PageCodec temporal(
       plan_layout(testing::kda_plan4(20), CodecId::stepquant4, StepQuantVariant::temporal_only));
@@ -612,6 +634,15 @@ TEST(DeviceCodecEmulationTables, ViewProblemsAreNamed) {
   EXPECT_NE(cuda::view_problem(bad), nullptr);
   bad = good;
   bad.arch = Arch::kda;  // KDA needs row offsets
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  const PageCodec kda(plan_layout(testing::kda_plan4(20), CodecId::stepquant4));
+  const PageFormatTables kda_tables(kda, DType::f32);
+  EXPECT_EQ(cuda::view_problem(kda_tables.view()), nullptr);
+  bad = kda_tables.view();
+  bad.row_order = nullptr;  // and the row order
+  EXPECT_NE(cuda::view_problem(bad), nullptr);
+  bad = kda_tables.view();
+  bad.class_ends = nullptr;
   EXPECT_NE(cuda::view_problem(bad), nullptr);
 
   const PageCodec int4(plain_layout(CodecId::int4, Arch::gdn, 16, 24, 0, 0));

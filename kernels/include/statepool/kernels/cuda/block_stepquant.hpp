@@ -39,6 +39,9 @@ struct SqHead {
   // KDA: byte offset of every row's run within the head; null: one run of K V codes at
   // `codes_offset` (GDN, dsq).
   const std::uint32_t* row_offsets = nullptr;
+  // KDA: the head's rows by width class and the classes' ends (PageFormatView).
+  const std::uint32_t* row_order = nullptr;
+  const std::uint32_t* class_ends = nullptr;
   std::uint64_t codes_offset = 0;
   std::uint64_t data_end = 0;  // end of the head's data; zero padding from here
 
@@ -79,6 +82,8 @@ STATEPOOL_HD inline SqHead sq_head(const PageFormatView& f, std::uint32_t head) 
     }
     h.refits = stepquant::refit_rounds(refit, rows);
     h.row_offsets = f.row_offsets + row0;
+    h.row_order = f.row_order + row0;
+    h.class_ends = f.class_ends + std::uint64_t{head} * kRowClasses;
     h.data_end = h.row_offsets[K - 1] + stepquant::row_bytes(V, h.widths[K - 1]);
     return h;
   }
@@ -219,12 +224,15 @@ inline constexpr std::uint32_t kPartialStride = stepquant::kSumLanes + 1;
 //   e[K], a[K]    per row, the step-2 factor e_i and the step-3 factor a_i
 //                 (temporal_only: a_i = 1 / s_i)
 //   rg[K], ww[K]  per row, the refit's constants r_i g_i (exact) and w_i w_i
-//   bits[K]       per row, its width as a float (exact), so the column passes of a KDA
-//                 head read no global memory per row
 //   b[V]          per column, the step-3 factor b_j
+//   levels[K][8]  KDA heads only (encode_scratch_floats), 16-byte aligned: per row its
+//                 RowLevels, so that the column passes of a head whose rows have their
+//                 own widths run one branch-free path for every row (a warp's ranks take
+//                 the columns of one row: these are broadcast reads)
 struct SqScratch {
   float* data;
   std::uint32_t key_dim;
+  std::uint32_t value_dim;
 
   STATEPOOL_HD float* partial() const noexcept { return data; }
   STATEPOOL_HD float* row(std::uint32_t k) const noexcept {
@@ -234,9 +242,66 @@ struct SqScratch {
   STATEPOOL_HD float* a() const noexcept { return row(1); }
   STATEPOOL_HD float* rg() const noexcept { return row(2); }
   STATEPOOL_HD float* ww() const noexcept { return row(3); }
-  STATEPOOL_HD float* bits() const noexcept { return row(4); }
-  STATEPOOL_HD float* b() const noexcept { return row(5); }
+  STATEPOOL_HD float* b() const noexcept { return row(4); }
+  STATEPOOL_HD float* levels() const noexcept { return data + levels_offset(key_dim, value_dim); }
+
+  // Where levels[] starts: after b[V], rounded up to 4 floats (16 bytes).
+  STATEPOOL_HD static std::uint64_t levels_offset(std::uint32_t key_dim,
+                                                  std::uint32_t value_dim) noexcept {
+    const std::uint64_t end = kRowBatch * kPartialStride + 4 * std::uint64_t{key_dim} + value_dim;
+    return (end + 3) & ~std::uint64_t{3};
+  }
 };
+
+// What the column passes of a KDA head need of row i, whatever its width b: the level of
+// a quotient t is
+//   r = clamp(round_half_even((t + off) * half), lo, hi)   (NaN -> lo)
+//   z = r * m - off,  v = r g z = rgm * r - rgoff          (all exact)
+// b = 4, 6, 8: off 0, half 1, lo -L_b, hi L_b, m 1: z = clamp(round(t), -L_b, L_b), as
+//   code_from_quotient (t + 0 and t * 1 change only the sign of a zero, which neither the
+//   rounding, the clamp nor the sums below can see);
+// b = 2: off 3, half 0.5, lo 0, hi 3, m 2: four_level_code's u and z = 2u - 3;
+// pivot rows: a = 0 (so t = 0 for finite x), lo = hi = 0, rgm = rgoff = 0: v = 0, so
+//   the row adds zeros to the refit's sums (x + 0 = x for any sum that is not -0, and
+//   sums start at +0) and nothing to the column maximum (e = 0).
+// The stored code is u = r - lo. Two 16-byte loads per row.
+struct RowLevels {
+  float a, half, off, lo;
+  float hi, rgm, rgoff, ww;
+};
+
+STATEPOOL_HD inline RowLevels row_levels(std::uint32_t bits, float a, float rg, float ww) noexcept {
+  if (bits == stepquant::kPivotWidth) {
+    return {0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, ww};
+  }
+  if (bits == 2) {
+    return {a, 0.5f, 3.0f, 0.0f, 3.0f, rg * 2.0f, rg * 3.0f, ww};  // exact
+  }
+  const auto q = static_cast<float>(stepquant::level_max(bits));
+  return {a, 1.0f, 0.0f, -q, q, rg, 0.0f, ww};
+}
+
+STATEPOOL_HD inline void store_row_levels(float* p, const RowLevels& l) noexcept {
+  const float v[8] = {l.a, l.half, l.off, l.lo, l.hi, l.rgm, l.rgoff, l.ww};
+  for (std::uint32_t k = 0; k < 8; ++k) {
+    p[k] = v[k];
+  }
+}
+
+STATEPOOL_HD inline RowLevels load_row_levels(const float* p) noexcept {
+  const Words4 x = load16(p);
+  const Words4 y = load16(p + 4);
+  return {bits_float(x.w[0]), bits_float(x.w[1]), bits_float(x.w[2]), bits_float(x.w[3]),
+          bits_float(y.w[0]), bits_float(y.w[1]), bits_float(y.w[2]), bits_float(y.w[3])};
+}
+
+// r of RowLevels for the quotient t: round_half_even((t + off) * half) clamped to
+// [lo, hi], NaN to lo (the selects of code_from_quotient and four_level_code).
+STATEPOOL_HD inline float row_level_r(const RowLevels& l, float t) noexcept {
+  float r = round_half_even_small(mul_f32(add_f32(t, l.off), l.half));
+  r = r > l.lo ? r : l.lo;
+  return r < l.hi ? r : l.hi;
+}
 
 // The fp16 value of scale k of the head's scale arrays (r[K] then c[V], or s[K]), which
 // start at the head's first byte (4-byte aligned): one 16-bit store.
@@ -309,7 +374,10 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
       scratch.a()[i] = a;
       scratch.rg()[i] = rg;
       scratch.ww()[i] = stepquant::refit_weight(h.weight(i));
-      scratch.bits()[i] = static_cast<float>(bits);
+      if (h.row_offsets != nullptr && !absmax) {
+        store_row_levels(scratch.levels() + 8 * std::uint64_t{i},
+                         row_levels(bits, a, rg, scratch.ww()[i]));
+      }
       store_scale(out, i, s);
     }
     t.sync();
@@ -321,44 +389,49 @@ STATEPOOL_HD void write_row_scales(const Team& t, const PageFormatView& f, const
 // least-squares scale from them, sums over rows in row order. A column's rounds read no
 // other column, so this equals the CPU's rounds over whole rows. Bits: the width of every
 // row (GDN, dsq: no pivot rows), or 0 for a head whose rows have their own widths and
-// may be pivots (KDA: read from the scratch). Per row only the scratch is read (a
-// broadcast: the ranks of a warp take consecutive columns of the same row).
+// may be pivots (KDA: each row's RowLevels, one branch-free path for every width). Per
+// row only the scratch is read (a broadcast: the ranks of a warp take consecutive
+// columns of the same row).
 template <std::uint32_t Bits, class Staged>
 STATEPOOL_HD float column_scale(const PageFormatView& f, const SqHead& h,
                                 const HeadValues<Staged>& x, const SqScratch& scratch,
                                 std::uint32_t j) noexcept {
   const std::uint32_t K = f.key_dim;
   const float* e = scratch.e();
-  const float* a = scratch.a();
-  const float* rg = scratch.rg();
-  const float* ww = scratch.ww();
-  const float* widths = scratch.bits();
-  const auto width = [&](std::uint32_t i) {
-    return Bits != 0 ? Bits : static_cast<std::uint32_t>(widths[i]);
-  };
   std::uint32_t max_bits = 0;
   // kernel-report: dual-columns 1 x4 io
   STATEPOOL_UNROLL_BY(4)
   for (std::uint32_t i = 0; i < K; ++i) {
-    const float v = x.at(i, j);  // loaded on every row, so the address steps by V
-    if (Bits != 0 || width(i) != stepquant::kPivotWidth) {
-      const std::uint32_t m = stepquant::column_ratio_bits(v, e[i]);
-      max_bits = m > max_bits ? m : max_bits;
-    }
+    // Loaded on every row, so the address steps by V. A KDA pivot row has e = 0.
+    const std::uint32_t m = stepquant::column_ratio_bits(x.at(i, j), e[i]);
+    max_bits = m > max_bits ? m : max_bits;
   }
   float c = stepquant::column_scale_from_max(max_bits);
   for (std::uint32_t round = 0; round < h.refits; ++round) {
     const float b = stepquant::column_code_factor(c);
     float num = 0.0f;
     float den = 0.0f;
-    // kernel-report: dual-refit 1 x4 io
-    STATEPOOL_UNROLL_BY(4)
-    for (std::uint32_t i = 0; i < K; ++i) {
-      const std::uint32_t bits = width(i);
-      const float v = x.at(i, j);
-      if (Bits != 0 || bits != stepquant::kPivotWidth) {
-        const std::int32_t z = stepquant::unit_level(stepquant::dual_code(v, a[i], b, bits), bits);
+    if constexpr (Bits != 0) {
+      const float* a = scratch.a();
+      const float* rg = scratch.rg();
+      const float* ww = scratch.ww();
+      // kernel-report: dual-refit 1 x4 io
+      STATEPOOL_UNROLL_BY(4)
+      for (std::uint32_t i = 0; i < K; ++i) {
+        const float v = x.at(i, j);
+        const std::int32_t z = stepquant::unit_level(stepquant::dual_code(v, a[i], b, Bits), Bits);
         stepquant::refit_accumulate(v, z, rg[i], ww[i], num, den);
+      }
+    } else {
+      const float* levels = scratch.levels();
+      // kernel-report: dual-refit 1 x4 io
+      STATEPOOL_UNROLL_BY(4)
+      for (std::uint32_t i = 0; i < K; ++i) {
+        const RowLevels l = load_row_levels(levels + 8 * i);
+        const float v = x.at(i, j);
+        const float r = row_level_r(l, mul_f32(mul_f32(v, l.a), b));
+        const float rgz = add_f32(l.rgm * r, -l.rgoff);  // exact: r g z
+        stepquant::refit_accumulate_value(v, rgz, l.ww, num, den);
       }
     }
     c = stepquant::refit_column_scale(num, den, c);
@@ -431,82 +504,71 @@ STATEPOOL_HD void write_run16(const Team& t, const PageFormatView& f, const SqHe
   }
 }
 
-// Sixteen codes of `bits` bits (2, 4, 6, 8, or 16: the fp16 bits of a pivot row) as
-// packing.hpp's little-endian bit stream: bits / 2 32-bit words to dst, stored as they
-// fill. For a width known only at run time (KDA rows), so a warp whose ranks take rows of
-// different widths runs one path, not one per width.
-STATEPOOL_HD inline void put_stream16(const std::uint32_t* u, std::uint32_t bits,
-                                      std::uint32_t* dst) noexcept {
-  std::uint64_t acc = 0;
-  std::uint32_t fill = 0;  // bits of acc not yet stored (< 32 between codes)
-  std::uint32_t m = 0;
-  STATEPOOL_UNROLL
-  for (std::uint32_t n = 0; n < 16; ++n) {
-    acc |= std::uint64_t{u[n]} << fill;
-    fill += bits;
-    if (fill >= 32) {
-      dst[m++] = static_cast<std::uint32_t>(acc);
-      acc >>= 32;
-      fill -= 32;
-    }
+// Runs `body` once per 16-value chunk of the rows in slots [begin, end) of a KDA head's
+// row_order (one width class), as body(i, j16, at): row i, chunk j16 (values 16 j16 ...
+// 16 j16 + 15), at = i V + 16 j16. Chunk k of the range goes to the rank that the
+// head-wide chunk index begin V / 16 + k falls to, so the classes together spread over
+// the ranks as one loop over the head would.
+template <class Team, class Body>
+STATEPOOL_HD void for_class_chunks(const Team& t, const PageFormatView& f, const SqHead& h,
+                                   std::uint32_t begin, std::uint32_t end,
+                                   const Body& body) noexcept {
+  const std::uint32_t per_row = f.value_dim / 16;
+  const std::uint32_t chunks = (end - begin) * per_row;
+  const std::uint32_t k0 = (t.rank() + t.size() - begin * per_row % t.size()) % t.size();
+  GridCursor cursor(k0, t.size(), per_row);
+  for (std::uint32_t k = k0; k < chunks; k += t.size(), cursor.next()) {
+    const std::uint32_t i = h.row_order[begin + cursor.i];
+    body(i, cursor.j, std::uint64_t{i} * f.value_dim + 16 * cursor.j);
   }
 }
 
-// put_stream16's inverse: sixteen codes of `bits` bits from bits / 2 words at src, loaded
-// as they are needed.
-STATEPOOL_HD inline void get_stream16(const std::uint32_t* src, std::uint32_t bits,
-                                      std::uint32_t* u) noexcept {
-  const std::uint32_t mask = (1u << bits) - 1u;
-  std::uint64_t acc = 0;
-  std::uint32_t avail = 0;  // bits of acc not yet taken (< bits + 32)
-  std::uint32_t m = 0;
-  STATEPOOL_UNROLL
-  for (std::uint32_t n = 0; n < 16; ++n) {
-    if (avail < bits) {
-      acc |= std::uint64_t{src[m++]} << avail;
-      avail += 32;
+// The rows of width Bits (slots [begin, end) of row_order) by 16-value chunks: 16 staged
+// values by 128-bit loads, coded (code(v, i, j, Bits); a pivot row's fp16 bits), packed
+// and stored as Bits / 2 32-bit words. The ranks of a warp code at one width (the end
+// of a class may leave some of them idle until the next class's loop).
+template <std::uint32_t Bits, class Staged, class Team, class Code>
+STATEPOOL_HD void write_class16(const Team& t, const PageFormatView& f, const SqHead& h,
+                                const HeadValues<Staged>& x, std::uint8_t* out, std::uint32_t begin,
+                                std::uint32_t end, const Code& code) noexcept {
+  // kernel-report: kda-codes 16 io
+  for_class_chunks(t, f, h, begin, end, [&](std::uint32_t i, std::uint32_t j16, std::uint64_t at) {
+    float v[16];
+    load8<Staged>(x.base, x.first + at, v);
+    load8<Staged>(x.base, x.first + at + 8, v + 8);
+    std::uint32_t u[16];
+    for (std::uint32_t n = 0; n < 16; ++n) {
+      u[n] = Bits == stepquant::kPivotWidth ? float_to_half_bits(v[n])
+                                            : code(v[n], i, 16 * j16 + n, Bits);
     }
-    u[n] = static_cast<std::uint32_t>(acc) & mask;
-    acc >>= bits;
-    avail -= bits;
-  }
+    std::uint32_t w[Bits / 2];
+    pack16<Bits>(u, w);
+    auto* dst = reinterpret_cast<std::uint32_t*>(out + h.row_offsets[i]) + j16 * (Bits / 2);
+    for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+      dst[m] = w[m];
+    }
+  });
 }
 
-// The rows of a KDA head (rows16_fits) by 16-value chunks: a rank per (row, chunk), the
-// row's width read per chunk (ranks of one warp may take rows of other widths, hence the
-// width-generic bit stream). A chunk takes 2 bits bytes: bits / 2 words, pivot rows 8.
+// The rows of a KDA head (rows16_fits) by width class (write_class16).
 template <class Staged, class Team, class Code>
 STATEPOOL_HD void write_rows16(const Team& t, const PageFormatView& f, const SqHead& h,
-                               const HeadValues<Staged>& x, std::uint8_t* out, const float* widths,
+                               const HeadValues<Staged>& x, std::uint8_t* out,
                                const Code& code) noexcept {
-  const std::uint32_t per_row = f.value_dim / 16;
-  const std::uint32_t chunks = f.key_dim * per_row;
-  GridCursor cursor(t.rank(), t.size(), per_row);
-  // kernel-report: kda-codes 16 io
-  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
-    const std::uint32_t i = cursor.i;
-    const auto bits = static_cast<std::uint32_t>(widths[i]);
-    float v[16];
-    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k}, v);
-    load8<Staged>(x.base, x.first + 16 * std::uint64_t{k} + 8, v + 8);
-    std::uint32_t u[16];
-    if (bits == stepquant::kPivotWidth) {
-      for (std::uint32_t n = 0; n < 16; ++n) u[n] = float_to_half_bits(v[n]);
-    } else {
-      for (std::uint32_t n = 0; n < 16; ++n) u[n] = code(v[n], i, 16 * cursor.j + n, bits);
-    }
-    put_stream16(u, bits,
-                 reinterpret_cast<std::uint32_t*>(out + h.row_offsets[i]) + cursor.j * (bits / 2));
-  }
+  const std::uint32_t* ends = h.class_ends;
+  write_class16<2>(t, f, h, x, out, 0, ends[0], code);
+  write_class16<4>(t, f, h, x, out, ends[0], ends[1], code);
+  write_class16<6>(t, f, h, x, out, ends[1], ends[2], code);
+  write_class16<8>(t, f, h, x, out, ends[2], ends[3], code);
+  write_class16<stepquant::kPivotWidth>(t, f, h, x, out, ends[3], ends[4], code);
 }
 
 // Every code of a dual or absmax head: code(v, i, j, bits) is the code of value v at
 // (i, j). By 16-value chunks where the head allows (run16_fits, rows16_fits), else per
-// quad. `widths`: the rows' widths in the scratch (SqScratch::bits). Family: as
-// encode_sq_head's.
+// quad. Family: as encode_sq_head's.
 template <CodecFamily Family, class Staged, class Team, class Code>
 STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqHead& h,
-                               const HeadValues<Staged>& x, std::uint8_t* out, const float* widths,
+                               const HeadValues<Staged>& x, std::uint8_t* out,
                                const Code& code) noexcept {
   if constexpr (Family != CodecFamily::stepquant_rows) {
     if (run16_fits<Staged>(f, h, out, x.base, x.first)) {
@@ -520,7 +582,7 @@ STATEPOOL_HD void encode_codes(const Team& t, const PageFormatView& f, const SqH
   }
   if constexpr (Family != CodecFamily::stepquant) {
     if (rows16_fits<Staged>(f, h, out, x.base, x.first)) {
-      write_rows16(t, f, h, x, out, widths, code);
+      write_rows16(t, f, h, x, out, code);
       return;
     }
   }
@@ -536,7 +598,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
                                  const HeadValues<Staged>& x, std::uint8_t* out,
                                  std::uint64_t head_bytes, float* scratch_floats) noexcept {
   const SqHead h = sq_head(f, head);
-  const SqScratch scratch{scratch_floats, f.key_dim};
+  const SqScratch scratch{scratch_floats, f.key_dim, f.value_dim};
   if (h.kind == SqKind::pivot_head) {  // fp16 x[K V]: the fp16 codec's head
     if constexpr (Family != CodecFamily::stepquant_rows) {
       encode_float_head(t, f, CodecId::fp16, x, out, head_bytes);
@@ -547,7 +609,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
   t.sync();                                    // the team's previous head is done with the scratch
   write_row_scales(t, f, h, x, out, scratch);  // ends with a sync
   if (h.kind == SqKind::absmax) {
-    encode_codes<Family>(t, f, h, x, out, scratch.bits(),
+    encode_codes<Family>(t, f, h, x, out,
                          [&](float v, std::uint32_t i, std::uint32_t, std::uint32_t bits) {
                            return stepquant::absmax_code(v, scratch.a()[i], bits);
                          });
@@ -566,7 +628,7 @@ STATEPOOL_HD void encode_sq_head(const Team& t, const PageFormatView& f, std::ui
     }
   }
   t.sync();
-  encode_codes<Family>(t, f, h, x, out, scratch.bits(),
+  encode_codes<Family>(t, f, h, x, out,
                        [&](float v, std::uint32_t i, std::uint32_t j, std::uint32_t bits) {
                          return stepquant::dual_code(v, scratch.a()[i], scratch.b()[j], bits);
                        });
@@ -581,12 +643,6 @@ STATEPOOL_HD void load_scales(const Team& t, const PageFormatView& f, const SqHe
   const auto* halves = reinterpret_cast<const std::uint16_t*>(in);  // the head starts with them
   for (std::uint32_t i = t.rank(); i < count; i += t.size()) {
     scratch[i] = half_bits_to_float(halves[i]);
-  }
-  if (h.row_offsets != nullptr) {  // KDA: the rows' widths after the scales, as floats
-    float* widths = scratch + f.key_dim + f.value_dim;
-    for (std::uint32_t i = t.rank(); i < f.key_dim; i += t.size()) {
-      widths[i] = static_cast<float>(h.width(i));
-    }
   }
   t.sync();
 }
@@ -632,46 +688,57 @@ STATEPOOL_HD void decode_run16(const Team& t, const PageFormatView& f, const SqH
   t.sync();
 }
 
+// The rows of width Bits of a KDA head (slots [begin, end) of row_order) by 16-value
+// chunks: Bits / 2 32-bit loads, the codes unpacked (a pivot row's fp16 bits), 16 values
+// computed as the per-value path computes them, 128-bit stores.
+template <std::uint32_t Bits, class Staged, class Team>
+STATEPOOL_HD void decode_class16(const Team& t, const PageFormatView& f, const SqHead& h,
+                                 const std::uint8_t* in, const HeadOut<Staged>& y,
+                                 const float* scratch, std::uint32_t begin,
+                                 std::uint32_t end) noexcept {
+  const bool dual = h.kind == SqKind::dual;
+  const float* rs = scratch;
+  const float* cs = scratch + f.key_dim;
+  const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, Bits));
+  // kernel-report: kda-decode 16 io
+  for_class_chunks(t, f, h, begin, end, [&](std::uint32_t i, std::uint32_t j16, std::uint64_t at) {
+    const auto* src =
+        reinterpret_cast<const std::uint32_t*>(in + h.row_offsets[i]) + j16 * (Bits / 2);
+    std::uint32_t w[Bits / 2];
+    for (std::uint32_t m = 0; m < Bits / 2; ++m) {
+      w[m] = src[m];
+    }
+    std::uint32_t u[16];
+    unpack16<Bits>(w, u);
+    const float r = rs[i];
+    const float* c = cs + 16 * j16;
+    float v[16];
+    for (std::uint32_t n = 0; n < 16; ++n) {
+      if constexpr (Bits == stepquant::kPivotWidth) {
+        v[n] = half_bits_to_float(static_cast<std::uint16_t>(u[n]));
+      } else {
+        const std::int32_t z = stepquant::unit_level(u[n], Bits);
+        v[n] = dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
+      }
+    }
+    store8<Staged>(y.base, y.first + at, v);
+    store8<Staged>(y.base, y.first + at + 8, v + 8);
+  });
+}
+
 // The decode of a KDA head (rows16_fits): the scales once into block scratch as in
-// decode_run16, then a rank per (row, 16-value chunk), the row's width read per chunk.
+// decode_run16, then the rows by width class (decode_class16); sync.
 template <class Staged, class Team>
 STATEPOOL_HD void decode_rows16(const Team& t, const PageFormatView& f, const SqHead& h,
                                 const std::uint8_t* in, const HeadOut<Staged>& y,
                                 float* scratch) noexcept {
-  const std::uint32_t K = f.key_dim;
-  const std::uint32_t V = f.value_dim;
-  const bool dual = h.kind == SqKind::dual;
-  const float* rs = scratch;
-  const float* cs = scratch + K;
-  const float* widths = scratch + K + V;
   load_scales(t, f, h, in, scratch);
-  const std::uint32_t per_row = V / 16;
-  const std::uint32_t chunks = K * per_row;
-  GridCursor cursor(t.rank(), t.size(), per_row);
-  // kernel-report: kda-decode 16 io
-  for (std::uint32_t k = t.rank(); k < chunks; k += t.size(), cursor.next()) {
-    const std::uint32_t i = cursor.i;
-    const auto bits = static_cast<std::uint32_t>(widths[i]);
-    const auto* src =
-        reinterpret_cast<const std::uint32_t*>(in + h.row_offsets[i]) + cursor.j * (bits / 2);
-    const float r = rs[i];
-    const float* c = cs + 16 * cursor.j;
-    std::uint32_t u[16];
-    get_stream16(src, bits, u);
-    float v[16];
-    if (bits == stepquant::kPivotWidth) {
-      for (std::uint32_t n = 0; n < 16; ++n)
-        v[n] = half_bits_to_float(static_cast<std::uint16_t>(u[n]));
-    } else {
-      const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, bits));
-      for (std::uint32_t n = 0; n < 16; ++n) {
-        const std::int32_t z = stepquant::unit_level(u[n], bits);
-        v[n] = dual ? stepquant::dual_axis_value(r, c[n], z * g) : r * static_cast<float>(z);
-      }
-    }
-    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k}, v);
-    store8<Staged>(y.base, y.first + 16 * std::uint64_t{k} + 8, v + 8);
-  }
+  const std::uint32_t* ends = h.class_ends;
+  decode_class16<2>(t, f, h, in, y, scratch, 0, ends[0]);
+  decode_class16<4>(t, f, h, in, y, scratch, ends[0], ends[1]);
+  decode_class16<6>(t, f, h, in, y, scratch, ends[1], ends[2]);
+  decode_class16<8>(t, f, h, in, y, scratch, ends[2], ends[3]);
+  decode_class16<stepquant::kPivotWidth>(t, f, h, in, y, scratch, ends[3], ends[4]);
   t.sync();
 }
 
@@ -727,17 +794,19 @@ STATEPOOL_HD void decode_sq_head(const Team& t, const PageFormatView& f, std::ui
 }  // namespace detail
 
 /// Floats of block scratch a decode needs: the K row and V column scales of a STEPQuant /
-/// DSQ head as floats, and the K row widths of a KDA head (load_scales).
+/// DSQ head as floats (load_scales).
 STATEPOOL_HD inline std::uint64_t decode_scratch_floats(const PageFormatView& f) noexcept {
-  return 2 * std::uint64_t{f.key_dim} + f.value_dim;
+  return std::uint64_t{f.key_dim} + f.value_dim;
 }
 
 /// Floats of block scratch an encode needs (stepquant and dsq heads: the lane partials of
-/// kRowBatch rows, five per row, one per column; 7.1 KiB at K = V = 128, 97 KiB at
-/// K = V = kMaxHeadDim, where the launch opts in to more than 48 KiB).
+/// kRowBatch rows, four per row, one per column, and eight more per row of a KDA head):
+/// 6.6 KiB at K = V = 128 (KDA 10.6 KiB); 84 KiB at K = V = kMaxHeadDim (KDA 212 KiB),
+/// where the launch opts in to more than 48 KiB (KDA heads above K = V = 3128 exceed what
+/// an sm_80 block may have, 163 KiB: that launch is refused).
 STATEPOOL_HD inline std::uint64_t encode_scratch_floats(const PageFormatView& f) noexcept {
-  return std::uint64_t{detail::kRowBatch} * detail::kPartialStride + 5 * std::uint64_t{f.key_dim} +
-         f.value_dim;
+  const std::uint64_t levels = f.arch == Arch::kda ? 8 * std::uint64_t{f.key_dim} : 0;
+  return detail::SqScratch::levels_offset(f.key_dim, f.value_dim) + levels;
 }
 
 }  // namespace statepool::kernels::cuda

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/numeric.hpp"
 
 namespace statepool::kernels {
 class PageCodec;
@@ -47,7 +48,20 @@ struct PageFormatView {
   /// [head_count][key_dim]: byte offset of row i's codes (or fp16 values) within its
   /// head. stepquant4/6 KDA only.
   const std::uint32_t* row_offsets = nullptr;
+  /// [head_count][key_dim]: the rows of each head by width class (row_class_width: 2, 4,
+  /// 6, 8 bits, then pivots), in increasing row index within a class, so that the ranks
+  /// of a warp coding 16-value chunks take rows of one width. stepquant4/6 KDA only.
+  const std::uint32_t* row_order = nullptr;
+  /// [head_count][kRowClasses]: the end of each class's rows in the head's row_order.
+  /// stepquant4/6 KDA only.
+  const std::uint32_t* class_ends = nullptr;
 };
+
+/// Width classes of KDA rows, in row_order's order.
+inline constexpr std::uint32_t kRowClasses = 5;
+STATEPOOL_HD constexpr std::uint32_t row_class_width(std::uint32_t c) noexcept {
+  return c < 4 ? 2 * (c + 1) : 16u;  // 2, 4, 6, 8, then the pivot width
+}
 
 /// The host tables of a PageFormatView (no CUDA call). Throws std::invalid_argument for a
 /// staged dtype other than f32 / bf16.
@@ -77,6 +91,10 @@ class PageFormatTables {
   [[nodiscard]] const std::vector<std::uint32_t>& row_offsets() const noexcept {
     return row_offsets_;
   }
+  [[nodiscard]] const std::vector<std::uint32_t>& row_order() const noexcept { return row_order_; }
+  [[nodiscard]] const std::vector<std::uint32_t>& class_ends() const noexcept {
+    return class_ends_;
+  }
 
  private:
   PageFormatView scalars_;
@@ -84,6 +102,8 @@ class PageFormatTables {
   std::vector<std::uint8_t> widths_;  // empty when the codec needs none (so are the others)
   std::vector<float> impact_;
   std::vector<std::uint32_t> row_offsets_;
+  std::vector<std::uint32_t> row_order_;
+  std::vector<std::uint32_t> class_ends_;
 };
 
 /// Checks the scalar fields and the presence of the tables the codec needs (what a host

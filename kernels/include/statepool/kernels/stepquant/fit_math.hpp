@@ -181,13 +181,16 @@ STATEPOOL_HD inline std::uint32_t dual_code(float x, float a, float b,
 
 /// One row's term of the column sums N_j and D_j (call in row order): v = r g z (exact
 /// in binary32), t = ww v, N += t x, D += t v, each operation rounded to binary32.
-/// ww = w_i w_i (refit_weight).
-STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, float ww, float& num,
-                                          float& den) noexcept {
-  const float v = rg * static_cast<float>(z);  // exact
+/// ww = w_i w_i (refit_weight). refit_accumulate_value takes v itself.
+STATEPOOL_HD inline void refit_accumulate_value(float x, float v, float ww, float& num,
+                                                float& den) noexcept {
   const float t = mul_f32(ww, v);
   num = add_f32(num, mul_f32(t, x));
   den = add_f32(den, mul_f32(t, v));
+}
+STATEPOOL_HD inline void refit_accumulate(float x, std::int32_t z, float rg, float ww, float& num,
+                                          float& den) noexcept {
+  refit_accumulate_value(x, rg * static_cast<float>(z), ww, num, den);  // v exact
 }
 
 /// What the number of refit rounds depends on: a head's non-pivot row widths, added one
