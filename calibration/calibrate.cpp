@@ -52,6 +52,7 @@ void accumulate_layer(const TraceReader& trace, std::uint32_t layer, LayerAccumu
     std::vector<float> state, q, k, residual;
   };
   std::vector<HeadWork> work(H);
+  detail::HeadThreads threads(options.threads);
   for (HeadWork& w : work) {
     w.state.assign(K * V, 0.0f);
     w.q.resize(K);
@@ -77,7 +78,7 @@ void accumulate_layer(const TraceReader& trace, std::uint32_t layer, LayerAccumu
       end = std::min(end, m.sequence_starts[next_start]);
     }
     trace.read(layer, first, end - first, inputs);
-    detail::parallel_for(H, options.threads, [&](std::size_t h) {
+    threads.for_each(H, [&](std::size_t h) {
       HeadWork& w = work[h];
       for (std::uint64_t t = 0; t < inputs.count; ++t) {
         const std::size_t index = static_cast<std::size_t>(t) * H + h;

@@ -1,65 +1,39 @@
 #pragma once
-// parallel_for over [0, n) with up to `threads` std::threads (internal). The first
-// exception thrown by any call is rethrown in the caller after every worker has stopped.
+// The calibration's threads (internal): a head per task over support::WorkerPool, the
+// project's one parallel_for, or the calling thread alone when one thread is asked for.
+// Made once per pass over a trace, so that its threads serve every block of tokens.
 
-#include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
-#include <vector>
+#include <optional>
+
+#include "statepool/support/worker_pool.hpp"
 
 namespace statepool::calibration::detail {
 
-template <typename Fn>
-void parallel_for(std::size_t n, std::uint32_t threads, Fn&& fn) {
-  const std::size_t workers = std::min<std::size_t>(std::max<std::uint32_t>(threads, 1), n);
-  if (workers <= 1) {
-    for (std::size_t i = 0; i < n; ++i) {
-      fn(i);
+class HeadThreads {
+ public:
+  /// `threads` in all: the caller and threads - 1 workers (none for 0 or 1).
+  explicit HeadThreads(std::uint32_t threads) {
+    if (threads > 1) pool_.emplace(threads - 1);
+  }
+
+  /// fn(h) for every h < n. With workers, every call runs even if some throw, and the
+  /// exception of the lowest h is rethrown (WorkerPool::parallel_for); alone, the first
+  /// exception stops the loop.
+  template <class Fn>
+  void for_each(std::size_t n, const Fn& fn) {
+    if (!pool_) {
+      for (std::size_t h = 0; h < n; ++h) fn(h);
+      return;
     }
-    return;
+    pool_->parallel_for(n, 1, [&](std::size_t first, std::size_t last) {
+      for (std::size_t h = first; h < last; ++h) fn(h);
+    });
   }
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= n || failed.load()) {
-        return;
-      }
-      try {
-        fn(i);
-      } catch (...) {
-        const std::lock_guard lock(error_mutex);
-        if (!error) {
-          error = std::current_exception();
-        }
-        failed.store(true);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (std::size_t t = 1; t < workers; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (const std::system_error&) {
-      break;  // fewer threads; the ones running (and this one) do the rest
-    }
-  }
-  work();
-  for (std::thread& thread : pool) {
-    thread.join();
-  }
-  if (error) {
-    std::rethrow_exception(error);
-  }
-}
+
+ private:
+  std::optional<support::WorkerPool> pool_;
+};
 
 }  // namespace statepool::calibration::detail

@@ -141,7 +141,7 @@ LayerCosts measure_layer(const LayerAccumulator& accumulator, const PlanOptions&
   }
   out.min_snapshots = min_snapshots;
 
-  detail::parallel_for(H, options.threads, [&](std::size_t h) {
+  detail::HeadThreads(options.threads).for_each(H, [&](std::size_t h) {
     const auto head = static_cast<std::uint32_t>(h);
     const std::span<float> impact = std::span<float>(out.impact).subspan(h * K, K);
     const std::vector<double> omega = accumulator.omega(head);

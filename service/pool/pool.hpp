@@ -1,5 +1,5 @@
 #pragma once
-// The pool: a small facade over three tables and a chain of memory resources.
+// The pool: a small facade over four tables and a chain of memory resources.
 //
 //   LayoutRegistry  layouts (id -> page format) and STEPQuant plans     layout_registry.hpp
 //   LeaseTable      leases (token, grace period) and the slots they hold lease_table.hpp

@@ -101,6 +101,24 @@ Checked check_plan(const sq::Plan& plan, std::uint32_t budget, std::uint32_t piv
   return out;
 }
 
+// Heads run on the calling thread alone or on it and a WorkerPool's workers
+// (calibration/parallel.hpp): every head's work is its own, so the plan is the same.
+TEST(PlanBuilder, ThePlanDoesNotDependOnTheThreadCount) {
+  TempDir dir;
+  const SyntheticOptions o = gdn_options();
+  write_synthetic_trace(dir.path(), o);
+  const TraceReader trace(dir.path());
+  CalibrateOptions options;
+  options.plan.budget_bits = 4;
+  options.plan.pivots = 2;
+  options.threads = 1;
+  const sq::Plan alone = calibrate_trace(trace, options, {}).plan;
+  options.threads = 3;
+  const sq::Plan pooled = calibrate_trace(trace, options, {}).plan;
+  EXPECT_EQ(sq::digest(alone), sq::digest(pooled));
+  EXPECT_TRUE(alone == pooled);
+}
+
 TEST(PlanBuilder, GdnPlanKeepsTheBudgetAndFavoursSlowHeads) {
   TempDir dir;
   const SyntheticOptions o = gdn_options();
