@@ -19,12 +19,12 @@
 #include "backend.hpp"
 #include "config/config.hpp"
 #include "handlers/handlers.hpp"
-#include "log.hpp"
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
 #include "pool/pool.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 #include "statepool/support/worker_pool.hpp"
 
 namespace statepool::fuzz {

@@ -8,9 +8,9 @@
 #include "statepool/support/size.hpp"
 #if defined(STATEPOOL_HAVE_CUDA)
 #include "exec/cuda_executor.hpp"
-#include "log.hpp"
 #include "memory/cuda_resource.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
+#include "statepool/support/log.hpp"
 #endif
 
 namespace statepool::service {
@@ -31,8 +31,9 @@ Backend make_backend(const Config& config, support::WorkerPool& workers) {
 #if defined(STATEPOOL_HAVE_CUDA)
   if (config.backend == "cuda") {
     // What a destructor fails to release (memory, a mapping, an import) goes to the log.
-    kernels::cuda::set_failure_reporter(
-        [](std::string_view message) noexcept { log_line(LogLevel::error, "cuda", message); });
+    kernels::cuda::set_failure_reporter([](std::string_view message) noexcept {
+      support::log_line(support::LogLevel::error, "cuda", message);
+    });
     // The resource checks the driver and the device first: its error says what is missing.
     auto memory = std::make_shared<CudaResource>(config.device);
     auto executor_memory = std::make_unique<TrackingResource>(*memory);

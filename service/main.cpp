@@ -9,12 +9,12 @@
 
 #include "backend.hpp"
 #include "config/config.hpp"
-#include "log.hpp"
 #include "memory/tracking.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
 #include "server/server.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "store/redis_store.hpp"
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     return args.exit_code;
   }
   const Config& config = args.config;
-  set_log_level(config.log_level);
+  statepool::support::set_log_level(config.log_level);
   std::uint64_t descriptor_limit = 0;
   try {
     descriptor_limit = Server::prepare_descriptor_limit(config);
@@ -144,7 +144,8 @@ int main(int argc, char** argv) {
       }
     }
     LOG_INFO("server", "stopped",
-             forced > 0 ? cat(" (", forced, " busy connections closed at the drain timeout)")
+             forced > 0 ? statepool::support::cat(" (", forced,
+                                                  " busy connections closed at the drain timeout)")
                         : std::string());
     return problems.empty() && !executor_leaked ? 0 : 1;
   } catch (const std::exception& e) {

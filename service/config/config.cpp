@@ -503,7 +503,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   config.pool.tenants = std::move(tenants);
 
   // --- validation: everything before anything is created -------------------------
-  if (!parse_log_level(log_level, config.log_level))
+  if (!support::parse_log_level(log_level, config.log_level))
     throw ConfigError("invalid --log-level '" + log_level + "': use debug, info, warn or error");
   if (threads < 1 || threads > 64)
     throw ConfigError("--threads must be between 1 and 64, got " + std::to_string(threads));

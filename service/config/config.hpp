@@ -14,7 +14,7 @@
 
 #include <sys/types.h>
 
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 #include "pool/pool.hpp"
 
 namespace statepool::service {
@@ -54,7 +54,7 @@ struct Config {
   std::chrono::milliseconds drain_timeout{10000};  ///< SIGTERM: longest wait for in-flight work
   unsigned threads = 2;                            ///< I/O threads
   unsigned workers = 0;  ///< worker threads (codec work, allocations); 0 = one per core
-  LogLevel log_level = LogLevel::info;
+  support::LogLevel log_level = support::LogLevel::info;
   std::vector<uid_t> allow_uids;        ///< empty = any peer uid (socket mode rules)
   std::string config_file;              ///< the file read, if any
   std::vector<std::string> plan_files;  ///< STEPQuant plan files loaded at start

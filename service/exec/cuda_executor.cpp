@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "log.hpp"
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
@@ -19,6 +18,7 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
@@ -188,7 +188,7 @@ void CudaExecutor::mark_unusable(const std::string& reason) {
     fault_ = "CUDA device " + std::to_string(device_) + " is unusable: " + reason +
              "; every later operation on it fails until statepoold is restarted";
   }
-  STATEPOOL_LOG(LogLevel::error, "cuda", fault_);
+  STATEPOOL_LOG(support::LogLevel::error, "cuda", fault_);
 }
 
 std::exception_ptr CudaExecutor::failure(std::exception_ptr error) {

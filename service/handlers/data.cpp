@@ -10,9 +10,9 @@
 
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
-#include "log.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
@@ -20,7 +20,7 @@ namespace {
 kernels::DType staging_dtype(wire::DType dtype) {
   STATEPOOL_EXPECTS(
       dtype == wire::DType::f32 || dtype == wire::DType::bf16, Status::invalid_argument,
-      cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
+      support::cat("staged states are f32 or bf16, got dtype value ", static_cast<int>(dtype)));
   return protocol::from_wire(dtype);
 }
 
@@ -28,9 +28,9 @@ kernels::DType staging_dtype(wire::DType dtype) {
 std::optional<IpcEventBytes> after_event(const flatbuffers::Vector<std::uint8_t>* bytes) {
   if (bytes == nullptr) return std::nullopt;
   IpcEventBytes event{};
-  STATEPOOL_EXPECTS(
-      bytes->size() == event.size(), Status::invalid_argument,
-      cat("`after` holds ", bytes->size(), " bytes; an IPC event handle has ", event.size()));
+  STATEPOOL_EXPECTS(bytes->size() == event.size(), Status::invalid_argument,
+                    support::cat("`after` holds ", bytes->size(),
+                                 " bytes; an IPC event handle has ", event.size()));
   std::memcpy(event.data(), bytes->data(), event.size());
   return event;
 }
@@ -102,11 +102,11 @@ kernels::BufferRef staging_range(const ConnectionState& c, std::uint32_t id, std
                                  std::size_t bytes, std::shared_ptr<const Allocation>& owner) {
   const auto it = c.staging.find(id);
   STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
-                    cat("no staging buffer ", id, " on this connection"));
+                    support::cat("no staging buffer ", id, " on this connection"));
   kernels::BufferRef all = it->second->buffer();
   STATEPOOL_EXPECTS(offset <= all.size && bytes <= all.size - offset, Status::invalid_argument,
-                    cat("staging range [", offset, ", ", offset + bytes, ") exceeds the ", all.size,
-                        "-byte staging buffer"));
+                    support::cat("staging range [", offset, ", ", offset + bytes, ") exceeds the ",
+                                 all.size, "-byte staging buffer"));
   owner = it->second;
   all.data += offset;
   all.size = bytes;

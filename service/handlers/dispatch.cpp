@@ -2,9 +2,9 @@
 #include <exception>
 
 #include "handlers/handlers.hpp"
-#include "log.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
@@ -102,20 +102,21 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
     // What a peer may not do goes to the audit log: who, as which tenant, what, and whose.
     if (e.status() == Status::permission_denied || e.status() == Status::unknown_tenant) {
       const auto* refused = dynamic_cast<const AccessRefused*>(&e);
-      audit(cat("refused ", protocol::request_name(request.body_type()), " of connection ",
-                connection.id, " (pid ", connection.pid, ", uid ", connection.uid, ", gid ",
-                connection.gid, ", tenant ",
-                connection.tenant.empty() ? std::string("none yet") : "'" + connection.tenant + "'",
-                "): ", protocol::status_name(e.status()), ": ", e.what(),
-                refused != nullptr ? cat(" (it belongs to tenant '", refused->owner(), "')")
-                                   : std::string()));
+      support::audit(support::cat(
+          "refused ", protocol::request_name(request.body_type()), " of connection ", connection.id,
+          " (pid ", connection.pid, ", uid ", connection.uid, ", gid ", connection.gid, ", tenant ",
+          connection.tenant.empty() ? std::string("none yet") : "'" + connection.tenant + "'",
+          "): ", protocol::status_name(e.status()), ": ", e.what(),
+          refused != nullptr ? support::cat(" (it belongs to tenant '", refused->owner(), "')")
+                             : std::string()));
     }
     build_error(result.builder, request.id(), e.status(), e.what());
   } catch (const std::exception& e) {
     result.status = Status::internal;
     LOG_ERROR("session", "connection ", connection.id, ": internal error in ",
               protocol::request_name(request.body_type()), ": ", e.what());
-    build_error(result.builder, request.id(), Status::internal, cat("internal error: ", e.what()));
+    build_error(result.builder, request.id(), Status::internal,
+                support::cat("internal error: ", e.what()));
   } catch (...) {
     result.status = Status::internal;
     LOG_ERROR("session", "connection ", connection.id, ": unknown exception in ",

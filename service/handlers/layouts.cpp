@@ -7,10 +7,10 @@
 
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
-#include "log.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 
@@ -51,7 +51,7 @@ Handled handle(Call& call, const wire::InstallPlan& in) {
           plan = std::make_shared<const kernels::stepquant::Plan>(
               kernels::stepquant::from_bytes(bytes));
         } catch (const std::invalid_argument& e) {
-          throw StatusError(Status::invalid_argument, cat("invalid plan: ", e.what()));
+          throw StatusError(Status::invalid_argument, support::cat("invalid plan: ", e.what()));
         }
         info = pool.install_plan(call.connection.tenant, plan);
       },

@@ -8,9 +8,9 @@
 
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
-#include "log.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
 
 namespace statepool::service {
@@ -61,8 +61,9 @@ Handled handle(Call& call, const wire::CloseArena& in) {
   LOG_INFO("pool", "arena ", closed.id, " of tenant '", c.tenant, "', layout '", closed.layout_name,
            "' closed by connection ", c.id, " (pid ", c.pid,
            "): ", support::format_bytes(closed.bytes), " given back",
-           closed.snapshots_dropped > 0 ? cat(", ", closed.snapshots_dropped, " snapshots dropped")
-                                        : std::string());
+           closed.snapshots_dropped > 0
+               ? support::cat(", ", closed.snapshots_dropped, " snapshots dropped")
+               : std::string());
   call.reply<wire::CloseArena>(
       wire::CreateCloseArenaReply(call.builder(), closed.bytes, closed.snapshots_dropped));
 }
@@ -72,9 +73,9 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
   ConnectionState& c = call.connection;
   STATEPOOL_EXPECTS(in.bytes() > 0, Status::invalid_argument, "staging bytes must be positive");
   STATEPOOL_EXPECTS(c.staging.size() < kMaxStagingBuffers, Status::quota_exceeded,
-                    cat("this connection holds ", c.staging.size(),
-                        " staging buffers, the most one connection may hold; close one "
-                        "(CloseStaging) first"));
+                    support::cat("this connection holds ", c.staging.size(),
+                                 " staging buffers, the most one connection may hold; close one "
+                                 "(CloseStaging) first"));
   const std::uint32_t staging_id = c.next_staging_id++;
   std::shared_ptr<Allocation> memory;
   // The connection's budget refuses first, then the tenant's (quota_exceeded), then the
@@ -82,9 +83,10 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
   co_await async_run(
       s.workers,
       [&] {
-        memory = c.staging_limit->allocate(static_cast<std::size_t>(in.bytes()),
-                                           cat("statepool-staging-", c.id, "-", staging_id),
-                                           requested_handle(in.legacy_ipc()));
+        memory =
+            c.staging_limit->allocate(static_cast<std::size_t>(in.bytes()),
+                                      support::cat("statepool-staging-", c.id, "-", staging_id),
+                                      requested_handle(in.legacy_ipc()));
       },
       boost::asio::use_awaitable);
   c.staging.emplace(staging_id, memory);
@@ -98,7 +100,7 @@ Handled handle(Call& call, const wire::CloseStaging& in) {
   ConnectionState& c = call.connection;
   const auto it = c.staging.find(in.staging_id());
   STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
-                    cat("no staging buffer ", in.staging_id(), " on this connection"));
+                    support::cat("no staging buffer ", in.staging_id(), " on this connection"));
   release_later(call.server.workers, std::move(it->second));
   c.staging.erase(it);
   call.reply<wire::CloseStaging>(wire::CreateCloseStagingReply(call.builder()));
@@ -106,9 +108,9 @@ Handled handle(Call& call, const wire::CloseStaging& in) {
 }
 
 Handled handle(Call& call, const wire::Allocate& in) {
-  STATEPOOL_EXPECTS(
-      in.count() >= 1 && in.count() <= kMaxSlotsPerRequest, Status::invalid_argument,
-      cat("allocate count must be between 1 and ", kMaxSlotsPerRequest, ", got ", in.count()));
+  STATEPOOL_EXPECTS(in.count() >= 1 && in.count() <= kMaxSlotsPerRequest, Status::invalid_argument,
+                    support::cat("allocate count must be between 1 and ", kMaxSlotsPerRequest,
+                                 ", got ", in.count()));
   const auto slots = call.server.pool.allocate(call.connection.lease, in.arena_id(), in.count());
   auto& b = call.builder();
   call.reply<wire::Allocate>(wire::CreateAllocateReply(b, b.CreateVector(slots)));

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "handlers/handlers.hpp"
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
@@ -35,7 +35,7 @@ Handled handle(Call& call, const wire::Hello& in) {
   if (in.max_version() < protocol::kMinProtocolVersion ||
       in.min_version() > protocol::kMaxProtocolVersion || in.min_version() > in.max_version()) {
     throw StatusError(Status::unsupported_version,
-                      cat("client speaks protocol versions ", in.min_version(), "..",
+                      support::cat("client speaks protocol versions ", in.min_version(), "..",
                           in.max_version(), ", daemon speaks ", protocol::kMinProtocolVersion, "..",
                           protocol::kMaxProtocolVersion));
   }
@@ -56,7 +56,8 @@ Handled handle(Call& call, const wire::Hello& in) {
   c.version = std::min(in.max_version(), protocol::kMaxProtocolVersion);
   LOG_INFO("session", "connection ", c.id, ": client '", c.client_name, "' (pid ", c.pid, ", uid ",
            c.uid, ") tenant '", tenant, "', lease ", grant.token.substr(0, 8), "… ",
-           grant.resumed ? cat("resumed with ", grant.slots, " slots") : std::string("new"));
+           grant.resumed ? support::cat("resumed with ", grant.slots, " slots")
+                         : std::string("new"));
   auto& b = call.builder();
   call.reply<wire::Hello>(wire::CreateHelloReply(
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
@@ -77,8 +78,9 @@ Handled handle(Call& call, const wire::Drain& /*in*/) {
   const ConnectionState& c = call.connection;
   STATEPOOL_EXPECTS(
       is_operator(c), Status::permission_denied,
-      cat("drain needs uid 0 or the daemon's uid ", ::geteuid(), "; peer uid is ", c.uid));
-  call.server.request_drain(cat("drain request from connection ", c.id, " (pid ", c.pid, ")"));
+      support::cat("drain needs uid 0 or the daemon's uid ", ::geteuid(), "; peer uid is ", c.uid));
+  call.server.request_drain(
+      support::cat("drain request from connection ", c.id, " (pid ", c.pid, ")"));
   call.reply<wire::Drain>(wire::CreateDrainReply(call.builder()));
   co_return;
 }

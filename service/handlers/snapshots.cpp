@@ -135,8 +135,9 @@ Handled handle(Call& call, const wire::PutSnapshot& in) {
                       "a snapshot with KV blocks needs kv_staging: where their values are");
     kv = protocol::from_wire(*in.kv());
     const char* problem = kernels::kv_blocks_problem(*kv);
-    STATEPOOL_EXPECTS(problem == nullptr, Status::invalid_argument,
-                      cat("the snapshot's KV blocks: ", problem == nullptr ? "" : problem));
+    STATEPOOL_EXPECTS(
+        problem == nullptr, Status::invalid_argument,
+        support::cat("the snapshot's KV blocks: ", problem == nullptr ? "" : problem));
     range = kv_range(call, *in.kv_staging(), *kv);  // checked before anything is taken
   } else {
     STATEPOOL_EXPECTS(in.kv_staging() == nullptr, Status::invalid_argument,
@@ -271,11 +272,12 @@ Handled handle(Call& call, const wire::PinSnapshot& in) {
 
 Handled handle(Call& call, const wire::ListSnapshots& in) {
   const std::string start = bytes_of(in.prefix());
+  STATEPOOL_EXPECTS(start.size() <= kMaxSnapshotPrefixBytes, Status::invalid_argument,
+                    support::cat("a snapshot prefix is at most ", kMaxSnapshotPrefixBytes,
+                                 " bytes, got ", start.size()));
   STATEPOOL_EXPECTS(
-      start.size() <= kMaxSnapshotPrefixBytes, Status::invalid_argument,
-      cat("a snapshot prefix is at most ", kMaxSnapshotPrefixBytes, " bytes, got ", start.size()));
-  STATEPOOL_EXPECTS(in.limit() <= kMaxListLimit, Status::invalid_argument,
-                    cat("list limit must be at most ", kMaxListLimit, ", got ", in.limit()));
+      in.limit() <= kMaxListLimit, Status::invalid_argument,
+      support::cat("list limit must be at most ", kMaxListLimit, ", got ", in.limit()));
   const std::uint32_t limit = in.limit() == 0 ? kDefaultListLimit : in.limit();
   Pool& pool = call.server.pool;
   bool more = false;
@@ -388,8 +390,8 @@ Handled handle(Call& call, const wire::ImportSnapshot& in) {
   SnapshotPut put = s.pool.import_snapshot(call.connection.tenant, header->name.layout_digest, key,
                                            view->kv, hold);
   STATEPOOL_EXPECTS(!put.copy || put.page_bytes == view->page.size(), Status::invalid_argument,
-                    cat("the value's page is ", view->page.size(),
-                        " bytes, the arena's layout has ", put.page_bytes));
+                    support::cat("the value's page is ", view->page.size(),
+                                 " bytes, the arena's layout has ", put.page_bytes));
   if (put.copy) {  // an error below forgets the snapshot
     co_await place_value(call, *put.copy, *view);
     if (hold != nullptr) {

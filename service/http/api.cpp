@@ -10,11 +10,11 @@
 #include <boost/json.hpp>
 #include <boost/url.hpp>
 
-#include "log.hpp"
 #include "server/capacity.hpp"
 #include "statepool/planner/fits.hpp"
 #include "statepool/planner/planner.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace beast = boost::beast;
@@ -334,7 +334,7 @@ HttpReply HttpApi::handle(std::string_view method, std::string_view target,
         std::size_t listed = 0;
         for (const auto& name : names) {
           if (listed == 20) {
-            in_use += cat(", and ", names.size() - listed, " more");
+            in_use += support::cat(", and ", names.size() - listed, " more");
             break;
           }
           in_use += (listed++ == 0 ? "" : ", ") + clip(name);

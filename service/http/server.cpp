@@ -49,8 +49,8 @@ HttpServer::HttpServer(asio::io_context& io, std::string address, std::string fl
       service_(service),
       acceptor_(asio::make_strand(io)),
       live_(std::make_shared<std::atomic<std::uint32_t>>(0)),
-      warnings_(LogLevel::warn, "http", cat("warnings of the ", service.name()), 1,
-                kWarningInterval) {}
+      warnings_(support::LogLevel::warn, "http", support::cat("warnings of the ", service.name()),
+                1, kWarningInterval) {}
 
 HttpServer::~HttpServer() {
   boost::system::error_code ignored;
@@ -109,7 +109,8 @@ asio::awaitable<void> HttpServer::accept_loop() {
     if (ec) {
       if (stopping_.load() || ec == asio::error::operation_aborted || !acceptor_.is_open())
         co_return;
-      warnings_.write(cat("accept failed on ", address_, " (", flag_, "): ", ec.message()));
+      warnings_.write(
+          support::cat("accept failed on ", address_, " (", flag_, "): ", ec.message()));
       if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space) {
         // Out of fds: back off instead of spinning.
         asio::steady_timer pause(acceptor_.get_executor(), std::chrono::milliseconds(100));
@@ -118,8 +119,8 @@ asio::awaitable<void> HttpServer::accept_loop() {
       continue;
     }
     if (live_->load() >= kMaxHttpConnections) {
-      warnings_.write(cat("more than ", kMaxHttpConnections, " ", service_.name(),
-                          " connections at once: closing a new one"));
+      warnings_.write(support::cat("more than ", kMaxHttpConnections, " ", service_.name(),
+                                   " connections at once: closing a new one"));
       boost::system::error_code ignored;
       socket.close(ignored);
       continue;
@@ -138,7 +139,7 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
   } release{std::move(live)};
   boost::system::error_code ec;
   const tcp::endpoint remote = socket.remote_endpoint(ec);
-  const std::string peer = ec ? std::string("?") : cat(remote);
+  const std::string peer = ec ? std::string("?") : support::cat(remote);
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   const auto io = asio::as_tuple(asio::use_awaitable);
@@ -180,8 +181,8 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
         method = std::string(partial.method_string());
         target = std::string(partial.target());
         if (ec == http::error::body_limit) {
-          reply = service_.refusal(413,
-                                   cat("request body larger than ", service_.max_body(), " bytes"));
+          reply = service_.refusal(
+              413, support::cat("request body larger than ", service_.max_body(), " bytes"));
         } else if (ec == http::error::header_limit) {
           reply = service_.refusal(431, "request header too large");
         } else {
@@ -195,8 +196,8 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
         target = std::string(request.target());
         reply = service_.refusal(401, "this endpoint needs 'Authorization: Bearer TOKEN'");
         reply.bearer_challenge = true;
-        warnings_.write(
-            cat(service_.name(), " request from ", peer, " without the right bearer token: 401"));
+        warnings_.write(support::cat(service_.name(), " request from ", peer,
+                                     " without the right bearer token: 401"));
         linger = !parser.is_done();
       } else {
         const auto& request = parser.get();
@@ -223,8 +224,9 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
       LOG_DEBUG("http", clip(method, 16), " ", clip(target, 200), " -> ", reply.status, " (", peer,
                 ")");
       if (reply.status >= 500)
-        warnings_.write(cat(service_.name(), ": ", clip(method, 16), " ", clip(target, 200), " -> ",
-                            reply.status, ": ", clip(response.body(), 400)));
+        warnings_.write(support::cat(service_.name(), ": ", clip(method, 16), " ",
+                                     clip(target, 200), " -> ", reply.status, ": ",
+                                     clip(response.body(), 400)));
       if (ec) {
         LOG_DEBUG("http", "reply to ", peer, " not sent: ", ec.message());
         break;
@@ -244,7 +246,8 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
       }
     }
   } catch (const std::exception& e) {
-    warnings_.write(cat(service_.name(), " connection from ", peer, " failed: ", e.what()));
+    warnings_.write(
+        support::cat(service_.name(), " connection from ", peer, " failed: ", e.what()));
   }
   stream.socket().close(ec);
 }

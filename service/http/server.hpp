@@ -26,7 +26,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 
@@ -99,7 +99,7 @@ class HttpServer {
   /// Connections being served; shared with their coroutines, which may outlive this
   /// object's use but never touch it once the io_context is stopped.
   std::shared_ptr<std::atomic<std::uint32_t>> live_;
-  RateLimitedLog warnings_;
+  support::RateLimitedLog warnings_;
 };
 
 /// `text` cut to `limit` characters, with "..." when cut (for quoting client input back).

@@ -4,9 +4,9 @@
 #include <optional>
 #include <stdexcept>
 
-#include "log.hpp"
 #include "statepool/planner/model.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
@@ -64,8 +64,8 @@ std::string plan_capacity_json(const Pool& pool, std::string_view config_json,
   STATEPOOL_EXPECTS(!config_json.empty(), Status::invalid_argument,
                     "no model config: send the text of the model's config.json");
   STATEPOOL_EXPECTS(config_json.size() <= kMaxModelConfigBytes, Status::invalid_argument,
-                    cat("model config of ", config_json.size(), " bytes is larger than ",
-                        kMaxModelConfigBytes, " bytes"));
+                    support::cat("model config of ", config_json.size(), " bytes is larger than ",
+                                 kMaxModelConfigBytes, " bytes"));
   planner::PlanReport report;
   try {
     report = planner::plan(planner::parse_model(config_json), inputs);

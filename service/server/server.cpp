@@ -20,9 +20,9 @@
 #include "http/api.hpp"
 #include "http/metrics_endpoint.hpp"
 #include "http/server.hpp"
-#include "log.hpp"
 #include "server/session.hpp"
 #include "statepool/protocol/frame.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace asio = boost::asio;
@@ -162,13 +162,14 @@ std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
   if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < needed) {
-    throw ConfigError(cat("--max-connections ", config.max_connections, " needs at least ", needed,
-                          " file descriptors (one per connection and ", kDescriptorHeadroom,
-                          " for arenas, listeners and HTTP connections); the "
-                          "limit is ",
-                          limit.rlim_cur, " (hard limit ", limit.rlim_max,
-                          "). Raise it (ulimit -n, systemd LimitNOFILE=) or lower "
-                          "--max-connections"));
+    throw ConfigError(support::cat("--max-connections ", config.max_connections, " needs at least ",
+                                   needed, " file descriptors (one per connection and ",
+                                   kDescriptorHeadroom,
+                                   " for arenas, listeners and HTTP connections); the "
+                                   "limit is ",
+                                   limit.rlim_cur, " (hard limit ", limit.rlim_max,
+                                   "). Raise it (ulimit -n, systemd LimitNOFILE=) or lower "
+                                   "--max-connections"));
   }
   return limit.rlim_cur == RLIM_INFINITY ? std::numeric_limits<std::uint64_t>::max()
                                          : static_cast<std::uint64_t>(limit.rlim_cur);
@@ -248,7 +249,7 @@ void Server::begin_drain(const std::string& why) {
     ++backlog;
   }
   LOG_INFO("server", "draining (", why, "): no new connections; ", sessions_live_.load(), " open",
-           backlog > 0 ? cat(" (", backlog, " taken from the listen backlog)") : "",
+           backlog > 0 ? support::cat(" (", backlog, " taken from the listen backlog)") : "",
            ", waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
   boost::system::error_code ignored;
   acceptor_.close(ignored);

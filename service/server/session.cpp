@@ -7,10 +7,10 @@
 
 #include <sys/socket.h>
 
-#include "log.hpp"
 #include "server/server.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/fd_passing.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace asio = boost::asio;
@@ -203,10 +203,10 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
   if (error != protocol::FrameError::none) {
     std::string message = protocol::to_string(error);
     if (error == protocol::FrameError::too_large)
-      message += cat(": ", header.length, " bytes > ", server_.config_.max_frame_bytes);
+      message += support::cat(": ", header.length, " bytes > ", server_.config_.max_frame_bytes);
     if (error == protocol::FrameError::bad_version)
-      message +=
-          cat(": frame version ", header.version, ", daemon speaks ", protocol::kFrameVersion);
+      message += support::cat(": frame version ", header.version, ", daemon speaks ",
+                              protocol::kFrameVersion);
     co_await refuse(wire::Status::protocol_error, message);
     co_return false;
   }
@@ -281,16 +281,18 @@ asio::awaitable<void> Session::run() {
   const auto& allow = server_.config_.allow_uids;
   if (!allow.empty() && state_.uid != 0 &&
       std::find(allow.begin(), allow.end(), state_.uid) == allow.end()) {
-    audit(cat("refused connection ", state_.id, " (pid ", state_.pid, ", uid ", state_.uid,
-              ", gid ", state_.gid, "): its uid is not in --allow-uids"));
+    support::audit(support::cat("refused connection ", state_.id, " (pid ", state_.pid, ", uid ",
+                                state_.uid, ", gid ", state_.gid,
+                                "): its uid is not in --allow-uids"));
     co_await turn_away(wire::Status::permission_denied,
-                       cat("uid ", state_.uid, " is not in the daemon's --allow-uids"), "uid");
+                       support::cat("uid ", state_.uid, " is not in the daemon's --allow-uids"),
+                       "uid");
     co_return;
   }
   if (server_.clients_connected() > server_.config_.max_connections) {
     co_await turn_away(wire::Status::too_many_connections,
-                       cat("connection limit of ", server_.config_.max_connections,
-                           " reached (--max-connections); retry later"),
+                       support::cat("connection limit of ", server_.config_.max_connections,
+                                    " reached (--max-connections); retry later"),
                        "connection_limit");
     co_return;
   }
@@ -300,9 +302,10 @@ asio::awaitable<void> Session::run() {
   if (!enter_unattached()) {
     co_await turn_away(
         wire::Status::too_many_connections,
-        cat("uid ", state_.uid, " already has ", server_.config_.max_unattached_connections,
-            " connections waiting to say Hello (--max-unattached-connections);"
-            " retry later"),
+        support::cat("uid ", state_.uid, " already has ",
+                     server_.config_.max_unattached_connections,
+                     " connections waiting to say Hello (--max-unattached-connections);"
+                     " retry later"),
         "unattached_limit");
     co_return;
   }
@@ -324,7 +327,7 @@ asio::awaitable<void> Session::run() {
       const wire::Request* request = protocol::verify_request(payload, error);
       if (request == nullptr) {
         co_await refuse(wire::Status::protocol_error,
-                        cat(protocol::to_string(error), " (", payload.size(), " bytes)"));
+                        support::cat(protocol::to_string(error), " (", payload.size(), " bytes)"));
         break;
       }
       if (header.flags != protocol::kFlagNone) {

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
 
 namespace statepool::service {

@@ -8,9 +8,9 @@
 #include <thread>
 #include <vector>
 
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 
-namespace statepool::service {
+namespace statepool::support {
 namespace {
 
 std::vector<std::string> lines_of(const std::string& text) {
@@ -49,4 +49,4 @@ TEST(RateLimitedLog, BelowTheLogLevelNothingIsWritten) {
 }
 
 }  // namespace
-}  // namespace statepool::service
+}  // namespace statepool::support

@@ -1,4 +1,4 @@
-#include "log.hpp"
+#include "statepool/support/log.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <utility>
 
-namespace statepool::service {
+namespace statepool::support {
 namespace {
 std::atomic<LogLevel> g_level{LogLevel::info};
 std::mutex g_mutex;
@@ -105,4 +105,4 @@ void audit(std::string_view message) noexcept {
   log.write(message);
 }
 
-}  // namespace statepool::service
+}  // namespace statepool::support

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace statepool::service {
+namespace statepool::support {
 
 enum class LogLevel { debug = 0, info = 1, warn = 2, error = 3 };
 
@@ -55,19 +55,19 @@ template <class... Args>
   return out.str();
 }
 
-}  // namespace statepool::service
+}  // namespace statepool::support
 
 #define STATEPOOL_LOG(level, component, ...)                                            \
   do {                                                                                  \
-    if (static_cast<int>(level) >= static_cast<int>(::statepool::service::log_level())) \
-      ::statepool::service::log_line((level), (component),                              \
-                                     ::statepool::service::cat(__VA_ARGS__));           \
+    if (static_cast<int>(level) >= static_cast<int>(::statepool::support::log_level())) \
+      ::statepool::support::log_line((level), (component),                              \
+                                     ::statepool::support::cat(__VA_ARGS__));           \
   } while (false)
 #define LOG_DEBUG(component, ...) \
-  STATEPOOL_LOG(::statepool::service::LogLevel::debug, component, __VA_ARGS__)
+  STATEPOOL_LOG(::statepool::support::LogLevel::debug, component, __VA_ARGS__)
 #define LOG_INFO(component, ...) \
-  STATEPOOL_LOG(::statepool::service::LogLevel::info, component, __VA_ARGS__)
+  STATEPOOL_LOG(::statepool::support::LogLevel::info, component, __VA_ARGS__)
 #define LOG_WARN(component, ...) \
-  STATEPOOL_LOG(::statepool::service::LogLevel::warn, component, __VA_ARGS__)
+  STATEPOOL_LOG(::statepool::support::LogLevel::warn, component, __VA_ARGS__)
 #define LOG_ERROR(component, ...) \
-  STATEPOOL_LOG(::statepool::service::LogLevel::error, component, __VA_ARGS__)
+  STATEPOOL_LOG(::statepool::support::LogLevel::error, component, __VA_ARGS__)
