@@ -1,8 +1,8 @@
-// PlanCapacity, FitsNow: the planner against the live pool (server/capacity.hpp).
+// PlanCapacity, FitsNow: the planner against the live pool (live_capacity.hpp).
 #include <vector>
 
 #include "handlers/handlers.hpp"
-#include "server/capacity.hpp"
+#include "handlers/live_capacity.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/status.hpp"
 

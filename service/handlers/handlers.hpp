@@ -6,7 +6,8 @@
 //   layouts.cpp    RegisterLayout, InstallPlan
 //   memory.cpp     OpenArena, CloseArena, OpenStaging, CloseStaging, Allocate, Free
 //   data.cpp       Compress, Decompress, Copy            (on the Executor)
-//   capacity.cpp   PlanCapacity, FitsNow
+//   capacity.cpp   PlanCapacity, FitsNow (live_capacity.hpp: the planner against the pool,
+//                  shared with the HTTP API)
 //   snapshots.cpp  PutSnapshot, GetSnapshot (copies on the Executor), DeleteSnapshot,
 //                  PinSnapshot, ListSnapshots, ExportSnapshot, ImportSnapshot
 //   dispatch.cpp   handle_request(): verified Request in, Reply (and maybe a descriptor) out

@@ -10,7 +10,7 @@
 #include <boost/json.hpp>
 #include <boost/url.hpp>
 
-#include "server/capacity.hpp"
+#include "handlers/live_capacity.hpp"
 #include "statepool/planner/fits.hpp"
 #include "statepool/planner/planner.hpp"
 #include "statepool/protocol/status.hpp"

@@ -14,7 +14,7 @@
 
 #include "memory/host_memfd.hpp"
 #include "memory/resource.hpp"
-#include "server/capacity.hpp"
+#include "handlers/live_capacity.hpp"
 #include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {

@@ -1,4 +1,4 @@
-#include "server/capacity.hpp"
+#include "handlers/live_capacity.hpp"
 
 #include <algorithm>
 #include <optional>
