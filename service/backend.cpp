@@ -15,14 +15,6 @@
 
 namespace statepool::service {
 
-std::vector<std::string> available_backends() {
-#if defined(STATEPOOL_HAVE_CUDA)
-  return {"host", "cuda"};
-#else
-  return {"host"};
-#endif
-}
-
 Backend make_backend(const Config& config, support::WorkerPool& workers) {
   if (config.backend == "host") {
     return Backend{std::make_shared<HostMemfdResource>(), nullptr,

@@ -12,8 +12,6 @@
 // Thread-safety: make_backend is called once at start.
 
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "config/config.hpp"
 #include "exec/executor.hpp"
@@ -30,9 +28,6 @@ struct Backend {
   std::unique_ptr<TrackingResource> executor_memory;
   std::unique_ptr<Executor> executor;  // destroyed first: it releases executor_memory
 };
-
-/// The backends this build offers, for --help and error messages.
-[[nodiscard]] std::vector<std::string> available_backends();
 
 /// Builds the backend config.backend names. `workers` must outlive the result. Throws
 /// std::runtime_error with an actionable message when the backend cannot start.

@@ -1,6 +1,5 @@
 #include "config/config.hpp"
 
-#include "backend.hpp"
 #include "store/redis_store.hpp"
 
 #include "statepool/support/read_file.hpp"
@@ -27,6 +26,15 @@
 #include <boost/program_options.hpp>
 
 namespace statepool::service {
+
+std::vector<std::string> available_backends() {
+#if defined(STATEPOOL_HAVE_CUDA)
+  return {"host", "cuda"};
+#else
+  return {"host"};
+#endif
+}
+
 namespace po = boost::program_options;
 namespace {
 
