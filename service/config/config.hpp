@@ -14,8 +14,8 @@
 
 #include <sys/types.h>
 
-#include "statepool/support/log.hpp"
 #include "pool/pool.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 

@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "handlers/handlers.hpp"
-#include "statepool/support/log.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/protocol/status.hpp"
+#include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
@@ -34,10 +34,11 @@ Handled handle(Call& call, const wire::Hello& in) {
                     "hello was already done on this connection");
   if (in.max_version() < protocol::kMinProtocolVersion ||
       in.min_version() > protocol::kMaxProtocolVersion || in.min_version() > in.max_version()) {
-    throw StatusError(Status::unsupported_version,
-                      support::cat("client speaks protocol versions ", in.min_version(), "..",
-                          in.max_version(), ", daemon speaks ", protocol::kMinProtocolVersion, "..",
-                          protocol::kMaxProtocolVersion));
+    throw StatusError(
+        Status::unsupported_version,
+        support::cat("client speaks protocol versions ", in.min_version(), "..", in.max_version(),
+                     ", daemon speaks ", protocol::kMinProtocolVersion, "..",
+                     protocol::kMaxProtocolVersion));
   }
   const std::string tenant = in.tenant() == nullptr || in.tenant()->size() == 0
                                  ? std::string("default")
@@ -54,10 +55,10 @@ Handled handle(Call& call, const wire::Hello& in) {
   c.lease = grant.id;
   c.client_name = str(in.client_name()).substr(0, 128);
   c.version = std::min(in.max_version(), protocol::kMaxProtocolVersion);
-  LOG_INFO("session", "connection ", c.id, ": client '", c.client_name, "' (pid ", c.pid, ", uid ",
-           c.uid, ") tenant '", tenant, "', lease ", grant.token.substr(0, 8), "… ",
-           grant.resumed ? support::cat("resumed with ", grant.slots, " slots")
-                         : std::string("new"));
+  LOG_INFO(
+      "session", "connection ", c.id, ": client '", c.client_name, "' (pid ", c.pid, ", uid ",
+      c.uid, ") tenant '", tenant, "', lease ", grant.token.substr(0, 8), "… ",
+      grant.resumed ? support::cat("resumed with ", grant.slots, " slots") : std::string("new"));
   auto& b = call.builder();
   call.reply<wire::Hello>(wire::CreateHelloReply(
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,

@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
+#include "handlers/live_capacity.hpp"
 #include "memory/host_memfd.hpp"
 #include "memory/resource.hpp"
-#include "handlers/live_capacity.hpp"
 #include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
