@@ -246,7 +246,7 @@ struct DispatchHarness::State {
 };
 
 DispatchHarness::DispatchHarness() {
-  service::set_log_level(service::LogLevel::error);
+  support::set_log_level(support::LogLevel::error);
   state_ = std::make_unique<State>();
 }
 
