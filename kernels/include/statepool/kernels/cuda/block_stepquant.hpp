@@ -699,7 +699,10 @@ STATEPOOL_HD void decode_class16(const Team& t, const PageFormatView& f, const S
   const bool dual = h.kind == SqKind::dual;
   const float* rs = scratch;
   const float* cs = scratch + f.key_dim;
-  const auto g = static_cast<std::int32_t>(stepquant::row_grid(h.grid8, Bits));
+  // A pivot row (Bits 16) has no grid: its values are fp16.
+  const std::int32_t g = Bits == stepquant::kPivotWidth
+                             ? 1
+                             : static_cast<std::int32_t>(stepquant::row_grid(h.grid8, Bits));
   // kernel-report: kda-decode 16 io
   for_class_chunks(t, f, h, begin, end, [&](std::uint32_t i, std::uint32_t j16, std::uint64_t at) {
     const auto* src =
