@@ -96,11 +96,18 @@ struct StagedScratch {
 
 }  // namespace detail
 
-/// Floats of block scratch the step needs for `view`'s heads: K V (the state), then
-/// encode_scratch_floats: the decode's scratch, then the decay, k and q of every row
-/// (3 K), then the encode's scratch once the update has read them.
+/// Floats of the head's state at the start of the step's scratch: K V, rounded up to 4,
+/// so that the encode's scratch after it starts 16-byte aligned whatever K V is (its
+/// KDA RowLevels are read with 16-byte loads).
+STATEPOOL_HD inline std::uint64_t step_state_floats(const PageFormatView& f) noexcept {
+  return (std::uint64_t{f.key_dim} * f.value_dim + 3) & ~std::uint64_t{3};
+}
+
+/// Floats of block scratch the step needs for `view`'s heads: the state
+/// (step_state_floats), then encode_scratch_floats: the decode's scratch, then the decay,
+/// k and q of every row (3 K), then the encode's scratch once the update has read them.
 STATEPOOL_HD inline std::uint64_t step_scratch_floats(const PageFormatView& f) noexcept {
-  return std::uint64_t{f.key_dim} * f.value_dim + encode_scratch_floats(f);
+  return step_state_floats(f) + encode_scratch_floats(f);
 }
 
 /// Block (request, h) of a step. `scratch` is step_scratch_floats(f) floats of block
@@ -123,7 +130,7 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   }
   std::uint8_t* page = s.pages + std::uint64_t{slot} * s.page_stride;
   float* state = scratch;
-  float* decay = scratch + std::uint64_t{K} * V;
+  float* decay = scratch + step_state_floats(f);
   detail::ScratchHead values{state, detail::head_first_value(f, head)};
   unsigned long long* flag = flags;         // the first non-finite column
   unsigned long long* earlier = flags + 1;  // the first earlier request with this slot
