@@ -235,24 +235,11 @@ void Server::drain(const std::string& why) {
 void Server::begin_drain(const std::string& why) {
   if (draining_.exchange(true)) return;
   if (metrics_ != nullptr) metrics_->set_draining(true);
-  // Connections the kernel has already completed wait in the listen backlog; for their
-  // clients they are open, and what they have sent has arrived. Take them in, so that
-  // closing the acceptor does not reset them: each is served like any open connection.
-  boost::system::error_code accept_ec;
-  acceptor_.non_blocking(true, accept_ec);
-  std::size_t backlog = 0;
-  while (!accept_ec) {
-    local::socket socket(asio::make_strand(io_));
-    acceptor_.accept(socket, accept_ec);
-    if (accept_ec) break;
-    start_session(std::move(socket));
-    ++backlog;
-  }
-  LOG_INFO("server", "draining (", why, "): no new connections; ", sessions_live_.load(), " open",
-           backlog > 0 ? support::cat(" (", backlog, " taken from the listen backlog)") : "",
-           ", waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
+  drain_reason_ = why;
+  // The accept loop stops: it takes the connections the kernel has already completed,
+  // also one its pending accept may hold, and closes the acceptor (stop_accepting()).
   boost::system::error_code ignored;
-  acceptor_.close(ignored);
+  acceptor_.cancel(ignored);
   if (api_) api_->stop_accepting();
   // The metrics endpoint serves on until io_ stops: a scrape during the drain sees it.
   reclaim_timer_.cancel();
@@ -287,7 +274,7 @@ void Server::session_ended(std::uint64_t id) {
 }
 
 void Server::finish_if_drained() {
-  if (!draining_.load() || sessions_live_.load() != 0) return;
+  if (!draining_.load() || !accepting_stopped_ || sessions_live_.load() != 0) return;
   drain_timer_.cancel();
   LOG_INFO("server", "drained: all connections closed");
   io_.stop();
@@ -306,6 +293,8 @@ void Server::start_session(local::socket socket) {
   auto executor = session->socket_executor();
   asio::co_spawn(
       executor, [session]() { return session->run(); }, asio::detached);
+  // Accepted during the drain (stop_accepting): served if its request has arrived.
+  if (draining_.load()) session->close_when_idle();
 }
 
 Server::Refusal Server::refuse_for_descriptors() {
@@ -375,8 +364,35 @@ asio::awaitable<void> Server::accept_loop() {
       }
       continue;
     }
+    // Also when the drain has just begun: the kernel had completed this connection, so
+    // for its client it is open. It is served like the others.
     start_session(std::move(socket));
   }
+  if (draining_.load()) stop_accepting();
+}
+
+void Server::stop_accepting() {
+  // Connections the kernel has already completed wait in the listen backlog; for their
+  // clients they are open, and what they have sent has arrived. Take them in, so that
+  // closing the acceptor does not reset them: each is served like any open connection.
+  boost::system::error_code accept_ec;
+  acceptor_.non_blocking(true, accept_ec);
+  std::size_t backlog = 0;
+  while (!accept_ec) {
+    local::socket socket(asio::make_strand(io_));
+    acceptor_.accept(socket, accept_ec);
+    if (accept_ec) break;
+    start_session(std::move(socket));
+    ++backlog;
+  }
+  LOG_INFO("server", "draining (", drain_reason_, "): no new connections; ", sessions_live_.load(),
+           " open",
+           backlog > 0 ? support::cat(" (", backlog, " taken from the listen backlog)") : "",
+           ", waiting up to ", config_.drain_timeout.count(), " ms for in-flight requests");
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  accepting_stopped_ = true;
+  finish_if_drained();
 }
 
 asio::awaitable<void> Server::reclaim_loop() {

@@ -95,6 +95,9 @@ class Server {
   /// too_many_connections and closes it (logged at most every 10 s, counted as
   /// refused{reason="descriptors"}). none_waiting when no connection waits after all.
   Refusal refuse_for_descriptors();
+  /// The end of the accept loop in a drain: takes in the connections waiting in the
+  /// listen backlog, logs the drain and closes the acceptor (on control_).
+  void stop_accepting();
   boost::asio::awaitable<void> reclaim_loop();
   void begin_drain(const std::string& why);  // on the io_context
   void session_ended(std::uint64_t id);
@@ -131,6 +134,8 @@ class Server {
   std::map<uid_t, std::uint32_t> unattached_by_uid_;
   std::uint64_t next_session_id_ = 1;
   std::atomic<bool> draining_{false};
+  std::string drain_reason_;        // on control_: what began the drain
+  bool accepting_stopped_ = false;  // on control_: stop_accepting() has run
   bool bound_ = false;
   support::UniqueFd spare_fd_;  // on control_: see refuse_for_descriptors()
   std::uint64_t descriptor_refusals_ = 0;
