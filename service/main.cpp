@@ -13,6 +13,7 @@
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
 #include "server/server.hpp"
+#include "server/systemd.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
@@ -129,6 +130,8 @@ int main(int argc, char** argv) {
       LOG_INFO("api", "serving http://", host, ":", server.api_port(), "/v1");
     }
     LOG_INFO("server", "ready on ", config.socket_path);
+    // After the socket listens: a connect() from a unit ordered after ours succeeds.
+    systemd::notify("READY=1\nSTATUS=serving " + config.socket_path);
     const std::size_t forced = server.run();  // every operation has completed
     const auto problems = pool.check();
     for (const auto& p : problems) LOG_ERROR("pool", "consistency check at exit: ", p);

@@ -27,7 +27,8 @@ HttpReply MetricsEndpoint::handle(std::string_view method, std::string_view targ
   // The path without a query (Prometheus sends none; a browser may).
   const std::string_view path = target.substr(0, target.find('?'));
   if (path != "/metrics" && path != "/") {
-    return text(404, "no " + clip(path, 200) + " here: the metrics are at /metrics");
+    return text(404, "no " + clip(path, 200) +
+                         " here: the metrics are at /metrics, the probes at /healthz and /readyz");
   }
   if (method != "GET" && method != "HEAD") {
     HttpReply reply = text(405, "method " + clip(method, 16) + " is not allowed on " +

@@ -2,7 +2,8 @@
 // The Prometheus endpoint: GET /metrics on --metrics-address, the text exposition format
 // (version 0.0.4) of Metrics::render(), served by an HttpServer (http/server.hpp) on the
 // daemon's io_context. "/" answers a line that points at /metrics; every other path is
-// 404, every method but GET and HEAD 405. No request has a body.
+// 404 (the probes /healthz and /readyz are the HttpServer's: http/health.hpp), every
+// method but GET and HEAD 405. No request has a body.
 //
 // It serves until the daemon stops: during a drain Prometheus still sees
 // statepool_draining 1 and the connections going.

@@ -17,6 +17,7 @@
 #include <boost/beast/http.hpp>
 
 #include "config/config.hpp"
+#include "http/health.hpp"
 
 namespace statepool::service {
 namespace asio = boost::asio;
@@ -41,12 +42,14 @@ std::string clip(std::string_view text, std::size_t limit) {
 }
 
 HttpServer::HttpServer(asio::io_context& io, std::string address, std::string flag,
-                       std::chrono::milliseconds io_timeout, const HttpService& service)
+                       std::chrono::milliseconds io_timeout, const HttpService& service,
+                       const std::atomic<bool>& draining)
     : io_(io),
       address_(std::move(address)),
       flag_(std::move(flag)),
       io_timeout_(io_timeout),
       service_(service),
+      draining_(draining),
       acceptor_(asio::make_strand(io)),
       live_(std::make_shared<std::atomic<std::uint32_t>>(0)),
       warnings_(support::LogLevel::warn, "http", support::cat("warnings of the ", service.name()),
@@ -151,7 +154,10 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
       stream.expires_after(io_timeout_);
       std::tie(ec, std::ignore) = co_await http::async_read_header(stream, buffer, parser, io);
       // Authenticate before reading a body: a client without the token costs a header.
-      const bool denied = !ec && !service_.authorized(parser.get()[http::field::authorization]);
+      // Probes need no token.
+      const bool probe = !ec && is_probe(parser.get().target());
+      const bool denied =
+          !ec && !probe && !service_.authorized(parser.get()[http::field::authorization]);
       if (!ec && !denied && !parser.is_done()) {
         const auto expect = parser.get()[http::field::expect];
         if (parser.get().version() >= 11 && beast::iequals(expect, "100-continue")) {
@@ -204,7 +210,8 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
         version = request.version();
         method = std::string(request.method_string());
         target = std::string(request.target());
-        reply = service_.handle(method, target, request.body());
+        reply = probe ? probe_reply(method, target, draining_)
+                      : service_.handle(method, target, request.body());
         keep_alive = request.keep_alive() && !stopping_.load();
       }
 
@@ -223,7 +230,7 @@ asio::awaitable<void> HttpServer::serve(tcp::socket socket,
       std::tie(ec, std::ignore) = co_await http::async_write(stream, response, io);
       LOG_DEBUG("http", clip(method, 16), " ", clip(target, 200), " -> ", reply.status, " (", peer,
                 ")");
-      if (reply.status >= 500)
+      if (reply.status >= 500 && !probe)
         warnings_.write(support::cat(service_.name(), ": ", clip(method, 16), " ",
                                      clip(target, 200), " -> ", reply.status, ": ",
                                      clip(response.body(), 400)));

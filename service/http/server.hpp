@@ -7,8 +7,10 @@
 // strand, HTTP/1.0 and 1.1 with keep-alive, the daemon's --io-timeout for each read and
 // write, request bodies up to the service's max_body() (larger ones get 413), at most
 // kMaxHttpConnections connections at a time per server. A request whose Authorization
-// field the service refuses gets 401 before any body is read. Warnings (accept failures,
-// too many connections, 5xx replies) are rate-limited: at most one every 10 s.
+// field the service refuses gets 401 before any body is read. The probes /healthz and
+// /readyz (http/health.hpp) are answered by the server itself, before authorization.
+// Warnings (accept failures, too many connections, 5xx replies other than a draining
+// /readyz) are rate-limited: at most one every 10 s.
 //
 // Thread-safety: listen() and start() are called once, before the io_context runs;
 // stop_accepting() may be called from any thread. The service's functions are called on
@@ -65,9 +67,11 @@ class HttpService {
 class HttpServer {
  public:
   /// Serves `service` on `address` (HOST:PORT as validated by the config), named by
-  /// `flag` (--api-address) in errors. `service` must outlive the server.
+  /// `flag` (--api-address) in errors; /readyz answers 503 once `draining` is set.
+  /// `service` and `draining` must outlive the server.
   HttpServer(boost::asio::io_context& io, std::string address, std::string flag,
-             std::chrono::milliseconds io_timeout, const HttpService& service);
+             std::chrono::milliseconds io_timeout, const HttpService& service,
+             const std::atomic<bool>& draining);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -93,6 +97,7 @@ class HttpServer {
   std::string flag_;
   std::chrono::milliseconds io_timeout_;
   const HttpService& service_;
+  const std::atomic<bool>& draining_;
   boost::asio::ip::tcp::acceptor acceptor_;  ///< on a strand of its own
   std::uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};

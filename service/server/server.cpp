@@ -21,6 +21,7 @@
 #include "http/metrics_endpoint.hpp"
 #include "http/server.hpp"
 #include "server/session.hpp"
+#include "server/systemd.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/log.hpp"
 
@@ -81,13 +82,63 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
 }
 
 Server::~Server() {
-  if (bound_) {
+  if (owns_socket_file_) {
     std::error_code ignored;
     std::filesystem::remove(config_.socket_path, ignored);
   }
 }
 
 void Server::bind() {
+  const int passed = systemd::passed_socket(config_.socket_path);
+  if (passed >= 0) {
+    boost::system::error_code bec;
+    acceptor_.assign(local(), passed, bec);
+    if (bec) {
+      ::close(passed);
+      throw std::runtime_error("cannot serve the socket systemd passed for " + config_.socket_path +
+                               ": " + bec.message());
+    }
+    LOG_INFO("server", "serving the socket systemd passed for ", config_.socket_path,
+             " (socket activation: its mode and group are the socket unit's)");
+  } else {
+    bind_socket_file();
+  }
+  // The HTTP listeners come before the Unix socket: once a client can connect to the
+  // socket (the daemon looks ready), the API and the metrics are there too.
+  if (!config_.api_address.empty()) {
+    api_service_ = std::make_unique<HttpApi>(config_, pool_);
+    api_ = std::make_unique<HttpServer>(io_, config_.api_address, "--api-address",
+                                        config_.io_timeout, *api_service_, draining_);
+    api_->listen();
+  }
+  if (metrics_ != nullptr && !config_.metrics_address.empty()) {
+    metrics_service_ = std::make_unique<MetricsEndpoint>(*metrics_);
+    metrics_http_ = std::make_unique<HttpServer>(io_, config_.metrics_address, "--metrics-address",
+                                                 config_.io_timeout, *metrics_service_, draining_);
+    metrics_http_->listen();
+  }
+  // Kept for the moment the process runs out of descriptors: closing it makes room to
+  // accept one connection and tell it so (accept_loop).
+  spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (passed >= 0) return;  // systemd listens, with the socket unit's mode and group
+  boost::system::error_code bec;
+  acceptor_.listen(asio::socket_base::max_listen_connections, bec);
+  if (bec)
+    throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
+  if (::chmod(config_.socket_path.c_str(), static_cast<mode_t>(config_.socket_mode)) != 0) {
+    throw std::runtime_error("chmod " + config_.socket_path + ": " + std::strerror(errno));
+  }
+  if (!config_.socket_group.empty()) {
+    const group* g = ::getgrnam(config_.socket_group.c_str());
+    if (g == nullptr ||
+        ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+      throw std::runtime_error("cannot give " + config_.socket_path + " to group " +
+                               config_.socket_group + ": " + std::strerror(errno));
+    }
+  }
+}
+
+void Server::bind_socket_file() {
   namespace fs = std::filesystem;
   const fs::path path(config_.socket_path);
   std::error_code ec;
@@ -110,45 +161,14 @@ void Server::bind() {
     LOG_INFO("server", "removing stale socket ", config_.socket_path);
     fs::remove(path, ec);
   }
-  // Create the socket file with no permissions for others until chmod below.
+  // Create the socket file with no permissions for others until chmod in bind().
   const mode_t old_mask = ::umask(0177);
   boost::system::error_code bec;
   acceptor_.open(local(), bec);
   if (!bec) acceptor_.bind(local::endpoint(config_.socket_path), bec);
   ::umask(old_mask);
   if (bec) throw std::runtime_error("cannot bind " + config_.socket_path + ": " + bec.message());
-  bound_ = true;
-  // The HTTP listeners come before the Unix socket: once a client can connect to the
-  // socket (the daemon looks ready), the API and the metrics are there too.
-  if (!config_.api_address.empty()) {
-    api_service_ = std::make_unique<HttpApi>(config_, pool_);
-    api_ = std::make_unique<HttpServer>(io_, config_.api_address, "--api-address",
-                                        config_.io_timeout, *api_service_);
-    api_->listen();
-  }
-  if (metrics_ != nullptr && !config_.metrics_address.empty()) {
-    metrics_service_ = std::make_unique<MetricsEndpoint>(*metrics_);
-    metrics_http_ = std::make_unique<HttpServer>(io_, config_.metrics_address, "--metrics-address",
-                                                 config_.io_timeout, *metrics_service_);
-    metrics_http_->listen();
-  }
-  // Kept for the moment the process runs out of descriptors: closing it makes room to
-  // accept one connection and tell it so (accept_loop).
-  spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  acceptor_.listen(asio::socket_base::max_listen_connections, bec);
-  if (bec)
-    throw std::runtime_error("cannot listen on " + config_.socket_path + ": " + bec.message());
-  if (::chmod(config_.socket_path.c_str(), static_cast<mode_t>(config_.socket_mode)) != 0) {
-    throw std::runtime_error("chmod " + config_.socket_path + ": " + std::strerror(errno));
-  }
-  if (!config_.socket_group.empty()) {
-    const group* g = ::getgrnam(config_.socket_group.c_str());
-    if (g == nullptr ||
-        ::chown(config_.socket_path.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
-      throw std::runtime_error("cannot give " + config_.socket_path + " to group " +
-                               config_.socket_group + ": " + std::strerror(errno));
-    }
-  }
+  owns_socket_file_ = true;
 }
 
 std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
@@ -235,6 +255,12 @@ void Server::drain(const std::string& why) {
 void Server::begin_drain(const std::string& why) {
   if (draining_.exchange(true)) return;
   if (metrics_ != nullptr) metrics_->set_draining(true);
+  // A Type=notify unit is stopping from here on; the drain and the exit check may outlast
+  // the unit's TimeoutStopSec=, so ask for the drain deadline and a margin.
+  const auto stop_budget =
+      std::chrono::duration_cast<std::chrono::microseconds>(config_.drain_timeout + kStopMargin);
+  systemd::notify(support::cat("STOPPING=1\nSTATUS=draining (", why,
+                               ")\nEXTEND_TIMEOUT_USEC=", stop_budget.count()));
   drain_reason_ = why;
   // The accept loop stops: it takes the connections the kernel has already completed,
   // also one its pending accept may hold, and closes the acceptor (stop_accepting()).

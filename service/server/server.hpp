@@ -56,8 +56,9 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   /// Creates the socket file (mode, group), refusing to steal the socket of a live
-  /// daemon, and listens on --api-address and --metrics-address (with `metrics`) unless
-  /// they are off. Throws std::runtime_error with an actionable message.
+  /// daemon, or serves the one a systemd socket unit passed (server/systemd.hpp); and
+  /// listens on --api-address and --metrics-address (with `metrics`) unless they are off.
+  /// Throws std::runtime_error with an actionable message.
   void bind();
   /// Serves until drained, then waits for the executor and the workers to finish what
   /// they had (nothing they run refers to the server afterwards). Returns the number of
@@ -73,6 +74,10 @@ class Server {
   /// for --max-connections connections plus kDescriptorHeadroom. Returns the limit in
   /// effect; throws ConfigError (naming both numbers and how to fix it) when too low.
   static std::uint64_t prepare_descriptor_limit(const Config& config);
+  /// What a drain may take beyond --drain-timeout before the process exits (work cut at
+  /// the deadline finishing on the workers, the exit check): asked of systemd with
+  /// STOPPING=1 (server/systemd.hpp).
+  static constexpr std::chrono::seconds kStopMargin{30};
   /// The signals that drain the daemon: SIGTERM and SIGINT.
   [[nodiscard]] static sigset_t drain_signals() noexcept;
   /// Starts draining; safe from any thread, idempotent.
@@ -87,6 +92,8 @@ class Server {
 
  private:
   friend class Session;
+  /// Binds a new socket file at --socket, replacing a stale one (not yet listening).
+  void bind_socket_file();
   boost::asio::awaitable<void> accept_loop();
   /// Registers and starts the session of an accepted connection.
   void start_session(boost::asio::local::stream_protocol::socket socket);
@@ -136,8 +143,8 @@ class Server {
   std::atomic<bool> draining_{false};
   std::string drain_reason_;        // on control_: what began the drain
   bool accepting_stopped_ = false;  // on control_: stop_accepting() has run
-  bool bound_ = false;
-  support::UniqueFd spare_fd_;  // on control_: see refuse_for_descriptors()
+  bool owns_socket_file_ = false;   // removed at exit: not a socket unit's
+  support::UniqueFd spare_fd_;      // on control_: see refuse_for_descriptors()
   std::uint64_t descriptor_refusals_ = 0;
   std::chrono::steady_clock::time_point descriptor_warned_{};
   std::size_t forced_closes_ = 0;

@@ -4,7 +4,7 @@
 # which ctest reports as "skipped" (SKIP_RETURN_CODE 77 on the test).
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   if [ ! -x "$1" ]; then
-    echo "SKIPPED: $1 is not installed (Debian package 'prometheus' provides promtool)"
+    echo "SKIPPED: $1 is not installed (scripts/deps --test installs it)"
     exit 77
   fi
   shift

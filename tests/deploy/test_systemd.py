@@ -1,0 +1,210 @@
+"""statepoold under systemd's protocols, run against the build's daemon.
+
+- Type=notify: READY=1 arrives only once the daemon's socket accepts connections, and
+  STOPPING=1 (with EXTEND_TIMEOUT_USEC covering the drain) when SIGTERM starts the drain.
+- The probes /healthz and /readyz on the metrics listener follow the same states.
+- Socket activation: a listening socket passed as systemd does it (systemd-socket-activate
+  from Debian's systemd package) is served, left in place at exit, and one bound to
+  another path than --socket is refused with a message.
+
+Run by ctest (tests/deploy/CMakeLists.txt) with STATEPOOLD and STATEPOOLCTL set.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+DAEMON = os.environ["STATEPOOLD"]
+CTL = os.environ["STATEPOOLCTL"]
+DRAIN_TIMEOUT_S = 3
+STOP_MARGIN_S = 30  # Server::kStopMargin
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(port, path):
+    """(status, body) of GET http://127.0.0.1:port/path."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class NotifyListener:
+    """The service manager's end of NOTIFY_SOCKET: a datagram socket in `directory`."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+
+    def receive(self, timeout):
+        """One notification as a dict of its assignments."""
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(4096).decode()
+        return dict(line.split("=", 1) for line in data.splitlines() if "=" in line)
+
+    def close(self):
+        self.sock.close()
+
+
+def daemon_args(sock, metrics_port):
+    return [DAEMON, "--socket", sock, "--metrics-address", f"127.0.0.1:{metrics_port}",
+            "--api-address", "off", "--pool-capacity", "64MiB", "--workers", "1",
+            "--drain-timeout", f"{DRAIN_TIMEOUT_S}s", "--io-timeout", "2s"]
+
+
+def ping(sock):
+    return subprocess.run([CTL, "--socket", sock, "ping"], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.fixture
+def workdir():
+    directory = tempfile.mkdtemp(prefix="statepool-systemd-")
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_ready_once_listening_and_stopping_when_draining(workdir):
+    listener = NotifyListener(workdir)
+    sock = os.path.join(workdir, "statepool.sock")
+    port = free_port()
+    env = dict(os.environ, NOTIFY_SOCKET=listener.path)
+    daemon = subprocess.Popen(daemon_args(sock, port), env=env, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        ready = listener.receive(timeout=60)
+        assert ready.get("READY") == "1", ready
+        assert ready.get("STATUS") == f"serving {sock}", ready
+        # The moment READY=1 arrives, a connect() succeeds: no retry loop.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(sock)
+        assert ping(sock).returncode == 0
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        assert http_get(port, "/readyz") == (200, "ready\n")
+
+        # A connection with half a frame header keeps the drain busy until --io-timeout.
+        busy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        busy.connect(sock)
+        busy.sendall(b"\x00\x01\x02")
+        daemon.send_signal(signal.SIGTERM)
+        stopping = listener.receive(timeout=30)
+        assert stopping.get("STOPPING") == "1", stopping
+        assert stopping.get("STATUS") == "draining (SIGTERM)", stopping
+        assert int(stopping["EXTEND_TIMEOUT_USEC"]) == (DRAIN_TIMEOUT_S + STOP_MARGIN_S) * 10**6
+        # Draining: not ready, still alive; the metrics listener serves until the exit.
+        # (This connection came in just before SIGTERM: before the drain took the accept
+        # loop's pending connection in, it was reset here, and the drain ended at once.)
+        assert http_get(port, "/readyz") == (503, "draining\n")
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        busy.close()
+        assert daemon.wait(timeout=60) == 0, daemon.stderr.read()
+        assert not os.path.exists(sock)  # the daemon's own socket file is removed
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        listener.close()
+
+
+def test_probes_refuse_other_methods_and_need_no_token(workdir):
+    sock = os.path.join(workdir, "statepool.sock")
+    token_file = os.path.join(workdir, "token")
+    with open(token_file, "w") as f:
+        f.write("s3cret-token-for-the-test\n")
+    os.chmod(token_file, 0o600)
+    api_port = free_port()
+    args = daemon_args(sock, "0")
+    args[args.index("--api-address") + 1] = f"127.0.0.1:{api_port}"
+    args += ["--api-token-file", token_file]
+    daemon = subprocess.Popen(args, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while ping(sock).returncode != 0:
+            assert time.monotonic() < deadline, "the daemon did not come up"
+            time.sleep(0.1)
+        # The API wants its token; its probes do not.
+        assert http_get(api_port, "/v1")[0] == 401
+        assert http_get(api_port, "/readyz") == (200, "ready\n")
+        request = urllib.request.Request(f"http://127.0.0.1:{api_port}/healthz", method="POST",
+                                         data=b"x")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 405
+        assert refused.value.headers["Allow"] == "GET, HEAD"
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+
+
+def activated(workdir, listen_path, daemon_socket):
+    """The daemon under systemd-socket-activate, which listens on `listen_path` and
+    starts the daemon (passing the socket as LISTEN_FDS) at the first connection."""
+    activate = shutil.which("systemd-socket-activate")
+    if activate is None:
+        pytest.skip("systemd-socket-activate is not installed (Debian package systemd)")
+    log = open(os.path.join(workdir, "daemon.log"), "w+")
+    process = subprocess.Popen([activate, "-l", listen_path, *daemon_args(daemon_socket, "0")],
+                               stderr=log)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(listen_path):
+        assert process.poll() is None, "systemd-socket-activate exited"
+        assert time.monotonic() < deadline, "systemd-socket-activate did not listen"
+        time.sleep(0.05)
+    return process, log
+
+
+def test_serves_the_socket_systemd_passes(workdir):
+    sock = os.path.join(workdir, "statepool.sock")
+    daemon, log = activated(workdir, sock, sock)
+    try:
+        # The first connect starts the daemon; the connection waits in the backlog.
+        result = ping(sock)
+        assert result.returncode == 0, result.stderr
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0
+        log.seek(0)
+        text = log.read()
+        assert f"serving the socket systemd passed for {sock}" in text, text
+        assert "removing stale socket" not in text
+        # The socket belongs to the socket unit: the daemon leaves it for the next start.
+        assert os.path.exists(sock)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+
+
+def test_refuses_a_passed_socket_bound_elsewhere(workdir):
+    passed = os.path.join(workdir, "unit.sock")
+    configured = os.path.join(workdir, "statepool.sock")
+    daemon, log = activated(workdir, passed, configured)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(passed)
+            assert daemon.wait(timeout=60) == 1
+        log.seek(0)
+        text = log.read()
+        assert f"not a listening Unix stream socket bound to {configured}" in text, text
+        assert "ListenStream=" in text
+        assert not os.path.exists(configured)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
