@@ -264,8 +264,12 @@ void Server::begin_drain(const std::string& why) {
   drain_reason_ = why;
   // The accept loop stops: it takes the connections the kernel has already completed,
   // also one its pending accept may hold, and closes the acceptor (stop_accepting()).
-  boost::system::error_code ignored;
-  acceptor_.cancel(ignored);
+  if (accept_loop_done_) {
+    stop_accepting();  // the loop had ended on an error: nothing to wait for
+  } else {
+    boost::system::error_code ignored;
+    acceptor_.cancel(ignored);
+  }
   if (api_) api_->stop_accepting();
   // The metrics endpoint serves on until io_ stops: a scrape during the drain sees it.
   reclaim_timer_.cancel();
@@ -394,7 +398,8 @@ asio::awaitable<void> Server::accept_loop() {
     // for its client it is open. It is served like the others.
     start_session(std::move(socket));
   }
-  if (draining_.load()) stop_accepting();
+  accept_loop_done_ = true;
+  if (draining_.load()) stop_accepting();  // else begin_drain calls it
 }
 
 void Server::stop_accepting() {

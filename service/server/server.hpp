@@ -143,6 +143,7 @@ class Server {
   std::atomic<bool> draining_{false};
   std::string drain_reason_;        // on control_: what began the drain
   bool accepting_stopped_ = false;  // on control_: stop_accepting() has run
+  bool accept_loop_done_ = false;   // on control_: accept_loop() has returned
   bool owns_socket_file_ = false;   // removed at exit: not a socket unit's
   support::UniqueFd spare_fd_;      // on control_: see refuse_for_descriptors()
   std::uint64_t descriptor_refusals_ = 0;
