@@ -68,6 +68,9 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
                  return *tenant_staging_.at(tenant);
                },
                tiers},
+      unattached_(config.max_unattached_connections),
+      session_host_{context_, metrics, draining_, unattached_,
+                    [this](std::uint64_t id) { session_ended(id); }},
       control_(asio::make_strand(io_)),
       acceptor_(control_),
       reclaim_timer_(control_),
@@ -315,7 +318,7 @@ void Server::start_session(local::socket socket) {
   {
     const std::lock_guard lock(sessions_mutex_);
     const std::uint64_t id = next_session_id_++;
-    session = std::make_shared<Session>(*this, std::move(socket), id);
+    session = std::make_shared<Session>(session_host_, std::move(socket), id);
     sessions_.emplace(id, session);
   }
   sessions_live_.fetch_add(1);

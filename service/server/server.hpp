@@ -33,6 +33,7 @@
 #include "memory/resource.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
+#include "server/session_host.hpp"
 #include "statepool/support/unique_fd.hpp"
 #include "statepool/support/worker_pool.hpp"
 
@@ -91,7 +92,6 @@ class Server {
   [[nodiscard]] std::uint16_t metrics_port() const noexcept;
 
  private:
-  friend class Session;
   /// Binds a new socket file at --socket, replacing a stale one (not yet listening).
   void bind_socket_file();
   boost::asio::awaitable<void> accept_loop();
@@ -121,6 +121,10 @@ class Server {
   LimitingResource staging_capacity_;
   std::map<std::string, std::unique_ptr<LimitingResource>, std::less<>> tenant_staging_;
   ServerContext context_;
+  // Before io_: the sessions' coroutines, which io_ destroys, use these to the end.
+  std::atomic<bool> draining_{false};
+  UnattachedBudget unattached_;
+  SessionHost session_host_;
   boost::asio::io_context io_;
   // Serializes the acceptor, the timers and the drain (accept_loop, reclaim_loop,
   // begin_drain, finish_if_drained).
@@ -137,10 +141,7 @@ class Server {
   std::mutex sessions_mutex_;
   std::map<std::uint64_t, std::weak_ptr<Session>> sessions_;
   std::atomic<std::uint32_t> sessions_live_{0};
-  // Live connections that have not completed Hello, per peer uid (under sessions_mutex_).
-  std::map<uid_t, std::uint32_t> unattached_by_uid_;
   std::uint64_t next_session_id_ = 1;
-  std::atomic<bool> draining_{false};
   std::string drain_reason_;        // on control_: what began the drain
   bool accepting_stopped_ = false;  // on control_: stop_accepting() has run
   bool accept_loop_done_ = false;   // on control_: accept_loop() has returned

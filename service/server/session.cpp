@@ -7,7 +7,6 @@
 
 #include <sys/socket.h>
 
-#include "server/server.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/fd_passing.hpp"
 #include "statepool/support/log.hpp"
@@ -32,9 +31,9 @@ void Session::resize_payload(std::vector<std::byte>& payload, std::size_t bytes,
   // a buffer holds at most the largest frame (docs/operations.md, 8.1).
   if (bytes > before) payload.reserve(std::min(limit, std::max(bytes, 2 * before)));
   payload.resize(bytes);
-  if (server_.metrics_ != nullptr && payload.capacity() != before) {
-    server_.metrics_->request_buffers_changed(static_cast<std::int64_t>(payload.capacity()) -
-                                              static_cast<std::int64_t>(before));
+  if (host_.metrics != nullptr && payload.capacity() != before) {
+    host_.metrics->request_buffers_changed(static_cast<std::int64_t>(payload.capacity()) -
+                                           static_cast<std::int64_t>(before));
   }
 }
 
@@ -42,12 +41,12 @@ void Session::shrink_payload(std::vector<std::byte>& payload) {
   if (payload.capacity() <= kKeptPayload) return;
   const std::size_t before = payload.capacity();
   std::vector<std::byte>().swap(payload);
-  if (server_.metrics_ != nullptr)
-    server_.metrics_->request_buffers_changed(-static_cast<std::int64_t>(before));
+  if (host_.metrics != nullptr)
+    host_.metrics->request_buffers_changed(-static_cast<std::int64_t>(before));
 }
 
-Session::Session(Server& server, asio::local::stream_protocol::socket socket, std::uint64_t id)
-    : server_(server),
+Session::Session(SessionHost& host, asio::local::stream_protocol::socket socket, std::uint64_t id)
+    : host_(host),
       socket_(std::move(socket)),
       deadline_(socket_.get_executor()),
       hello_timer_(socket_.get_executor()) {
@@ -63,7 +62,7 @@ Session::Session(Server& server, asio::local::stream_protocol::socket socket, st
 }
 
 void Session::release_staging() noexcept {
-  for (auto& [id, memory] : state_.staging) release_later(server_.workers_, std::move(memory));
+  for (auto& [id, memory] : state_.staging) release_later(host_.context.workers, std::move(memory));
   state_.staging.clear();
 }
 
@@ -72,7 +71,7 @@ Session::~Session() {
   release_staging();
   if (state_.hello_done) {
     try {
-      server_.pool_.detach_lease(state_.lease, Clock::now());
+      host_.context.pool.detach_lease(state_.lease, Clock::now());
     } catch (const std::exception& e) {
       LOG_ERROR("session", "connection ", state_.id, ": detaching lease failed: ", e.what());
     }
@@ -121,38 +120,30 @@ asio::awaitable<void> Session::watchdog() {
     if (deadline_.expiry() <= std::chrono::steady_clock::now()) {
       timed_out_ = true;
       LOG_WARN("session", "connection ", state_.id, ": timed out after ",
-               server_.config_.io_timeout.count(), " ms inside a frame; closing");
+               host_.context.config.io_timeout.count(), " ms inside a frame; closing");
       close();
     }
   }
 }
 
 bool Session::enter_unattached() {
-  const std::lock_guard lock(server_.sessions_mutex_);
-  std::uint32_t& count = server_.unattached_by_uid_[state_.uid];
-  if (count >= server_.config_.max_unattached_connections) return false;
-  ++count;
-  unattached_ = true;
-  return true;
+  unattached_ = host_.unattached.enter(state_.uid);
+  return unattached_;
 }
 
 void Session::leave_unattached() noexcept {
   if (!unattached_) return;
   unattached_ = false;
-  const std::lock_guard lock(server_.sessions_mutex_);
-  const auto it = server_.unattached_by_uid_.find(state_.uid);
-  if (it != server_.unattached_by_uid_.end() && --it->second == 0) {
-    server_.unattached_by_uid_.erase(it);
-  }
+  host_.unattached.leave(state_.uid);
 }
 
 asio::awaitable<void> Session::hello_deadline() {
-  hello_timer_.expires_after(server_.config_.hello_timeout);
+  hello_timer_.expires_after(host_.context.config.hello_timeout);
   const auto [ec] = co_await hello_timer_.async_wait(kAsTuple);
   if (ec || closing_ || state_.hello_done) co_return;  // cancelled: Hello came, or closed
-  if (server_.metrics_ != nullptr) server_.metrics_->connection_refused("hello_timeout");
+  if (host_.metrics != nullptr) host_.metrics->connection_refused("hello_timeout");
   LOG_WARN("session", "connection ", state_.id, " (pid ", state_.pid, ", uid ", state_.uid,
-           "): no Hello within ", server_.config_.hello_timeout.count(),
+           "): no Hello within ", host_.context.config.hello_timeout.count(),
            " ms (--hello-timeout); closing");
   // Mid-request (a Hello being handled), the reply is not cut off: the session closes
   // after it unless that Hello succeeded.
@@ -163,10 +154,10 @@ asio::awaitable<void> Session::hello_deadline() {
 asio::awaitable<void> Session::turn_away(wire::Status status, const std::string& message,
                                          const char* reason) {
   busy_ = true;
-  if (server_.metrics_ != nullptr) server_.metrics_->connection_refused(reason);
+  if (host_.metrics != nullptr) host_.metrics->connection_refused(reason);
   co_await refuse(status, message);
   close();
-  server_.session_ended(state_.id);
+  host_.ended(state_.id);
 }
 
 asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
@@ -189,7 +180,7 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
   busy_ = true;
   auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(head.data(), 1), kAsTuple);
   if (ec) co_return false;  // EOF or reset between frames: not an error
-  arm(server_.config_.io_timeout);
+  arm(host_.context.config.io_timeout);
   auto [ec1, n1] =
       co_await asio::async_read(socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
   if (ec1) {
@@ -198,12 +189,13 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     co_return false;
   }
   header = protocol::decode_header(head);
-  const auto error =
-      protocol::check_header(header, protocol::FrameType::request, server_.config_.max_frame_bytes);
+  const auto error = protocol::check_header(header, protocol::FrameType::request,
+                                            host_.context.config.max_frame_bytes);
   if (error != protocol::FrameError::none) {
     std::string message = protocol::to_string(error);
     if (error == protocol::FrameError::too_large)
-      message += support::cat(": ", header.length, " bytes > ", server_.config_.max_frame_bytes);
+      message +=
+          support::cat(": ", header.length, " bytes > ", host_.context.config.max_frame_bytes);
     if (error == protocol::FrameError::bad_version)
       message += support::cat(": frame version ", header.version, ", daemon speaks ",
                               protocol::kFrameVersion);
@@ -231,7 +223,7 @@ asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder&
   const std::string frame = protocol::make_frame(
       protocol::FrameType::reply, fd >= 0 ? protocol::kFlagFdAttached : protocol::kFlagNone,
       {builder.GetBufferPointer(), builder.GetSize()});
-  arm(server_.config_.io_timeout);
+  arm(host_.context.config.io_timeout);
   std::size_t sent = 0;
   if (fd >= 0) {
     // The fd rides on the frame's first bytes: one sendmsg with SCM_RIGHTS.
@@ -260,7 +252,7 @@ asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder&
 }
 
 asio::awaitable<void> Session::refuse(wire::Status status, const std::string& message) {
-  if (server_.metrics_ != nullptr) server_.metrics_->observe_refused(status);
+  if (host_.metrics != nullptr) host_.metrics->observe_refused(status);
   LOG_WARN("session", "connection ", state_.id, " (pid ", state_.pid, "): ", message,
            "; closing the connection");
   flatbuffers::FlatBufferBuilder builder;
@@ -278,7 +270,7 @@ asio::awaitable<void> Session::run() {
       socket_.get_executor(), [self]() { return self->watchdog(); }, asio::detached);
   LOG_DEBUG("session", "connection ", state_.id, " from pid ", state_.pid, " uid ", state_.uid);
 
-  const auto& allow = server_.config_.allow_uids;
+  const auto& allow = host_.context.config.allow_uids;
   if (!allow.empty() && state_.uid != 0 &&
       std::find(allow.begin(), allow.end(), state_.uid) == allow.end()) {
     support::audit(support::cat("refused connection ", state_.id, " (pid ", state_.pid, ", uid ",
@@ -289,9 +281,9 @@ asio::awaitable<void> Session::run() {
                        "uid");
     co_return;
   }
-  if (server_.clients_connected() > server_.config_.max_connections) {
+  if (host_.context.clients_connected() > host_.context.config.max_connections) {
     co_await turn_away(wire::Status::too_many_connections,
-                       support::cat("connection limit of ", server_.config_.max_connections,
+                       support::cat("connection limit of ", host_.context.config.max_connections,
                                     " reached (--max-connections); retry later"),
                        "connection_limit");
     co_return;
@@ -303,7 +295,7 @@ asio::awaitable<void> Session::run() {
     co_await turn_away(
         wire::Status::too_many_connections,
         support::cat("uid ", state_.uid, " already has ",
-                     server_.config_.max_unattached_connections,
+                     host_.context.config.max_unattached_connections,
                      " connections waiting to say Hello (--max-unattached-connections);"
                      " retry later"),
         "unattached_limit");
@@ -318,7 +310,7 @@ asio::awaitable<void> Session::run() {
       busy_ = false;
       // Draining: finish what has arrived (the request whose first byte is here), then
       // close. A drain that starts while this connection waits is close_when_idle()'s.
-      if (server_.draining_.load() && !bytes_waiting()) break;
+      if (host_.draining.load() && !bytes_waiting()) break;
       protocol::FrameHeader header;
       if (!co_await read_frame(header, payload)) break;
       const auto arrived = std::chrono::steady_clock::now();
@@ -336,13 +328,13 @@ asio::awaitable<void> Session::run() {
         break;
       }
       HandlerResult result;
-      co_await handle_request(server_.context_, state_, *request, result);
+      co_await handle_request(host_.context, state_, *request, result);
       // Counted before the reply goes out: a client holding its reply must find the
       // request in the next scrape.
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
-      if (server_.metrics_ != nullptr)
-        server_.metrics_->observe_request(request->body_type(), result.status, seconds);
+      if (host_.metrics != nullptr)
+        host_.metrics->observe_request(request->body_type(), result.status, seconds);
       if (state_.hello_done && unattached_) {
         leave_unattached();
         hello_timer_.cancel();
@@ -367,15 +359,15 @@ asio::awaitable<void> Session::run() {
   leave_unattached();
   resize_payload(payload, 0, 0);
   shrink_payload(payload);
-  if (server_.metrics_ != nullptr && payload.capacity() != 0) {
-    server_.metrics_->request_buffers_changed(-static_cast<std::int64_t>(payload.capacity()));
+  if (host_.metrics != nullptr && payload.capacity() != 0) {
+    host_.metrics->request_buffers_changed(-static_cast<std::int64_t>(payload.capacity()));
   }
   if (state_.hello_done) {
     LOG_INFO("session", "connection ", state_.id, ": client '", state_.client_name, "' (pid ",
              state_.pid, ") disconnected", state_.staging.empty() ? "" : "; staging released");
   }
   release_staging();
-  server_.session_ended(state_.id);
+  host_.ended(state_.id);
 }
 
 }  // namespace statepool::service

@@ -17,15 +17,15 @@
 #include <boost/asio.hpp>
 
 #include "handlers/handlers.hpp"
+#include "server/session_host.hpp"
 #include "statepool/protocol/frame.hpp"
 
 namespace statepool::service {
 
-class Server;
-
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(Server& server, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
+  /// `host` (what the session may use of its server) must outlive the session.
+  Session(SessionHost& host, boost::asio::local::stream_protocol::socket socket, std::uint64_t id);
   ~Session();
 
   boost::asio::awaitable<void> run();
@@ -65,7 +65,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void disarm();
   void close();
 
-  Server& server_;
+  SessionHost& host_;
   boost::asio::local::stream_protocol::socket socket_;
   boost::asio::steady_timer deadline_;
   // --hello-timeout; cancelled by Hello and by close() (its waiter holds the session).
@@ -74,7 +74,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool busy_ = false;
   bool closing_ = false;
   bool timed_out_ = false;
-  bool unattached_ = false;     // counted in Server::unattached_by_uid_
+  bool unattached_ = false;     // holds a place in host_.unattached
   bool hello_expired_ = false;  // --hello-timeout passed before Hello completed
 };
 
