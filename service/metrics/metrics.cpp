@@ -45,8 +45,16 @@ ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, Metri
   return metric;
 }
 
-MetricFamily family(std::string name, std::string help, MetricType type) {
-  MetricFamily f;
+// A family being filled at scrape time: add() takes any number, and the family's type.
+struct Family : MetricFamily {
+  template <class Number>
+  void add(std::vector<ClientMetric::Label> labels, Number value) {
+    metric.push_back(sample(std::move(labels), static_cast<double>(value), type));
+  }
+};
+
+Family family(std::string name, std::string help, MetricType type) {
+  Family f;
   f.name = std::move(name);
   f.help = std::move(help);
   f.type = type;
@@ -73,12 +81,10 @@ class PoolCollector final : public prometheus::Collectable {
     auto capacity =
         family("statepool_pool_capacity_bytes",
                "Configured capacity of the pool (all arenas together).", MetricType::Gauge);
-    capacity.metric.push_back(
-        sample(where, static_cast<double>(stats.capacity_bytes), MetricType::Gauge));
+    capacity.add(where, stats.capacity_bytes);
     auto reserved = family("statepool_pool_reserved_bytes", "Bytes of the pool reserved by arenas.",
                            MetricType::Gauge);
-    reserved.metric.push_back(
-        sample(where, static_cast<double>(stats.reserved_bytes), MetricType::Gauge));
+    reserved.add(where, stats.reserved_bytes);
     out.push_back(std::move(capacity));
     out.push_back(std::move(reserved));
     // What the backend could still allocate (the device's free memory, which the engine's
@@ -89,7 +95,7 @@ class PoolCollector final : public prometheus::Collectable {
             family("statepool_backend_available_bytes",
                    "Memory the backend could still allocate now (a device's free memory).",
                    MetricType::Gauge);
-        available.metric.push_back(sample(where, static_cast<double>(*free), MetricType::Gauge));
+        available.add(where, *free);
         out.push_back(std::move(available));
       }
     } catch (const std::exception&) {
@@ -112,12 +118,9 @@ class PoolCollector final : public prometheus::Collectable {
     const auto add_memory = [&](const char* use, const MemoryUsage& usage) {
       std::vector<ClientMetric::Label> labels = where;
       labels.push_back({"use", use});
-      memory_bytes.metric.push_back(
-          sample(labels, static_cast<double>(usage.live_bytes), MetricType::Gauge));
-      memory_allocations.metric.push_back(
-          sample(labels, static_cast<double>(usage.live_allocations), MetricType::Gauge));
-      memory_failures.metric.push_back(
-          sample(labels, static_cast<double>(usage.failures_total), MetricType::Counter));
+      memory_bytes.add(labels, usage.live_bytes);
+      memory_allocations.add(labels, usage.live_allocations);
+      memory_failures.add(labels, usage.failures_total);
     };
     add_memory("arenas", stats.memory);
     if (staging_ != nullptr) add_memory("staging", staging_->usage());
@@ -149,12 +152,11 @@ class PoolCollector final : public prometheus::Collectable {
       const double used = static_cast<double>(a.pages_used);
       const double free = static_cast<double>(a.page_count - a.pages_used);
       const double stride = static_cast<double>(a.page_stride);
-      arena_bytes.metric.push_back(sample(with_state("used"), used * stride, MetricType::Gauge));
-      arena_bytes.metric.push_back(sample(with_state("free"), free * stride, MetricType::Gauge));
-      arena_pages.metric.push_back(sample(with_state("used"), used, MetricType::Gauge));
-      arena_pages.metric.push_back(sample(with_state("free"), free, MetricType::Gauge));
-      page_bytes.metric.push_back(
-          sample(labels, static_cast<double>(a.page_bytes), MetricType::Gauge));
+      arena_bytes.add(with_state("used"), used * stride);
+      arena_bytes.add(with_state("free"), free * stride);
+      arena_pages.add(with_state("used"), used);
+      arena_pages.add(with_state("free"), free);
+      page_bytes.add(labels, a.page_bytes);
     }
     out.push_back(std::move(arena_bytes));
     out.push_back(std::move(arena_pages));
@@ -187,11 +189,10 @@ class PoolCollector final : public prometheus::Collectable {
                         MetricType::Gauge);
     for (const auto& [key, s] : sums) {
       std::vector<ClientMetric::Label> labels = {{"tenant", key.first}, {"codec", key.second}};
-      pages_used.metric.push_back(sample(labels, s.pages, MetricType::Gauge));
-      stored.metric.push_back(sample(labels, s.stored, MetricType::Gauge));
-      fp32.metric.push_back(sample(labels, s.fp32, MetricType::Gauge));
-      if (s.stored > 0)
-        ratio.metric.push_back(sample(labels, s.fp32 / s.stored, MetricType::Gauge));
+      pages_used.add(labels, s.pages);
+      stored.add(labels, s.stored);
+      fp32.add(labels, s.fp32);
+      if (s.stored > 0) ratio.add(labels, s.fp32 / s.stored);
     }
     out.push_back(std::move(pages_used));
     out.push_back(std::move(stored));
@@ -209,9 +210,8 @@ class PoolCollector final : public prometheus::Collectable {
       // the same labels so that reserved / quota matches one to one.
       std::vector<ClientMetric::Label> labels = where;
       labels.push_back({"tenant", t.name});
-      quota.metric.push_back(sample(labels, static_cast<double>(t.quota_bytes), MetricType::Gauge));
-      tenant_reserved.metric.push_back(
-          sample(labels, static_cast<double>(t.reserved_bytes), MetricType::Gauge));
+      quota.add(labels, t.quota_bytes);
+      tenant_reserved.add(labels, t.reserved_bytes);
     }
     out.push_back(std::move(quota));
     out.push_back(std::move(tenant_reserved));
@@ -248,37 +248,24 @@ class PoolCollector final : public prometheus::Collectable {
                             "GetSnapshot hits of a tenant, per tier that served them (pool, "
                             "host, remote).",
                             MetricType::Counter);
-    const auto count = [](std::uint64_t v) { return static_cast<double>(v); };
     for (const auto& t : stats.tenants) {
-      snapshots.metric.push_back(
-          sample({{"tenant", t.name}, {"tier", "pool"}}, count(t.snapshots), MetricType::Gauge));
-      snapshot_bytes.metric.push_back(sample({{"tenant", t.name}, {"tier", "pool"}},
-                                             count(t.snapshot_bytes), MetricType::Gauge));
-      pinned.metric.push_back(
-          sample({{"tenant", t.name}}, count(t.pinned_snapshots), MetricType::Gauge));
-      lookups.metric.push_back(sample({{"tenant", t.name}, {"result", "hit"}},
-                                      count(t.snapshot_hits), MetricType::Counter));
-      lookups.metric.push_back(sample({{"tenant", t.name}, {"result", "miss"}},
-                                      count(t.snapshot_misses), MetricType::Counter));
-      puts.metric.push_back(sample({{"tenant", t.name}, {"result", "created"}},
-                                   count(t.snapshot_puts_created), MetricType::Counter));
-      puts.metric.push_back(sample({{"tenant", t.name}, {"result", "existing"}},
-                                   count(t.snapshot_puts_existing), MetricType::Counter));
-      evictions.metric.push_back(sample({{"tenant", t.name}, {"tier", "pool"}},
-                                        count(t.snapshot_evictions), MetricType::Counter));
-      demotions.metric.push_back(
-          sample({{"tenant", t.name}}, count(t.snapshot_demotions), MetricType::Counter));
+      snapshots.add({{"tenant", t.name}, {"tier", "pool"}}, t.snapshots);
+      snapshot_bytes.add({{"tenant", t.name}, {"tier", "pool"}}, t.snapshot_bytes);
+      pinned.add({{"tenant", t.name}}, t.pinned_snapshots);
+      lookups.add({{"tenant", t.name}, {"result", "hit"}}, t.snapshot_hits);
+      lookups.add({{"tenant", t.name}, {"result", "miss"}}, t.snapshot_misses);
+      puts.add({{"tenant", t.name}, {"result", "created"}}, t.snapshot_puts_created);
+      puts.add({{"tenant", t.name}, {"result", "existing"}}, t.snapshot_puts_existing);
+      evictions.add({{"tenant", t.name}, {"tier", "pool"}}, t.snapshot_evictions);
+      demotions.add({{"tenant", t.name}}, t.snapshot_demotions);
       const std::uint64_t below = t.snapshot_hits_host + t.snapshot_hits_remote;
-      tier_hits.metric.push_back(sample(
-          {{"tenant", t.name}, {"tier", "pool"}},
-          count(t.snapshot_hits >= below ? t.snapshot_hits - below : 0), MetricType::Counter));
+      tier_hits.add({{"tenant", t.name}, {"tier", "pool"}},
+                    t.snapshot_hits >= below ? t.snapshot_hits - below : 0);
       if (tiers_ != nullptr && tiers_->has_host()) {
-        tier_hits.metric.push_back(sample({{"tenant", t.name}, {"tier", "host"}},
-                                          count(t.snapshot_hits_host), MetricType::Counter));
+        tier_hits.add({{"tenant", t.name}, {"tier", "host"}}, t.snapshot_hits_host);
       }
       if (tiers_ != nullptr && tiers_->has_remote()) {
-        tier_hits.metric.push_back(sample({{"tenant", t.name}, {"tier", "remote"}},
-                                          count(t.snapshot_hits_remote), MetricType::Counter));
+        tier_hits.add({{"tenant", t.name}, {"tier", "remote"}}, t.snapshot_hits_remote);
       }
     }
     if (tiers_ != nullptr && tiers_->has_host()) {
@@ -286,12 +273,9 @@ class PoolCollector final : public prometheus::Collectable {
       for (const auto& t : stats.tenants) {
         const auto it = host.find(t.name);
         const TierUsage u = it == host.end() ? TierUsage{} : it->second;
-        snapshots.metric.push_back(
-            sample({{"tenant", t.name}, {"tier", "host"}}, count(u.snapshots), MetricType::Gauge));
-        snapshot_bytes.metric.push_back(
-            sample({{"tenant", t.name}, {"tier", "host"}}, count(u.bytes), MetricType::Gauge));
-        evictions.metric.push_back(sample({{"tenant", t.name}, {"tier", "host"}},
-                                          count(u.evictions), MetricType::Counter));
+        snapshots.add({{"tenant", t.name}, {"tier", "host"}}, u.snapshots);
+        snapshot_bytes.add({{"tenant", t.name}, {"tier", "host"}}, u.bytes);
+        evictions.add({{"tenant", t.name}, {"tier", "host"}}, u.evictions);
       }
     }
     out.push_back(std::move(snapshots));
@@ -320,23 +304,16 @@ class PoolCollector final : public prometheus::Collectable {
                           MetricType::Counter);
       auto pending = family("statepool_remote_store_pending_writes",
                             "Snapshot writes waiting for the remote store.", MetricType::Gauge);
-      const auto c = [](std::uint64_t v) { return static_cast<double>(v); };
-      writes.metric.push_back(sample({{"result", "ok"}}, c(r.writes_ok), MetricType::Counter));
-      writes.metric.push_back(
-          sample({{"result", "existing"}}, c(r.writes_existing), MetricType::Counter));
-      writes.metric.push_back(
-          sample({{"result", "failed"}}, c(r.writes_failed), MetricType::Counter));
-      writes.metric.push_back(
-          sample({{"result", "dropped"}}, c(r.writes_dropped), MetricType::Counter));
-      reads.metric.push_back(sample({{"result", "hit"}}, c(r.reads_hit), MetricType::Counter));
-      reads.metric.push_back(
-          sample({{"result", "missing"}}, c(r.reads_missing), MetricType::Counter));
-      reads.metric.push_back(
-          sample({{"result", "failed"}}, c(r.reads_failed), MetricType::Counter));
-      reads.metric.push_back(
-          sample({{"result", "rejected"}}, c(r.reads_rejected), MetricType::Counter));
-      pending.metric.push_back(sample({}, c(r.pending), MetricType::Gauge));
-      write_bytes.metric.push_back(sample({}, c(r.write_bytes), MetricType::Counter));
+      writes.add({{"result", "ok"}}, r.writes_ok);
+      writes.add({{"result", "existing"}}, r.writes_existing);
+      writes.add({{"result", "failed"}}, r.writes_failed);
+      writes.add({{"result", "dropped"}}, r.writes_dropped);
+      reads.add({{"result", "hit"}}, r.reads_hit);
+      reads.add({{"result", "missing"}}, r.reads_missing);
+      reads.add({{"result", "failed"}}, r.reads_failed);
+      reads.add({{"result", "rejected"}}, r.reads_rejected);
+      pending.add({}, r.pending);
+      write_bytes.add({}, r.write_bytes);
       out.push_back(std::move(writes));
       out.push_back(std::move(write_bytes));
       out.push_back(std::move(reads));
@@ -347,17 +324,14 @@ class PoolCollector final : public prometheus::Collectable {
                          "Client leases by state (active: attached to a connection; orphaned: "
                          "disconnected, inside the grace period).",
                          MetricType::Gauge);
-    leases.metric.push_back(
-        sample({{"state", "active"}}, static_cast<double>(stats.leases_active), MetricType::Gauge));
-    leases.metric.push_back(sample({{"state", "orphaned"}},
-                                   static_cast<double>(stats.leases_orphaned), MetricType::Gauge));
+    leases.add({{"state", "active"}}, stats.leases_active);
+    leases.add({{"state", "orphaned"}}, stats.leases_orphaned);
     out.push_back(std::move(leases));
 
     auto reclaimed =
         family("statepool_reclaimed_pages_total",
                "Pages reclaimed from leases whose grace period ended.", MetricType::Counter);
-    reclaimed.metric.push_back(
-        sample({}, static_cast<double>(stats.pages_reclaimed_total), MetricType::Counter));
+    reclaimed.add({}, stats.pages_reclaimed_total);
     out.push_back(std::move(reclaimed));
 
     // Calibration state: the STEPQuant plans the daemon holds (at most --tenant-max-plans
@@ -372,10 +346,8 @@ class PoolCollector final : public prometheus::Collectable {
                               "FP16 pivot units of an installed STEPQuant plan, by plan digest.",
                               MetricType::Gauge);
     for (const auto& plan : pool_.plans()) {
-      plan_width.metric.push_back(
-          sample({{"plan", plan.digest}}, plan.average_bits, MetricType::Gauge));
-      plan_pivots.metric.push_back(
-          sample({{"plan", plan.digest}}, static_cast<double>(plan.pivots), MetricType::Gauge));
+      plan_width.add({{"plan", plan.digest}}, plan.average_bits);
+      plan_pivots.add({{"plan", plan.digest}}, plan.pivots);
     }
     out.push_back(std::move(plan_width));
     out.push_back(std::move(plan_pivots));
