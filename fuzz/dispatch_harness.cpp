@@ -16,7 +16,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 
-#include "backend.hpp"
+#include "backend/backend.hpp"
 #include "config/config.hpp"
 #include "handlers/handlers.hpp"
 #include "memory/limiting.hpp"
@@ -105,7 +105,7 @@ struct DispatchHarness::State {
   bool trace = std::getenv("STATEPOOL_FUZZ_TRACE") != nullptr;
   service::Config config = harness_config();
   support::WorkerPool workers{config.workers};
-  service::Backend backend = service::make_backend(config, workers);
+  service::Backend backend = service::make_backend({config.backend}, workers);
   service::TrackingResource staging_memory{*backend.memory};
   // As the server builds them (server/server.cpp): the daemon's staging capacity, and
   // each tenant's staging budget over it.

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend.hpp"
+#include "backend/backend.hpp"
 #include "config/config.hpp"
 #include "memory/tracking.hpp"
 #include "metrics/metrics.hpp"
@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
       LOG_INFO("store", "snapshot tiers below the pool: ", tiers->describe());
     }
     statepool::support::WorkerPool workers(config.workers, kWorkerNice);
-    Backend backend = make_backend(config, workers);
+    const BackendConfig backend_config{config.backend, config.device, config.pool.capacity_bytes,
+                                       config.capacity_fraction};
+    Backend backend = make_backend(backend_config, workers);
     LOG_INFO("server", "backend ", config.backend, ": ", workers.size(), " worker threads, ",
              backend.executor->name(), " executor; descriptor limit ", descriptor_limit);
     if (backend.memory->handle_kinds().front() == statepool::kernels::HandleKind::cuda_ipc) {
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
     }
     TrackingResource staging_memory(*backend.memory);
     PoolConfig pool_config = config.pool;
-    pool_config.capacity_bytes = pool_capacity(config, *backend.memory);
+    pool_config.capacity_bytes = pool_capacity(backend_config, *backend.memory);
     if (config.capacity_fraction > 0) {
       LOG_INFO("pool", "capacity ", statepool::support::format_bytes(pool_config.capacity_bytes),
                " (", config.capacity_fraction * 100, "% of the device's free memory)");

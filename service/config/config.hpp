@@ -94,7 +94,7 @@ struct ListenAddress {
 [[nodiscard]] ListenAddress split_listen_address(const std::string& address,
                                                  const std::string& option);
 
-/// The memory backends this build offers (--backend; backend.hpp builds them): "host",
+/// The memory backends this build offers (--backend; backend/backend.hpp builds them): "host",
 /// and "cuda" in builds with CUDA. For --help, validation and error messages.
 [[nodiscard]] std::vector<std::string> available_backends();
 

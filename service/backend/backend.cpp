@@ -1,4 +1,4 @@
-#include "backend.hpp"
+#include "backend/backend.hpp"
 
 #include <cmath>
 #include <stdexcept>
@@ -15,13 +15,13 @@
 
 namespace statepool::service {
 
-Backend make_backend(const Config& config, support::WorkerPool& workers) {
-  if (config.backend == "host") {
+Backend make_backend(const BackendConfig& config, support::WorkerPool& workers) {
+  if (config.name == "host") {
     return Backend{std::make_shared<HostMemfdResource>(), nullptr,
                    std::make_unique<HostExecutor>(workers)};
   }
 #if defined(STATEPOOL_HAVE_CUDA)
-  if (config.backend == "cuda") {
+  if (config.name == "cuda") {
     // What a destructor fails to release (memory, a mapping, an import) goes to the log.
     kernels::cuda::set_failure_reporter([](std::string_view message) noexcept {
       support::log_line(support::LogLevel::error, "cuda", message);
@@ -33,11 +33,11 @@ Backend make_backend(const Config& config, support::WorkerPool& workers) {
     return Backend{std::move(memory), std::move(executor_memory), std::move(executor)};
   }
 #endif
-  throw std::runtime_error("unknown backend '" + config.backend + "'");
+  throw std::runtime_error("unknown backend '" + config.name + "'");
 }
 
-std::uint64_t pool_capacity(const Config& config, const MemoryResource& memory) {
-  if (config.capacity_fraction <= 0.0) return config.pool.capacity_bytes;
+std::uint64_t pool_capacity(const BackendConfig& config, const MemoryResource& memory) {
+  if (config.capacity_fraction <= 0.0) return config.capacity_bytes;
   const std::optional<std::uint64_t> free = memory.available_bytes();
   if (!free) {
     throw std::runtime_error(

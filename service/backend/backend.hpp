@@ -11,9 +11,10 @@
 //
 // Thread-safety: make_backend is called once at start.
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
-#include "config/config.hpp"
 #include "exec/executor.hpp"
 #include "memory/resource.hpp"
 #include "memory/tracking.hpp"
@@ -29,13 +30,24 @@ struct Backend {
   std::unique_ptr<Executor> executor;  // destroyed first: it releases executor_memory
 };
 
-/// Builds the backend config.backend names. `workers` must outlive the result. Throws
-/// std::runtime_error with an actionable message when the backend cannot start.
-[[nodiscard]] Backend make_backend(const Config& config, support::WorkerPool& workers);
+/// What the backend needs of the daemon's configuration (config/config.hpp fills it from
+/// the flags; main.cpp passes it), so that the backend depends on no other folder's config.
+struct BackendConfig {
+  std::string name = "host";         ///< --backend: "host" or "cuda"
+  int device = 0;                    ///< --device: the CUDA device ordinal (cuda)
+  std::uint64_t capacity_bytes = 0;  ///< --pool-capacity as a size
+  /// --pool-capacity as a fraction of the device's free memory at start (0 < f <= 1);
+  /// 0: capacity_bytes as given.
+  double capacity_fraction = 0;
+};
 
-/// The pool capacity in bytes: config.pool.capacity_bytes, or config.capacity_fraction of
-/// what `memory` says is free now. Throws std::runtime_error when a fraction cannot be
-/// resolved.
-[[nodiscard]] std::uint64_t pool_capacity(const Config& config, const MemoryResource& memory);
+/// Builds the backend config.name names. `workers` must outlive the result. Throws
+/// std::runtime_error with an actionable message when the backend cannot start.
+[[nodiscard]] Backend make_backend(const BackendConfig& config, support::WorkerPool& workers);
+
+/// The pool capacity in bytes: config.capacity_bytes, or config.capacity_fraction of what
+/// `memory` says is free now. Throws std::runtime_error when a fraction cannot be resolved.
+[[nodiscard]] std::uint64_t pool_capacity(const BackendConfig& config,
+                                          const MemoryResource& memory);
 
 }  // namespace statepool::service
