@@ -8,7 +8,15 @@ if(STATEPOOL_CUDA)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     enable_language(CUDA)
+    # Debian 12's CMake 3.25 marks CUDA::nvToolsExt deprecated without checking that the
+    # target exists, and CUDA 13 has no libnvToolsExt: with a required minimum of 3.25 the
+    # find stops ("set_property could not find TARGET CUDA::nvToolsExt"). FindCUDAToolkit
+    # marks it only for projects that require 3.25 or later, so the find runs with 3.24 as
+    # the minimum it reads (the variable only: policies are unchanged).
+    set(statepool_required_version "${CMAKE_MINIMUM_REQUIRED_VERSION}")
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
     find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION "${statepool_required_version}")
     # The kernels' targets: sm_80 and sm_90 everywhere (CI builds both); scripts/gpu-check
     # passes "native" to build for the card present only.
     set(STATEPOOL_CUDA_ARCHITECTURES "80;90" CACHE STRING
