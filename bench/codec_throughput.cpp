@@ -5,7 +5,7 @@
 //                          [--kv-tokens N] [--kv-channels N]
 //
 // Layout: GDN, K = V = 128, conv 4096 channels x 3 in bf16, `layers` x `heads` heads.
-// The state is synthetic (gated delta rule, synthetic_state.hpp). Throughput is bytes of the
+// The state is synthetic (gated delta rule, statepool/synthetic/state.hpp). Throughput is bytes of the
 // f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
 // after one warm-up; "x memcpy" is that throughput divided by memcpy's.
 //
@@ -38,8 +38,8 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/testing/random.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -101,9 +101,9 @@ StateLayout make_layout(const Options& o, CodecId codec) {
 
 /// bf16 keys or values: N(0, 1) times a per-channel scale in [0.25, 4], every 61st channel
 /// an outlier channel (x 20).
-/// tokens x channels bf16 values shaped like keys or values (testing::channel_scaled_values).
+/// tokens x channels bf16 values shaped like keys or values (synthetic::channel_scaled_values).
 std::vector<std::byte> kv_values(std::uint64_t tokens, std::uint64_t channels, std::uint64_t seed) {
-  const std::vector<float> v = statepool::testing::channel_scaled_values(tokens, channels, seed);
+  const std::vector<float> v = statepool::synthetic::channel_scaled_values(tokens, channels, seed);
   std::vector<std::byte> out(v.size() * 2);
   for (std::size_t i = 0; i < v.size(); ++i) {
     const std::uint16_t b = statepool::kernels::float_to_bf16_bits(v[i]);
@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
         "f32 staged state %.1f MB; synthetic state, %u steps; median of %u runs\n",
         o.layers, o.heads, static_cast<double>(state_bytes) / 1e6, o.steps, o.iters);
 
-    const std::vector<std::byte> staged = statepool::testing::synthetic_staged_state(
+    const std::vector<std::byte> staged = statepool::synthetic::synthetic_staged_state(
         make_layout(o, CodecId::fp32), o.steps, 1, DType::f32);
     std::vector<std::byte> copy(state_bytes);
     std::vector<std::byte> back(state_bytes);

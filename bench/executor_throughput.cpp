@@ -30,7 +30,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/support/worker_pool.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -70,13 +70,13 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   return cli.parse(argc, argv);
 }
 
-/// N(0, 0.05^2) values (testing::fill_gaussian) in the f32 recurrent part, the bf16 bits
+/// N(0, 0.05^2) values (synthetic::fill_gaussian) in the f32 recurrent part, the bf16 bits
 /// of more of them in the conv part.
 std::vector<std::byte> staged_state(const PageCodec& codec) {
   std::vector<std::byte> out(codec.staged_bytes(DType::f32));
   const std::size_t values = (out.size() - codec.conv_bytes()) / 4;
   std::vector<float> v(values + codec.conv_bytes() / 2);
-  statepool::testing::fill_gaussian(v, 7, 0.05f);
+  statepool::synthetic::fill_gaussian(v, 7, 0.05f);
   std::memcpy(out.data(), v.data(), 4 * values);
   for (std::size_t i = values * 4, j = values; i + 1 < out.size(); i += 2, ++j) {
     const std::uint16_t h = statepool::kernels::float_to_bf16_bits(v[j]);

@@ -9,7 +9,7 @@
 //   kimi-linear KDA, 32 heads, q/k per head, one gate per key channel
 // Codecs: fp32, bf16, int8, stepquant6, stepquant4; the stepquant plans are
 // testing::mixed_width_plan (plans.hpp), not calibrated plans. Every page starts from the same
-// synthetic state (synthetic_state.hpp); inputs are seeded random, q and k normalised.
+// synthetic state (statepool/synthetic/state.hpp); inputs are seeded random, q and k normalised.
 //
 // Per row: time of one call for the whole batch (median of `iters` after a warm-up),
 // "x fp32" = fp32's time / this codec's time at the same batch, "moved" = the bytes one
@@ -32,7 +32,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "statepool/testing/decode_step.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -83,7 +83,7 @@ statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, Code
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
   // One arena-like block of pages, every page the same synthetic state.
-  const auto staged = statepool::testing::synthetic_staged_state(l, o.steps, 1, DType::f32);
+  const auto staged = statepool::synthetic::synthetic_staged_state(l, o.steps, 1, DType::f32);
   std::vector<std::byte> arena(page * batch);
   codec.encode(staged, DType::f32, {arena.data(), page});
   for (std::uint32_t b = 1; b < batch; ++b) std::memcpy(&arena[b * page], arena.data(), page);

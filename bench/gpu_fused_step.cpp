@@ -30,7 +30,7 @@
 #include "statepool/kernels/cuda/step_kernels.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/testing/decode_step.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -84,7 +84,7 @@ statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, Code
   const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_gpu_fused_step"));
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
-  const auto staged = statepool::testing::synthetic_staged_state(l, 32, 1, DType::f32);
+  const auto staged = statepool::synthetic::synthetic_staged_state(l, 32, 1, DType::f32);
   std::vector<std::byte> one(page);
   codec.encode(staged, DType::f32, one);
   DeviceBytes arena(page * batch);

@@ -30,7 +30,7 @@
 
 #include "common.hpp"
 #include "statepool/client.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
           sc::Staging staging = conn.open_staging(info.state_bytes_f32);
           const auto bytes = staging.bytes();
           std::vector<float> values(bytes.size() / 4);
-          statepool::testing::fill_gaussian(values, i, 0.05f);
+          statepool::synthetic::fill_gaussian(values, i, 0.05f);
           std::memcpy(bytes.data(), values.data(), 4 * values.size());
           // The conv tail holds bf16 bit patterns of those floats: finite either way.
           std::vector<sc::Slot> slots = conn.allocate(arena, 1);

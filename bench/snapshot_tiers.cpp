@@ -33,14 +33,14 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/recurrence.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
 
 namespace sc = statepool::client;
 namespace kernels = statepool::kernels;
-namespace testing = statepool::testing;
+namespace synthetic = statepool::synthetic;
 
 struct Args {
   std::string publisher;
@@ -130,9 +130,9 @@ void measure(const Args& args, kernels::CodecId codec, std::optional<kernels::Kv
   std::vector<sc::Slot> slots = pub.allocate(arena, 2);
   std::vector<sc::Slot> rslot = rd.allocate(rarena, 1);
   auto* values = reinterpret_cast<float*>(staging.bytes().data());
-  testing::fill_gaussian({values, info.state_bytes_f32 / 4}, 7, 1.0f);
+  synthetic::fill_gaussian({values, info.state_bytes_f32 / 4}, 7, 1.0f);
   std::vector<float> kv_floats(kv_plain / 2);
-  testing::fill_gaussian(kv_floats, 8, 1.0f);
+  synthetic::fill_gaussian(kv_floats, 8, 1.0f);
   auto* kv_values = reinterpret_cast<std::uint16_t*>(staging.bytes().data() + info.state_bytes_f32);
   for (std::size_t i = 0; i < kv_floats.size(); ++i) {
     kv_values[i] = kernels::float_to_bf16_bits(kv_floats[i]);

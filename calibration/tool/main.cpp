@@ -27,7 +27,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/atomic_file.hpp"
 #include "statepool/support/read_file.hpp"
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace cal = statepool::calibration;
@@ -217,7 +217,7 @@ int run_calibrate(int argc, const char* const* argv) {
 
 int run_synth(int argc, const char* const* argv) {
   std::string out;
-  statepool::testing::SyntheticOptions o;  // its defaults are the ones kSynthUsage names
+  statepool::synthetic::SyntheticOptions o;  // its defaults are the ones kSynthUsage names
   statepool::tools::CommandLine cli(kTool, kSynthUsage);
   // clang-format off
   cli.add_options()
@@ -233,7 +233,7 @@ int run_synth(int argc, const char* const* argv) {
       ("sequence-length", bounded(o.sequence_length, 0, 1ull << 40));
   // clang-format on
   const auto check = [&](const po::variables_map&) {
-    if (const std::string problem = statepool::testing::synthetic_manifest(o).validate();
+    if (const std::string problem = statepool::synthetic::synthetic_manifest(o).validate();
         !problem.empty()) {
       throw UsageError(problem);
     }
@@ -243,7 +243,7 @@ int run_synth(int argc, const char* const* argv) {
   }
   std::cerr << "statepool-quant: writing a SYNTHETIC " << kn::to_string(o.arch) << " trace to "
             << out << "\n";
-  statepool::testing::write_synthetic_trace(out, o, [&](std::uint32_t layer) {
+  statepool::synthetic::write_synthetic_trace(out, o, [&](std::uint32_t layer) {
     std::cerr << "layer " << layer + 1 << "/" << o.layers << " written\n";
   });
   std::cout << "SYNTHETIC trace written to " << out << ": " << kn::to_string(o.arch) << ", "

@@ -3,7 +3,7 @@
 // Registers a Qwen3-Next-shaped GDN layout once per codec (the uniform codecs, plus
 // stepquant6/stepquant4 for every --plan given), opens an arena per codec, stages
 // recurrent states (the gated delta rule run on the inputs of a seeded synthetic "model",
-// testing/synthetic_trace.hpp, the same one `statepool-quant synth-trace` writes),
+// statepool/synthetic/trace.hpp, the same one `statepool-quant synth-trace` writes),
 // parks them (compress) and resumes them (decompress), and reports page
 // size, compression ratio, reconstruction error and request rates per codec. Each page is
 // also decoded locally from the mapped arena and compared with the daemon's decompress,
@@ -36,7 +36,7 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -156,7 +156,7 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
     for (std::size_t job = next++; job < jobs; job = next++) {
       const auto slot = static_cast<std::uint32_t>(job / args.layers);
       const auto layer = static_cast<std::uint32_t>(job % args.layers);
-      statepool::testing::SyntheticOptions options;
+      statepool::synthetic::SyntheticOptions options;
       options.arch = sk::Arch::gdn;
       options.layers = args.layers;
       options.heads = args.heads;
@@ -165,7 +165,7 @@ void stage_states(const Args& args, std::size_t state_bytes, std::span<std::byte
       options.tokens = std::uint64_t{args.steps} + args.decode_tokens;
       options.model_seed = args.model_seed;
       options.token_seed = 1000 + slot;
-      statepool::testing::SyntheticSource source(options);
+      statepool::synthetic::SyntheticSource source(options);
       source.generate(layer, args.steps, block);
       if (args.decode_tokens > 0) source.generate(layer, args.decode_tokens, continuation[job]);
       for (std::uint32_t head = 0; head < args.heads; ++head) {

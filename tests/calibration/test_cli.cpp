@@ -12,7 +12,7 @@
 
 #include "statepool/calibration/npy.hpp"
 #include "statepool/testing/daemon.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
@@ -130,7 +130,7 @@ TEST(Cli, SynthCalibrateAndCodecSession) {
   layout.key_dim = 32;
   layout.value_dim = 32;
   const std::vector<std::byte> staged =
-      testing::synthetic_staged_state(layout, 200, 5, kernels::DType::f32);
+      synthetic::synthetic_staged_state(layout, 200, 5, kernels::DType::f32);
   std::vector<float> values(staged.size() / 4);
   std::memcpy(values.data(), staged.data(), staged.size());
   const std::string state = dir.file("state.npy");

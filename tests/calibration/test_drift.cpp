@@ -26,7 +26,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 
 namespace statepool::calibration {
 namespace {
@@ -36,8 +36,8 @@ namespace sq = kernels::stepquant;
 using kernels::gdn_step;
 using kernels::kda_step;
 using kernels::normalize_qk;
-using testing::SyntheticOptions;
-using testing::SyntheticSource;
+using synthetic::SyntheticOptions;
+using synthetic::SyntheticSource;
 
 constexpr std::uint32_t kHeads = 8;  // 4 long-lived, 4 short-lived
 constexpr std::uint32_t kDim = 64;   // K = V

@@ -13,17 +13,17 @@
 
 #include "statepool/calibration/calibrate.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
 namespace {
 
 namespace sq = kernels::stepquant;
-using testing::SyntheticOptions;
-using testing::SyntheticSource;
+using synthetic::SyntheticOptions;
+using synthetic::SyntheticSource;
 using testing::TempDir;
-using testing::write_synthetic_trace;
+using synthetic::write_synthetic_trace;
 
 SyntheticOptions gdn_options() {
   SyntheticOptions o;

@@ -10,17 +10,17 @@
 #include <vector>
 
 #include "statepool/calibration/trace.hpp"
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {
 namespace {
 
-using testing::synthetic_manifest;
-using testing::SyntheticOptions;
-using testing::SyntheticSource;
+using synthetic::synthetic_manifest;
+using synthetic::SyntheticOptions;
+using synthetic::SyntheticSource;
 using testing::TempDir;
-using testing::write_synthetic_trace;
+using synthetic::write_synthetic_trace;
 
 SyntheticOptions small(kernels::Arch arch) {
   SyntheticOptions o;

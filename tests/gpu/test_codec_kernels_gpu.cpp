@@ -27,7 +27,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -38,7 +38,7 @@ using cuda::DevicePageFormat;
 using stepquant::kPivotWidth;
 using testing::first_difference;
 using testing::plan_layout;
-using testing::synthetic_staged_state;
+using synthetic::synthetic_staged_state;
 
 constexpr unsigned long long kFinite = std::numeric_limits<unsigned long long>::max();
 

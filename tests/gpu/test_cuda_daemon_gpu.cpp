@@ -28,7 +28,7 @@
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 
 namespace {
 
@@ -62,7 +62,7 @@ std::vector<std::byte> state_bytes(const client::LayoutInfo& layout, std::uint64
   std::vector<std::byte> out(layout.state_bytes_f32);
   const std::size_t conv = kernels::PageCodec(layout.layout).conv_bytes();
   const std::size_t n = (out.size() - conv) / 4;
-  const std::vector<float> values = statepool::testing::gaussian_values(n, seed, 0.05f);
+  const std::vector<float> values = statepool::synthetic::gaussian_values(n, seed, 0.05f);
   std::memcpy(out.data(), values.data(), n * 4);
   return out;
 }

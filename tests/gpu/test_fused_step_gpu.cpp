@@ -19,7 +19,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -51,7 +51,7 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
 
   std::vector<std::byte> cpu(stride * kSlots, std::byte{0x5A});
   for (std::uint32_t p = 0; p < kSlots; ++p) {
-    const auto staged = testing::synthetic_staged_state(l, 8, 30 + p, DType::f32);
+    const auto staged = synthetic::synthetic_staged_state(l, 8, 30 + p, DType::f32);
     codec.encode(staged, DType::f32, {cpu.data() + p * stride, codec.page_bytes()});
   }
   DeviceBuffer arena(cpu.size());

@@ -23,7 +23,7 @@
 #include "statepool/client.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
 #include "statepoolctl_run.hpp"
 
@@ -58,7 +58,7 @@ kernels::StateLayout small_layout(kernels::CodecId codec = kernels::CodecId::int
 // Fills a staged FP32 state (recurrent then conv) with seeded values of state-like size.
 void fill_state(std::span<std::byte> staged, std::uint64_t seed) {
   const std::size_t n = staged.size() / sizeof(float);
-  const std::vector<float> values = statepool::testing::gaussian_values(n, seed, 0.05f);
+  const std::vector<float> values = statepool::synthetic::gaussian_values(n, seed, 0.05f);
   std::memcpy(staged.data(), values.data(), n * sizeof(float));
 }
 

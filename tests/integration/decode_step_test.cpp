@@ -15,7 +15,7 @@
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -58,7 +58,7 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
   std::vector<client::SlotId> ids;
   for (std::size_t b = 0; b < slots.size(); ++b) {
     const auto state =
-        statepool::testing::synthetic_staged_state(codec.layout(), 32, 70 + b, kernels::DType::f32);
+        statepool::synthetic::synthetic_staged_state(codec.layout(), 32, 70 + b, kernels::DType::f32);
     std::memcpy(staging.bytes().data(), state.data(), state.size());
     conn.compress(slots[b], staging, 0);
     const auto page = arena.page(slots[b]);

@@ -13,7 +13,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
@@ -75,7 +75,7 @@ TEST(StepQuantDaemon, ClientInstallsThePlanAndPagesMatchTheLocalEncoder) {
 
   auto state = staging.bytes().subspan(0, info.state_bytes_f32);
   const std::vector<float> values =
-      statepool::testing::gaussian_values<std::mt19937>(info.state_bytes_f32 / 4, 3, 0.1f);
+      statepool::synthetic::gaussian_values<std::mt19937>(info.state_bytes_f32 / 4, 3, 0.1f);
   std::memcpy(state.data(), values.data(), state.size());
   conn.compress(slots[0], staging, 0);
 

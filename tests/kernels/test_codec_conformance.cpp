@@ -46,8 +46,8 @@
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/random.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -262,7 +262,7 @@ class CodecConformance : public ::testing::TestWithParam<Instance> {
   // is the costly part of this suite, under ASan most of all).
   [[nodiscard]] const std::vector<std::byte>& realistic() {
     if (realistic_.empty()) {
-      realistic_ = testing::synthetic_staged_state(layout_, kSteps, kSeed, DType::f32);
+      realistic_ = synthetic::synthetic_staged_state(layout_, kSteps, kSeed, DType::f32);
     }
     return realistic_;
   }
@@ -287,7 +287,7 @@ class CodecConformance : public ::testing::TestWithParam<Instance> {
   // conv state.
   [[nodiscard]] std::vector<std::byte> heavy_tailed(std::uint32_t seed, float spread) {
     std::vector<std::byte> staged =
-        float_bytes(testing::heavy_tailed_values<std::mt19937>(values(), seed, spread));
+        float_bytes(synthetic::heavy_tailed_values<std::mt19937>(values(), seed, spread));
     const auto conv = conv_of_staged(realistic());
     staged.insert(staged.end(), conv.begin(), conv.end());
     return staged;
@@ -423,7 +423,7 @@ void CodecConformance::page_is_exactly_its_heads_then_the_conv_state() {
   EXPECT_DOUBLE_EQ(page().compression_ratio(), static_cast<double>(page().fp32_bytes()) /
                                                    static_cast<double>(page().page_bytes()));
   EXPECT_EQ(realistic().size(), page().staged_bytes(DType::f32));
-  const auto bf16 = testing::synthetic_staged_state(layout_, kSteps, kSeed, DType::bf16);
+  const auto bf16 = synthetic::synthetic_staged_state(layout_, kSteps, kSeed, DType::bf16);
   EXPECT_EQ(bf16.size(), page().staged_bytes(DType::bf16));
   EXPECT_EQ(bf16, realistic_bf16());  // what the other tests rely on
 }

@@ -14,7 +14,7 @@
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -51,7 +51,7 @@ TEST(CodecAccuracy, RealisticStatesErrorOrdering) {
     double ref2 = 0.0;
     for (std::uint64_t seed = 0; seed < 4; ++seed) {
       std::vector<float> values(128 * 128);
-      testing::synthetic_gdn_state(128, 128, 400, 77 + seed, values);
+      synthetic::synthetic_gdn_state(128, 128, 400, 77 + seed, values);
       std::vector<std::byte> bytes(codec->head_bytes(0, 0));
       codec->encode_head(0, 0, values, bytes);
       std::vector<float> out(values.size());

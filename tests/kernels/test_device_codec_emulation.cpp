@@ -31,7 +31,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -181,7 +181,7 @@ void set_staged(std::vector<std::byte>& staged, DType dtype, std::size_t index, 
 // (FP32 denormals), a huge value, values at the fp16 limit, and a row of one value
 // repeated; head 1 (when there is one) is all zeros.
 std::vector<std::byte> staged_state(const StateLayout& layout, DType dtype, std::uint64_t seed) {
-  auto staged = testing::synthetic_staged_state(layout, 24, seed, dtype);
+  auto staged = synthetic::synthetic_staged_state(layout, 24, seed, dtype);
   const std::uint32_t K = layout.key_dim;
   const std::uint32_t V = layout.value_dim;
   const auto at = [V](std::uint32_t i, std::uint32_t j) { return std::size_t{i} * V + j; };

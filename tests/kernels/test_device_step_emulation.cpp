@@ -19,7 +19,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -35,7 +35,7 @@ constexpr std::uint32_t kSlotOf[kBatch] = {3, 0, 4};
 std::vector<std::byte> arena(const PageCodec& codec, std::size_t stride) {
   std::vector<std::byte> bytes(stride * kSlots, std::byte{0x5A});
   for (std::uint32_t p = 0; p < kSlots; ++p) {
-    const auto staged = testing::synthetic_staged_state(codec.layout(), 8, 30 + p, DType::f32);
+    const auto staged = synthetic::synthetic_staged_state(codec.layout(), 8, 30 + p, DType::f32);
     codec.encode(staged, DType::f32, {bytes.data() + p * stride, codec.page_bytes()});
   }
   return bytes;

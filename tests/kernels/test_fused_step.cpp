@@ -31,8 +31,8 @@
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/random.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -57,7 +57,7 @@ std::vector<std::vector<std::byte>> initial_pages(const PageCodec& codec, std::u
                                                   std::uint64_t seed) {
   std::vector<std::vector<std::byte>> pages;
   for (std::uint32_t b = 0; b < batch; ++b) {
-    const auto staged = testing::synthetic_staged_state(codec.layout(), 16, seed + b, DType::f32);
+    const auto staged = synthetic::synthetic_staged_state(codec.layout(), 16, seed + b, DType::f32);
     pages.emplace_back(codec.page_bytes());
     codec.encode(staged, DType::f32, pages.back());
   }

@@ -26,7 +26,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -262,7 +262,7 @@ TEST(StepQuantCodec, PageIsTheFitInTheDocumentedFormat) {
       SCOPED_TRACE(std::string(c.what) + " " + to_string(variant));
       const StateLayout layout = plan_layout(c.plan, c.codec, variant, 6, 2);
       const PageCodec page(layout);
-      const auto staged = testing::synthetic_staged_state(layout, 200, 9, DType::f32);
+      const auto staged = synthetic::synthetic_staged_state(layout, 200, 9, DType::f32);
       std::vector<std::byte> bytes(page.page_bytes(), std::byte{0xA5});
       page.encode(staged, DType::f32, bytes);
       const auto values = testing::bytes_to_floats(std::span<const std::byte>(staged).first(
@@ -293,7 +293,7 @@ TEST(StepQuantCodec, DsqPageIsItsFitInTheGdnFormat) {
       layout.arch = arch;
       layout.num_heads = 2;
       const PageCodec page(layout);
-      const auto staged = testing::synthetic_staged_state(layout, 200, 3, DType::f32);
+      const auto staged = synthetic::synthetic_staged_state(layout, 200, 3, DType::f32);
       std::vector<std::byte> bytes(page.page_bytes());
       page.encode(staged, DType::f32, bytes);
       const auto values = testing::bytes_to_floats(staged);
@@ -337,7 +337,7 @@ TEST(StepQuantCodec, VariantsChangeWhatTheyShould) {
   const Plan plan = kda_plan6();
   const auto x_all = [&] {
     const auto staged =
-        testing::synthetic_staged_state(plan_layout(plan, CodecId::stepquant6), 200, 4, DType::f32);
+        synthetic::synthetic_staged_state(plan_layout(plan, CodecId::stepquant6), 200, 4, DType::f32);
     return testing::bytes_to_floats(staged);
   }();
   const std::size_t n = std::size_t{plan.key_dim} * plan.value_dim;
@@ -494,7 +494,7 @@ Accuracy measure(const StateLayout& layout, std::uint32_t seeds) {
   double err2 = 0.0;
   double ref2 = 0.0;
   for (std::uint32_t seed = 0; seed < seeds; ++seed) {
-    const auto staged = testing::synthetic_staged_state(layout, 400, 77 + seed, DType::f32);
+    const auto staged = synthetic::synthetic_staged_state(layout, 400, 77 + seed, DType::f32);
     std::vector<std::byte> bytes(page.page_bytes());
     page.encode(staged, DType::f32, bytes);
     std::vector<std::byte> out(staged.size());

@@ -19,8 +19,8 @@
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/random.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {
@@ -167,18 +167,18 @@ Naive naive_dual(const std::vector<float>& x, std::uint32_t K, std::uint32_t V,
 std::vector<float> gdn_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed,
                             std::uint32_t steps = 300) {
   std::vector<float> x(std::size_t{K} * V);
-  testing::synthetic_gdn_state(K, V, steps, seed, x);
+  synthetic::synthetic_gdn_state(K, V, steps, seed, x);
   return x;
 }
 
 std::vector<float> kda_head(std::uint32_t K, std::uint32_t V, std::uint64_t seed) {
   std::vector<float> x(std::size_t{K} * V);
-  testing::synthetic_kda_state(K, V, 300, seed, x);
+  synthetic::synthetic_kda_state(K, V, 300, seed, x);
   return x;
 }
 
 std::vector<float> heavy_tailed(std::size_t n, std::uint64_t seed, float spread) {
-  return testing::heavy_tailed_values(n, seed, spread);
+  return synthetic::heavy_tailed_values(n, seed, spread);
 }
 
 std::vector<float> impacts(std::uint32_t K, std::uint64_t seed) {

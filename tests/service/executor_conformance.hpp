@@ -31,7 +31,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 namespace statepool::service::conformance {
 
@@ -126,7 +126,7 @@ TYPED_TEST_P(ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes) 
     const auto codec = std::make_shared<const kernels::PageCodec>(layout);
     for (const DType dtype : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(layout.name + " staged " + kernels::to_string(dtype));
-      std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 8, 11, dtype);
+      std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 8, 11, dtype);
       std::vector<std::byte> expected(codec->page_bytes());
       codec->encode(staged, dtype, expected);
 
@@ -155,7 +155,7 @@ TYPED_TEST_P(ExecutorConformance, NonFiniteIsRefusedWithTheFirstValueInPageOrder
   for (const auto& layout : layouts()) {
     SCOPED_TRACE(layout.name);
     const auto codec = std::make_shared<const kernels::PageCodec>(layout);
-    std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 4, 3, DType::f32);
+    std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 4, 3, DType::f32);
     const std::size_t per_head = std::size_t{layout.key_dim} * layout.value_dim;
     const std::size_t heads = codec->head_count();
     // A NaN in the last head and an Inf in a middle one: the Inf comes first.
@@ -189,7 +189,7 @@ TYPED_TEST_P(ExecutorConformance, NonFiniteIsRefusedWithTheFirstValueInPageOrder
 TYPED_TEST_P(ExecutorConformance, WrongSizesAreInvalidArgumentAndWriteNothing) {
   const auto layout = layouts().front();
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
-  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 2, 1, DType::f32);
   std::vector<std::byte> page(codec->page_bytes(), std::byte{0x11});
   std::vector<std::byte> short_page(codec->page_bytes() - 4, std::byte{0x11});
   const auto short_before = short_page;
@@ -232,7 +232,7 @@ TYPED_TEST_P(ExecutorConformance, WrongSizesAreInvalidArgumentAndWriteNothing) {
 TYPED_TEST_P(ExecutorConformance, AnAfterEventItCannotWaitForIsRefusedAndWritesNothing) {
   const auto layout = layouts().front();
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
-  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 2, 1, DType::f32);
   std::vector<std::byte> page(codec->page_bytes(), std::byte{0x11});
   std::vector<std::byte> other(codec->page_bytes(), std::byte{0x22});
   const auto staged_before = staged;
@@ -264,7 +264,7 @@ TYPED_TEST_P(ExecutorConformance, AnAfterEventItCannotWaitForIsRefusedAndWritesN
 TYPED_TEST_P(ExecutorConformance, MemoryItCannotReachIsRefused) {
   const auto layout = layouts().front();
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
-  std::vector<std::byte> staged = testing::synthetic_staged_state(layout, 2, 1, DType::f32);
+  std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 2, 1, DType::f32);
   std::vector<std::byte> page(codec->page_bytes());
   Operation op;
   op.kind = OperationKind::compress;
@@ -320,7 +320,7 @@ TYPED_TEST_P(ExecutorConformance, CompletesOnceOffTheSubmittingThreadAfterReleas
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
   auto staging = memory.allocate(codec->staged_bytes(DType::f32), "executor-staging");
   auto page = memory.allocate(codec->page_bytes(), "executor-page");
-  const auto state = testing::synthetic_staged_state(layout, 2, 5, DType::f32);
+  const auto state = synthetic::synthetic_staged_state(layout, 2, 5, DType::f32);
   this->rig_.upload(*staging, state);
 
   Operation op;
@@ -357,7 +357,7 @@ TYPED_TEST_P(ExecutorConformance, CompletesOnceOffTheSubmittingThreadAfterReleas
 TYPED_TEST_P(ExecutorConformance, ManyConcurrentOperationsAllCompleteAndWaitIdleWaits) {
   const auto layout = layouts()[11];  // int8, KDA, odd shape
   const auto codec = std::make_shared<const kernels::PageCodec>(layout);
-  const auto staged = testing::synthetic_staged_state(layout, 3, 9, DType::f32);
+  const auto staged = synthetic::synthetic_staged_state(layout, 3, 9, DType::f32);
   std::vector<std::byte> expected(codec->page_bytes());
   codec->encode(staged, DType::f32, expected);
   constexpr int kOps = 48;

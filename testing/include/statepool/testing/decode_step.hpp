@@ -16,7 +16,7 @@
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/recurrence.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 
 namespace statepool::testing {
 
@@ -30,7 +30,7 @@ struct StepBatch {
   StepBatch(const kernels::StateLayout& l, std::uint32_t batch_size, std::uint32_t qk,
             std::uint64_t seed)
       : batch(batch_size), qk_heads(qk) {
-    PortableNormal rng(seed);
+    synthetic::PortableNormal rng(seed);
     const std::size_t B = batch;
     const std::size_t H = l.num_heads;
     const std::size_t K = l.key_dim;

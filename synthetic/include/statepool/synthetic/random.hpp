@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 
 class PortableNormal {
  public:
@@ -103,4 +103,4 @@ inline void fill_gaussian(std::span<float> out, std::uint64_t seed, float sigma)
   return out;
 }
 
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic

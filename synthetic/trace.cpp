@@ -1,4 +1,4 @@
-#include "statepool/testing/synthetic_trace.hpp"
+#include "statepool/synthetic/trace.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/calibration/seed.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 namespace {
 
 using calibration::mix_seed;
@@ -200,4 +200,4 @@ void write_synthetic_trace(const std::string& dir, const SyntheticOptions& optio
   writer.finish();
 }
 
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic

@@ -20,7 +20,7 @@
 
 #include "statepool/kernels/layout.hpp"
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 
 /// Fills `out` (key_dim * value_dim floats, row-major K x V) with the state of one GDN
 /// head after `steps` steps. Throws std::invalid_argument if out.size() is wrong.
@@ -40,4 +40,4 @@ void synthetic_kda_state(std::uint32_t key_dim, std::uint32_t value_dim, std::ui
                                                             std::uint32_t steps, std::uint64_t seed,
                                                             kernels::DType dtype);
 
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic

@@ -1,4 +1,4 @@
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/state.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 
 #include "statepool/calibration/seed.hpp"
 #include "statepool/kernels/numeric.hpp"
-#include "statepool/testing/random.hpp"
+#include "statepool/synthetic/random.hpp"
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 namespace {
 
 using calibration::mix_seed;
@@ -162,4 +162,4 @@ std::vector<std::byte> synthetic_staged_state(const kernels::StateLayout& layout
   return staged;
 }
 
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic

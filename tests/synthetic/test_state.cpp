@@ -11,10 +11,10 @@
 
 #include "statepool/kernels/page.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
-#include "statepool/testing/random.hpp"
-#include "statepool/testing/synthetic_state.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 namespace {
 
 using kernels::CodecId;
@@ -73,7 +73,7 @@ TEST(Synthetic, RejectsWrongOutputSize) {
 }
 
 TEST(Synthetic, StagedStateHasTheStagedSize) {
-  StateLayout layout = head_layout(CodecId::int6, 0, 16, 8);
+  StateLayout layout = testing::head_layout(CodecId::int6, 0, 16, 8);
   layout.num_layers = 2;
   layout.num_heads = 3;
   layout.conv_channels = 5;
@@ -117,4 +117,4 @@ TEST(PortableNormal, IsStandardNormal) {
 }
 
 }  // namespace
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic

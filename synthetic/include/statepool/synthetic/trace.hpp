@@ -27,7 +27,7 @@
 #include "statepool/calibration/trace.hpp"
 #include "statepool/kernels/layout.hpp"
 
-namespace statepool::testing {
+namespace statepool::synthetic {
 
 struct SyntheticOptions {
   kernels::Arch arch = kernels::Arch::gdn;
@@ -85,4 +85,4 @@ void write_synthetic_trace(const std::string& dir, const SyntheticOptions& optio
                            const std::function<void(std::uint32_t layer)>& progress = {},
                            std::uint64_t block_tokens = 256);
 
-}  // namespace statepool::testing
+}  // namespace statepool::synthetic
