@@ -69,7 +69,8 @@ struct Impl {
 
   /// Locks, checks health, and returns whether a best-effort request should be tried.
   [[nodiscard]] bool healthy();
-  /// Frees slot ids of one arena; returns the count freed.
+  /// Frees slot ids of one arena; returns the count freed. This and close_staging are
+  /// requests/memory.cpp's, for Slot's and Staging's destructors too.
   std::uint32_t free_slots(ArenaId arena, std::span<const SlotId> slots);
   void close_staging(StagingId id);
 
