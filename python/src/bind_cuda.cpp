@@ -18,6 +18,7 @@
 #include "statepool/client.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/page.hpp"
+#include "typing.hpp"
 
 #if STATEPOOL_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -367,7 +368,7 @@ module built with CUDA (HAVE_CUDA).)doc")
           "Bytes decode() writes: the staged state (codec.staged_bytes(dtype)).")
       .def(
           "decode",
-          [](const DeviceDecoderHandle& h, const py::object& slot, const py::object& out,
+          [](const DeviceDecoderHandle& h, const SlotOrId& slot, const py::object& out,
              std::uintptr_t stream) {
             const client::SlotId id = slot_in(*h.arena, slot);
 #if STATEPOOL_HAVE_CUDA

@@ -1,5 +1,6 @@
 // statepool.Arch/DType/CodecId/KvCodec/StepQuantVariant, StateLayout, Plan, PageCodec.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,43 +43,67 @@ void bind_kernels(py::module_& m) {
   py::enum_<kernels::Arch>(m, "Arch",
                            "Gated-delta-rule family: gdn (a gate per head) or kda "
                            "(a gate per key channel).")
-      .value("gdn", kernels::Arch::gdn)
-      .value("kda", kernels::Arch::kda);
+      .value("gdn", kernels::Arch::gdn, "Gated DeltaNet: a gate per head.")
+      .value("kda", kernels::Arch::kda, "Kimi Delta Attention: a gate per key channel.");
   py::enum_<kernels::DType>(m, "DType", "Element type of full-precision data.")
-      .value("f32", kernels::DType::f32)
-      .value("bf16", kernels::DType::bf16)
-      .value("f16", kernels::DType::f16);
+      .value("f32", kernels::DType::f32, "float32.")
+      .value("bf16", kernels::DType::bf16, "bfloat16.")
+      .value("f16", kernels::DType::f16, "float16 (conv states only: f16 staging is refused).");
   py::enum_<kernels::CodecId>(m, "CodecId", "Codec of the recurrent state (docs/codecs.md).")
-      .value("fp32", kernels::CodecId::fp32)
-      .value("bf16", kernels::CodecId::bf16)
-      .value("fp16", kernels::CodecId::fp16)
-      .value("int4", kernels::CodecId::int4)
-      .value("int6", kernels::CodecId::int6)
-      .value("int8", kernels::CodecId::int8)
-      .value("stepquant4", kernels::CodecId::stepquant4)
-      .value("stepquant6", kernels::CodecId::stepquant6)
-      .value("dsq4", kernels::CodecId::dsq4)
-      .value("dsq6", kernels::CodecId::dsq6);
+      .value("fp32", kernels::CodecId::fp32, "float32 values: a copy, exact.")
+      .value("bf16", kernels::CodecId::bf16, "bfloat16 values (round to nearest even).")
+      .value("fp16", kernels::CodecId::fp16, "float16 values (round to nearest even).")
+      .value("int4", kernels::CodecId::int4,
+             "4-bit codes, symmetric absmax per group of group_size values, fp16 scales.")
+      .value("int6", kernels::CodecId::int6,
+             "6-bit codes, symmetric absmax per group of group_size values, fp16 scales.")
+      .value("int8", kernels::CodecId::int8,
+             "8-bit codes, symmetric absmax per group of group_size values, fp16 scales.")
+      .value("stepquant4", kernels::CodecId::stepquant4,
+             "STEPQuant at a 4-bit budget: per-unit widths from a calibration plan (needs a Plan).")
+      .value("stepquant6", kernels::CodecId::stepquant6,
+             "STEPQuant at a 6-bit budget: per-unit widths from a calibration plan (needs a Plan).")
+      .value("dsq4", kernels::CodecId::dsq4,
+             "Dual-scale baseline at 4 bits: fp16 row and column scales per head, no plan.")
+      .value("dsq6", kernels::CodecId::dsq6,
+             "Dual-scale baseline at 6 bits: fp16 row and column scales per head, no plan.");
   py::enum_<kernels::KvCodecId>(m, "KvCodec",
                                 "Codec of a hybrid snapshot's KV blocks (docs/codecs.md, "
                                 "\"KV-cache codecs\").")
-      .value("bf16", kernels::KvCodecId::bf16)
-      .value("fp8", kernels::KvCodecId::fp8)
-      .value("kivi2", kernels::KvCodecId::kivi2)
-      .value("kivi4", kernels::KvCodecId::kivi4)
-      .value("flexgen4", kernels::KvCodecId::flexgen4);
+      .value(
+          "bf16", kernels::KvCodecId::bf16,
+          "bfloat16, 2 B per value (round to nearest even, saturating at the largest finite bf16).")
+      .value("fp8", kernels::KvCodecId::fp8,
+             "OCP FP8 E4M3, 1 B per value, saturating at +-448; no per-tensor scale.")
+      .value("kivi2", kernels::KvCodecId::kivi2,
+             "KIVI at 2 bits: asymmetric groups of 32, keys per channel, values per token; the "
+             "newest 128 tokens stay FP16.")
+      .value("kivi4", kernels::KvCodecId::kivi4, "KIVI at 4 bits (as kivi2).")
+      .value("flexgen4", kernels::KvCodecId::flexgen4,
+             "4-bit asymmetric groups of 32 channels of one token, keys and values alike.");
   py::enum_<kernels::StepQuantVariant>(m, "StepQuantVariant",
                                        "STEPQuant ablation: both axes, spatial only, temporal "
                                        "only, both axes without the refit.")
-      .value("full", kernels::StepQuantVariant::full)
-      .value("spatial_only", kernels::StepQuantVariant::spatial_only)
-      .value("temporal_only", kernels::StepQuantVariant::temporal_only)
-      .value("no_refit", kernels::StepQuantVariant::no_refit);
+      .value("full", kernels::StepQuantVariant::full, "The codec as calibrated (both axes).")
+      .value("spatial_only", kernels::StepQuantVariant::spatial_only,
+             "Every non-pivot unit at the budget width, with the impact-weighted fit.")
+      .value("temporal_only", kernels::StepQuantVariant::temporal_only,
+             "The plan's widths with plain per-row absmax scales, no column scales.")
+      .value("no_refit", kernels::StepQuantVariant::no_refit,
+             "As calibrated, without the least-squares refit of the column scales.");
 
-  py::class_<sq::Plan, std::shared_ptr<sq::Plan>>(m, "Plan", R"doc(
+  // Both classes exist before either's methods, whose signatures name the other
+  // (Plan.nominal(layout), StateLayout(plan=...)).
+  py::class_<sq::Plan, std::shared_ptr<sq::Plan>> plan_class(m, "Plan", R"doc(
 A STEPQuant calibration plan (docs/plans.md): per-unit bit widths, FP16 pivots and per-row
 impact factors for one model shape. Made by ``statepool-quant calibrate`` and loaded with
-``Plan.load(path)``, or built from its fields (validated).)doc")
+``Plan.load(path)``, or built from its fields (validated).)doc");
+  py::class_<StateLayout> layout_class(m, "StateLayout", R"doc(
+The shape of one request's whole recurrent state (every linear-attention layer) and the codec
+that stores it; one arena page holds one such state. Staged (full-precision) states are
+``[num_layers][num_heads][key_dim][value_dim]`` in float32 or bfloat16, followed by the conv
+state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc");
+  plan_class
       .def(py::init([](kernels::Arch arch, std::uint32_t num_layers, std::uint32_t num_heads,
                        std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_t budget_bits,
                        std::vector<std::uint8_t> widths, std::vector<float> impact,
@@ -132,40 +157,42 @@ sizes pages with. For trying STEPQuant before calibrating; a calibrated plan
       .def(
           "save", [](const sq::Plan& p, const std::string& path) { sq::save(p, path); },
           py::arg("path"), "Writes the plan file atomically (temporary file, fsync, rename).")
-      .def_readonly("arch", &sq::Plan::arch)
-      .def_readonly("num_layers", &sq::Plan::num_layers)
-      .def_readonly("num_heads", &sq::Plan::num_heads)
-      .def_readonly("key_dim", &sq::Plan::key_dim)
-      .def_readonly("value_dim", &sq::Plan::value_dim)
-      .def_readonly("budget_bits", &sq::Plan::budget_bits)
+      .def_readonly("arch", &sq::Plan::arch, "Gated-delta-rule family of the model.")
+      .def_readonly("num_layers", &sq::Plan::num_layers, "Linear-attention layers.")
+      .def_readonly("num_heads", &sq::Plan::num_heads, "Heads per layer.")
+      .def_readonly("key_dim", &sq::Plan::key_dim, "Key dimension (rows of a head's state).")
+      .def_readonly("value_dim", &sq::Plan::value_dim,
+                    "Value dimension (columns of a head's state).")
+      .def_readonly("budget_bits", &sq::Plan::budget_bits,
+                    "The bit budget: 6 (stepquant6) or 4 (stepquant4).")
       .def_readonly("widths", &sq::Plan::widths, "Width per unit (a copy).")
       .def_readonly("impact", &sq::Plan::impact, "Impact factor per key row (a copy).")
-      .def_readonly("source", &sq::Plan::source)
+      .def_readonly("source", &sq::Plan::source, "Free text: model, trace, tool version.")
       .def_readonly("page_format", &sq::Plan::page_format,
                     "STEPQuant page format the plan was calibrated with (1: before 2026-12-05).")
       .def_property_readonly(
           "digest", [](const sq::Plan& p) { return sq::digest(p); },
           "16 hex characters that layouts name the plan by.")
-      .def_property_readonly("units", &sq::Plan::units)
-      .def_property_readonly("pivots", &sq::Plan::pivots)
+      .def_property_readonly("units", &sq::Plan::units,
+                             "Heads (GDN) or key rows (KDA): len(widths) of a valid plan.")
+      .def_property_readonly("pivots", &sq::Plan::pivots, "FP16 pivot units (width 16).")
       .def_property_readonly("average_width", &sq::Plan::average_width,
                              "Average nominal bits per value (pivots count 16).")
-      .def("__repr__", [](const sq::Plan& p) {
-        return "<statepool.Plan " + sq::digest(p) + " " + kernels::to_string(p.arch) + " " +
-               std::to_string(p.budget_bits) + "-bit, " + std::to_string(p.units()) + " units, " +
-               std::to_string(p.pivots()) + " pivots>";
-      });
+      .def(
+          "__repr__",
+          [](const sq::Plan& p) {
+            return "<statepool.Plan " + sq::digest(p) + " " + kernels::to_string(p.arch) + " " +
+                   std::to_string(p.budget_bits) + "-bit, " + std::to_string(p.units()) +
+                   " units, " + std::to_string(p.pivots()) + " pivots>";
+          },
+          "'<statepool.Plan digest arch N-bit, U units, P pivots>'.");
 
-  py::class_<StateLayout>(m, "StateLayout", R"doc(
-The shape of one request's whole recurrent state (every linear-attention layer) and the codec
-that stores it; one arena page holds one such state. Staged (full-precision) states are
-``[num_layers][num_heads][key_dim][value_dim]`` in float32 or bfloat16, followed by the conv
-state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
+  layout_class
       .def(py::init([](kernels::Arch arch, std::uint32_t num_layers, std::uint32_t num_heads,
                        std::uint32_t key_dim, std::uint32_t value_dim, std::uint32_t conv_channels,
                        std::uint32_t conv_width, kernels::DType conv_dtype, kernels::CodecId codec,
                        std::uint32_t group_size, kernels::StepQuantVariant variant,
-                       std::shared_ptr<sq::Plan> plan, std::string name) {
+                       std::optional<std::shared_ptr<sq::Plan>> plan, std::string name) {
              StateLayout l;
              l.name = std::move(name);
              l.arch = arch;
@@ -177,7 +204,7 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
              l.conv_width = conv_width;
              l.conv_dtype = conv_dtype;
              l.codec = {codec, group_size, variant};
-             l.plan = std::move(plan);
+             l.plan = plan ? std::move(*plan) : nullptr;
              if (const std::string problem = kernels::validate(l); !problem.empty()) {
                throw py::value_error("invalid layout: " + problem);
              }
@@ -191,27 +218,40 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
            py::arg("plan") = nullptr, py::arg("name") = "",
            "Builds and validates a layout (ValueError names the field). stepquant4/6 need a "
            "plan of the same shape; group_size 0 means 128.")
-      .def_readonly("name", &StateLayout::name)
-      .def_readonly("arch", &StateLayout::arch)
-      .def_readonly("num_layers", &StateLayout::num_layers)
-      .def_readonly("num_heads", &StateLayout::num_heads)
-      .def_readonly("key_dim", &StateLayout::key_dim)
-      .def_readonly("value_dim", &StateLayout::value_dim)
-      .def_readonly("conv_channels", &StateLayout::conv_channels)
-      .def_readonly("conv_width", &StateLayout::conv_width)
-      .def_readonly("conv_dtype", &StateLayout::conv_dtype)
-      .def_property_readonly("codec", [](const StateLayout& l) { return l.codec.id; })
-      .def_property_readonly("group_size", [](const StateLayout& l) { return l.codec.group_size; })
-      .def_property_readonly("variant", [](const StateLayout& l) { return l.codec.variant; })
+      .def_readonly("name", &StateLayout::name, "The layout's name ('' for none).")
+      .def_readonly("arch", &StateLayout::arch, "Gated-delta-rule family.")
+      .def_readonly("num_layers", &StateLayout::num_layers, "Linear-attention layers.")
+      .def_readonly("num_heads", &StateLayout::num_heads, "Heads per layer.")
+      .def_readonly("key_dim", &StateLayout::key_dim, "Key dimension (rows of a head's state).")
+      .def_readonly("value_dim", &StateLayout::value_dim,
+                    "Value dimension (columns of a head's state).")
+      .def_readonly("conv_channels", &StateLayout::conv_channels,
+                    "Channels of the conv state per layer (0: none).")
+      .def_readonly("conv_width", &StateLayout::conv_width, "Width of the conv state (0: none).")
+      .def_readonly("conv_dtype", &StateLayout::conv_dtype,
+                    "Element type of the conv state (stored raw).")
       .def_property_readonly(
-          "plan", [](const StateLayout& l) { return std::const_pointer_cast<sq::Plan>(l.plan); },
+          "codec", [](const StateLayout& l) { return l.codec.id; }, "Codec of the recurrent state.")
+      .def_property_readonly(
+          "group_size", [](const StateLayout& l) { return l.codec.group_size; },
+          "Group size of the int codecs (0 means 128).")
+      .def_property_readonly(
+          "variant", [](const StateLayout& l) { return l.codec.variant; },
+          "STEPQuant ablation variant.")
+      .def_property_readonly(
+          "plan",
+          [](const StateLayout& l) -> std::optional<std::shared_ptr<sq::Plan>> {
+            if (!l.plan) return std::nullopt;
+            return std::const_pointer_cast<sq::Plan>(l.plan);
+          },
           "The STEPQuant plan, or None.")
       .def(
           "with_codec",
-          [](const StateLayout& l, kernels::CodecId codec, std::shared_ptr<sq::Plan> plan) {
+          [](const StateLayout& l, kernels::CodecId codec,
+             std::optional<std::shared_ptr<sq::Plan>> plan) {
             StateLayout other = l;
             other.codec = {codec, l.codec.group_size, l.codec.variant};
-            other.plan = std::move(plan);
+            other.plan = plan ? std::move(*plan) : nullptr;
             if (const std::string problem = kernels::validate(other); !problem.empty()) {
               throw py::value_error("invalid layout: " + problem);
             }
@@ -220,19 +260,24 @@ state ``[num_layers][conv_channels][conv_width]`` in ``conv_dtype``.)doc")
           py::arg("codec"), py::arg("plan") = nullptr, "The same shape stored with another codec.")
       .def(
           "__eq__",
-          [](const StateLayout& a, const StateLayout& b) { return a.same_shape_and_codec(b); },
-          py::is_operator())
-      .def("__repr__", &layout_repr);
+          [](const StateLayout& a, const py::object& other) {
+            return py::isinstance<StateLayout>(other) &&
+                   a.same_shape_and_codec(other.cast<const StateLayout&>());
+          },
+          py::arg("other"), "Same shape and codec (plans compared too); False for anything else.")
+      .def("__repr__", &layout_repr,
+           "\"<statepool.StateLayout 'name' arch LxHxKxV conv CxW codec>\".");
 
   py::class_<PageCodec, std::shared_ptr<PageCodec>>(m, "PageCodec", R"doc(
 The page format of a layout, to encode and decode pages in this process with the same code
 as the daemon. Thread-safe; encode/decode release the GIL.)doc")
-      .def(py::init<StateLayout>(), py::arg("layout"))
-      .def_property_readonly("layout", &PageCodec::layout)
+      .def(py::init<StateLayout>(), py::arg("layout"), "The page codec of ``layout``.")
+      .def_property_readonly("layout", &PageCodec::layout, "The layout (a copy).")
       .def_property_readonly("page_bytes", &PageCodec::page_bytes, "Exact bytes of one page.")
       .def_property_readonly("fp32_bytes", &PageCodec::fp32_bytes,
                              "Bytes of the same state with every value in float32.")
-      .def_property_readonly("compression_ratio", &PageCodec::compression_ratio)
+      .def_property_readonly("compression_ratio", &PageCodec::compression_ratio,
+                             "fp32_bytes / page_bytes.")
       .def_property_readonly("head_count", &PageCodec::head_count, "num_layers * num_heads.")
       .def(
           "head_offset",

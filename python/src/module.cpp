@@ -42,23 +42,43 @@ PYBIND11_MODULE(_core, m) {
   using namespace statepool::python;
   m.doc() = "statepool's C++ client library (use the statepool package, which re-exports it)";
   py::enum_<statepool::Status>(m, "Status", "Reply status of the daemon (protocol/statepool.fbs).")
-      .value("ok", statepool::Status::ok)
-      .value("invalid_argument", statepool::Status::invalid_argument)
-      .value("not_found", statepool::Status::not_found)
-      .value("quota_exceeded", statepool::Status::quota_exceeded)
-      .value("pool_exhausted", statepool::Status::pool_exhausted)
-      .value("not_owner", statepool::Status::not_owner)
-      .value("unsupported_version", statepool::Status::unsupported_version)
-      .value("protocol_error", statepool::Status::protocol_error)
-      .value("lease_busy", statepool::Status::lease_busy)
-      .value("unknown_tenant", statepool::Status::unknown_tenant)
-      .value("permission_denied", statepool::Status::permission_denied)
-      .value("draining", statepool::Status::draining)
-      .value("not_finite", statepool::Status::not_finite)
-      .value("internal", statepool::Status::internal)
-      .value("not_hello", statepool::Status::not_hello)
-      .value("too_many_connections", statepool::Status::too_many_connections)
-      .value("in_use", statepool::Status::in_use);
+      .value("ok", statepool::Status::ok, "Success.")
+      .value("invalid_argument", statepool::Status::invalid_argument,
+             "A field is out of range or inconsistent (statepool.InvalidArgument).")
+      .value("not_found", statepool::Status::not_found,
+             "Unknown layout, arena, staging buffer or plan (statepool.NotFound).")
+      .value("quota_exceeded", statepool::Status::quota_exceeded,
+             "A per-tenant or per-connection limit would be exceeded (statepool.QuotaExceeded).")
+      .value("pool_exhausted", statepool::Status::pool_exhausted,
+             "No capacity left: the pool, the arena's free pages, or the staging capacity "
+             "(statepool.PoolExhausted).")
+      .value("not_owner", statepool::Status::not_owner,
+             "The slot is allocated to another lease (statepool.NotOwner).")
+      .value("unsupported_version", statepool::Status::unsupported_version,
+             "No common protocol version (statepool.UnsupportedVersion).")
+      .value("protocol_error", statepool::Status::protocol_error,
+             "The daemon found a malformed frame or message (statepool.ProtocolError).")
+      .value("lease_busy", statepool::Status::lease_busy,
+             "The lease token is held by another live connection (statepool.LeaseBusy).")
+      .value("unknown_tenant", statepool::Status::unknown_tenant,
+             "The tenant is not configured in the daemon (statepool.UnknownTenant).")
+      .value("permission_denied", statepool::Status::permission_denied,
+             "Not allowed: peer uid, tenant, another tenant's arena, or Drain by a non-operator "
+             "(statepool.PermissionDenied).")
+      .value("draining", statepool::Status::draining,
+             "The daemon is draining (statepool.Draining).")
+      .value("not_finite", statepool::Status::not_finite,
+             "A state to compress holds NaN or Inf; the page is unchanged (statepool.NotFinite).")
+      .value("internal", statepool::Status::internal,
+             "A bug or an operating-system failure in the daemon (statepool.Internal).")
+      .value("not_hello", statepool::Status::not_hello,
+             "The first request of a connection must be Hello (statepool.NotHello).")
+      .value("too_many_connections", statepool::Status::too_many_connections,
+             "The daemon, the uid or the tenant has no connection left "
+             "(statepool.TooManyConnections).")
+      .value("in_use", statepool::Status::in_use,
+             "close_arena(): the arena still has held pages, pinned or busy snapshots, or other "
+             "connections that opened it (statepool.InUse).");
   bind_views(m);
   bind_kernels(m);
   bind_client(m);

@@ -10,6 +10,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include "typing.hpp"
+
 namespace statepool::python {
 
 std::size_t element_bytes(Element element) noexcept {
@@ -339,7 +341,7 @@ backend) offers DLPack and ``__cuda_array_interface__``. Whatever is made from a
 the memory mapped; the buffer it views cannot be closed while such objects exist.
 bfloat16 views have no numpy equivalent: use DLPack (PyTorch) for them.)doc")
       .def_property_readonly(
-          "shape", [](const View& v) { return shape_tuple(v); }, "Dimensions, C order.")
+          "shape", [](const View& v) { return Dims(shape_tuple(v)); }, "Dimensions, C order.")
       .def_property_readonly(
           "dtype", [](const View& v) { return to_string(v.element); },
           "Element type: 'uint8', 'float32', 'float16' or 'bfloat16'.")
@@ -353,25 +355,30 @@ bfloat16 views have no numpy equivalent: use DLPack (PyTorch) for them.)doc")
       .def_property_readonly(
           "data_ptr", [](const View& v) { return reinterpret_cast<std::uintptr_t>(v.data); },
           "Address of the first element (a device address for device memory).")
-      .def("__len__", [](const View& v) { return v.shape.empty() ? 0 : v.shape[0]; })
-      .def("__repr__",
-           [](const View& v) {
-             std::string dims;
-             for (const std::int64_t d : v.shape)
-               dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-             return "<statepool.View " + std::string(to_string(v.element)) + "[" + dims + "] on " +
-                    (v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu")) + ">";
-           })
       .def(
-          "__dlpack__", [](const View& v, const py::object& /*stream*/) { return to_dlpack(v); },
+          "__len__", [](const View& v) { return v.shape.empty() ? 0 : v.shape[0]; },
+          "The first dimension (0 for a view without dimensions).")
+      .def(
+          "__repr__",
+          [](const View& v) {
+            std::string dims;
+            for (const std::int64_t d : v.shape)
+              dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+            return "<statepool.View " + std::string(to_string(v.element)) + "[" + dims + "] on " +
+                   (v.device ? "cuda:" + std::to_string(v.device_id) : std::string("cpu")) + ">";
+          },
+          "'<statepool.View dtype[dims] on device>'.")
+      .def(
+          "__dlpack__",
+          [](const View& v, const py::object& /*stream*/) { return Capsule(to_dlpack(v)); },
           py::arg("stream") = py::none(), R"doc(
 DLPack capsule of the view (zero-copy). ``stream`` is accepted and ignored: the daemon's
 work on this memory is complete when its reply arrives, so there is nothing to order.)doc")
       .def(
           "__dlpack_device__",
           [](const View& v) {
-            return v.device ? py::make_tuple(static_cast<int>(kDLCUDA), v.device_id)
-                            : py::make_tuple(static_cast<int>(kDLCPU), 0);
+            return v.device ? std::pair<int, int>(kDLCUDA, v.device_id)
+                            : std::pair<int, int>(kDLCPU, 0);
           },
           "(device type, device id) as DLPack numbers them: (1, 0) for host memory.")
       .def_property_readonly(
@@ -394,7 +401,7 @@ work on this memory is complete when its reply arrives, so there is nothing to o
             cai["data"] = py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), false);
             cai["strides"] = py::none();
             cai["version"] = 3;
-            return cai;
+            return JsonObject(std::move(cai));
           },
           "CUDA array interface (version 3) of device memory.");
 }

@@ -390,3 +390,12 @@ def test_timeouts_in_seconds(tmp_path):
         statepool.connect(path, timeout=0.0009)  # rounds up to 1 ms, never to "forever"
     assert error.value.kind == "timed_out" and time.monotonic() - started < 5
     server.close()
+
+
+def test_the_package_exports_every_error_class():
+    import statepool.errors as errors
+    classes = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, errors.StatepoolError)}
+    assert classes == set(errors.__all__)
+    assert classes <= set(statepool.__all__)
+    assert all(getattr(statepool, name) is getattr(errors, name) for name in classes)
