@@ -1,7 +1,8 @@
-// The Redis client behind make_redis_store (store/redis_store.hpp): nodes (two blocking
-// hiredis connections each, one for lookups and one for writes, each behind a mutex), and
-// the store that routes keys to them (standalone, or Redis Cluster with a slot map).
-// Without hiredis only the stubs at the end are built.
+// The Redis client behind make_redis_store (store/redis_store.hpp): the store that routes
+// keys to nodes (standalone, or Redis Cluster with a slot map, MOVED and ASK), and the
+// parsing of the cluster's replies. A node, two blocking hiredis connections each behind
+// a mutex, is in store/redis_connection.{hpp,cpp}. Without hiredis only the stubs at the
+// end are built.
 //
 // Thread-safety: a Node serializes the calls of one Use with that connection's mutex; the
 // store's topology (mode, nodes, slot map) sits behind a shared mutex that is never held
@@ -16,23 +17,10 @@
 
 #if STATEPOOL_HAVE_HIREDIS
 
-// hiredis 0.14's sds.h has no extern "C" of its own (hiredis.h includes it before its
-// own), so its functions would get C++ names: include it first, with C linkage.
-extern "C" {
-#include <hiredis/sds.h>
-}
-#include <hiredis/hiredis.h>
-#include <pthread.h>
-#include <sys/time.h>
-
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <cerrno>
 #include <charconv>
-#include <csignal>
 #include <cstddef>
-#include <ctime>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -42,326 +30,20 @@ extern "C" {
 #include <system_error>
 #include <vector>
 
+#include "store/redis_connection.hpp"
+
 namespace statepool::service {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct ContextFree {
-  void operator()(redisContext* context) const noexcept { redisFree(context); }
-};
-using Context = std::unique_ptr<redisContext, ContextFree>;
-
-struct ReplyFree {
-  void operator()(redisReply* reply) const noexcept { freeReplyObject(reply); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyFree>;
+using redis::Clock;
+using redis::Command;
+using redis::Node;
+using redis::Reply;
+using redis::text_of;
+using redis::Use;
 
 // Key and value bytes of one SET, leaving room for the protocol's framing in an int.
 constexpr std::size_t kMaxCommandBytes = (std::size_t{1} << 31) - 4096;
-
-// A read buffer larger than this is given back after each reply (see trim_reader_locked).
-constexpr std::size_t kKeptReadBuffer = std::size_t{1} << 20;
-
-timeval to_timeval(std::chrono::milliseconds timeout) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
-  return tv;
-}
-
-std::string_view text_of(const redisReply& reply) {
-  return {reply.str, reply.len};
-}
-
-// hiredis writes with write(2): a peer that has gone away raises SIGPIPE, which kills a
-// process that has not ignored it (statepoold ignores it; a test or a tool may not). The
-// signal is blocked on this thread while hiredis runs, and one it raised is consumed.
-class SigpipeBlock {
- public:
-  SigpipeBlock() noexcept {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
-    blocked_ = pthread_sigmask(SIG_BLOCK, &set_, &previous_) == 0;
-  }
-  ~SigpipeBlock() {
-    if (!blocked_) return;
-    const int saved_errno = errno;
-    sigset_t pending;
-    sigemptyset(&pending);
-    if (!was_pending_ && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
-      const timespec zero{0, 0};
-      while (sigtimedwait(&set_, nullptr, &zero) == -1 && errno == EINTR) {
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-    errno = saved_errno;
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t set_{};
-  sigset_t previous_{};
-  bool was_pending_ = false;
-  bool blocked_ = false;
-};
-
-// One command: its words (binary-safe: hiredis gets lengths, never C strings) and its
-// name for messages.
-class Command {
- public:
-  Command(const char* name, std::initializer_list<std::string_view> words) : name_(name) {
-    for (const std::string_view word : words) {
-      argv_[argc_] = word.empty() ? "" : word.data();  // never a null pointer for hiredis
-      lengths_[argc_] = word.size();
-      ++argc_;
-    }
-  }
-  [[nodiscard]] const char* name() const noexcept { return name_; }
-  [[nodiscard]] int argc() const noexcept { return static_cast<int>(argc_); }
-  [[nodiscard]] const char** argv() noexcept { return argv_.data(); }
-  [[nodiscard]] const std::size_t* lengths() const noexcept { return lengths_.data(); }
-
- private:
-  static constexpr std::size_t kMaxWords = 6;  // SET key value NX PX ms
-  const char* name_;
-  std::array<const char*, kMaxWords> argv_{};
-  std::array<std::size_t, kMaxWords> lengths_{};
-  std::size_t argc_ = 0;
-};
-
-// Why a command's I/O failed, from the context's error and the errno right after it.
-std::string io_reason(const redisContext& context, int saved_errno,
-                      std::chrono::milliseconds timeout) {
-  if (context.err == REDIS_ERR_IO && (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK)) {
-    return "timed out after " + std::to_string(timeout.count()) + " ms";
-  }
-  if (context.err == REDIS_ERR_EOF) return "connection closed by the server";
-  return context.errstr;
-}
-
-// What a command is for, which chooses the connection it goes over: lookups (GET, and
-// the CLUSTER SLOTS that a lookup asks) never queue behind writes (SET, DEL, and the
-// CLUSTER SLOTS the writer asks), whose values may take long to send.
-enum class Use : std::size_t { lookup = 0, write = 1 };
-
-// One server: its endpoint, and one connection per Use, each made on demand with its own
-// mutex and reconnect rate limit. What one connection learns about the server going away
-// (a connect that failed, a connection the server closed) is shared: the other connection
-// then fails fast instead of finding out by its own I/O or connect timeout, until a
-// connect works again. A timeout is not shared (a slow write says nothing about lookups).
-class Node {
- public:
-  Node(RedisEndpoint endpoint, std::chrono::milliseconds timeout, std::string password)
-      : endpoint_(std::move(endpoint)),
-        address_(to_string(endpoint_)),
-        label_("redis " + address_),
-        timeout_(timeout),
-        password_(std::move(password)) {}
-
-  [[nodiscard]] const RedisEndpoint& endpoint() const noexcept { return endpoint_; }
-  /// "127.0.0.1:6379"
-  [[nodiscard]] const std::string& address() const noexcept { return address_; }
-  /// "redis 127.0.0.1:6379": how messages name it.
-  [[nodiscard]] const std::string& label() const noexcept { return label_; }
-  /// Whether it has a connection now (a hint for choosing whom to ask first).
-  [[nodiscard]] bool connected() const noexcept {
-    return std::any_of(links_.begin(), links_.end(),
-                       [](const Link& link) { return link.connected.load(); });
-  }
-
-  /// Sends `command` (preceded by ASKING when `asking`) over the connection for `use` and
-  /// returns its reply, error replies included. Throws RemoteError when the node cannot
-  /// be reached or the I/O fails (that connection is then dropped).
-  Reply run(Command& command, bool asking, Use use) {
-    Link& link = links_[static_cast<std::size_t>(use)];
-    const std::lock_guard lock(link.mutex);
-    const SigpipeBlock sigpipe;
-    // The server went away since this connection was made (the other one found out): it
-    // is dead too, whatever came back since.
-    if (link.context != nullptr) {
-      std::string why;
-      if (broken_since(link.last_attempt, why)) drop_locked(link, why);
-    }
-    for (int attempt = 0;; ++attempt) {
-      const bool reused = link.context != nullptr;
-      if (!reused) connect_locked(link);
-      int saved_errno = 0;
-      Reply reply = issue_locked(link, command, asking, saved_errno);
-      if (reply) {
-        trim_reader_locked(link);
-        return reply;
-      }
-      const int error = link.context->err;
-      const std::string reason = io_reason(*link.context, saved_errno, timeout_);
-      drop_locked(link, reason);
-      // A connection that the server closed while it sat idle (a restart, the server's
-      // `timeout` setting) is made again at once, once: SET NX, GET and DEL can be
-      // repeated.
-      const bool closed =
-          error == REDIS_ERR_EOF ||
-          (error == REDIS_ERR_IO && (saved_errno == EPIPE || saved_errno == ECONNRESET));
-      std::string why;
-      if (reused && closed && attempt == 0 && may_connect_locked(link, Clock::now(), why)) {
-        continue;
-      }
-      if (closed) note_broken(reason);  // not a timeout: a slow write says nothing
-      throw RemoteError(label_ + ": " + command.name() + " failed: " + reason);
-    }
-  }
-
- private:
-  // One connection and its reconnect rate limit; everything but `connected` under `mutex`.
-  struct Link {
-    std::mutex mutex;
-    Context context;
-    std::atomic<bool> connected{false};
-    bool attempted = false;
-    Clock::time_point last_attempt{};
-    std::string last_error;
-  };
-
-  // At most one connect per `timeout` per connection, and none within `timeout` of the
-  // server going away unless a connect worked since. `why`: the reason when not.
-  [[nodiscard]] bool may_connect_locked(const Link& link, Clock::time_point now,
-                                        std::string& why) const {
-    if (link.attempted && now - link.last_attempt < timeout_) {
-      why = link.last_error;
-      return false;
-    }
-    const std::lock_guard lock(health_mutex_);
-    if (broken_ && now - broken_at_ < timeout_ && connected_at_ < broken_at_) {
-      why = broken_reason_;
-      return false;
-    }
-    return true;
-  }
-
-  // Whether the server went away (as one connection found) after `since`.
-  [[nodiscard]] bool broken_since(Clock::time_point since, std::string& why) const {
-    const std::lock_guard lock(health_mutex_);
-    if (!broken_ || broken_at_ <= since) return false;
-    why = broken_reason_;
-    return true;
-  }
-
-  void note_broken(const std::string& reason) {
-    const std::lock_guard lock(health_mutex_);
-    broken_ = true;
-    broken_at_ = Clock::now();
-    broken_reason_ = reason;
-  }
-
-  void connect_locked(Link& link) {
-    const Clock::time_point now = Clock::now();
-    std::string why;
-    if (!may_connect_locked(link, now, why)) throw RemoteError(label_ + " unreachable: " + why);
-    link.attempted = true;
-    link.last_attempt = now;
-    // Every failure below is the server's or the network's: the other connection is told.
-    const auto refused = [&](std::string reason, const char* how) {
-      link.last_error = std::move(reason);
-      note_broken(link.last_error);
-      return RemoteError(label_ + how + link.last_error);
-    };
-    const timeval tv = to_timeval(timeout_);
-    Context context(redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv));
-    if (!context) throw refused("cannot allocate a connection", " unreachable: ");
-    if (context->err != 0) throw refused(context->errstr, " unreachable: ");
-    // hiredis 0.14 uses the connect timeout for connecting only: reads and writes get it
-    // here (SO_RCVTIMEO / SO_SNDTIMEO).
-    if (redisSetTimeout(context.get(), tv) != REDIS_OK) {
-      throw refused(std::string("cannot set the timeout: ") + context->errstr, " unreachable: ");
-    }
-    (void)redisEnableKeepAlive(context.get());  // best effort: finds half-dead peers
-    if (!password_.empty()) {
-      const char* argv[] = {"AUTH", password_.data()};
-      const std::size_t lengths[] = {4, password_.size()};
-      Reply reply(static_cast<redisReply*>(redisCommandArgv(context.get(), 2, argv, lengths)));
-      if (!reply) throw refused("AUTH: " + io_reason(*context, errno, timeout_), " unreachable: ");
-      if (reply->type == REDIS_REPLY_ERROR) {
-        throw refused("AUTH failed: " + std::string(text_of(*reply)), ": ");
-      }
-    }
-    link.context = std::move(context);
-    link.connected = true;
-    const std::lock_guard lock(health_mutex_);
-    connected_at_ = Clock::now();
-  }
-
-  static Reply issue_locked(Link& link, Command& command, bool asking, int& saved_errno) {
-    redisContext* context = link.context.get();
-    if (asking && redisAppendCommand(context, "ASKING") != REDIS_OK) {
-      saved_errno = errno;
-      return nullptr;
-    }
-    if (redisAppendCommandArgv(context, command.argc(), command.argv(), command.lengths()) !=
-        REDIS_OK) {
-      saved_errno = errno;
-      return nullptr;
-    }
-    void* raw = nullptr;
-    if (asking) {
-      // An error answer to ASKING shows in the command's own answer.
-      if (redisGetReply(context, &raw) != REDIS_OK) {
-        saved_errno = errno;
-        return nullptr;
-      }
-      const Reply asking_reply(static_cast<redisReply*>(raw));
-      raw = nullptr;
-    }
-    if (redisGetReply(context, &raw) != REDIS_OK) {
-      saved_errno = errno;
-      return nullptr;
-    }
-    return Reply(static_cast<redisReply*>(raw));
-  }
-
-  // hiredis's reader frees a large empty buffer only when the next reply arrives
-  // (maxbuf), so a 150 MB GET would keep 150 MB per connection until the next call; give
-  // it back now. The reader's fields are public in hiredis 0.14 (its sds names change in
-  // 1.x).
-  static void trim_reader_locked(Link& link) {
-#if HIREDIS_MAJOR == 0
-    redisReader* reader = link.context->reader;
-    if (reader->buf != nullptr && reader->pos == reader->len &&
-        sdsalloc(reader->buf) > kKeptReadBuffer) {
-      sds fresh = sdsempty();
-      if (fresh == nullptr) return;
-      sdsfree(reader->buf);
-      reader->buf = fresh;
-      reader->pos = 0;
-      reader->len = 0;
-    }
-#else
-    (void)link;
-#endif
-  }
-
-  static void drop_locked(Link& link, const std::string& reason) {
-    link.context.reset();
-    link.connected = false;
-    link.last_error = reason;
-  }
-
-  const RedisEndpoint endpoint_;
-  const std::string address_;
-  const std::string label_;
-  const std::chrono::milliseconds timeout_;
-  const std::string password_;
-  std::array<Link, 2> links_;  // by Use
-
-  // Shared by the connections; never held during I/O.
-  mutable std::mutex health_mutex_;
-  bool broken_ = false;               // the server went away once (a connect failed, or it
-  Clock::time_point broken_at_{};     // closed a connection), the last time at broken_at_,
-  std::string broken_reason_;         // for this reason
-  Clock::time_point connected_at_{};  // the last connect that worked
-};
 
 // A MOVED or ASK error reply: "MOVED 3999 127.0.0.1:6381".
 struct Redirect {

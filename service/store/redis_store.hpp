@@ -3,7 +3,7 @@
 // or Redis Cluster), through hiredis (Debian's libhiredis-dev). hiredis is optional at
 // build time: without it redis_available() is false and make_redis_store() throws.
 //
-// What a store does (store/redis_store.cpp):
+// What a store does (store/redis_store.cpp; its nodes: store/redis_connection.cpp):
 //   - At construction it asks the seeds CLUSTER SLOTS: an array makes it a cluster client
 //     (slot map of the masters, one connection per node), an error such as "cluster
 //     support disabled" a standalone client (one connection). Seeds that are all down do
