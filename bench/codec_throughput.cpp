@@ -5,9 +5,9 @@
 //                          [--kv-tokens N] [--kv-channels N]
 //
 // Layout: GDN, K = V = 128, conv 4096 channels x 3 in bf16, `layers` x `heads` heads.
-// The state is synthetic (gated delta rule, statepool/synthetic/state.hpp). Throughput is bytes of the
-// f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs
-// after one warm-up; "x memcpy" is that throughput divided by memcpy's.
+// The state is synthetic (gated delta rule, statepool/synthetic/state.hpp). Throughput is bytes of
+// the f32 staged state (recurrent FP32 + raw conv) per second, median of `iters` timed runs after
+// one warm-up; "x memcpy" is that throughput divided by memcpy's.
 //
 // stepquant6 runs with testing::mixed_width_plan (plans.hpp), not a calibrated plan: every
 // head at 6 bits except every 16th head (from 3) at 8 bits, every 16th (from 7) at 4

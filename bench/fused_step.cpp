@@ -31,8 +31,8 @@
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/support/worker_pool.hpp"
-#include "statepool/testing/decode_step.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/decode_step.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {

@@ -21,8 +21,8 @@
 #include "gpu_common.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/page.hpp"
-#include "statepool/testing/plans.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/plans.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
       const PageCodec codec(layout);
       const std::size_t staged_bytes = codec.staged_bytes(DType::f32);
       const std::size_t stride = (codec.page_bytes() + 255) / 256 * 256;
-      const auto host_state = statepool::synthetic::synthetic_staged_state(layout, 64, 7, DType::f32);
+      const auto host_state =
+          statepool::synthetic::synthetic_staged_state(layout, 64, 7, DType::f32);
       const cuda::DevicePageFormat format(codec, DType::f32);
       for (const std::uint32_t slots : batches) {
         DeviceBytes staged(staged_bytes * slots);

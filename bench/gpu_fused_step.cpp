@@ -29,8 +29,8 @@
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/cuda/step_kernels.hpp"
 #include "statepool/kernels/page.hpp"
-#include "statepool/testing/decode_step.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/decode_step.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {

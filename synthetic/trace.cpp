@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "statepool/kernels/recurrence.hpp"
 #include "statepool/calibration/seed.hpp"
+#include "statepool/kernels/recurrence.hpp"
 #include "statepool/synthetic/random.hpp"
 
 namespace statepool::synthetic {

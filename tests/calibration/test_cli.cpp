@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "statepool/calibration/npy.hpp"
-#include "statepool/testing/daemon.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/daemon.hpp"
 #include "statepool/testing/temp_dir.hpp"
 
 namespace statepool::calibration {

@@ -22,8 +22,8 @@ namespace {
 namespace sq = kernels::stepquant;
 using synthetic::SyntheticOptions;
 using synthetic::SyntheticSource;
-using testing::TempDir;
 using synthetic::write_synthetic_trace;
+using testing::TempDir;
 
 SyntheticOptions gdn_options() {
   SyntheticOptions o;

@@ -19,8 +19,8 @@ namespace {
 using synthetic::synthetic_manifest;
 using synthetic::SyntheticOptions;
 using synthetic::SyntheticSource;
-using testing::TempDir;
 using synthetic::write_synthetic_trace;
+using testing::TempDir;
 
 SyntheticOptions small(kernels::Arch arch) {
   SyntheticOptions o;

@@ -25,9 +25,9 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -36,9 +36,9 @@ using testing::DeviceBuffer;
 
 using cuda::DevicePageFormat;
 using stepquant::kPivotWidth;
+using synthetic::synthetic_staged_state;
 using testing::first_difference;
 using testing::plan_layout;
-using synthetic::synthetic_staged_state;
 
 constexpr unsigned long long kFinite = std::numeric_limits<unsigned long long>::max();
 

@@ -25,10 +25,10 @@
 #include "statepool/client_cuda.hpp"
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/synthetic/random.hpp"
 
 namespace {
 

@@ -17,9 +17,9 @@
 #include "statepool/kernels/cuda/step_kernels.hpp"
 #include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {

@@ -21,9 +21,9 @@
 #include <boost/json.hpp>
 
 #include "statepool/client.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
 #include "statepoolctl_run.hpp"
 

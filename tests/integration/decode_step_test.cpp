@@ -11,11 +11,11 @@
 
 #include "statepool/client.hpp"
 #include "statepool/decode_step.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -57,8 +57,8 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
   std::vector<std::vector<std::byte>> expected;
   std::vector<client::SlotId> ids;
   for (std::size_t b = 0; b < slots.size(); ++b) {
-    const auto state =
-        statepool::synthetic::synthetic_staged_state(codec.layout(), 32, 70 + b, kernels::DType::f32);
+    const auto state = statepool::synthetic::synthetic_staged_state(codec.layout(), 32, 70 + b,
+                                                                    kernels::DType::f32);
     std::memcpy(staging.bytes().data(), state.data(), state.size());
     conn.compress(slots[b], staging, 0);
     const auto page = arena.page(slots[b]);

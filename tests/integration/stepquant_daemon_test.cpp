@@ -11,9 +11,9 @@
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
-#include "statepool/synthetic/random.hpp"
 #include "statepool/testing/raw_peer.hpp"
 #include "statepool/testing/temp_dir.hpp"
 

@@ -43,11 +43,11 @@
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/random.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {

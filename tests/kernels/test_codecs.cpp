@@ -13,8 +13,8 @@
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/numeric.hpp"
-#include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
 
 namespace statepool::kernels {
 namespace {

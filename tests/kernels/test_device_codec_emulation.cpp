@@ -29,9 +29,9 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {

@@ -28,11 +28,11 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/recurrence.hpp"
 #include "statepool/support/worker_pool.hpp"
+#include "statepool/synthetic/random.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_instances.hpp"
 #include "statepool/testing/decode_step.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/random.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {

@@ -24,9 +24,9 @@
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/synthetic/state.hpp"
 #include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/testing/plans.hpp"
-#include "statepool/synthetic/state.hpp"
 
 namespace statepool::kernels {
 namespace {
@@ -336,8 +336,8 @@ TEST(StepQuantCodec, RejectsHeadsOutsideThePlanAndAnotherHeadsSize) {
 TEST(StepQuantCodec, VariantsChangeWhatTheyShould) {
   const Plan plan = kda_plan6();
   const auto x_all = [&] {
-    const auto staged =
-        synthetic::synthetic_staged_state(plan_layout(plan, CodecId::stepquant6), 200, 4, DType::f32);
+    const auto staged = synthetic::synthetic_staged_state(plan_layout(plan, CodecId::stepquant6),
+                                                          200, 4, DType::f32);
     return testing::bytes_to_floats(staged);
   }();
   const std::size_t n = std::size_t{plan.key_dim} * plan.value_dim;

@@ -18,9 +18,9 @@
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/stepquant/fit.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
-#include "statepool/testing/plans.hpp"
 #include "statepool/synthetic/random.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::kernels::stepquant {
 namespace {

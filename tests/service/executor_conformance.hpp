@@ -30,8 +30,8 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
 #include "statepool/protocol/status.hpp"
-#include "statepool/testing/plans.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/plans.hpp"
 
 namespace statepool::service::conformance {
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "statepool/kernels/page.hpp"
-#include "statepool/testing/codec_fixtures.hpp"
 #include "statepool/synthetic/random.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/codec_fixtures.hpp"
 
 namespace statepool::synthetic {
 namespace {
