@@ -153,17 +153,26 @@ def test_probes_refuse_other_methods_and_need_no_token(workdir):
 
 def activated(workdir, listen_path, daemon_socket):
     """The daemon under systemd-socket-activate, which listens on `listen_path` and
-    starts the daemon (passing the socket as LISTEN_FDS) at the first connection."""
+    starts the daemon (passing the socket as LISTEN_FDS) at the first connection, which
+    this makes."""
     activate = shutil.which("systemd-socket-activate")
     if activate is None:
         pytest.skip("systemd-socket-activate is not installed (Debian package systemd)")
     log = open(os.path.join(workdir, "daemon.log"), "w+")
     process = subprocess.Popen([activate, "-l", listen_path, *daemon_args(daemon_socket, "0")],
                                stderr=log)
+    # The socket file exists from bind(), before listen(): wait for a connect to succeed.
+    # That first connection starts the daemon (it finds the connection closed).
     deadline = time.monotonic() + 30
-    while not os.path.exists(listen_path):
+    while True:
         assert process.poll() is None, "systemd-socket-activate exited"
         assert time.monotonic() < deadline, "systemd-socket-activate did not listen"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(listen_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
         time.sleep(0.05)
     return process, log
 
@@ -172,7 +181,7 @@ def test_serves_the_socket_systemd_passes(workdir):
     sock = os.path.join(workdir, "statepool.sock")
     daemon, log = activated(workdir, sock, sock)
     try:
-        # The first connect starts the daemon; the connection waits in the backlog.
+        # Connections wait in the socket's backlog until the daemon serves them.
         result = ping(sock)
         assert result.returncode == 0, result.stderr
         daemon.send_signal(signal.SIGTERM)
@@ -195,9 +204,7 @@ def test_refuses_a_passed_socket_bound_elsewhere(workdir):
     configured = os.path.join(workdir, "statepool.sock")
     daemon, log = activated(workdir, passed, configured)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-            client.connect(passed)
-            assert daemon.wait(timeout=60) == 1
+        assert daemon.wait(timeout=60) == 1
         log.seek(0)
         text = log.read()
         assert f"not a listening Unix stream socket bound to {configured}" in text, text
