@@ -28,7 +28,7 @@
 #include "exec/host_executor.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "statepool/synthetic/random.hpp"
 #include "statepool/tools/cli.hpp"

@@ -11,7 +11,7 @@ namespace statepool::client {
 namespace {
 
 [[noreturn]] void fail(const char* what, cudaError_t status) {
-  throw Error(wire::Status::internal,
+  throw Error(Status::internal,
               std::string(what) + " failed: " + kernels::cuda::handled_error_text(status));
 }
 
@@ -111,7 +111,7 @@ kernels::cuda::DevicePageFormat format_on_device(const Arena& arena, kernels::DT
 DeviceDecoder::DeviceDecoder(const Arena& arena, kernels::DType staged_dtype) try
     : arena_(&checked(arena)), format_(format_on_device(arena, staged_dtype)) {
 } catch (const std::runtime_error& e) {
-  throw Error(wire::Status::internal, std::string("DeviceDecoder: ") + e.what());
+  throw Error(Status::internal, std::string("DeviceDecoder: ") + e.what());
 }
 
 void DeviceDecoder::decode(SlotId slot, void* staged, cudaStream_t stream) const {
@@ -128,7 +128,7 @@ void DeviceDecoder::decode(SlotId slot, void* staged, cudaStream_t stream) const
 DeviceDecodeStep::DeviceDecodeStep(const Arena& arena) try
     : arena_(&checked(arena)), format_(format_on_device(arena, kernels::DType::f32)) {
 } catch (const std::runtime_error& e) {
-  throw Error(wire::Status::internal, std::string("DeviceDecodeStep: ") + e.what());
+  throw Error(Status::internal, std::string("DeviceDecodeStep: ") + e.what());
 }
 
 void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,

@@ -19,10 +19,10 @@ namespace {
 using Kind = ConnectionError::Kind;
 
 // After these statuses the daemon closes the connection (protocol/statepool.fbs).
-bool closes_connection(wire::Status status) noexcept {
-  return status == wire::Status::protocol_error || status == wire::Status::not_hello ||
-         status == wire::Status::unsupported_version ||
-         status == wire::Status::too_many_connections;
+bool closes_connection(Status status) noexcept {
+  return status == Status::protocol_error || status == Status::not_hello ||
+         status == Status::unsupported_version ||
+         status == Status::too_many_connections;
 }
 
 // Reply tables without fields: a daemon may leave the union empty for them.
@@ -79,7 +79,7 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
   builder.Finish(wire::CreateRequest(builder, id, type, body));
   const std::uint32_t size = builder.GetSize();
   if (max_frame_bytes != 0 && size > max_frame_bytes) {
-    throw Error(wire::Status::invalid_argument,
+    throw Error(Status::invalid_argument,
                 std::string(name) + " request is " + std::to_string(size) +
                     " bytes, more than the daemon's frame limit of " +
                     std::to_string(max_frame_bytes) + "; split it into smaller requests");
@@ -136,7 +136,8 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
                             std::string("statepoold's reply to ") + name +
                                 " does not verify: " + protocol::to_string(payload_error));
     }
-    const bool status_ok = reply->status() == wire::Status::ok;
+    const Status status = protocol::from_wire(reply->status());
+    const bool status_ok = status == Status::ok;
     if (send_error && status_ok) throw ConnectionError(*send_error);
     if (reply->id() != id && !(reply->id() == 0 && !status_ok)) {
       throw ConnectionError(
@@ -158,14 +159,14 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
       std::string message = reply->message() != nullptr ? reply->message()->str() : "";
       if (message.empty()) {
         message = std::string("statepoold refused ") + name + ": " +
-                  protocol::status_name(reply->status());
+                  status_name(status);
       }
       // Id 0 answers a frame the daemon could not read, or refuses the whole connection:
       // either way the daemon closes it.
-      if (closes_connection(reply->status()) || reply->id() == 0 || send_error) {
+      if (closes_connection(status) || reply->id() == 0 || send_error) {
         mark_broken("statepoold closed it: " + message);
       }
-      throw Error(reply->status(), message);
+      throw Error(status, message);
     }
     if (reply->body_type() != expected || reply->body() == nullptr) {
       if (!(reply->body_type() == wire::ReplyBody::NONE && empty_reply(expected))) {
@@ -187,7 +188,7 @@ std::string str(const flatbuffers::String* s) {
 }
 
 void inconsistent(const std::string& what) {
-  throw Error(wire::Status::internal, "statepoold sent an inconsistent reply: " + what +
+  throw Error(Status::internal, "statepoold sent an inconsistent reply: " + what +
                                           " (client and daemon builds may differ; report it)");
 }
 

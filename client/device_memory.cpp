@@ -28,7 +28,7 @@ DeviceMapping map_device_memory(const kernels::MemoryDescriptor& where, int fd, 
     if (where.device_uuid != kernels::DeviceUuid{}) {
       device = kernels::cuda::device_with_uuid(where.device_uuid);
       if (device < 0) {
-        throw Error(wire::Status::internal,
+        throw Error(Status::internal,
                     "cannot map " + what + ": the daemon's GPU (its device " +
                         std::to_string(where.device) +
                         ") is not visible in this process; check CUDA_VISIBLE_DEVICES, or set "
@@ -46,19 +46,19 @@ DeviceMapping map_device_memory(const kernels::MemoryDescriptor& where, int fd, 
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(wire::Status::internal,
+    throw Error(Status::internal,
                 "cannot map " + what + " (device memory of CUDA device " +
                     std::to_string(where.device) + ", " + kernels::to_string(where.handle_kind) +
                     " handle): " + e.what() +
                     " — set Options::map_device_memory = false to use it by id only");
   }
-  throw Error(wire::Status::internal, what + ": handle kind " +
+  throw Error(Status::internal, what + ": handle kind " +
                                           kernels::to_string(where.handle_kind) +
                                           " is not device memory");
 #else
   (void)fd;
   (void)bytes;
-  throw Error(wire::Status::internal,
+  throw Error(Status::internal,
               what + " is device memory of CUDA device " + std::to_string(where.device) +
                   ", but this client library was built without CUDA; rebuild it with the CUDA "
                   "toolkit, or set Options::map_device_memory = false to use it by id only");

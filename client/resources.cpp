@@ -22,11 +22,11 @@ namespace {
 std::byte* map_shared(int fd, std::size_t bytes, const char* what) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
-    throw Error(wire::Status::internal,
+    throw Error(Status::internal,
                 std::string("cannot stat the ") + what + " descriptor: " + std::strerror(errno));
   }
   if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < bytes) {
-    throw Error(wire::Status::internal, std::string("statepoold sent a ") + what +
+    throw Error(Status::internal, std::string("statepoold sent a ") + what +
                                             " descriptor of " + std::to_string(st.st_size) +
                                             " bytes for a region of " + std::to_string(bytes) +
                                             " bytes; refusing to map it");
@@ -34,7 +34,7 @@ std::byte* map_shared(int fd, std::size_t bytes, const char* what) {
   if (bytes == 0) return nullptr;
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    throw Error(wire::Status::internal,
+    throw Error(Status::internal,
                 std::string("cannot map the ") + what + " (" + std::to_string(bytes) +
                     " bytes): " + std::strerror(errno) +
                     " — check the address-space limit (ulimit -v) and vm.max_map_count");

@@ -22,8 +22,9 @@
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
 #include "pool/pool.hpp"
+#include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/worker_pool.hpp"
 
@@ -69,7 +70,7 @@ service::Config harness_config() {
 
 /// Checks one reply as the peer would receive it (the session sends result.builder as is).
 void check_reply(const flatbuffers::FlatBufferBuilder& builder, std::uint64_t id,
-                 wire::Status status, const char* request, wire::RequestBody type, int fd) {
+                 Status status, const char* request, wire::RequestBody type, int fd) {
   const std::string what = std::string("reply to ") + request;
   if (builder.GetSize() == 0) fail(what + ": no reply was built");
   const std::span<const std::byte> bytes{
@@ -80,11 +81,11 @@ void check_reply(const flatbuffers::FlatBufferBuilder& builder, std::uint64_t id
   const wire::Reply* reply = protocol::verify_reply(copy, error);
   if (reply == nullptr) fail(what + ": the reply does not verify");
   if (reply->id() != id) fail(what + ": the reply id is not the request's");
-  if (reply->status() != status) fail(what + ": the reply status is not the handler's");
-  if (status == wire::Status::internal) {
+  if (protocol::from_wire(reply->status()) != status) fail(what + ": the reply status is not the handler's");
+  if (status == Status::internal) {
     fail(what + ": internal error: " + (reply->message() ? reply->message()->str() : ""));
   }
-  if (status == wire::Status::ok) {
+  if (status == Status::ok) {
     if (static_cast<int>(reply->body_type()) != static_cast<int>(type))
       fail(what + ": a successful reply of another type");
     const bool may_attach =
@@ -110,14 +111,14 @@ struct DispatchHarness::State {
   // As the server builds them (server/server.cpp): the daemon's staging capacity, and
   // each tenant's staging budget over it.
   service::LimitingResource staging_capacity{
-      staging_memory, config.staging_capacity, wire::Status::pool_exhausted,
+      staging_memory, config.staging_capacity, Status::pool_exhausted,
       service::LimitText{"staging capacity of the daemon", "held", " (--staging-capacity)"}};
   std::map<std::string, std::unique_ptr<service::LimitingResource>> tenant_staging = [this] {
     std::map<std::string, std::unique_ptr<service::LimitingResource>> out;
     for (const service::TenantConfig& t : config.pool.tenants) {
       out.emplace(t.name,
                   std::make_unique<service::LimitingResource>(
-                      staging_capacity, t.limits.max_staging_bytes, wire::Status::quota_exceeded,
+                      staging_capacity, t.limits.max_staging_bytes, Status::quota_exceeded,
                       service::LimitText{"staging limit of tenant '" + t.name + "'"}));
     }
     return out;
@@ -139,8 +140,8 @@ struct DispatchHarness::State {
           protocol::check_header(header, protocol::FrameType::request, config.max_frame_bytes);
       flatbuffers::FlatBufferBuilder refusal;
       if (error != protocol::FrameError::none) {
-        service::build_error(refusal, 0, wire::Status::protocol_error, protocol::to_string(error));
-        check_reply(refusal, 0, wire::Status::protocol_error, "a bad header",
+        service::build_error(refusal, 0, Status::protocol_error, protocol::to_string(error));
+        check_reply(refusal, 0, Status::protocol_error, "a bad header",
                     wire::RequestBody::NONE, -1);
         co_return;
       }
@@ -150,9 +151,9 @@ struct DispatchHarness::State {
       at += header.length;
       const wire::Request* request = protocol::verify_request(payload, error);
       if (request == nullptr || header.flags != protocol::kFlagNone) {
-        service::build_error(refusal, 0, wire::Status::protocol_error,
+        service::build_error(refusal, 0, Status::protocol_error,
                              request == nullptr ? protocol::to_string(error) : "fd flag");
-        check_reply(refusal, 0, wire::Status::protocol_error, "a refused frame",
+        check_reply(refusal, 0, Status::protocol_error, "a refused frame",
                     wire::RequestBody::NONE, -1);
         co_return;
       }
@@ -166,7 +167,7 @@ struct DispatchHarness::State {
         std::fprintf(stderr, "fuzz_frame: %s (id %llu) -> %s%s%s\n",
                      protocol::request_name(request->body_type()),
                      static_cast<unsigned long long>(request->id()),
-                     protocol::status_name(result.status), reply->message() ? ": " : "",
+                     status_name(result.status), reply->message() ? ": " : "",
                      reply->message() ? reply->message()->c_str() : "");
       }
       if (result.close_after) co_return;

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <string>
 
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::protocol {
 namespace {
@@ -52,6 +52,25 @@ static_assert(same(wire::KvCodec::bf16, kernels::KvCodecId::bf16) &&
               same(wire::KvCodec::flexgen4, kernels::KvCodecId::flexgen4) &&
               same(wire::KvCodec::MAX, kernels::KvCodecId::flexgen4));
 
+static_assert(same(wire::Status::ok, Status::ok) &&
+              same(wire::Status::invalid_argument, Status::invalid_argument) &&
+              same(wire::Status::not_found, Status::not_found) &&
+              same(wire::Status::quota_exceeded, Status::quota_exceeded) &&
+              same(wire::Status::pool_exhausted, Status::pool_exhausted) &&
+              same(wire::Status::not_owner, Status::not_owner) &&
+              same(wire::Status::unsupported_version, Status::unsupported_version) &&
+              same(wire::Status::protocol_error, Status::protocol_error) &&
+              same(wire::Status::lease_busy, Status::lease_busy) &&
+              same(wire::Status::unknown_tenant, Status::unknown_tenant) &&
+              same(wire::Status::permission_denied, Status::permission_denied) &&
+              same(wire::Status::draining, Status::draining) &&
+              same(wire::Status::not_finite, Status::not_finite) &&
+              same(wire::Status::internal, Status::internal) &&
+              same(wire::Status::not_hello, Status::not_hello) &&
+              same(wire::Status::too_many_connections, Status::too_many_connections) &&
+              same(wire::Status::in_use, Status::in_use) &&
+              same(wire::Status::MAX, Status::in_use) && kMaxStatus == 16);
+
 template <class Domain, class Wire>
 Domain checked(Wire value, std::string_view field) {
   STATEPOOL_EXPECTS(
@@ -87,6 +106,8 @@ wire::HandleKind to_wire(kernels::HandleKind value) noexcept {
 wire::KvCodec to_wire(kernels::KvCodecId value) noexcept {
   return static_cast<wire::KvCodec>(value);
 }
+wire::Status to_wire(Status value) noexcept { return static_cast<wire::Status>(value); }
+Status from_wire(wire::Status value) noexcept { return static_cast<Status>(value); }
 
 kernels::Arch from_wire(wire::Arch value, std::string_view field) {
   return checked<kernels::Arch>(value, field);

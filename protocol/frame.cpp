@@ -143,9 +143,4 @@ const char* request_name(wire::RequestBody body) noexcept {
   return "unknown";
 }
 
-const char* status_name(wire::Status status) noexcept {
-  const char* name = wire::EnumNameStatus(status);
-  return (name != nullptr && *name != '\0') ? name : "unknown";
-}
-
 }  // namespace statepool::protocol

@@ -537,7 +537,7 @@ int main(int argc, char** argv) {
     std::cerr << "statepool-demo: " << e.what() << '\n';
   } catch (const statepool::client::Error& e) {
     std::cerr << "statepool-demo: statepoold refused ("
-              << statepool::protocol::status_name(e.status()) << "): " << e.what() << '\n';
+              << statepool::status_name(e.status()) << "): " << e.what() << '\n';
   } catch (const std::exception& e) {
     std::cerr << "statepool-demo: " << e.what() << '\n';
   }

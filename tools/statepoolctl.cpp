@@ -686,7 +686,7 @@ int main(int argc, char** argv) {
     return kFailureExit;
   } catch (const statepool::client::Error& e) {
     std::cerr << "statepoolctl: " << args.command << " failed ("
-              << statepool::protocol::status_name(e.status()) << "): " << e.what() << '\n';
+              << statepool::status_name(e.status()) << "): " << e.what() << '\n';
     return kFailureExit;
   } catch (const std::exception& e) {
     std::cerr << "statepoolctl: " << e.what() << '\n';

@@ -19,14 +19,14 @@ using detail::inconsistent;
 
 void require_valid(const Slot& slot, const char* call) {
   if (!slot.valid()) {
-    throw Error(wire::Status::invalid_argument,
+    throw Error(Status::invalid_argument,
                 std::string(call) + ": the Slot is not valid (moved from, freed or released)");
   }
 }
 
 void require_valid(const Staging& staging, const char* call) {
   if (!staging.valid()) {
-    throw Error(wire::Status::invalid_argument,
+    throw Error(Status::invalid_argument,
                 std::string(call) + ": the Staging buffer is not valid (moved from or closed)");
   }
 }
@@ -152,7 +152,7 @@ void Connection::copy(const Slot& src, const Slot& dst, const std::optional<IpcE
   require_valid(src, "copy");
   require_valid(dst, "copy");
   if (src.arena_id() != dst.arena_id()) {
-    throw Error(wire::Status::invalid_argument, "copy: the slots belong to different arenas (" +
+    throw Error(Status::invalid_argument, "copy: the slots belong to different arenas (" +
                                                     std::to_string(src.arena_id()) + " and " +
                                                     std::to_string(dst.arena_id()) +
                                                     "); pages are copied within one arena");

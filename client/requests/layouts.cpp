@@ -21,12 +21,12 @@ using detail::str;
 
 LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
   const std::string invalid = kernels::validate(layout);
-  if (!invalid.empty()) throw Error(wire::Status::invalid_argument, "invalid layout: " + invalid);
+  if (!invalid.empty()) throw Error(Status::invalid_argument, "invalid layout: " + invalid);
   std::shared_ptr<const kernels::PageCodec> codec;
   try {
     codec = std::make_shared<const kernels::PageCodec>(layout);
   } catch (const std::invalid_argument& e) {
-    throw Error(wire::Status::invalid_argument, std::string("invalid layout: ") + e.what());
+    throw Error(Status::invalid_argument, std::string("invalid layout: ") + e.what());
   }
 
   Impl& i = impl();
@@ -54,14 +54,14 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
     throw;
   } catch (const Error& e) {
     // The daemon does not know the plan yet: install it from here, then register again.
-    if (e.status() != wire::Status::not_found || layout.plan == nullptr) throw;
+    if (e.status() != Status::not_found || layout.plan == nullptr) throw;
     (void)install_plan(*layout.plan);
     info = send();
   }
   info.layout = layout;
   if (info.page_bytes != codec->page_bytes() ||
       info.state_bytes_f32 != codec->staged_bytes(kernels::DType::f32)) {
-    throw Error(wire::Status::internal,
+    throw Error(Status::internal,
                 "page format mismatch for layout '" + layout.name + "': statepoold says " +
                     std::to_string(info.page_bytes) + " page bytes and " +
                     std::to_string(info.state_bytes_f32) + " staged bytes, this client computes " +

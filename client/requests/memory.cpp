@@ -130,7 +130,7 @@ Arena Connection::open_arena(LayoutId layout_id, std::uint32_t pages) {
 ArenaClose Connection::close_arena(Arena arena) {
   const ArenaId id = arena.id();
   if (id == 0) {
-    throw Error(wire::Status::invalid_argument, "close_arena: the Arena is empty (moved from?)");
+    throw Error(Status::invalid_argument, "close_arena: the Arena is empty (moved from?)");
   }
   arena.reset();  // unmapped before the daemon frees it (legacy CUDA IPC requires that order)
   return close_arena(id);
@@ -151,7 +151,7 @@ ArenaClose Connection::close_arena(ArenaId arena) {
 
 Staging Connection::open_staging(std::uint64_t bytes) {
   if (bytes == 0) {
-    throw Error(wire::Status::invalid_argument, "open_staging: bytes must be greater than 0");
+    throw Error(Status::invalid_argument, "open_staging: bytes must be greater than 0");
   }
   Impl& i = impl();
   Staging staging;
@@ -191,7 +191,7 @@ std::vector<Slot> Connection::allocate(const Arena& arena, std::uint32_t count) 
 
 std::vector<Slot> Connection::allocate(ArenaId arena, std::uint32_t count) {
   if (count == 0) {
-    throw Error(wire::Status::invalid_argument, "allocate: count must be greater than 0");
+    throw Error(Status::invalid_argument, "allocate: count must be greater than 0");
   }
   Impl& i = impl();
   const std::vector<SlotId> ids = i.call<wire::Allocate>(

@@ -106,7 +106,7 @@ Connection Connection::connect(const Options& options) {
       connection.say_hello(options);
       return connection;
     } catch (const Error& e) {
-      if (e.status() != wire::Status::lease_busy || options.lease_token.empty() ||
+      if (e.status() != Status::lease_busy || options.lease_token.empty() ||
           Clock::now() + pause >= give_up)
         throw;
     }
@@ -138,7 +138,7 @@ void Connection::say_hello(const Options& options) {
       [&](const wire::HelloReply* hello) {
         if (hello->version() < protocol::kMinProtocolVersion ||
             hello->version() > protocol::kMaxProtocolVersion) {
-          throw Error(wire::Status::unsupported_version,
+          throw Error(Status::unsupported_version,
                       "statepoold chose protocol version " + std::to_string(hello->version()) +
                           ", this client speaks " + std::to_string(protocol::kMinProtocolVersion) +
                           ".." + std::to_string(protocol::kMaxProtocolVersion) +

@@ -17,7 +17,7 @@
 #include "statepool/kernels/cuda/kv_kernels.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {

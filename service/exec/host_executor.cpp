@@ -10,7 +10,7 @@
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/kv.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

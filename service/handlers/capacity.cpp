@@ -4,7 +4,7 @@
 #include "handlers/handlers.hpp"
 #include "handlers/live_capacity.hpp"
 #include "statepool/protocol/convert.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

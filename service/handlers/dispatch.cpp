@@ -2,8 +2,9 @@
 #include <exception>
 
 #include "handlers/handlers.hpp"
+#include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {
@@ -75,7 +76,8 @@ Handled dispatch(Call& call, const wire::Request& request) {
 void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
                  const std::string& message) {
   builder.Clear();
-  builder.Finish(wire::CreateReply(builder, id, status, builder.CreateString(message)));
+  builder.Finish(
+      wire::CreateReply(builder, id, protocol::to_wire(status), builder.CreateString(message)));
 }
 
 Handled handle_request(ServerContext& server, ConnectionState& connection,
@@ -106,7 +108,7 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
           "refused ", protocol::request_name(request.body_type()), " of connection ", connection.id,
           " (pid ", connection.pid, ", uid ", connection.uid, ", gid ", connection.gid, ", tenant ",
           connection.tenant.empty() ? std::string("none yet") : "'" + connection.tenant + "'",
-          "): ", protocol::status_name(e.status()), ": ", e.what(),
+          "): ", status_name(e.status()), ": ", e.what(),
           refused != nullptr ? support::cat(" (it belongs to tenant '", refused->owner(), "')")
                              : std::string()));
     }

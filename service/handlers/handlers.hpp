@@ -82,7 +82,7 @@ inline constexpr std::size_t kMaxStagingBuffers = 64;
 
 struct HandlerResult {
   flatbuffers::FlatBufferBuilder builder;
-  wire::Status status = wire::Status::ok;
+  Status status = Status::ok;
   /// Memory whose share descriptor is sent with the reply (SCM_RIGHTS), if any; held until
   /// the reply is written.
   std::shared_ptr<const Allocation> attach;
@@ -149,7 +149,7 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
                        const wire::Request& request, HandlerResult& result);
 
 /// Builds an error reply (also used for frames that never became requests).
-void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, wire::Status status,
+void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
                  const std::string& message);
 
 /// Releases memory on a worker: unmapping a multi-GiB buffer must not stall an I/O

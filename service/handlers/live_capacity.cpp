@@ -5,13 +5,12 @@
 #include <stdexcept>
 
 #include "statepool/planner/model.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {
 namespace {
 
-using wire::Status;
 
 bool same_shape(const kernels::StateLayout& a, const kernels::StateLayout& b) {
   return a.arch == b.arch && a.num_layers == b.num_layers && a.num_heads == b.num_heads &&

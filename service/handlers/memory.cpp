@@ -9,7 +9,7 @@
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
 

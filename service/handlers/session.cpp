@@ -8,7 +8,7 @@
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {

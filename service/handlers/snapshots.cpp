@@ -14,7 +14,7 @@
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "store/snapshot_value.hpp"
 
 namespace statepool::service {
@@ -288,8 +288,8 @@ Handled handle(Call& call, const wire::ListSnapshots& in) {
   entries.reserve(found.size());
   for (const SnapshotInfo& s : found) {
     entries.push_back(wire::CreateSnapshotEntry(
-        b, to_wire(b, s.key), s.layout, b.CreateString(s.layout_name), protocol::to_wire(s.codec),
-        b.CreateString(s.tenant), s.arena, s.page_bytes, s.fp32_bytes, s.pinned, s.hits,
+        b, to_wire(b, s.key), s.layout_id, b.CreateString(s.layout_name), protocol::to_wire(s.codec),
+        b.CreateString(s.tenant), s.arena_id, s.page_bytes, s.fp32_bytes, s.pinned, s.hits,
         s.age_seconds, s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0, s.kv_bytes, s.pages,
         b.CreateString(s.layout_digest)));
   }

@@ -13,7 +13,7 @@
 #include "handlers/live_capacity.hpp"
 #include "statepool/planner/fits.hpp"
 #include "statepool/planner/planner.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {

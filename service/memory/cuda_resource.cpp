@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "statepool/kernels/cuda/vmm.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/size.hpp"
 
 namespace statepool::service {

@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/errno_text.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/unique_fd.hpp"

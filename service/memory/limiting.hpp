@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "memory/resource.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 

@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

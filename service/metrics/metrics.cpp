@@ -17,7 +17,6 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include "statepool/protocol/frame.hpp"
 #include "store/tiers.hpp"
 
 namespace statepool::service {
@@ -32,8 +31,6 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
     1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
     2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 
-// Every request type (0 = NONE, labelled "unknown").
-constexpr std::size_t kRequestTypeCount = static_cast<std::size_t>(wire::RequestBody::MAX) + 1;
 
 ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
   ClientMetric metric;
@@ -368,8 +365,8 @@ constexpr const char* kRefusalReasons[] = {"uid", "connection_limit", "unattache
 }  // namespace
 
 struct Metrics::Impl {
-  Impl(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers,
-       const TrackingResource* executor)
+  Impl(const Pool& pool, const ProtocolLabels& protocol, const TrackingResource* staging,
+       const SnapshotTiers* tiers, const TrackingResource* executor)
       : registry(std::make_shared<prometheus::Registry>()),
         collector(std::make_shared<PoolCollector>(pool, staging, tiers, executor)),
         requests(prometheus::BuildCounter()
@@ -414,22 +411,25 @@ struct Metrics::Impl {
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
         .Register(*registry)
-        .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol::kMaxProtocolVersion)}})
+        .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol.version)}})
         .Set(1);
     for (const char* reason : kRefusalReasons) {
       refused_counters.push_back(&refused.Add({{"reason", reason}}));
     }
     // Pre-create every request type so rates exist (at zero) before the first request.
-    for (std::size_t type = 0; type < kRequestTypeCount; ++type) {
-      const std::string name = protocol::request_name(static_cast<wire::RequestBody>(type));
-      request_counters[type] = &requests.Add({{"type", name}});
-      request_latency[type] = &latency.Add({{"type", name}}, kLatencyBuckets);
+    // Index 0 is "unknown" whatever the labels say: out-of-range types count there.
+    request_counters.push_back(&requests.Add({{"type", "unknown"}}));
+    request_latency.push_back(&latency.Add({{"type", "unknown"}}, kLatencyBuckets));
+    for (std::size_t type = 1; type < protocol.request_types.size(); ++type) {
+      const std::string& name = protocol.request_types[type];
+      request_counters.push_back(&requests.Add({{"type", name}}));
+      request_latency.push_back(&latency.Add({{"type", name}}, kLatencyBuckets));
     }
   }
 
-  prometheus::Counter& error_counter(wire::Status status) {
+  prometheus::Counter& error_counter(Status status) {
     const std::lock_guard lock(mutex);
-    return errors.Add({{"code", protocol::status_name(status)}});
+    return errors.Add({{"code", status_name(status)}});
   }
 
   std::shared_ptr<prometheus::Registry> registry;
@@ -443,25 +443,25 @@ struct Metrics::Impl {
   prometheus::Gauge& request_buffers;
   prometheus::Gauge& clients;
   prometheus::Gauge& draining;
-  std::array<prometheus::Counter*, kRequestTypeCount> request_counters{};
-  std::array<prometheus::Histogram*, kRequestTypeCount> request_latency{};
+  std::vector<prometheus::Counter*> request_counters;  // by wire type number
+  std::vector<prometheus::Histogram*> request_latency;
   std::mutex mutex;
 };
 
-Metrics::Metrics(const Pool& pool, const TrackingResource* staging, const SnapshotTiers* tiers,
+Metrics::Metrics(const Pool& pool, const ProtocolLabels& protocol,
+                 const TrackingResource* staging, const SnapshotTiers* tiers,
                  const TrackingResource* executor)
-    : impl_(std::make_unique<Impl>(pool, staging, tiers, executor)) {}
+    : impl_(std::make_unique<Impl>(pool, protocol, staging, tiers, executor)) {}
 Metrics::~Metrics() = default;
 
-void Metrics::observe_request(wire::RequestBody type, wire::Status status, double seconds) {
-  auto index = static_cast<std::size_t>(type);
-  if (index >= impl_->request_counters.size()) index = 0;  // NONE: "unknown"
+void Metrics::observe_request(std::size_t type, Status status, double seconds) {
+  const std::size_t index = type < impl_->request_counters.size() ? type : 0;
   impl_->request_counters[index]->Increment();
   impl_->request_latency[index]->Observe(seconds);
-  if (status != wire::Status::ok) impl_->error_counter(status).Increment();
+  if (status != Status::ok) impl_->error_counter(status).Increment();
 }
 
-void Metrics::observe_refused(wire::Status status) {
+void Metrics::observe_refused(Status status) {
   impl_->error_counter(status).Increment();
 }
 

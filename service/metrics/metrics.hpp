@@ -16,10 +16,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "memory/tracking.hpp"
 #include "pool/pool.hpp"
-#include "statepool_generated.h"
+#include "statepool/support/status.hpp"
 
 namespace prometheus {
 class Registry;
@@ -29,6 +30,15 @@ namespace statepool::service {
 
 class SnapshotTiers;
 
+/// What the wire protocol gives the series: the label of each request type, indexed by
+/// the type's number on the wire (index 0, no type: "unknown"), and the protocol version
+/// of statepool_build_info. server/ fills it in (protocol_labels()), so this folder
+/// depends on no generated code.
+struct ProtocolLabels {
+  std::vector<std::string> request_types;
+  unsigned version = 0;
+};
+
 class Metrics {
  public:
   /// `staging`, when given, is the tracking adaptor the connections' staging buffers are
@@ -36,18 +46,20 @@ class Metrics {
   /// `tiers`, when given, is the prefix-state store below the pool (its tiers' series).
   /// `executor`, when given, is the tracking adaptor of the executor's own device memory
   /// (use="executor").
-  explicit Metrics(const Pool& pool, const TrackingResource* staging = nullptr,
+  Metrics(const Pool& pool, const ProtocolLabels& protocol,
+          const TrackingResource* staging = nullptr,
                    const SnapshotTiers* tiers = nullptr,
                    const TrackingResource* executor = nullptr);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  /// One handled request: its type, reply status and wall time.
-  void observe_request(wire::RequestBody type, wire::Status status, double seconds);
+  /// One handled request: its type (the wire's number; out of range counts as "unknown"),
+  /// reply status and wall time.
+  void observe_request(std::size_t type, Status status, double seconds);
   /// A connection or frame refused before it became a request (bad header or FlatBuffer:
   /// protocol_error; peer not allowed: permission_denied; too_many_connections).
-  void observe_refused(wire::Status status);
+  void observe_refused(Status status);
   /// A connection closed before or instead of becoming a client, by reason:
   /// "uid" (--allow-uids), "connection_limit", "unattached_limit", "hello_timeout".
   void connection_refused(const char* reason);

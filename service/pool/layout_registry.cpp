@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "statepool/kernels/layout.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

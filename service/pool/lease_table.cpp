@@ -1,6 +1,6 @@
 #include "pool/lease_table.hpp"
 
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 

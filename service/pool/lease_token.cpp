@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <system_error>
 
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 

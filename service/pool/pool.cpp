@@ -5,7 +5,7 @@
 
 #include "pool/lease_token.hpp"
 #include "statepool/kernels/layout.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/size.hpp"
 
 namespace statepool::service {

@@ -41,6 +41,7 @@
 #include "pool/snapshot_table.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/snapshot.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
 namespace statepool::service {
@@ -167,32 +168,8 @@ struct PoolStats {
   MemoryUsage memory;  ///< what the backend holds for arenas (the tracking adaptor)
 };
 
-/// A snapshot's name: the engine's prefix hash (1..kMaxSnapshotPrefixBytes bytes, any
-/// values) and the token position the state is at.
-struct SnapshotKey {
-  std::string prefix;
-  std::uint64_t position = 0;
-};
-
-/// One snapshot as list_snapshots() reports it.
-struct SnapshotInfo {
-  SnapshotKey key;
-  LayoutId layout = 0;
-  std::string layout_name;
-  kernels::CodecId codec = kernels::CodecId::fp32;
-  std::string tenant;  ///< the publisher
-  ArenaId arena = 0;
-  std::size_t page_bytes = 0;
-  std::size_t fp32_bytes = 0;
-  bool pinned = false;
-  std::uint64_t hits = 0;
-  double age_seconds = 0;               ///< since it was published
-  double idle_seconds = 0;              ///< since it was last published or read
-  std::optional<kernels::KvBlocks> kv;  ///< hybrid entries: the attention KV blocks
-  std::uint64_t kv_bytes = 0;           ///< their encoded bytes (in kv_pages more pages)
-  std::uint32_t pages = 1;              ///< pages of the arena it holds
-  std::string layout_digest;            ///< kernels::layout_digest of its layout
-};
+using kernels::SnapshotInfo;  // one snapshot as list_snapshots() reports it
+using kernels::SnapshotKey;
 
 class Pool;
 

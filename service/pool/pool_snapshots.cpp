@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "pool/pool.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {
@@ -390,11 +390,11 @@ std::vector<SnapshotInfo> Pool::list_snapshots(std::string_view tenant_name, std
     const Arena& arena = arenas_.get(s.arena);
     SnapshotInfo info;
     info.key = SnapshotKey{s.prefix, s.position};
-    info.layout = s.layout;
+    info.layout_id = s.layout;
     info.layout_name = arena.codec->layout().name;
     info.codec = arena.codec->layout().codec.id;
     info.tenant = tenants_[s.tenant].config->name;
-    info.arena = s.arena;
+    info.arena_id = s.arena;
     info.page_bytes = arena.codec->page_bytes();
     info.fp32_bytes = arena.codec->fp32_bytes();
     info.pinned = s.pinned;

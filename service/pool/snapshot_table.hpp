@@ -34,13 +34,13 @@
 
 #include "pool/ids.hpp"
 #include "statepool/kernels/kv.hpp"
+#include "statepool/kernels/snapshot.hpp"
 
 namespace statepool::service {
 
 using SnapshotId = std::uint64_t;  ///< 0 never names a snapshot
 
-/// Largest prefix (key) of a snapshot, in bytes.
-inline constexpr std::size_t kMaxSnapshotPrefixBytes = 256;
+using kernels::kMaxSnapshotPrefixBytes;  ///< largest prefix (key) of a snapshot, in bytes
 
 /// What the tiers below the pool (store/tiers.hpp) hold of one published snapshot's value,
 /// so that the pool's eviction can tell a demotion (the value is still below, or on its

@@ -26,6 +26,15 @@
 #include "statepool/support/log.hpp"
 
 namespace statepool::service {
+
+ProtocolLabels protocol_labels() {
+  ProtocolLabels labels;
+  labels.version = protocol::kMaxProtocolVersion;
+  for (auto type = static_cast<std::size_t>(wire::RequestBody::MIN);
+       type <= static_cast<std::size_t>(wire::RequestBody::MAX); ++type)
+    labels.request_types.emplace_back(protocol::request_name(static_cast<wire::RequestBody>(type)));
+  return labels;
+}
 namespace asio = boost::asio;
 using asio::use_awaitable;
 using local = asio::local::stream_protocol;
@@ -339,7 +348,7 @@ Server::Refusal Server::refuse_for_descriptors() {
   Refusal outcome = Refusal::refused;
   if (peer) {
     flatbuffers::FlatBufferBuilder builder;
-    build_error(builder, 0, wire::Status::too_many_connections,
+    build_error(builder, 0, Status::too_many_connections,
                 "the daemon is out of file descriptors; retry later");
     const std::string frame = protocol::make_frame(protocol::FrameType::reply, protocol::kFlagNone,
                                                    {builder.GetBufferPointer(), builder.GetSize()});

@@ -44,6 +44,9 @@ class HttpApi;
 class HttpServer;
 class MetricsEndpoint;
 
+/// The request types' names and the protocol version, for the metrics' labels.
+[[nodiscard]] ProtocolLabels protocol_labels();
+
 class Server {
  public:
   /// `staging_memory` gives the connections' staging buffers (each through its own

@@ -151,7 +151,7 @@ asio::awaitable<void> Session::hello_deadline() {
   if (!busy_) close();
 }
 
-asio::awaitable<void> Session::turn_away(wire::Status status, const std::string& message,
+asio::awaitable<void> Session::turn_away(Status status, const std::string& message,
                                          const char* reason) {
   busy_ = true;
   if (host_.metrics != nullptr) host_.metrics->connection_refused(reason);
@@ -199,7 +199,7 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     if (error == protocol::FrameError::bad_version)
       message += support::cat(": frame version ", header.version, ", daemon speaks ",
                               protocol::kFrameVersion);
-    co_await refuse(wire::Status::protocol_error, message);
+    co_await refuse(Status::protocol_error, message);
     co_return false;
   }
   resize_payload(payload, 0, header.length);
@@ -251,7 +251,7 @@ asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder&
   disarm();
 }
 
-asio::awaitable<void> Session::refuse(wire::Status status, const std::string& message) {
+asio::awaitable<void> Session::refuse(Status status, const std::string& message) {
   if (host_.metrics != nullptr) host_.metrics->observe_refused(status);
   LOG_WARN("session", "connection ", state_.id, " (pid ", state_.pid, "): ", message,
            "; closing the connection");
@@ -276,13 +276,13 @@ asio::awaitable<void> Session::run() {
     support::audit(support::cat("refused connection ", state_.id, " (pid ", state_.pid, ", uid ",
                                 state_.uid, ", gid ", state_.gid,
                                 "): its uid is not in --allow-uids"));
-    co_await turn_away(wire::Status::permission_denied,
+    co_await turn_away(Status::permission_denied,
                        support::cat("uid ", state_.uid, " is not in the daemon's --allow-uids"),
                        "uid");
     co_return;
   }
   if (host_.context.clients_connected() > host_.context.config.max_connections) {
-    co_await turn_away(wire::Status::too_many_connections,
+    co_await turn_away(Status::too_many_connections,
                        support::cat("connection limit of ", host_.context.config.max_connections,
                                     " reached (--max-connections); retry later"),
                        "connection_limit");
@@ -293,7 +293,7 @@ asio::awaitable<void> Session::run() {
   // neither take every slot nor keep other users (root included) out.
   if (!enter_unattached()) {
     co_await turn_away(
-        wire::Status::too_many_connections,
+        Status::too_many_connections,
         support::cat("uid ", state_.uid, " already has ",
                      host_.context.config.max_unattached_connections,
                      " connections waiting to say Hello (--max-unattached-connections);"
@@ -318,12 +318,12 @@ asio::awaitable<void> Session::run() {
       protocol::FrameError error = protocol::FrameError::none;
       const wire::Request* request = protocol::verify_request(payload, error);
       if (request == nullptr) {
-        co_await refuse(wire::Status::protocol_error,
+        co_await refuse(Status::protocol_error,
                         support::cat(protocol::to_string(error), " (", payload.size(), " bytes)"));
         break;
       }
       if (header.flags != protocol::kFlagNone) {
-        co_await refuse(wire::Status::protocol_error,
+        co_await refuse(Status::protocol_error,
                         "requests never carry file descriptors (flag FD_ATTACHED set)");
         break;
       }
@@ -334,16 +334,17 @@ asio::awaitable<void> Session::run() {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
       if (host_.metrics != nullptr)
-        host_.metrics->observe_request(request->body_type(), result.status, seconds);
+        host_.metrics->observe_request(static_cast<std::size_t>(request->body_type()), result.status,
+                                       seconds);
       if (state_.hello_done && unattached_) {
         leave_unattached();
         hello_timer_.cancel();
       }
       co_await write_frame(result.builder, result.fd());
-      if (result.status != wire::Status::ok) {
+      if (result.status != Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",
                   protocol::request_name(request->body_type()), " -> ",
-                  protocol::status_name(result.status));
+                  status_name(result.status));
       }
       shrink_payload(payload);
       if (result.close_after) break;

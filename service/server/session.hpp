@@ -46,14 +46,14 @@ class Session : public std::enable_shared_from_this<Session> {
   /// Ends this connection's claim on that budget (once).
   void leave_unattached() noexcept;
   /// refuse() then close(), counting the refusal under `reason`.
-  boost::asio::awaitable<void> turn_away(wire::Status status, const std::string& message,
+  boost::asio::awaitable<void> turn_away(Status status, const std::string& message,
                                          const char* reason);
   boost::asio::awaitable<bool> read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload);
   boost::asio::awaitable<void> write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd);
   /// Hands the staging buffers to a worker to release (unmapping GiBs takes a while).
   void release_staging() noexcept;
-  boost::asio::awaitable<void> refuse(wire::Status status, const std::string& message);
+  boost::asio::awaitable<void> refuse(Status status, const std::string& message);
   /// Resizes the request buffer to `bytes`, its capacity never above `limit` (the frame's
   /// length), keeping statepool_request_buffer_bytes up to date.
   void resize_payload(std::vector<std::byte>& payload, std::size_t bytes, std::size_t limit);

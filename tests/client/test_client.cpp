@@ -183,7 +183,7 @@ TEST(ClientHello, UnsupportedVersionChosenByDaemonIsAnError) {
   } catch (const sc::ConnectionError& e) {
     FAIL() << "expected a status error, got ConnectionError: " << e.what();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::unsupported_version);
+    EXPECT_EQ(e.status(), statepool::Status::unsupported_version);
   }
 }
 
@@ -191,7 +191,7 @@ TEST(ClientHello, UnsupportedVersionChosenByDaemonIsAnError) {
 // without reading the Hello. The client must report the daemon's reason, not "closed".
 TEST(ClientHello, RefusalBeforeHelloIsReportedWithTheDaemonsReason) {
   FakeDaemon daemon([](FakePeer& peer) {
-    peer.reply_error(0, wire::Status::too_many_connections, "connection limit of 2 reached");
+    peer.reply_error(0, statepool::Status::too_many_connections, "connection limit of 2 reached");
   });
   try {
     (void)sc::Connection::connect(options_for(daemon));
@@ -199,7 +199,7 @@ TEST(ClientHello, RefusalBeforeHelloIsReportedWithTheDaemonsReason) {
   } catch (const sc::ConnectionError& e) {
     FAIL() << "expected the daemon's status, got ConnectionError: " << e.what();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::too_many_connections);
+    EXPECT_EQ(e.status(), statepool::Status::too_many_connections);
     EXPECT_STREQ(e.what(), "connection limit of 2 reached");
   }
 }
@@ -234,7 +234,7 @@ TEST(ClientErrors, ErrorStatusKeepsStatusAndMessageAndTheConnection) {
     const auto r = peer.expect(wire::RequestBody::Allocate);
     EXPECT_EQ(r.request->body_as_Allocate()->arena_id(), 7u);
     EXPECT_EQ(r.request->body_as_Allocate()->count(), 2u);
-    peer.reply_error(r.request->id(), wire::Status::quota_exceeded,
+    peer.reply_error(r.request->id(), statepool::Status::quota_exceeded,
                      "tenant 'a' would exceed its quota of 1 MiB");
     const auto p = peer.expect(wire::RequestBody::Ping);
     reply_ping(peer, p.request->id());
@@ -246,7 +246,7 @@ TEST(ClientErrors, ErrorStatusKeepsStatusAndMessageAndTheConnection) {
   } catch (const sc::ConnectionError& e) {
     FAIL() << "a status error must not be a ConnectionError: " << e.what();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::quota_exceeded);
+    EXPECT_EQ(e.status(), statepool::Status::quota_exceeded);
     EXPECT_STREQ(e.what(), "tenant 'a' would exceed its quota of 1 MiB");
   }
   EXPECT_TRUE(conn.healthy());
@@ -257,14 +257,14 @@ TEST(ClientErrors, ErrorIsAStatusError) {
   FakeDaemon daemon([](FakePeer& peer) {
     peer.handshake();
     const auto r = peer.expect(wire::RequestBody::Ping);
-    peer.reply_error(r.request->id(), wire::Status::draining, "");
+    peer.reply_error(r.request->id(), statepool::Status::draining, "");
   });
   auto conn = sc::Connection::connect(options_for(daemon));
   try {
     (void)conn.ping();
     FAIL();
   } catch (const statepool::StatusError& e) {
-    EXPECT_EQ(e.status(), wire::Status::draining);
+    EXPECT_EQ(e.status(), statepool::Status::draining);
     EXPECT_NE(std::string(e.what()).find("draining"), std::string::npos) << e.what();
   }
 }
@@ -273,7 +273,7 @@ TEST(ClientErrors, ProtocolErrorStatusBreaksTheConnection) {
   FakeDaemon daemon([](FakePeer& peer) {
     peer.handshake();
     const auto r = peer.expect(wire::RequestBody::Ping);
-    peer.reply_error(r.request->id(), wire::Status::protocol_error, "bad request");
+    peer.reply_error(r.request->id(), statepool::Status::protocol_error, "bad request");
     EXPECT_TRUE(peer.wait_for_eof());
   });
   auto conn = sc::Connection::connect(options_for(daemon));
@@ -301,7 +301,7 @@ TEST(ClientErrors, RequestLargerThanTheDaemonsFrameLimitIsRefusedLocally) {
     (void)conn.free(1, many);
     FAIL();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::invalid_argument);
+    EXPECT_EQ(e.status(), statepool::Status::invalid_argument);
   }
   EXPECT_TRUE(conn.healthy());
   EXPECT_NO_THROW((void)conn.ping());
@@ -320,7 +320,7 @@ TEST(ClientErrors, LocalChecksNeedNoRoundTrip) {
       (void)conn.register_layout(bad);
       FAIL();
     } catch (const sc::Error& e) {
-      EXPECT_EQ(e.status(), wire::Status::invalid_argument);
+      EXPECT_EQ(e.status(), statepool::Status::invalid_argument);
       EXPECT_NE(std::string(e.what()).find("key_dim"), std::string::npos) << e.what();
     }
     EXPECT_THROW((void)conn.open_staging(0), sc::Error);
@@ -404,7 +404,7 @@ TEST(ClientStaging, DescriptorSmallerThanTheRegionIsNotMapped) {
       (void)conn.open_staging(8192);
       FAIL() << "mapped a descriptor too small for the region";
     } catch (const sc::Error& e) {
-      EXPECT_EQ(e.status(), wire::Status::internal);
+      EXPECT_EQ(e.status(), statepool::Status::internal);
     }
     EXPECT_TRUE(conn.healthy());
     daemon.join();
@@ -461,7 +461,7 @@ TEST(ClientStaging, UnexpectedDescriptorsAreClosed) {
         (void)conn.open_staging(64);
         FAIL();
       } catch (const sc::Error& e) {
-        EXPECT_EQ(e.status(), wire::Status::pool_exhausted);
+        EXPECT_EQ(e.status(), statepool::Status::pool_exhausted);
       }
       EXPECT_TRUE(conn.healthy());
     }
@@ -484,7 +484,7 @@ TEST(ClientStaging, FdFlagWithoutDescriptorIsABadFrame) {
       FAIL();
     } catch (const sc::ConnectionError& e) {
       EXPECT_EQ(e.kind(), Kind::bad_frame);
-      EXPECT_EQ(e.status(), wire::Status::protocol_error);
+      EXPECT_EQ(e.status(), statepool::Status::protocol_error);
     }
     EXPECT_FALSE(conn.healthy());
     daemon.join();
@@ -643,7 +643,7 @@ TEST(ClientArena, DeviceMemoryIsDescribedNotMappedWhenTheClientSaysSo) {
   } catch (const sc::ConnectionError& e) {
     FAIL() << "not a transport failure: " << e.what();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::internal);
+    EXPECT_EQ(e.status(), statepool::Status::internal);
     EXPECT_NE(std::string(e.what()).find("no file descriptor"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(conn.healthy());
@@ -679,7 +679,7 @@ TEST(ClientArena, DeviceMemoryThatCannotBeMappedIsAClearErrorAndLegacyIpcIsAsked
   } catch (const sc::ConnectionError& e) {
     FAIL() << "not a transport failure: " << e.what();
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::internal);
+    EXPECT_EQ(e.status(), statepool::Status::internal);
     EXPECT_NE(std::string(e.what()).find("map_device_memory"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("arena 7"), std::string::npos) << e.what();
   }
@@ -884,7 +884,7 @@ TEST(ClientTransport, GarbageIsABadFrame) {
     FAIL();
   } catch (const sc::ConnectionError& e) {
     EXPECT_EQ(e.kind(), Kind::bad_frame);
-    EXPECT_EQ(e.status(), wire::Status::protocol_error);
+    EXPECT_EQ(e.status(), statepool::Status::protocol_error);
     EXPECT_NE(std::string(e.what()).find("bad magic"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(conn.healthy());  // and the socket was closed: the daemon saw EOF
@@ -1058,5 +1058,5 @@ TEST(ClientNames, ConnectionErrorKinds) {
   EXPECT_STREQ(sc::to_string(Kind::timed_out), "timed_out");
   EXPECT_STREQ(sc::to_string(Kind::bad_frame), "bad_frame");
   const sc::ConnectionError e(Kind::io_error, "x");
-  EXPECT_EQ(e.status(), wire::Status::internal);
+  EXPECT_EQ(e.status(), statepool::Status::internal);
 }

@@ -125,7 +125,7 @@ TEST(ClientData, OnlyTheAsyncFormReadsTheReplysEvent) {
     (void)conn.compress_async(1, 2, 3, 0);
     ADD_FAILURE() << "an IPC event of 3 bytes was accepted";
   } catch (const sc::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::internal);
+    EXPECT_EQ(e.status(), statepool::Status::internal);
     EXPECT_NE(std::string(e.what()).find("an IPC event of 3 bytes (expected 64)"),
               std::string::npos)
         << e.what();

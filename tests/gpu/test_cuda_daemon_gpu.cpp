@@ -141,7 +141,7 @@ TEST(CudaDaemon, DeviceArenasAndStagingMatchTheCpuCodecsEndToEnd) {
       conn.compress(slots[0], staging, 0);
       ADD_FAILURE() << "expected not_finite";
     } catch (const client::Error& e) {
-      EXPECT_EQ(e.status(), statepool::wire::Status::not_finite) << e.what();
+      EXPECT_EQ(e.status(), statepool::Status::not_finite) << e.what();
     }
     EXPECT_EQ(download(arena.device_page(slots[0].id()), layout.page_bytes), local);
   }
@@ -347,7 +347,7 @@ TEST(CudaDaemon, ClosingAnArenaGivesItsDeviceMemoryBackAlsoAfterAKilledClient) {
     (void)conn.close_arena(id);
     ADD_FAILURE() << "closed while its client was connected";
   } catch (const client::Error& e) {
-    EXPECT_EQ(e.status(), statepool::wire::Status::in_use) << e.what();
+    EXPECT_EQ(e.status(), statepool::Status::in_use) << e.what();
   }
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   int status = 0;
@@ -361,7 +361,7 @@ TEST(CudaDaemon, ClosingAnArenaGivesItsDeviceMemoryBackAlsoAfterAKilledClient) {
           closed = conn.close_arena(id);
           return true;
         } catch (const client::Error& e) {
-          if (e.status() != statepool::wire::Status::in_use) throw;
+          if (e.status() != statepool::Status::in_use) throw;
           return false;
         }
       },

@@ -196,7 +196,7 @@ void cycle(const std::string& socket, std::mt19937_64& rng, const Progress& p, H
               slots.push_back(std::move(s));
           } catch (const client::Error& e) {
             // The arena is full of slots waiting for their grace period: normal here.
-            if (e.status() != wire::Status::pool_exhausted) throw;
+            if (e.status() != statepool::Status::pool_exhausted) throw;
           }
         }
         break;
@@ -272,8 +272,8 @@ void cycle(const std::string& socket, std::mt19937_64& rng, const Progress& p, H
     } catch (const client::Error& e) {
       // Refusals are part of the game (an expired token's slots, a busy lease, a full
       // pool); a daemon bug is not.
-      if (e.status() == wire::Status::internal || e.status() == wire::Status::protocol_error)
-        p.fail(std::string(wire::EnumNameStatus(e.status())) + ": " + e.what());
+      if (e.status() == statepool::Status::internal || e.status() == statepool::Status::protocol_error)
+        p.fail(std::string(statepool::status_name(e.status())) + ": " + e.what());
       h = Handover{};
     } catch (const std::exception& e) {
       p.fail(std::string("unexpected exception: ") + e.what());

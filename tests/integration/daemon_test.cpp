@@ -93,14 +93,14 @@ std::size_t open_descriptors(pid_t pid) {
 
 /// The status and message of a call that must fail with a daemon error.
 template <class F>
-std::pair<wire::Status, std::string> refusal(F&& f) {
+std::pair<statepool::Status, std::string> refusal(F&& f) {
   try {
     f();
   } catch (const client::Error& e) {
     return {e.status(), e.what()};
   }
   ADD_FAILURE() << "the call succeeded";
-  return {wire::Status::ok, ""};
+  return {statepool::Status::ok, ""};
 }
 
 }  // namespace
@@ -940,11 +940,11 @@ TEST(Daemon, AnEngineGivesItsArenaBackAndTheDaemonFreesTheMemory) {
 
   // Another connection cannot close it while the engine (which opened it) is connected.
   auto [status, message] = refusal([&] { observer.close_arena(id); });
-  EXPECT_EQ(status, wire::Status::in_use);
+  EXPECT_EQ(status, statepool::Status::in_use);
   EXPECT_NE(message.find("is open on 1 other connection"), std::string::npos) << message;
   // The engine cannot either while it holds pages; its mapping is gone all the same.
   std::tie(status, message) = refusal([&] { engine.close_arena(std::move(arena)); });
-  EXPECT_EQ(status, wire::Status::in_use);
+  EXPECT_EQ(status, statepool::Status::in_use);
   EXPECT_NE(message.find("has 2 pages held by leases"), std::string::npos) << message;
   EXPECT_EQ(engine.free(slots), 2u);
 
@@ -959,7 +959,7 @@ TEST(Daemon, AnEngineGivesItsArenaBackAndTheDaemonFreesTheMemory) {
       << open_descriptors(daemon.pid()) << " descriptors, " << descriptors << " before";
 
   std::tie(status, message) = refusal([&] { (void)engine.allocate(id, 1); });
-  EXPECT_EQ(status, wire::Status::not_found);
+  EXPECT_EQ(status, statepool::Status::not_found);
   EXPECT_EQ(message, "arena " + std::to_string(id) + " was closed");
   auto again = engine.open_arena(info, 8);
   EXPECT_TRUE(again.created());

@@ -367,7 +367,7 @@ TEST(SharedMemory, AClientRewritingItsMemoryDuringEveryRequestGetsDocumentedRepl
       ++replies[target.name][op_name(op)][status];
       if (allowed(op).count(status) == 0) {
         ADD_FAILURE() << op_name(op) << " on " << target.name << " answered "
-                      << statepool::wire::EnumNameStatus(status) << ": " << message;
+                      << statepool::status_name(status) << ": " << message;
       }
     }
     mutator.stop();
@@ -383,7 +383,7 @@ TEST(SharedMemory, AClientRewritingItsMemoryDuringEveryRequestGetsDocumentedRepl
       line += " " + op;
       for (const auto& [status, n] : statuses)
         line +=
-            std::string(" ") + statepool::wire::EnumNameStatus(status) + "=" + std::to_string(n);
+            std::string(" ") + statepool::status_name(status) + "=" + std::to_string(n);
       line += ";";
     }
     std::printf("%s\n", line.c_str());

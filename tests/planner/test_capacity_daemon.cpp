@@ -79,7 +79,7 @@ TEST_F(CapacityDaemon, PlanCapacityRefusesBadConfigsAndInputs) {
     (void)conn_->plan_capacity(request);
     ADD_FAILURE() << "llama accepted";
   } catch (const client::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::invalid_argument);
+    EXPECT_EQ(e.status(), statepool::Status::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("llama"), std::string::npos) << e.what();
   }
   request.model_config = statepool::testing::model_text("kimi-linear-48b-a3b-instruct.json");
@@ -88,7 +88,7 @@ TEST_F(CapacityDaemon, PlanCapacityRefusesBadConfigsAndInputs) {
     (void)conn_->plan_capacity(request);
     ADD_FAILURE() << "kv fp4 accepted";
   } catch (const client::Error& e) {
-    EXPECT_EQ(e.status(), wire::Status::invalid_argument);
+    EXPECT_EQ(e.status(), statepool::Status::invalid_argument);
     EXPECT_NE(std::string(e.what()).find("fp4"), std::string::npos) << e.what();
   }
   request.kv = "kivi2";

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "statepool/protocol/convert.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::protocol {
 namespace {

@@ -29,7 +29,7 @@
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/synthetic/state.hpp"
 #include "statepool/testing/plans.hpp"
 

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "memory/resource.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {  // included once per test executable

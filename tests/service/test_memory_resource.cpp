@@ -25,7 +25,7 @@
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
 #include "memory_resource_conformance.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/fd_passing.hpp"
 
 namespace statepool::service {

@@ -423,7 +423,7 @@ TEST_F(PoolSnapshots, ListingIsByPrefixInKeyOrderWithALimit) {
   EXPECT_EQ(sys[1].key.position, 3u);
   EXPECT_EQ(sys[2].key.position, 5u);
   EXPECT_EQ(sys[3].key.prefix, "sys/b");
-  EXPECT_EQ(sys[3].layout, layout_);
+  EXPECT_EQ(sys[3].layout_id, layout_);
   EXPECT_EQ(sys[3].page_bytes, arena_.page_bytes);
   EXPECT_EQ(sys[3].tenant, "alice");
   auto two = pool_->list_snapshots("alice", "", 2, more);

@@ -61,8 +61,9 @@
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/snapshot.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::client {
 
@@ -261,13 +262,8 @@ struct Fits {
   std::vector<CodecFit> codecs;
 };
 
-/// The name of a prefix-state snapshot (docs/prefix-store.md): the engine's prefix hash,
-/// 1..256 bytes of any values (a hex digest, raw hash bytes, a readable name), and the
-/// token position the state is at.
-struct SnapshotKey {
-  std::string prefix;
-  std::uint64_t position = 0;
-};
+/// The name of a prefix-state snapshot (docs/prefix-store.md): prefix hash and position.
+using kernels::SnapshotKey;
 
 /// KV block values in a staging buffer of this connection: where a hybrid put reads them
 /// and a get writes them (docs/prefix-store.md, "Hybrid entries": streams layer 0 keys,
@@ -311,25 +307,8 @@ struct SnapshotGet {
   explicit operator bool() const noexcept { return hit; }
 };
 
-/// One snapshot in a list_snapshots reply (mirrors wire::SnapshotEntry).
-struct SnapshotInfo {
-  SnapshotKey key;
-  LayoutId layout_id = 0;
-  std::string layout_name;
-  kernels::CodecId codec = kernels::CodecId::fp32;
-  std::string tenant;  ///< the publisher
-  ArenaId arena_id = 0;
-  std::uint64_t page_bytes = 0;
-  std::uint64_t fp32_bytes = 0;
-  bool pinned = false;
-  std::uint64_t hits = 0;
-  double age_seconds = 0;               ///< since it was published
-  double idle_seconds = 0;              ///< since it was published or last read
-  std::optional<kernels::KvBlocks> kv;  ///< a hybrid entry's KV blocks
-  std::uint64_t kv_bytes = 0;           ///< their encoded bytes
-  std::uint32_t pages = 1;              ///< pages of the arena it holds
-  std::string layout_digest;            ///< names the layout across daemons
-};
+/// One snapshot in a list_snapshots reply.
+using kernels::SnapshotInfo;
 
 /// What export_snapshot found (docs/prefix-store.md, "Moving snapshots").
 struct SnapshotExport {

@@ -20,6 +20,7 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/memory.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool_generated.h"
 
 namespace statepool::protocol {
@@ -31,6 +32,10 @@ namespace statepool::protocol {
 [[nodiscard]] wire::MemorySpace to_wire(kernels::MemorySpace value) noexcept;
 [[nodiscard]] wire::HandleKind to_wire(kernels::HandleKind value) noexcept;
 [[nodiscard]] wire::KvCodec to_wire(kernels::KvCodecId value) noexcept;
+[[nodiscard]] wire::Status to_wire(Status value) noexcept;
+/// Never throws: a status this build does not know (from a newer peer) keeps its number,
+/// and status_name() calls it "unknown".
+[[nodiscard]] Status from_wire(wire::Status value) noexcept;
 
 /// Throw StatusError(invalid_argument): "unknown <field> value 7".
 [[nodiscard]] kernels::Arch from_wire(wire::Arch value, std::string_view field = "arch");

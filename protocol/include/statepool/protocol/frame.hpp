@@ -100,8 +100,7 @@ enum class FrameError {
                                      std::span<const std::uint8_t> payload);
 
 /// Name of a request or reply body type ("hello", "allocate", ...), for logs and metric
-/// labels. Unknown values give "unknown".
+/// labels. Unknown values give "unknown". (A status's name: statepool::status_name.)
 [[nodiscard]] const char* request_name(wire::RequestBody body) noexcept;
-[[nodiscard]] const char* status_name(wire::Status status) noexcept;
 
 }  // namespace statepool::protocol

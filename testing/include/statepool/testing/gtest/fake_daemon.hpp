@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/fd_passing.hpp"
 #include "statepool/testing/temp_dir.hpp"
@@ -122,9 +123,9 @@ class FakePeer {
   void handshake() { reply_hello(expect(wire::RequestBody::Hello)); }
 
   /// Replies with an error status and message, no body.
-  void reply_error(std::uint64_t id, wire::Status status, const std::string& message) {
+  void reply_error(std::uint64_t id, Status status, const std::string& message) {
     flatbuffers::FlatBufferBuilder b;
-    b.Finish(wire::CreateReply(b, id, status, b.CreateString(message)));
+    b.Finish(wire::CreateReply(b, id, protocol::to_wire(status), b.CreateString(message)));
     send(b);
   }
 

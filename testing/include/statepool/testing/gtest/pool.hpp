@@ -14,7 +14,7 @@
 
 #include "memory/host_memfd.hpp"
 #include "pool/pool.hpp"
-#include "statepool/protocol/status.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::testing {
 
@@ -62,11 +62,11 @@ inline std::string expect_status(Status status, const std::function<void()>& fn)
     EXPECT_EQ(e.status(), status) << "message: " << e.what();
     return e.what();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status)
+    ADD_FAILURE() << "expected StatusError(" << status_name(status)
                   << "), got std::exception: " << e.what();
     return {};
   }
-  ADD_FAILURE() << "expected StatusError(" << wire::EnumNameStatus(status) << "), nothing thrown";
+  ADD_FAILURE() << "expected StatusError(" << status_name(status) << "), nothing thrown";
   return {};
 }
 
