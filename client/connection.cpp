@@ -18,6 +18,9 @@ namespace {
 
 using Kind = ConnectionError::Kind;
 
+/// Payload bytes the first read of a reply may take with its header: most replies fit.
+constexpr std::size_t kFirstRead = 4096;
+
 // After these statuses the daemon closes the connection (protocol/statepool.fbs).
 bool closes_connection(Status status) noexcept {
   return status == Status::protocol_error || status == Status::not_hello ||
@@ -104,8 +107,17 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
 
     received_fds.clear();
     std::array<std::byte, protocol::kHeaderBytes> raw{};
+    // The reply's header and, when it is small, its whole payload in one read: nothing
+    // but this reply can be in the socket (one request at a time on a connection, and
+    // the daemon sends nothing unasked).
+    if (payload.size() < kFirstRead) payload.resize(kFirstRead);
+    std::size_t got = 0;
     try {
-      recv_exact(socket.get(), raw, received_fds, deadline, "waiting for the reply");
+      wait_readable(socket.get(), deadline, "waiting for the reply");
+      got = recv_some(socket.get(), raw, payload, received_fds, deadline, "waiting for the reply");
+      if (got < raw.size())
+        recv_exact(socket.get(), std::span(raw).subspan(got), received_fds, deadline,
+                   "waiting for the reply");
     } catch (const ConnectionError&) {
       if (send_error) throw ConnectionError(*send_error);
       throw;
@@ -127,10 +139,18 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
                                 " (is this socket really statepoold's, and of a compatible "
                                 "version?)");
     }
-    payload.resize(reply_header.length);
-    recv_exact(socket.get(), payload, received_fds, deadline, "reading the reply");
+    const std::size_t early = got > raw.size() ? got - raw.size() : 0;
+    if (early > reply_header.length) {
+      throw ConnectionError(Kind::bad_frame, std::string("statepoold sent ") +
+                                                 std::to_string(early - reply_header.length) +
+                                                 " bytes after its reply to " + name);
+    }
+    if (payload.size() < reply_header.length) payload.resize(reply_header.length);
+    const std::span<std::byte> reply_bytes(payload.data(), reply_header.length);
+    recv_exact(socket.get(), reply_bytes.subspan(early), received_fds, deadline,
+               "reading the reply");
     protocol::FrameError payload_error = protocol::FrameError::none;
-    const wire::Reply* reply = protocol::verify_reply(payload, payload_error);
+    const wire::Reply* reply = protocol::verify_reply(reply_bytes, payload_error);
     if (reply == nullptr) {
       throw ConnectionError(Kind::bad_frame,
                             std::string("statepoold's reply to ") + name +

@@ -190,6 +190,24 @@ void send_frame(int fd, std::span<const std::byte> head, std::span<const std::by
   }
 }
 
+void wait_readable(int fd, const Deadline& deadline, const char* what) {
+  wait_for(fd, POLLIN, deadline, what);
+}
+
+std::size_t recv_some(int fd, std::span<std::byte> first, std::span<std::byte> second,
+                      std::vector<UniqueFd>& fds, const Deadline& deadline, const char* what) {
+  for (;;) {
+    const ssize_t n = support::recv_with_fds(fd, first, second, fds, MSG_DONTWAIT);
+    if (n > 0) return static_cast<std::size_t>(n);
+    if (n == 0) throw_closed(what);
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      wait_for(fd, POLLIN, deadline, what);
+      continue;
+    }
+    if (errno != EINTR) throw_io(errno, what);
+  }
+}
+
 void recv_exact(int fd, std::span<std::byte> out, std::vector<UniqueFd>& fds,
                 const Deadline& deadline, const char* what) {
   std::size_t got = 0;

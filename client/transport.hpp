@@ -41,6 +41,17 @@ void prepare_socket(int fd);
 void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
                 const Deadline& deadline);
 
+/// Waits until the socket is readable (or hung up), at most until the deadline. A reply
+/// is never there the moment its request has gone: waiting first saves a read that
+/// finds nothing.
+void wait_readable(int fd, const Deadline& deadline, const char* what);
+
+/// One read of what has arrived, at least one byte, into `first` then `second` (waits
+/// when nothing has): the count read. Descriptors as recv_exact.
+[[nodiscard]] std::size_t recv_some(int fd, std::span<std::byte> first, std::span<std::byte> second,
+                                    std::vector<UniqueFd>& fds, const Deadline& deadline,
+                                    const char* what);
+
 /// Reads exactly `out.size()` bytes. Descriptors that arrive as SCM_RIGHTS on the way are
 /// appended to `fds` (close-on-exec); excess ones the kernel could not fit are closed by it.
 /// `what` names the part being read for error messages ("reply header").

@@ -33,11 +33,16 @@ ssize_t send_with_fds(int socket, std::span<const std::byte> bytes, std::span<co
 }
 
 ssize_t recv_with_fds(int socket, std::span<std::byte> out, std::vector<UniqueFd>& fds, int flags) {
+  return recv_with_fds(socket, out, {}, fds, flags);
+}
+
+ssize_t recv_with_fds(int socket, std::span<std::byte> first, std::span<std::byte> second,
+                      std::vector<UniqueFd>& fds, int flags) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
-  iovec iov{out.data(), out.size()};
+  iovec iov[2] = {{first.data(), first.size()}, {second.data(), second.size()}};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  msg.msg_iov = iov;
+  msg.msg_iovlen = second.empty() ? 1 : 2;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
   const ssize_t n = ::recvmsg(socket, &msg, flags | MSG_CMSG_CLOEXEC);

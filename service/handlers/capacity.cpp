@@ -14,7 +14,7 @@ constexpr std::size_t kMaxCodecs = 64;
 
 }  // namespace
 
-Handled handle(Call& call, const wire::PlanCapacity& in) {
+void handle(Call& call, const wire::PlanCapacity& in) {
   planner::PlanInputs inputs;
   if (in.weight_bits() != 0) inputs.weight_bits = in.weight_bits();
   if (in.kv_dtype() != nullptr && in.kv_dtype()->size() > 0) {
@@ -36,10 +36,9 @@ Handled handle(Call& call, const wire::PlanCapacity& in) {
       call.connection.tenant);
   auto& b = call.builder();
   call.reply<wire::PlanCapacity>(wire::CreatePlanCapacityReply(b, b.CreateString(report)));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::FitsNow& in) {
+void handle(Call& call, const wire::FitsNow& in) {
   Pool& pool = call.server.pool;
   const auto layout = pool.layout(in.layout_id());  // not_found
   const planner::FitsReport fits =
@@ -57,7 +56,6 @@ Handled handle(Call& call, const wire::FitsNow& in) {
       b, b.CreateString(fits.live.tenant), fits.live.capacity, fits.live.free,
       fits.live.quota_free.has_value(), fits.live.quota_free.value_or(0), fits.live.max_arena_pages,
       b.CreateVector(rows)));
-  co_return;
 }
 
 }  // namespace statepool::service

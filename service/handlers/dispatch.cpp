@@ -1,5 +1,7 @@
 #include <array>
 #include <exception>
+#include <type_traits>
+#include <utility>
 
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
@@ -10,10 +12,27 @@
 namespace statepool::service {
 namespace {
 
-using Entry = Handled (*)(Call&, const wire::Request&);
+// A handler either answers at once (returns void: ping, allocate, free, ...) or waits
+// for a worker or the executor (returns Handled, a coroutine). The table holds one of
+// the two per request type; the session runs the first kind with no coroutine frame.
+using Now = void (*)(Call&, const wire::Request&);
+using Later = Handled (*)(Call&, const wire::Request&);
+struct Entry {
+  Now now = nullptr;
+  Later later = nullptr;
+};
 
 template <class Request>
-Handled invoke(Call& call, const wire::Request& request) {
+constexpr bool kAnswersNow =
+    std::is_void_v<decltype(handle(std::declval<Call&>(), std::declval<const Request&>()))>;
+
+template <class Request>
+void invoke_now(Call& call, const wire::Request& request) {
+  handle(call, *request.body_as<Request>());
+}
+
+template <class Request>
+Handled invoke_later(Call& call, const wire::Request& request) {
   return handle(call, *request.body_as<Request>());
 }
 
@@ -21,7 +40,11 @@ Handled invoke(Call& call, const wire::Request& request) {
 constexpr auto kHandlers = [] {
   std::array<Entry, static_cast<std::size_t>(wire::RequestBody::MAX) + 1> table{};
   protocol::for_each_request([&]<class Request>() {
-    table[static_cast<std::size_t>(protocol::kRequestType<Request>)] = &invoke<Request>;
+    Entry& entry = table[static_cast<std::size_t>(protocol::kRequestType<Request>)];
+    if constexpr (kAnswersNow<Request>)
+      entry.now = &invoke_now<Request>;
+    else
+      entry.later = &invoke_later<Request>;
   });
   return table;
 }();
@@ -41,7 +64,9 @@ constexpr bool every_request_handled() {
 }
 static_assert(every_request_handled(), "a request type has no handler");
 
-Handled dispatch(Call& call, const wire::Request& request) {
+/// The request's table entry, once it may run: a known type with a body, and Hello first.
+/// Throws StatusError otherwise (closing the connection).
+const Entry& admit(Call& call, const wire::Request& request) {
   const wire::RequestBody type = request.body_type();
   const auto index = static_cast<std::size_t>(type);
   if (index == 0 || index >= kHandlers.size()) {
@@ -56,42 +81,23 @@ Handled dispatch(Call& call, const wire::Request& request) {
                                                   protocol::request_name(type) + " has no body");
   }
   if (type == wire::RequestBody::Hello) {
-    try {
-      co_await kHandlers[index](call, request);
-    } catch (...) {
-      call.result.close_after = true;  // a connection without a lease is of no use: say why
-      throw;
-    }
-    co_return;
+    // A connection without a lease is of no use: a failed Hello closes it (fail()).
+    return kHandlers[index];
   }
   if (!call.connection.hello_done) {
     call.result.close_after = true;
     throw StatusError(Status::not_hello, "the first request on a connection must be hello");
   }
-  co_await kHandlers[index](call, request);
+  return kHandlers[index];
 }
 
-}  // namespace
-
-void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
-                 const std::string& message) {
-  builder.Clear();
-  builder.Finish(
-      wire::CreateReply(builder, id, protocol::to_wire(status), builder.CreateString(message)));
-}
-
-Handled handle_request(ServerContext& server, ConnectionState& connection,
-                       const wire::Request& request, HandlerResult& result) {
-  Call call{server, connection, request.id(), result};
-  std::exception_ptr failure;
-  try {
-    co_await dispatch(call, request);
-    result.status = Status::ok;
-    co_return;
-  } catch (...) {
-    failure = std::current_exception();
-  }
+/// Turns the exception a request ended with into its error reply: logged when internal,
+/// audited when refused for access.
+void fail(Call& call, const wire::Request& request, std::exception_ptr failure) noexcept {
+  HandlerResult& result = call.result;
+  const ConnectionState& connection = call.connection;
   result.attach.reset();
+  if (request.body_type() == wire::RequestBody::Hello) result.close_after = true;
   try {
     std::rethrow_exception(failure);
   } catch (const StatusError& e) {
@@ -125,6 +131,47 @@ Handled handle_request(ServerContext& server, ConnectionState& connection,
               protocol::request_name(request.body_type()));
     build_error(result.builder, request.id(), Status::internal, "internal error");
   }
+}
+
+}  // namespace
+
+void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
+                 const std::string& message) {
+  builder.Clear();
+  builder.Finish(
+      wire::CreateReply(builder, id, protocol::to_wire(status), builder.CreateString(message)));
+}
+
+bool handle_request_now(ServerContext& server, ConnectionState& connection,
+                        const wire::Request& request, HandlerResult& result) {
+  Call call{server, connection, request.id(), result};
+  try {
+    const Entry& entry = admit(call, request);
+    if (entry.now == nullptr) return false;
+    entry.now(call, request);
+    result.status = Status::ok;
+  } catch (...) {
+    fail(call, request, std::current_exception());
+  }
+  return true;
+}
+
+Handled handle_request(ServerContext& server, ConnectionState& connection,
+                       const wire::Request& request, HandlerResult& result) {
+  Call call{server, connection, request.id(), result};
+  std::exception_ptr failure;
+  try {
+    const Entry& entry = admit(call, request);
+    if (entry.now != nullptr)
+      entry.now(call, request);
+    else
+      co_await entry.later(call, request);
+    result.status = Status::ok;
+    co_return;
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  fail(call, request, failure);
 }
 
 void release_later(support::WorkerPool& workers,

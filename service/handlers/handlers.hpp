@@ -89,6 +89,13 @@ struct HandlerResult {
   bool close_after = false;  ///< close the connection after sending the reply
   /// The descriptor to send, or -1.
   [[nodiscard]] int fd() const noexcept { return attach ? attach->info().fd : -1; }
+  /// Ready for the next request; the builder keeps its buffer.
+  void reset() noexcept {
+    builder.Clear();
+    status = Status::ok;
+    attach.reset();
+    close_after = false;
+  }
 };
 
 /// One request being handled.
@@ -110,28 +117,28 @@ struct Call {
 
 using Handled = boost::asio::awaitable<void>;
 
-Handled handle(Call& call, const wire::Hello& request);
-Handled handle(Call& call, const wire::Ping& request);
-Handled handle(Call& call, const wire::Drain& request);
-Handled handle(Call& call, const wire::Stats& request);
+void handle(Call& call, const wire::Hello& request);
+void handle(Call& call, const wire::Ping& request);
+void handle(Call& call, const wire::Drain& request);
+void handle(Call& call, const wire::Stats& request);
 Handled handle(Call& call, const wire::RegisterLayout& request);
 Handled handle(Call& call, const wire::InstallPlan& request);
 Handled handle(Call& call, const wire::OpenArena& request);
 Handled handle(Call& call, const wire::CloseArena& request);
 Handled handle(Call& call, const wire::OpenStaging& request);
-Handled handle(Call& call, const wire::CloseStaging& request);
-Handled handle(Call& call, const wire::Allocate& request);
-Handled handle(Call& call, const wire::Free& request);
+void handle(Call& call, const wire::CloseStaging& request);
+void handle(Call& call, const wire::Allocate& request);
+void handle(Call& call, const wire::Free& request);
 Handled handle(Call& call, const wire::Compress& request);
 Handled handle(Call& call, const wire::Decompress& request);
 Handled handle(Call& call, const wire::Copy& request);
-Handled handle(Call& call, const wire::PlanCapacity& request);
-Handled handle(Call& call, const wire::FitsNow& request);
+void handle(Call& call, const wire::PlanCapacity& request);
+void handle(Call& call, const wire::FitsNow& request);
 Handled handle(Call& call, const wire::PutSnapshot& request);
 Handled handle(Call& call, const wire::GetSnapshot& request);
 Handled handle(Call& call, const wire::DeleteSnapshot& request);
-Handled handle(Call& call, const wire::PinSnapshot& request);
-Handled handle(Call& call, const wire::ListSnapshots& request);
+void handle(Call& call, const wire::PinSnapshot& request);
+void handle(Call& call, const wire::ListSnapshots& request);
 Handled handle(Call& call, const wire::ExportSnapshot& request);
 Handled handle(Call& call, const wire::ImportSnapshot& request);
 
@@ -147,6 +154,12 @@ kernels::BufferRef staging_range(const ConnectionState& connection, std::uint32_
 /// connection, as do a failed Hello and malformed requests.
 Handled handle_request(ServerContext& server, ConnectionState& connection,
                        const wire::Request& request, HandlerResult& result);
+/// The same without a coroutine for requests whose handler answers at once (ping,
+/// allocate, free, ... : those declared `void handle` above) and for refused ones: true
+/// with the reply in `result`. False, having done nothing, for a request that waits for a
+/// worker or the executor: handle_request it.
+bool handle_request_now(ServerContext& server, ConnectionState& connection,
+                        const wire::Request& request, HandlerResult& result);
 
 /// Builds an error reply (also used for frames that never became requests).
 void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,

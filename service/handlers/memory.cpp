@@ -96,7 +96,7 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
   if (memory->info().where.handle_is_fd()) call.result.attach = std::move(memory);
 }
 
-Handled handle(Call& call, const wire::CloseStaging& in) {
+void handle(Call& call, const wire::CloseStaging& in) {
   ConnectionState& c = call.connection;
   const auto it = c.staging.find(in.staging_id());
   STATEPOOL_EXPECTS(it != c.staging.end(), Status::not_found,
@@ -104,26 +104,23 @@ Handled handle(Call& call, const wire::CloseStaging& in) {
   release_later(call.server.workers, std::move(it->second));
   c.staging.erase(it);
   call.reply<wire::CloseStaging>(wire::CreateCloseStagingReply(call.builder()));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::Allocate& in) {
+void handle(Call& call, const wire::Allocate& in) {
   STATEPOOL_EXPECTS(in.count() >= 1 && in.count() <= kMaxSlotsPerRequest, Status::invalid_argument,
                     support::cat("allocate count must be between 1 and ", kMaxSlotsPerRequest,
                                  ", got ", in.count()));
   const auto slots = call.server.pool.allocate(call.connection.lease, in.arena_id(), in.count());
   auto& b = call.builder();
   call.reply<wire::Allocate>(wire::CreateAllocateReply(b, b.CreateVector(slots)));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::Free& in) {
+void handle(Call& call, const wire::Free& in) {
   STATEPOOL_EXPECTS(in.slots() != nullptr && in.slots()->size() > 0, Status::invalid_argument,
                     "free without slots");
   const std::vector<SlotId> slots(in.slots()->begin(), in.slots()->end());
   const std::uint32_t freed = call.server.pool.free(call.connection.lease, in.arena_id(), slots);
   call.reply<wire::Free>(wire::CreateFreeReply(call.builder(), freed));
-  co_return;
 }
 
 }  // namespace statepool::service

@@ -27,7 +27,7 @@ bool is_operator(const ConnectionState& c) noexcept {
 
 }  // namespace
 
-Handled handle(Call& call, const wire::Hello& in) {
+void handle(Call& call, const wire::Hello& in) {
   ServerContext& s = call.server;
   ConnectionState& c = call.connection;
   STATEPOOL_EXPECTS(!c.hello_done, Status::invalid_argument,
@@ -64,18 +64,16 @@ Handled handle(Call& call, const wire::Hello& in) {
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
       b.CreateString(kServerName), static_cast<std::uint32_t>(s.config.pool.grace_period.count()),
       s.config.max_frame_bytes));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::Ping& /*in*/) {
+void handle(Call& call, const wire::Ping& /*in*/) {
   const auto now = std::chrono::system_clock::now().time_since_epoch();
   call.reply<wire::Ping>(wire::CreatePingReply(
       call.builder(), static_cast<std::uint64_t>(
                           std::chrono::duration_cast<std::chrono::nanoseconds>(now).count())));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::Drain& /*in*/) {
+void handle(Call& call, const wire::Drain& /*in*/) {
   const ConnectionState& c = call.connection;
   STATEPOOL_EXPECTS(
       is_operator(c), Status::permission_denied,
@@ -83,10 +81,9 @@ Handled handle(Call& call, const wire::Drain& /*in*/) {
   call.server.request_drain(
       support::cat("drain request from connection ", c.id, " (pid ", c.pid, ")"));
   call.reply<wire::Drain>(wire::CreateDrainReply(call.builder()));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::Stats& /*in*/) {
+void handle(Call& call, const wire::Stats& /*in*/) {
   ServerContext& s = call.server;
   const ConnectionState& c = call.connection;
   PoolStats stats = s.pool.stats();
@@ -122,7 +119,6 @@ Handled handle(Call& call, const wire::Stats& /*in*/) {
       b, b.CreateVector(arenas), b.CreateVector(tenants), s.clients_connected(),
       stats.leases_active, stats.leases_orphaned, stats.pages_reclaimed_total, stats.capacity_bytes,
       stats.reserved_bytes, uptime));
-  co_return;
 }
 
 }  // namespace statepool::service

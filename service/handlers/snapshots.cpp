@@ -263,14 +263,13 @@ Handled handle(Call& call, const wire::DeleteSnapshot& in) {
   call.reply<wire::DeleteSnapshot>(wire::CreateDeleteSnapshotReply(call.builder(), deleted));
 }
 
-Handled handle(Call& call, const wire::PinSnapshot& in) {
+void handle(Call& call, const wire::PinSnapshot& in) {
   const std::uint32_t changed =
       call.server.pool.pin_snapshot(call.connection.tenant, key_of(in.key()), in.pinned());
   call.reply<wire::PinSnapshot>(wire::CreatePinSnapshotReply(call.builder(), changed));
-  co_return;
 }
 
-Handled handle(Call& call, const wire::ListSnapshots& in) {
+void handle(Call& call, const wire::ListSnapshots& in) {
   const std::string start = bytes_of(in.prefix());
   STATEPOOL_EXPECTS(start.size() <= kMaxSnapshotPrefixBytes, Status::invalid_argument,
                     support::cat("a snapshot prefix is at most ", kMaxSnapshotPrefixBytes,
@@ -296,7 +295,6 @@ Handled handle(Call& call, const wire::ListSnapshots& in) {
   const auto space = b.CreateString(pool.snapshot_namespace(call.connection.tenant));
   call.reply<wire::ListSnapshots>(
       wire::CreateListSnapshotsReply(b, b.CreateVector(entries), more, space));
-  co_return;
 }
 
 Handled handle(Call& call, const wire::ExportSnapshot& in) {

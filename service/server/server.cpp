@@ -84,6 +84,8 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
       acceptor_(control_),
       reclaim_timer_(control_),
       drain_timer_(control_) {
+  for (unsigned i = 1; i < config_.threads; ++i)
+    loops_.push_back(std::make_unique<asio::io_context>(1));
   for (const TenantConfig& t : pool_.config().tenants) {
     tenant_staging_.emplace(
         t.name, std::make_unique<LimitingResource>(
@@ -247,9 +249,16 @@ std::size_t Server::run() {
     }
   });
 
+  // The other loops run until io_ stops (finish_if_drained), idle or not.
+  std::vector<asio::executor_work_guard<asio::io_context::executor_type>> keep;
   std::vector<std::thread> threads;
-  for (unsigned i = 1; i < config_.threads; ++i) threads.emplace_back([this] { io_.run(); });
+  for (auto& loop : loops_) {
+    keep.push_back(asio::make_work_guard(*loop));
+    threads.emplace_back([&loop] { loop->run(); });
+  }
   io_.run();
+  for (auto& loop : loops_) loop->stop();
+  keep.clear();
   for (auto& t : threads) t.join();
   // Work started for sessions that were cut at the drain timeout may still run; its
   // completions go to the stopped io_context and are dropped with it.
@@ -379,10 +388,16 @@ Server::Refusal Server::refuse_for_descriptors() {
   return outcome;
 }
 
+asio::any_io_executor Server::next_session_executor() {
+  const std::size_t loop = next_loop_++ % (loops_.size() + 1);
+  if (loop == 0) return io_.get_executor();
+  return loops_[loop - 1]->get_executor();
+}
+
 asio::awaitable<void> Server::accept_loop() {
   while (!draining_.load()) {
     auto [ec, socket] =
-        co_await acceptor_.async_accept(asio::make_strand(io_), asio::as_tuple(use_awaitable));
+        co_await acceptor_.async_accept(next_session_executor(), asio::as_tuple(use_awaitable));
     if (ec) {
       if (draining_.load() || ec == asio::error::operation_aborted) break;
       const bool out_of_descriptors = ec.value() == EMFILE || ec.value() == ENFILE;
@@ -422,7 +437,7 @@ void Server::stop_accepting() {
   acceptor_.non_blocking(true, accept_ec);
   std::size_t backlog = 0;
   while (!accept_ec) {
-    local::socket socket(asio::make_strand(io_));
+    local::socket socket(next_session_executor());
     acceptor_.accept(socket, accept_ec);
     if (accept_ec) break;
     start_session(std::move(socket));

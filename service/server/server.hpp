@@ -98,6 +98,8 @@ class Server {
   /// Binds a new socket file at --socket, replacing a stale one (not yet listening).
   void bind_socket_file();
   boost::asio::awaitable<void> accept_loop();
+  /// The loop the next accepted connection runs on (on control_).
+  boost::asio::any_io_executor next_session_executor();
   /// Registers and starts the session of an accepted connection.
   void start_session(boost::asio::local::stream_protocol::socket socket);
   enum class Refusal { refused, none_waiting, failed };
@@ -128,7 +130,16 @@ class Server {
   std::atomic<bool> draining_{false};
   UnattachedBudget unattached_;
   SessionHost session_host_;
-  boost::asio::io_context io_;
+  // The first I/O thread's loop: the acceptor, the timers, the drain, the HTTP listeners,
+  // and connections. io_context per thread: a connection stays on the loop it was
+  // accepted onto (round robin), so its requests never hop threads; one loop shared by
+  // several threads hands every readiness event from thread to thread (futex, eventfd),
+  // which cost more than the request itself.
+  boost::asio::io_context io_{1};
+  // The other I/O threads' loops (--threads - 1), one thread each, connections only.
+  // After io_: destroyed before it (their connections' coroutines use what io_ serves).
+  std::vector<std::unique_ptr<boost::asio::io_context>> loops_;
+  std::size_t next_loop_ = 0;  // on control_: the loop of the next connection
   // Serializes the acceptor, the timers and the drain (accept_loop, reclaim_loop,
   // begin_drain, finish_if_drained).
   boost::asio::strand<boost::asio::io_context::executor_type> control_;

@@ -1,6 +1,7 @@
 #include "server/session.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <system_error>
@@ -160,33 +161,49 @@ asio::awaitable<void> Session::turn_away(Status status, const std::string& messa
   host_.ended(state_.id);
 }
 
+std::size_t Session::read_now(std::span<std::byte> out, bool& ended) {
+  for (;;) {
+    const ssize_t n = ::recv(socket_.native_handle(), out.data(), out.size(), MSG_DONTWAIT);
+    if (n > 0) return static_cast<std::size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    // EOF, or reset: the connection has ended. EAGAIN: nothing is there yet.
+    ended = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    return 0;
+  }
+}
+
 asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload) {
   std::array<std::byte, protocol::kHeaderBytes> head{};
   // Waiting for a frame's first byte may take forever (idle clients are normal); from
   // then on the whole frame must arrive within the I/O timeout. The wait consumes
-  // nothing: until this coroutine takes the byte, it stays in the socket, where a drain
-  // (close_when_idle) sees it and lets the request finish.
+  // nothing: until the read below takes the bytes, they stay in the socket, where a
+  // drain (close_when_idle) sees them and lets the request finish. The read and busy_
+  // happen with no suspension between them.
+  //
+  // The fast path is one wait and two reads (header, payload) straight on the socket; an
+  // asio read costs a trip through the io_context's queue even when its bytes are there,
+  // so asio reads only what has not arrived yet.
+  std::size_t got = 0;
+  bool ended = false;
   for (;;) {
     auto [ec_wait] = co_await socket_.async_wait(asio::socket_base::wait_read, kAsTuple);
     if (ec_wait || closing_) co_return false;  // closed by drain or by a deadline
     // The reactor may report readiness that an earlier read consumed already: look.
-    char first = 0;
-    const ssize_t peeked = ::recv(socket_.native_handle(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (peeked > 0) break;             // a frame has begun
-    if (peeked == 0) co_return false;  // EOF between frames: not an error
-    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) co_return false;  // reset
+    got = read_now(head, ended);
+    if (got > 0) break;              // a frame has begun
+    if (ended) co_return false;      // EOF or reset between frames: not an error
   }
   busy_ = true;
-  auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(head.data(), 1), kAsTuple);
-  if (ec) co_return false;  // EOF or reset between frames: not an error
   arm(host_.context.config.io_timeout);
-  auto [ec1, n1] =
-      co_await asio::async_read(socket_, asio::buffer(head.data() + 1, head.size() - 1), kAsTuple);
-  if (ec1) {
-    if (!timed_out_ && !closing_)
-      LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame header");
-    co_return false;
+  if (got < head.size()) {
+    auto [ec1, n1] = co_await asio::async_read(
+        socket_, asio::buffer(head.data() + got, head.size() - got), kAsTuple);
+    if (ec1) {
+      if (!timed_out_ && !closing_)
+        LOG_WARN("session", "connection ", state_.id, ": connection lost inside a frame header");
+      co_return false;
+    }
   }
   header = protocol::decode_header(head);
   const auto error = protocol::check_header(header, protocol::FrameType::request,
@@ -203,16 +220,20 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     co_return false;
   }
   resize_payload(payload, 0, header.length);
-  for (std::size_t got = 0; got < header.length;) {
+  for (got = 0; got < header.length;) {
     const std::size_t piece = std::min<std::size_t>(kReceivePiece, header.length - got);
     resize_payload(payload, got + piece, header.length);
-    auto [ec2, n2] =
-        co_await asio::async_read(socket_, asio::buffer(payload.data() + got, piece), kAsTuple);
-    if (ec2) {
-      if (!timed_out_ && !closing_)
-        LOG_WARN("session", "connection ", state_.id,
-                 ": connection lost inside a frame: ", ec2.message());
-      co_return false;
+    const std::span<std::byte> rest(payload.data() + got, piece);
+    const std::size_t now = ended ? 0 : read_now(rest, ended);
+    if (now < piece) {
+      auto [ec2, n2] = co_await asio::async_read(
+          socket_, asio::buffer(rest.data() + now, piece - now), kAsTuple);
+      if (ec2) {
+        if (!timed_out_ && !closing_)
+          LOG_WARN("session", "connection ", state_.id,
+                   ": connection lost inside a frame: ", ec2.message());
+        co_return false;
+      }
     }
     got += piece;
   }
@@ -220,35 +241,46 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
 }
 
 asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd) {
-  const std::string frame = protocol::make_frame(
-      protocol::FrameType::reply, fd >= 0 ? protocol::kFlagFdAttached : protocol::kFlagNone,
-      {builder.GetBufferPointer(), builder.GetSize()});
-  arm(host_.context.config.io_timeout);
+  protocol::FrameHeader header;
+  header.type = protocol::FrameType::reply;
+  header.flags = fd >= 0 ? protocol::kFlagFdAttached : protocol::kFlagNone;
+  header.length = builder.GetSize();
+  // The frame is assembled in a buffer the session keeps (small replies allocate
+  // nothing) and sent straight on the socket; asio writes only what the socket did not
+  // take at once. An fd rides on the frame's first bytes: one sendmsg with SCM_RIGHTS.
+  const auto head = protocol::encode_header(header);
+  out_.resize(head.size() + builder.GetSize());
+  std::memcpy(out_.data(), head.data(), head.size());
+  if (builder.GetSize() != 0)
+    std::memcpy(out_.data() + head.size(), builder.GetBufferPointer(), builder.GetSize());
+  const std::span<const std::byte> bytes(out_);
   std::size_t sent = 0;
-  if (fd >= 0) {
-    // The fd rides on the frame's first bytes: one sendmsg with SCM_RIGHTS.
-    const std::span<const std::byte> bytes = std::as_bytes(std::span(frame));
-    for (;;) {
-      const ssize_t n =
-          support::send_with_fds(socket_.native_handle(), bytes, std::span<const int>(&fd, 1),
-                                 MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n >= 0) {
-        sent = static_cast<std::size_t>(n);
-        break;
-      }
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        throw std::system_error(errno, std::generic_category(), "sendmsg");
-      auto [ec] = co_await socket_.async_wait(asio::socket_base::wait_write, kAsTuple);
-      if (ec) throw std::system_error(ec, "waiting to send");
+  for (;;) {
+    const ssize_t n =
+        fd >= 0 ? support::send_with_fds(socket_.native_handle(), bytes,
+                                         std::span<const int>(&fd, 1), MSG_DONTWAIT | MSG_NOSIGNAL)
+                : ::send(socket_.native_handle(), bytes.data(), bytes.size(),
+                         MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) {
+      sent = static_cast<std::size_t>(n);
+      break;
     }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      throw std::system_error(errno, std::generic_category(), "sendmsg");
+    if (fd < 0) break;  // nothing sent: asio writes it all
+    arm(host_.context.config.io_timeout);
+    auto [ec] = co_await socket_.async_wait(asio::socket_base::wait_write, kAsTuple);
+    if (ec) throw std::system_error(ec, "waiting to send");
   }
-  if (sent < frame.size()) {
+  if (sent < bytes.size()) {
+    arm(host_.context.config.io_timeout);
     auto [ec, n] = co_await asio::async_write(
-        socket_, asio::buffer(frame.data() + sent, frame.size() - sent), kAsTuple);
+        socket_, asio::buffer(bytes.data() + sent, bytes.size() - sent), kAsTuple);
     if (ec) throw std::system_error(ec, "sending reply");
   }
   disarm();
+  if (out_.capacity() > kKeptPayload) std::vector<std::byte>().swap(out_);
 }
 
 asio::awaitable<void> Session::refuse(Status status, const std::string& message) {
@@ -305,6 +337,8 @@ asio::awaitable<void> Session::run() {
       socket_.get_executor(), [self]() { return self->hello_deadline(); }, asio::detached);
 
   std::vector<std::byte> payload;
+  // One reply builder for the connection's life: a small reply allocates nothing.
+  HandlerResult result;
   try {
     while (!closing_) {
       busy_ = false;
@@ -327,8 +361,9 @@ asio::awaitable<void> Session::run() {
                         "requests never carry file descriptors (flag FD_ATTACHED set)");
         break;
       }
-      HandlerResult result;
-      co_await handle_request(host_.context, state_, *request, result);
+      result.reset();
+      if (!handle_request_now(host_.context, state_, *request, result))
+        co_await handle_request(host_.context, state_, *request, result);
       // Counted before the reply goes out: a client holding its reply must find the
       // request in the next scrape.
       const double seconds =
@@ -347,6 +382,8 @@ asio::awaitable<void> Session::run() {
                   status_name(result.status));
       }
       shrink_payload(payload);
+      result.attach.reset();  // the reply is out: its memory's descriptor is the peer's now
+      if (result.builder.GetSize() > kKeptPayload) result.builder = flatbuffers::FlatBufferBuilder();
       if (result.close_after) break;
       // The Hello deadline passed while that request was handled, and it attached nothing.
       if (hello_expired_ && !state_.hello_done) break;

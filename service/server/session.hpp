@@ -1,6 +1,7 @@
 #pragma once
 // One client connection: reads frames, verifies them, runs the handler, writes the reply
-// (with an fd when the handler attached one). Everything runs on the connection's strand;
+// (with an fd when the handler attached one). Everything runs on the connection's loop
+// (an io_context run by one I/O thread, server.hpp);
 // a handler's heavy work runs on the executor or the worker pool while the session awaits
 // it, so an I/O thread never waits for codec work or an allocation.
 //
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <boost/asio.hpp>
@@ -29,10 +31,10 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session();
 
   boost::asio::awaitable<void> run();
-  /// Posts to the strand: close now if no request is in flight and no byte of one has
+  /// Posts to the loop: close now if no request is in flight and no byte of one has
   /// arrived, else after the reply to that request.
   void close_when_idle();
-  /// Posts to the strand: close now.
+  /// Posts to the loop: close now.
   void close_now();
   [[nodiscard]] std::uint64_t id() const noexcept { return state_.id; }
   [[nodiscard]] boost::asio::any_io_executor socket_executor() { return socket_.get_executor(); }
@@ -48,6 +50,9 @@ class Session : public std::enable_shared_from_this<Session> {
   /// refuse() then close(), counting the refusal under `reason`.
   boost::asio::awaitable<void> turn_away(Status status, const std::string& message,
                                          const char* reason);
+  /// Reads what the socket holds now, up to out.size() bytes, without waiting: the count
+  /// read (0 when nothing is there); `ended` is set on EOF or a reset.
+  std::size_t read_now(std::span<std::byte> out, bool& ended);
   boost::asio::awaitable<bool> read_frame(protocol::FrameHeader& header,
                                           std::vector<std::byte>& payload);
   boost::asio::awaitable<void> write_frame(const flatbuffers::FlatBufferBuilder& builder, int fd);
@@ -67,7 +72,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   SessionHost& host_;
   boost::asio::local::stream_protocol::socket socket_;
+  // The I/O deadline (arm, disarm) and the timer of the watchdog that enforces it.
+  std::chrono::steady_clock::time_point deadline_at_ = std::chrono::steady_clock::time_point::max();
   boost::asio::steady_timer deadline_;
+  std::vector<std::byte> out_;  // the reply frame being written (kept between replies)
   // --hello-timeout; cancelled by Hello and by close() (its waiter holds the session).
   boost::asio::steady_timer hello_timer_;
   ConnectionState state_;

@@ -33,5 +33,8 @@ ssize_t send_with_fds(int socket, std::span<const std::byte> bytes, std::span<co
 /// Returns what recvmsg returns: bytes read (0 at end of stream), or -1 with errno set.
 /// Throws std::bad_alloc only (the descriptors already taken are closed then).
 ssize_t recv_with_fds(int socket, std::span<std::byte> out, std::vector<UniqueFd>& fds, int flags);
+/// The same into two buffers, filled in order (a frame's header, then its payload).
+ssize_t recv_with_fds(int socket, std::span<std::byte> first, std::span<std::byte> second,
+                      std::vector<UniqueFd>& fds, int flags);
 
 }  // namespace statepool::support
