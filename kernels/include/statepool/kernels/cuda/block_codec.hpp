@@ -32,7 +32,7 @@
 //                     column (c_j: max over rows, then the refit sums over rows in row
 //                     order, binary32; b_j into the scratch), sync, codes: rank per 16
 //                     values of a row (run16_fits, rows16_fits), else rank per quad
-//                     (block_stepquant.hpp)
+//                     (block_stepquant.hpp, block_stepquant_decode.hpp)
 //   temporal_only     the row pass with maxima (absmax scale, its reciprocal into the
 //                     scratch), codes as above
 //   decode            float codecs as encode; int4/6/8 rank per 16 codes; STEPQuant /
@@ -54,6 +54,7 @@
 #include "statepool/kernels/cuda/block_float.hpp"
 #include "statepool/kernels/cuda/block_io.hpp"
 #include "statepool/kernels/cuda/block_stepquant.hpp"
+#include "statepool/kernels/cuda/block_stepquant_decode.hpp"
 #include "statepool/kernels/cuda/block_uniform.hpp"
 #include "statepool/kernels/cuda/page_format.hpp"
 #include "statepool/kernels/format.hpp"
