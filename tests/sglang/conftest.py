@@ -1,0 +1,169 @@
+"""Fixtures of the SGLang storage-backend tests: real statepoold processes (the Daemon helper of
+tests/python/conftest.py), real SGLang host pools on the CPU, and backends built through SGLang's
+own StorageBackendFactory. Runs in the venv of scripts/sglang-venv (tests/sglang/run-pytest)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import torch
+
+SOURCE_DIR = pathlib.Path(os.environ.get("STATEPOOL_SOURCE_DIR",
+                                         pathlib.Path(__file__).resolve().parents[2]))
+
+# tests/python/conftest.py under another module name: its Daemon class, not its fixtures.
+_spec = importlib.util.spec_from_file_location("statepool_python_conftest",
+                                               SOURCE_DIR / "tests/python/conftest.py")
+python_conftest = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(python_conftest)
+Daemon = python_conftest.Daemon
+
+from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
+    KVBufferLayout,
+    KVBuffers,
+    MambaStateBufferInfo,
+    MHABufferInfo,
+)
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+POOL_CAPACITY = "512MiB"
+
+
+def start_daemon(tmp: pathlib.Path, extra: list[str] | None = None) -> "Daemon":
+    tmp.mkdir(parents=True, exist_ok=True)
+    return Daemon(tmp, extra=(extra or []) + ["--max-arena-pages", "1048576"],
+                  pool_capacity=POOL_CAPACITY)
+
+
+def kill_daemon(d: "Daemon") -> None:
+    """SIGKILL: no drain, the socket file stays behind."""
+    d.process.send_signal(signal.SIGKILL)
+    d.process.wait()
+    d._log.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = start_daemon(tmp_path_factory.mktemp("statepoold"))
+    yield d
+    code = d.stop()
+    assert code == 0, f"statepoold exited with {code}:\n{d.log()}"
+
+
+# -- SGLang host pools on the CPU -------------------------------------------------------------
+
+
+def kv_pool(layers=3, heads=2, head_dim=16, page_size=4, pages=32, dtype=torch.bfloat16,
+            layout="page_first") -> MHATokenToKVPoolHost:
+    """SGLang's MHA host KV pool (pin_memory off, CPU), over small stand-in device buffers."""
+    dev_tokens = page_size * 4
+    k = tuple(torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
+    v = tuple(torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
+
+    def ptrs(ts):
+        return torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64)
+
+    info = MHABufferInfo(
+        buffers=KVBuffers(k=k, v=v, k_data_ptrs=ptrs(k), v_data_ptrs=ptrs(v),
+                          layout=KVBufferLayout.NHD),
+        page_size=page_size, head_num=heads, head_dim=head_dim, v_head_dim=head_dim,
+        dtype=dtype, device=torch.device("cpu"))
+    return MHATokenToKVPoolHost(info, 2.0, 0, page_size, layout, pin_memory=False, device="cpu",
+                                device_capacity_tokens=dev_tokens, start_layer=0,
+                                end_layer=layers - 1, host_token_capacity=pages * page_size)
+
+
+def mamba_pool(layers=2, heads=3, value_dim=8, key_dim=16, conv_channels=24, conv_width=3,
+               slots=16, temporal_dtype=torch.float32, conv_dtype=torch.bfloat16) -> MambaPoolHost:
+    """SGLang's MambaPoolHost (CPU, pin_memory off) for a gated-delta-rule model: per slot an
+    fp32 recurrent state [layers, heads, value, key] and a conv state [layers, channels, width]."""
+    temporal = torch.zeros(layers, 4, heads, value_dim, key_dim, dtype=temporal_dtype)
+    conv = (torch.zeros(layers, 4, conv_channels, conv_width, dtype=conv_dtype),)
+    info = MambaStateBufferInfo(temporal=temporal, conv=conv)
+    return MambaPoolHost(info, slots / 4, 0, device_capacity=4, pin_memory=False, device="cpu",
+                         layout="page_first")
+
+
+def storage_config(extra: dict | None, model: str = "pytest/tiny-hybrid",
+                   tp_rank: int = 0) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=1, pp_rank=0, pp_size=1,
+                                attn_cp_rank=0, attn_cp_size=1, is_mla_model=False,
+                                enable_storage_metrics=False, is_page_first_layout=True,
+                                model_name=model, extra_config=extra)
+
+
+def statepool_extra(d: "Daemon", **overrides) -> dict:
+    extra = {"backend_name": "statepool", "module_path": "statepool.sglang",
+             "class_name": "StatepoolHiCacheStorage", "interface_v1": 1,
+             "socket": d.socket, "tenant": "team-a", "state_codec": "fp32", "kv_codec": "bf16",
+             "state_arena_pages": 64, "kv_arena_mib": 8, "retry_interval": 0.2, "timeout": 5}
+    extra.update(overrides)
+    return extra
+
+
+def make_backend(name: str, extra: dict, kv, mamba, model: str = "pytest/tiny-hybrid"):
+    """A backend as SGLang's cache controllers make one: through the factory, then the anchor
+    host pool, then every pool of the host pool group."""
+    backend = StorageBackendFactory.create_backend(name, storage_config(extra, model), kv)
+    backend.register_mem_pool_host(kv)
+    backend.register_mem_host_pool_v2(kv, PoolName.KV)
+    if mamba is not None:
+        backend.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    return backend
+
+
+def page_keys(chain: str, n: int) -> list[str]:
+    keys, prev = [], chain.encode()
+    for i in range(n):
+        prev = hashlib.sha256(prev + i.to_bytes(4, "little")).digest()
+        keys.append(prev.hex())
+    return keys
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(binary):
+        pytest.skip("redis-server is not installed (scripts/deps --test installs it)")
+    port = free_port()
+    tmp = tmp_path_factory.mktemp("redis")
+    log = open(tmp / "redis.log", "w")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("redis-server did not start:\n"
+                                   + (tmp / "redis.log").read_text())
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
