@@ -225,9 +225,9 @@ class RedisServer {
     dir_ = dir_template;
     socket_ = dir_ + "/redis.sock";
     const std::string log = dir_ + "/redis.log";
-    std::vector<std::string> argv_s = {program, "--port", "0", "--unixsocket", socket_,
-                                       "--save", "", "--appendonly", "no", "--logfile", log,
-                                       "--dir", dir_};
+    std::vector<std::string> argv_s = {
+        program, "--port",    "0", "--unixsocket", socket_, "--save", "", "--appendonly",
+        "no",    "--logfile", log, "--dir",        dir_};
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -372,9 +372,10 @@ int main(int argc, char** argv) {
     const double pair = std::max(first.pair_per_s, second->pair_per_s);
     const double redis_ping = redis.count("PING_MBULK") ? redis["PING_MBULK"] : 0.0;
     const double redis_set = redis.count("SET") ? redis["SET"] : 0.0;
-    std::printf("\nbeside redis-server on a Unix socket, same machine, same run (%u client(s), "
-                "no pipelining):\n",
-                args.clients);
+    std::printf(
+        "\nbeside redis-server on a Unix socket, same machine, same run (%u client(s), "
+        "no pipelining):\n",
+        args.clients);
     std::printf("%-34s %12s %12s %8s\n", "", "statepool/s", "redis/s", "ratio");
     std::printf("%-34s %12.0f %12.0f %7.2fx\n", "ping vs PING_MBULK", ping, redis_ping,
                 redis_ping > 0 ? ping / redis_ping : 0.0);

@@ -24,8 +24,7 @@ constexpr std::size_t kFirstRead = 4096;
 // After these statuses the daemon closes the connection (protocol/statepool.fbs).
 bool closes_connection(Status status) noexcept {
   return status == Status::protocol_error || status == Status::not_hello ||
-         status == Status::unsupported_version ||
-         status == Status::too_many_connections;
+         status == Status::unsupported_version || status == Status::too_many_connections;
 }
 
 // Reply tables without fields: a daemon may leave the union empty for them.
@@ -178,8 +177,7 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
     if (!status_ok) {
       std::string message = reply->message() != nullptr ? reply->message()->str() : "";
       if (message.empty()) {
-        message = std::string("statepoold refused ") + name + ": " +
-                  status_name(status);
+        message = std::string("statepoold refused ") + name + ": " + status_name(status);
       }
       // Id 0 answers a frame the daemon could not read, or refuses the whole connection:
       // either way the daemon closes it.
@@ -209,7 +207,7 @@ std::string str(const flatbuffers::String* s) {
 
 void inconsistent(const std::string& what) {
   throw Error(Status::internal, "statepoold sent an inconsistent reply: " + what +
-                                          " (client and daemon builds may differ; report it)");
+                                    " (client and daemon builds may differ; report it)");
 }
 
 kernels::CodecId reply_codec(wire::CodecId codec) {

@@ -52,9 +52,8 @@ DeviceMapping map_device_memory(const kernels::MemoryDescriptor& where, int fd, 
                     " handle): " + e.what() +
                     " — set Options::map_device_memory = false to use it by id only");
   }
-  throw Error(Status::internal, what + ": handle kind " +
-                                          kernels::to_string(where.handle_kind) +
-                                          " is not device memory");
+  throw Error(Status::internal, what + ": handle kind " + kernels::to_string(where.handle_kind) +
+                                    " is not device memory");
 #else
   (void)fd;
   (void)bytes;

@@ -26,10 +26,9 @@ std::byte* map_shared(int fd, std::size_t bytes, const char* what) {
                 std::string("cannot stat the ") + what + " descriptor: " + std::strerror(errno));
   }
   if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) < bytes) {
-    throw Error(Status::internal, std::string("statepoold sent a ") + what +
-                                            " descriptor of " + std::to_string(st.st_size) +
-                                            " bytes for a region of " + std::to_string(bytes) +
-                                            " bytes; refusing to map it");
+    throw Error(Status::internal, std::string("statepoold sent a ") + what + " descriptor of " +
+                                      std::to_string(st.st_size) + " bytes for a region of " +
+                                      std::to_string(bytes) + " bytes; refusing to map it");
   }
   if (bytes == 0) return nullptr;
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

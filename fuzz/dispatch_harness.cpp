@@ -24,8 +24,8 @@
 #include "pool/pool.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/worker_pool.hpp"
 
 namespace statepool::fuzz {
@@ -69,8 +69,8 @@ service::Config harness_config() {
 }
 
 /// Checks one reply as the peer would receive it (the session sends result.builder as is).
-void check_reply(const flatbuffers::FlatBufferBuilder& builder, std::uint64_t id,
-                 Status status, const char* request, wire::RequestBody type, int fd) {
+void check_reply(const flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
+                 const char* request, wire::RequestBody type, int fd) {
   const std::string what = std::string("reply to ") + request;
   if (builder.GetSize() == 0) fail(what + ": no reply was built");
   const std::span<const std::byte> bytes{
@@ -81,7 +81,8 @@ void check_reply(const flatbuffers::FlatBufferBuilder& builder, std::uint64_t id
   const wire::Reply* reply = protocol::verify_reply(copy, error);
   if (reply == nullptr) fail(what + ": the reply does not verify");
   if (reply->id() != id) fail(what + ": the reply id is not the request's");
-  if (protocol::from_wire(reply->status()) != status) fail(what + ": the reply status is not the handler's");
+  if (protocol::from_wire(reply->status()) != status)
+    fail(what + ": the reply status is not the handler's");
   if (status == Status::internal) {
     fail(what + ": internal error: " + (reply->message() ? reply->message()->str() : ""));
   }
@@ -116,10 +117,9 @@ struct DispatchHarness::State {
   std::map<std::string, std::unique_ptr<service::LimitingResource>> tenant_staging = [this] {
     std::map<std::string, std::unique_ptr<service::LimitingResource>> out;
     for (const service::TenantConfig& t : config.pool.tenants) {
-      out.emplace(t.name,
-                  std::make_unique<service::LimitingResource>(
-                      staging_capacity, t.limits.max_staging_bytes, Status::quota_exceeded,
-                      service::LimitText{"staging limit of tenant '" + t.name + "'"}));
+      out.emplace(t.name, std::make_unique<service::LimitingResource>(
+                              staging_capacity, t.limits.max_staging_bytes, Status::quota_exceeded,
+                              service::LimitText{"staging limit of tenant '" + t.name + "'"}));
     }
     return out;
   }();
@@ -141,8 +141,8 @@ struct DispatchHarness::State {
       flatbuffers::FlatBufferBuilder refusal;
       if (error != protocol::FrameError::none) {
         service::build_error(refusal, 0, Status::protocol_error, protocol::to_string(error));
-        check_reply(refusal, 0, Status::protocol_error, "a bad header",
-                    wire::RequestBody::NONE, -1);
+        check_reply(refusal, 0, Status::protocol_error, "a bad header", wire::RequestBody::NONE,
+                    -1);
         co_return;
       }
       if (input.size() - at < header.length) co_return;  // the rest never arrives
@@ -153,8 +153,8 @@ struct DispatchHarness::State {
       if (request == nullptr || header.flags != protocol::kFlagNone) {
         service::build_error(refusal, 0, Status::protocol_error,
                              request == nullptr ? protocol::to_string(error) : "fd flag");
-        check_reply(refusal, 0, Status::protocol_error, "a refused frame",
-                    wire::RequestBody::NONE, -1);
+        check_reply(refusal, 0, Status::protocol_error, "a refused frame", wire::RequestBody::NONE,
+                    -1);
         co_return;
       }
       service::HandlerResult result;
@@ -166,8 +166,8 @@ struct DispatchHarness::State {
             flatbuffers::GetRoot<wire::Reply>(result.builder.GetBufferPointer());
         std::fprintf(stderr, "fuzz_frame: %s (id %llu) -> %s%s%s\n",
                      protocol::request_name(request->body_type()),
-                     static_cast<unsigned long long>(request->id()),
-                     status_name(result.status), reply->message() ? ": " : "",
+                     static_cast<unsigned long long>(request->id()), status_name(result.status),
+                     reply->message() ? ": " : "",
                      reply->message() ? reply->message()->c_str() : "");
       }
       if (result.close_after) co_return;

@@ -106,8 +106,12 @@ wire::HandleKind to_wire(kernels::HandleKind value) noexcept {
 wire::KvCodec to_wire(kernels::KvCodecId value) noexcept {
   return static_cast<wire::KvCodec>(value);
 }
-wire::Status to_wire(Status value) noexcept { return static_cast<wire::Status>(value); }
-Status from_wire(wire::Status value) noexcept { return static_cast<Status>(value); }
+wire::Status to_wire(Status value) noexcept {
+  return static_cast<wire::Status>(value);
+}
+Status from_wire(wire::Status value) noexcept {
+  return static_cast<Status>(value);
+}
 
 kernels::Arch from_wire(wire::Arch value, std::string_view field) {
   return checked<kernels::Arch>(value, field);

@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
       LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
                " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
     }
-    Metrics metrics(pool, protocol_labels(), &staging_memory, tiers.get(), backend.executor_memory.get());
+    Metrics metrics(pool, protocol_labels(), &staging_memory, tiers.get(),
+                    backend.executor_memory.get());
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
     server.bind();
     if (!config.metrics_address.empty()) {

@@ -536,8 +536,8 @@ int main(int argc, char** argv) {
   } catch (const statepool::client::ConnectionError& e) {
     std::cerr << "statepool-demo: " << e.what() << '\n';
   } catch (const statepool::client::Error& e) {
-    std::cerr << "statepool-demo: statepoold refused ("
-              << statepool::status_name(e.status()) << "): " << e.what() << '\n';
+    std::cerr << "statepool-demo: statepoold refused (" << statepool::status_name(e.status())
+              << "): " << e.what() << '\n';
   } catch (const std::exception& e) {
     std::cerr << "statepool-demo: " << e.what() << '\n';
   }

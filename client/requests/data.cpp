@@ -153,9 +153,9 @@ void Connection::copy(const Slot& src, const Slot& dst, const std::optional<IpcE
   require_valid(dst, "copy");
   if (src.arena_id() != dst.arena_id()) {
     throw Error(Status::invalid_argument, "copy: the slots belong to different arenas (" +
-                                                    std::to_string(src.arena_id()) + " and " +
-                                                    std::to_string(dst.arena_id()) +
-                                                    "); pages are copied within one arena");
+                                              std::to_string(src.arena_id()) + " and " +
+                                              std::to_string(dst.arena_id()) +
+                                              "); pages are copied within one arena");
   }
   copy(src.arena_id(), src.id(), dst.id(), after);
 }

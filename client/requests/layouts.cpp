@@ -61,13 +61,13 @@ LayoutInfo Connection::register_layout(const kernels::StateLayout& layout) {
   info.layout = layout;
   if (info.page_bytes != codec->page_bytes() ||
       info.state_bytes_f32 != codec->staged_bytes(kernels::DType::f32)) {
-    throw Error(Status::internal,
-                "page format mismatch for layout '" + layout.name + "': statepoold says " +
-                    std::to_string(info.page_bytes) + " page bytes and " +
-                    std::to_string(info.state_bytes_f32) + " staged bytes, this client computes " +
-                    std::to_string(codec->page_bytes()) + " and " +
-                    std::to_string(codec->staged_bytes(kernels::DType::f32)) +
-                    "; client and daemon were built from different kernels");
+    throw Error(Status::internal, "page format mismatch for layout '" + layout.name +
+                                      "': statepoold says " + std::to_string(info.page_bytes) +
+                                      " page bytes and " + std::to_string(info.state_bytes_f32) +
+                                      " staged bytes, this client computes " +
+                                      std::to_string(codec->page_bytes()) + " and " +
+                                      std::to_string(codec->staged_bytes(kernels::DType::f32)) +
+                                      "; client and daemon were built from different kernels");
   }
   {
     const std::lock_guard lock(i.codecs_mutex);

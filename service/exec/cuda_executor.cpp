@@ -17,8 +17,8 @@
 #include "statepool/kernels/cuda/kv_kernels.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

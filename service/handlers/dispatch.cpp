@@ -6,8 +6,8 @@
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

@@ -9,8 +9,8 @@
 #include "handlers/handlers.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/protocol/convert.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 

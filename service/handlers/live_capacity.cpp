@@ -5,12 +5,11 @@
 #include <stdexcept>
 
 #include "statepool/planner/model.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {
-
 
 bool same_shape(const kernels::StateLayout& a, const kernels::StateLayout& b) {
   return a.arch == b.arch && a.num_layers == b.num_layers && a.num_heads == b.num_heads &&

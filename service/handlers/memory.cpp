@@ -9,9 +9,9 @@
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

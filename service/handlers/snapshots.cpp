@@ -286,11 +286,12 @@ void handle(Call& call, const wire::ListSnapshots& in) {
   std::vector<flatbuffers::Offset<wire::SnapshotEntry>> entries;
   entries.reserve(found.size());
   for (const SnapshotInfo& s : found) {
-    entries.push_back(wire::CreateSnapshotEntry(
-        b, to_wire(b, s.key), s.layout_id, b.CreateString(s.layout_name), protocol::to_wire(s.codec),
-        b.CreateString(s.tenant), s.arena_id, s.page_bytes, s.fp32_bytes, s.pinned, s.hits,
-        s.age_seconds, s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0, s.kv_bytes, s.pages,
-        b.CreateString(s.layout_digest)));
+    entries.push_back(
+        wire::CreateSnapshotEntry(b, to_wire(b, s.key), s.layout_id, b.CreateString(s.layout_name),
+                                  protocol::to_wire(s.codec), b.CreateString(s.tenant), s.arena_id,
+                                  s.page_bytes, s.fp32_bytes, s.pinned, s.hits, s.age_seconds,
+                                  s.idle_seconds, s.kv ? protocol::to_wire(b, *s.kv) : 0,
+                                  s.kv_bytes, s.pages, b.CreateString(s.layout_digest)));
   }
   const auto space = b.CreateString(pool.snapshot_namespace(call.connection.tenant));
   call.reply<wire::ListSnapshots>(

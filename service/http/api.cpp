@@ -13,8 +13,8 @@
 #include "handlers/live_capacity.hpp"
 #include "statepool/planner/fits.hpp"
 #include "statepool/planner/planner.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace beast = boost::beast;

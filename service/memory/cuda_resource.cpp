@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "statepool/kernels/cuda/vmm.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/size.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

@@ -10,9 +10,9 @@
 #include <string>
 #include <utility>
 
-#include "statepool/support/status.hpp"
 #include "statepool/support/errno_text.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {

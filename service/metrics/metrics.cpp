@@ -31,7 +31,6 @@ const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
     1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2,
     2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0,  2.5,  5.0,    10.0};
 
-
 ClientMetric sample(std::vector<ClientMetric::Label> labels, double value, MetricType type) {
   ClientMetric metric;
   metric.label = std::move(labels);
@@ -448,9 +447,8 @@ struct Metrics::Impl {
   std::mutex mutex;
 };
 
-Metrics::Metrics(const Pool& pool, const ProtocolLabels& protocol,
-                 const TrackingResource* staging, const SnapshotTiers* tiers,
-                 const TrackingResource* executor)
+Metrics::Metrics(const Pool& pool, const ProtocolLabels& protocol, const TrackingResource* staging,
+                 const SnapshotTiers* tiers, const TrackingResource* executor)
     : impl_(std::make_unique<Impl>(pool, protocol, staging, tiers, executor)) {}
 Metrics::~Metrics() = default;
 

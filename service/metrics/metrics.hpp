@@ -47,9 +47,8 @@ class Metrics {
   /// `executor`, when given, is the tracking adaptor of the executor's own device memory
   /// (use="executor").
   Metrics(const Pool& pool, const ProtocolLabels& protocol,
-          const TrackingResource* staging = nullptr,
-                   const SnapshotTiers* tiers = nullptr,
-                   const TrackingResource* executor = nullptr);
+          const TrackingResource* staging = nullptr, const SnapshotTiers* tiers = nullptr,
+          const TrackingResource* executor = nullptr);
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;

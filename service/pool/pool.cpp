@@ -5,8 +5,8 @@
 
 #include "pool/lease_token.hpp"
 #include "statepool/kernels/layout.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/size.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

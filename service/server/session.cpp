@@ -191,8 +191,8 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     if (ec_wait || closing_) co_return false;  // closed by drain or by a deadline
     // The reactor may report readiness that an earlier read consumed already: look.
     got = read_now(head, ended);
-    if (got > 0) break;              // a frame has begun
-    if (ended) co_return false;      // EOF or reset between frames: not an error
+    if (got > 0) break;          // a frame has begun
+    if (ended) co_return false;  // EOF or reset between frames: not an error
   }
   busy_ = true;
   arm(host_.context.config.io_timeout);
@@ -369,8 +369,8 @@ asio::awaitable<void> Session::run() {
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
       if (host_.metrics != nullptr)
-        host_.metrics->observe_request(static_cast<std::size_t>(request->body_type()), result.status,
-                                       seconds);
+        host_.metrics->observe_request(static_cast<std::size_t>(request->body_type()),
+                                       result.status, seconds);
       if (state_.hello_done && unattached_) {
         leave_unattached();
         hello_timer_.cancel();
@@ -378,12 +378,12 @@ asio::awaitable<void> Session::run() {
       co_await write_frame(result.builder, result.fd());
       if (result.status != Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",
-                  protocol::request_name(request->body_type()), " -> ",
-                  status_name(result.status));
+                  protocol::request_name(request->body_type()), " -> ", status_name(result.status));
       }
       shrink_payload(payload);
       result.attach.reset();  // the reply is out: its memory's descriptor is the peer's now
-      if (result.builder.GetSize() > kKeptPayload) result.builder = flatbuffers::FlatBufferBuilder();
+      if (result.builder.GetSize() > kKeptPayload)
+        result.builder = flatbuffers::FlatBufferBuilder();
       if (result.close_after) break;
       // The Hello deadline passed while that request was handled, and it attached nothing.
       if (hello_expired_ && !state_.hello_done) break;

@@ -32,8 +32,8 @@
 #include "memory_resource_conformance.hpp"
 #include "statepool/kernels/cuda/driver.hpp"
 #include "statepool/kernels/cuda/vmm.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/fd_passing.hpp"
+#include "statepool/support/status.hpp"
 #include "statepool/support/unique_fd.hpp"
 
 extern char** environ;

@@ -272,7 +272,8 @@ void cycle(const std::string& socket, std::mt19937_64& rng, const Progress& p, H
     } catch (const client::Error& e) {
       // Refusals are part of the game (an expired token's slots, a busy lease, a full
       // pool); a daemon bug is not.
-      if (e.status() == statepool::Status::internal || e.status() == statepool::Status::protocol_error)
+      if (e.status() == statepool::Status::internal ||
+          e.status() == statepool::Status::protocol_error)
         p.fail(std::string(statepool::status_name(e.status())) + ": " + e.what());
       h = Handover{};
     } catch (const std::exception& e) {

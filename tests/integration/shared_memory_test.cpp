@@ -382,8 +382,7 @@ TEST(SharedMemory, AClientRewritingItsMemoryDuringEveryRequestGetsDocumentedRepl
     for (const auto& [op, statuses] : ops) {
       line += " " + op;
       for (const auto& [status, n] : statuses)
-        line +=
-            std::string(" ") + statepool::status_name(status) + "=" + std::to_string(n);
+        line += std::string(" ") + statepool::status_name(status) + "=" + std::to_string(n);
       line += ";";
     }
     std::printf("%s\n", line.c_str());

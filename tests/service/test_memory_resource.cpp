@@ -25,8 +25,8 @@
 #include "memory/limiting.hpp"
 #include "memory/tracking.hpp"
 #include "memory_resource_conformance.hpp"
-#include "statepool/support/status.hpp"
 #include "statepool/support/fd_passing.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 namespace {

@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/kv.hpp"
+#include "statepool/kernels/layout.hpp"
 
 namespace statepool::kernels {
 
@@ -37,12 +37,12 @@ struct SnapshotInfo {
   std::uint64_t fp32_bytes = 0;
   bool pinned = false;
   std::uint64_t hits = 0;
-  double age_seconds = 0;       ///< since it was published
-  double idle_seconds = 0;      ///< since it was last published or read
-  std::optional<KvBlocks> kv;   ///< a hybrid entry's attention KV blocks
-  std::uint64_t kv_bytes = 0;   ///< their encoded bytes (in kv_pages more pages)
-  std::uint32_t pages = 1;      ///< pages of the arena it holds
-  std::string layout_digest;    ///< kernels::layout_digest of its layout: names it across daemons
+  double age_seconds = 0;      ///< since it was published
+  double idle_seconds = 0;     ///< since it was last published or read
+  std::optional<KvBlocks> kv;  ///< a hybrid entry's attention KV blocks
+  std::uint64_t kv_bytes = 0;  ///< their encoded bytes (in kv_pages more pages)
+  std::uint32_t pages = 1;     ///< pages of the arena it holds
+  std::string layout_digest;   ///< kernels::layout_digest of its layout: names it across daemons
 };
 
 }  // namespace statepool::kernels
