@@ -41,6 +41,12 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 POOL_CAPACITY = "512MiB"
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: a real SGLang engine end to end (tests/sglang/engine; ctest "
+        "sglang.engine); `-m 'not slow'` leaves it out")
+
+
 def start_daemon(tmp: pathlib.Path, extra: list[str] | None = None) -> "Daemon":
     tmp.mkdir(parents=True, exist_ok=True)
     return Daemon(tmp, extra=(extra or []) + ["--max-arena-pages", "1048576"],
