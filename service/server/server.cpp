@@ -78,7 +78,7 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
                },
                tiers},
       unattached_(config.max_unattached_connections),
-      session_host_{context_, metrics, draining_, unattached_,
+      session_host_{context_, metrics, listener_closed_, unattached_,
                     [this](std::uint64_t id) { session_ended(id); }},
       control_(asio::make_strand(io_)),
       acceptor_(control_),
@@ -294,11 +294,8 @@ void Server::begin_drain(const std::string& why) {
   if (api_) api_->stop_accepting();
   // The metrics endpoint serves on until io_ stops: a scrape during the drain sees it.
   reclaim_timer_.cancel();
-  {
-    const std::lock_guard lock(sessions_mutex_);
-    for (auto& [id, weak] : sessions_)
-      if (auto session = weak.lock()) session->close_when_idle();
-  }
+  // Idle connections are closed by stop_accepting(), once the listener is closed: a
+  // client that sees EOF and reconnects at once must find it closed, not be served.
   drain_timer_.expires_after(config_.drain_timeout);
   drain_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
@@ -342,10 +339,10 @@ void Server::start_session(local::socket socket) {
   sessions_live_.fetch_add(1);
   if (metrics_ != nullptr) metrics_->client_connected();
   auto executor = session->socket_executor();
+  // Accepted during the drain (before stop_accepting closes the listener): served like
+  // any open connection; stop_accepting() closes it once it has nothing to serve.
   asio::co_spawn(
       executor, [session]() { return session->run(); }, asio::detached);
-  // Accepted during the drain (stop_accepting): served if its request has arrived.
-  if (draining_.load()) session->close_when_idle();
 }
 
 Server::Refusal Server::refuse_for_descriptors() {
@@ -450,6 +447,14 @@ void Server::stop_accepting() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   accepting_stopped_ = true;
+  // Only now, with connect() refused: the connections with nothing to serve close (the
+  // others after their reply, Session::run()).
+  listener_closed_.store(true);
+  {
+    const std::lock_guard lock(sessions_mutex_);
+    for (auto& [id, weak] : sessions_)
+      if (auto session = weak.lock()) session->close_when_idle();
+  }
   finish_if_drained();
 }
 

@@ -5,9 +5,10 @@
 // io_context.
 //
 // Drain (SIGTERM, SIGINT or a Drain request): take in the connections waiting in the
-// listen backlog and stop accepting; let every session finish the request that has
+// listen backlog and stop accepting; then let every session finish the request that has
 // arrived (being handled, being received, or with a byte waiting in its socket) and send
-// its reply; close connections with nothing to serve; then return from run(). Sessions
+// its reply, and close connections with nothing to serve (only after the listener has
+// closed, so a client that sees EOF cannot reconnect); then return from run(). Sessions
 // still busy when the drain timeout expires are closed forcibly. The
 // HTTP API stops accepting at the start of the drain; HTTP connections still open when
 // the last session ends are cut.
@@ -128,6 +129,9 @@ class Server {
   ServerContext context_;
   // Before io_: the sessions' coroutines, which io_ destroys, use these to the end.
   std::atomic<bool> draining_{false};
+  // Set in the drain once the listener is closed: from then on sessions close when they
+  // have nothing to serve (never before, or a client could reconnect during the drain).
+  std::atomic<bool> listener_closed_{false};
   UnattachedBudget unattached_;
   SessionHost session_host_;
   // The first I/O thread's loop: the acceptor, the timers, the drain, the HTTP listeners,

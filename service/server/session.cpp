@@ -79,11 +79,15 @@ Session::~Session() {
   }
 }
 
-void Session::arm(std::chrono::milliseconds timeout) {
-  deadline_.expires_after(timeout);
+void Session::arm(std::chrono::milliseconds timeout, const char* phase) {
+  deadline_at_ = std::chrono::steady_clock::now() + timeout;
+  deadline_phase_ = phase;
+  // The watchdog's timer moves only when it must fire earlier than it will: after an
+  // idle spell (it waits for ever then). Back-to-back requests only store a time.
+  if (deadline_.expiry() > deadline_at_) deadline_.expires_at(deadline_at_);
 }
 void Session::disarm() {
-  deadline_.expires_at(std::chrono::steady_clock::time_point::max());
+  deadline_at_ = std::chrono::steady_clock::time_point::max();
 }
 
 void Session::close() {
@@ -115,15 +119,22 @@ void Session::close_now() {
 }
 
 asio::awaitable<void> Session::watchdog() {
+  using std::chrono::steady_clock;
   while (!closing_) {
+    // Wakes when the timer fires or is moved earlier by arm() (operation_aborted); either
+    // way the stored deadline decides.
     co_await deadline_.async_wait(kAsTuple);
     if (closing_) break;
-    if (deadline_.expiry() <= std::chrono::steady_clock::now()) {
+    if (deadline_at_ <= steady_clock::now()) {
       timed_out_ = true;
       LOG_WARN("session", "connection ", state_.id, ": timed out after ",
-               host_.context.config.io_timeout.count(), " ms inside a frame; closing");
+               host_.context.config.io_timeout.count(), " ms ", deadline_phase_, "; closing");
       close();
+      break;
     }
+    // Disarmed (wait until arm() moves the timer), or re-armed later than the timer was
+    // set: wait for that deadline.
+    if (deadline_.expiry() != deadline_at_) deadline_.expires_at(deadline_at_);
   }
 }
 
@@ -195,7 +206,7 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     if (ended) co_return false;  // EOF or reset between frames: not an error
   }
   busy_ = true;
-  arm(host_.context.config.io_timeout);
+  arm(host_.context.config.io_timeout, "inside a frame");
   if (got < head.size()) {
     auto [ec1, n1] = co_await asio::async_read(
         socket_, asio::buffer(head.data() + got, head.size() - got), kAsTuple);
@@ -237,6 +248,9 @@ asio::awaitable<bool> Session::read_frame(protocol::FrameHeader& header,
     }
     got += piece;
   }
+  // The frame is in: the deadline covers reading it and writing its reply, never the
+  // time it waits for the executor or runs (docs/protocol.md, 5.2).
+  disarm();
   co_return true;
 }
 
@@ -269,12 +283,16 @@ asio::awaitable<void> Session::write_frame(const flatbuffers::FlatBufferBuilder&
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       throw std::system_error(errno, std::generic_category(), "sendmsg");
     if (fd < 0) break;  // nothing sent: asio writes it all
-    arm(host_.context.config.io_timeout);
+    if (deadline_at_ == std::chrono::steady_clock::time_point::max())
+      arm(host_.context.config.io_timeout, "writing a reply");
     auto [ec] = co_await socket_.async_wait(asio::socket_base::wait_write, kAsTuple);
     if (ec) throw std::system_error(ec, "waiting to send");
   }
   if (sent < bytes.size()) {
-    arm(host_.context.config.io_timeout);
+    // Armed once for the whole reply (also after a wait above); a refusal written inside
+    // a frame stays under that frame's deadline.
+    if (deadline_at_ == std::chrono::steady_clock::time_point::max())
+      arm(host_.context.config.io_timeout, "writing a reply");
     auto [ec, n] = co_await asio::async_write(
         socket_, asio::buffer(bytes.data() + sent, bytes.size() - sent), kAsTuple);
     if (ec) throw std::system_error(ec, "sending reply");
@@ -342,9 +360,10 @@ asio::awaitable<void> Session::run() {
   try {
     while (!closing_) {
       busy_ = false;
-      // Draining: finish what has arrived (the request whose first byte is here), then
-      // close. A drain that starts while this connection waits is close_when_idle()'s.
-      if (host_.draining.load() && !bytes_waiting()) break;
+      // Draining, with the listener closed: finish what has arrived (the request whose
+      // first byte is here), then close. A drain that starts while this connection waits
+      // is close_when_idle()'s.
+      if (host_.listener_closed.load() && !bytes_waiting()) break;
       protocol::FrameHeader header;
       if (!co_await read_frame(header, payload)) break;
       const auto arrived = std::chrono::steady_clock::now();

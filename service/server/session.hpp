@@ -5,10 +5,13 @@
 // a handler's heavy work runs on the executor or the worker pool while the session awaits
 // it, so an I/O thread never waits for codec work or an allocation.
 //
-// Reading a frame's header may wait forever (idle clients are normal); once a header has
-// arrived, the rest of the frame and the reply must complete within --io-timeout, or the
-// connection is closed. One reply per request, written before the next request is read:
-// a client that does not read its replies cannot grow the daemon's memory.
+// Reading a frame's header may wait forever (idle clients are normal); once its first
+// byte has arrived, the rest of the frame must arrive within --io-timeout, and a reply
+// the socket does not take at once must be written within --io-timeout, or the
+// connection is closed. The time between the two (the request waiting for the executor
+// and running) is never limited: a request that has arrived is answered. One reply per request,
+// written before the next request is read: a client that does not read its replies cannot grow the
+// daemon's memory.
 
 #include <chrono>
 #include <cstdint>
@@ -66,14 +69,19 @@ class Session : public std::enable_shared_from_this<Session> {
   void shrink_payload(std::vector<std::byte>& payload);
   /// True when at least one unread byte is in the socket (a request has begun to arrive).
   [[nodiscard]] bool bytes_waiting();
-  void arm(std::chrono::milliseconds timeout);
+  /// Stores the I/O deadline `timeout` from now; `phase` names it in the timeout's log
+  /// line ("inside a frame", "writing a reply").
+  void arm(std::chrono::milliseconds timeout, const char* phase);
   void disarm();
   void close();
 
   SessionHost& host_;
   boost::asio::local::stream_protocol::socket socket_;
-  // The I/O deadline (arm, disarm) and the timer of the watchdog that enforces it.
+  // The I/O deadline (arm, disarm: max when none runs) and the timer of the watchdog that
+  // enforces it. The watchdog reads deadline_at_ when its timer fires; arm() moves the
+  // timer only when it would fire too late.
   std::chrono::steady_clock::time_point deadline_at_ = std::chrono::steady_clock::time_point::max();
+  const char* deadline_phase_ = "inside a frame";
   boost::asio::steady_timer deadline_;
   std::vector<std::byte> out_;  // the reply frame being written (kept between replies)
   // --hello-timeout; cancelled by Hello and by close() (its waiter holds the session).

@@ -1,8 +1,9 @@
 #pragma once
 // What a session needs of the server that accepted it, and nothing more: the handlers'
-// context (config, pool, workers, executor), the metrics, the drain flag, the budget of
-// connections before Hello per peer uid, and a way to say that it has ended. Server
-// builds one for all its sessions; Session reaches no other part of the server.
+// context (config, pool, workers, executor), the metrics, the drain flag (set once the
+// listener has closed), the budget of connections before Hello per peer uid, and a way
+// to say that it has ended. Server builds one for all its sessions; Session reaches no
+// other part of the server.
 //
 // Thread-safety: UnattachedBudget is thread-safe; `ended` may be called from any thread.
 
@@ -48,7 +49,9 @@ class UnattachedBudget {
 struct SessionHost {
   ServerContext& context;
   Metrics* metrics;  ///< null when the daemon has none (tests)
-  const std::atomic<bool>& draining;
+  /// Set by a drain once the listener is closed: a session closes when it has nothing
+  /// (no byte of a request) to serve.
+  const std::atomic<bool>& listener_closed;
   UnattachedBudget& unattached;
   /// Called once per session when it has ended (its connection is closed).
   std::function<void(std::uint64_t id)> ended;

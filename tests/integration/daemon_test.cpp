@@ -214,6 +214,10 @@ TEST(Daemon, SilentConnectionsCannotLockOthersOutAndAreClosedAfterTheHelloTimeou
     return statepool::testing::http_get(daemon.metrics_port(), "/metrics");
   };
   auto attached = client::Connection::connect(client_options(daemon));  // before the flood
+  // The fixture's readiness probe (a connection that never says Hello) has ended: it holds
+  // no place in the budget below any more.
+  ASSERT_TRUE(eventually(
+      [&] { return metrics().find("statepool_clients_connected 1") != std::string::npos; }, 5s));
   // Two connections that never say Hello hold this uid's whole budget of them...
   statepool::testing::RawPeer silent1(daemon.socket_path());
   statepool::testing::RawPeer silent2(daemon.socket_path());
