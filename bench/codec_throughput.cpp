@@ -2,7 +2,7 @@
 // FP32 bytes measured in the same run.
 //
 //   bench_codec_throughput [--layers N] [--heads N] [--iters N] [--steps N]
-//                          [--kv-tokens N] [--kv-channels N]
+//                          [--kv-tokens N] [--kv-channels N] [--view]
 //
 // Layout: GDN, K = V = 128, conv 4096 channels x 3 in bf16, `layers` x `heads` heads.
 // The state is synthetic (gated delta rule, statepool/synthetic/state.hpp). Throughput is bytes of
@@ -18,6 +18,12 @@
 // from and to bf16 as engines hold them (Gaussian values with per-channel scales and a few
 // outlier channels, as keys have). Throughput is bytes of that bf16 input per second (keys
 // + values), against memcpy of the same bytes; the ratio is bf16 bytes / encoded bytes.
+//
+// --view adds the staged views (kernels/staged_view.hpp) beside the packed layout, in the
+// same run: the state value-major (each head [V][K], SGLang's and vLLM's order) with the
+// conv state in a buffer of its own, encoded from f32 and decoded to f32 and bf16; and the
+// KV blocks as rows of SGLang's page_first host pool ([2][size][layers][row], 4 layers of
+// kv-tokens / 4 tokens). Throughput as above, and the view's time over the packed one's.
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +33,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,9 +44,11 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/staged_view.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/synthetic/random.hpp"
 #include "statepool/synthetic/state.hpp"
+#include "statepool/testing/staged_views.hpp"
 #include "statepool/tools/cli.hpp"
 
 namespace {
@@ -59,6 +68,7 @@ struct Options {
   std::uint32_t steps = 64;
   std::uint32_t kv_tokens = 10000;
   std::uint32_t kv_channels = 1024;
+  bool view = false;
 };
 
 constexpr const char* kUsage =
@@ -68,7 +78,8 @@ constexpr const char* kUsage =
     "  --iters N   timed runs per measurement, median reported (default 15)\n"
     "  --steps N   recurrence steps of the synthetic state (default 64)\n"
     "  --kv-tokens N    tokens of the KV-cache streams (default 10000)\n"
-    "  --kv-channels N  channels of each KV stream, heads x head_dim (default 1024)\n";
+    "  --kv-channels N  channels of each KV stream, heads x head_dim (default 1024)\n"
+    "  --view      also staged views: value-major states, page_first KV rows\n";
 
 // The options, or the exit status to leave with now (--help, a usage error).
 std::optional<int> parse(int argc, char** argv, Options& o) {
@@ -81,7 +92,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
       ("iters", bounded(o.iters, 1, 1000000))
       ("steps", bounded(o.steps, 1, 1000000))
       ("kv-tokens", bounded(o.kv_tokens, 1, 1000000))
-      ("kv-channels", bounded(o.kv_channels, 1, 65536));
+      ("kv-channels", bounded(o.kv_channels, 1, 65536))
+      ("view", boost::program_options::bool_switch(&o.view));
   // clang-format on
   return cli.parse(argc, argv);
 }
@@ -175,6 +187,115 @@ void kv_section(const Options& o) {
   }
 }
 
+/// Every head of `recurrent` ([K][V] values of `width` bytes, 128 x 128) transposed.
+std::vector<std::byte> value_major(std::span<const std::byte> recurrent, std::size_t width) {
+  return statepool::testing::transpose_heads(recurrent, 128, 128, width);
+}
+
+// The state value-major with the conv state apart, against the packed layout.
+void state_view_section(const Options& o, const std::vector<std::byte>& staged) {
+  namespace k = statepool::kernels;
+  const PageCodec fp32(make_layout(o, CodecId::fp32));
+  const std::size_t conv = fp32.conv_bytes();
+  const std::size_t recurrent = staged.size() - conv;
+  std::vector<std::byte> heads = value_major({staged.data(), recurrent}, 4);
+  std::vector<std::byte> conv_in(staged.end() - static_cast<std::ptrdiff_t>(conv), staged.end());
+  std::vector<std::byte> back(staged.size());
+  std::vector<std::byte> back_bf16(fp32.staged_bytes(DType::bf16));
+  std::vector<std::byte> heads_out(recurrent);
+  std::vector<std::byte> heads_bf16(recurrent / 2);
+  std::vector<std::byte> conv_out(conv);
+  const k::StateView in{heads, conv_in, DType::f32, k::HeadOrder::value_major};
+  const k::StateView out{heads_out, conv_out, DType::f32, k::HeadOrder::value_major};
+  const k::StateView out_bf16{heads_bf16, conv_out, DType::bf16, k::HeadOrder::value_major};
+  const auto gbs = [&](double seconds) {
+    return static_cast<double>(staged.size()) / seconds / 1e9;
+  };
+  std::printf(
+      "\nstaged view: value-major heads ([V][K]), conv state apart, one thread; GB/s of the f32 "
+      "state as above, \"x packed\" = packed time / view time\n");
+  std::printf("%-10s %12s %9s %12s %9s %14s %9s\n", "codec", "encode GB/s", "x packed",
+              "decode GB/s", "x packed", "dec bf16 GB/s", "x packed");
+  for (const CodecId id : {CodecId::fp32, CodecId::bf16, CodecId::int8, CodecId::int6,
+                           CodecId::int4, CodecId::dsq6, CodecId::stepquant6}) {
+    const PageCodec page(make_layout(o, id));
+    std::vector<std::byte> bytes(page.page_bytes());
+    const double enc = median_seconds(o.iters, [&] { page.encode(staged, DType::f32, bytes); });
+    const double enc_view = median_seconds(o.iters, [&] { page.encode(in, bytes); });
+    const double dec = median_seconds(o.iters, [&] { page.decode(bytes, DType::f32, back); });
+    const double dec_view = median_seconds(o.iters, [&] { page.decode(bytes, out); });
+    const double dec16 =
+        median_seconds(o.iters, [&] { page.decode(bytes, DType::bf16, back_bf16); });
+    const double dec16_view = median_seconds(o.iters, [&] { page.decode(bytes, out_bf16); });
+    std::printf("%-10s %12.2f %9.2f %12.2f %9.2f %14.2f %9.2f\n", k::to_string(id), gbs(enc_view),
+                enc / enc_view, gbs(dec_view), dec / dec_view, gbs(dec16_view), dec16 / dec16_view);
+  }
+}
+
+// KV blocks as rows of a page_first pool, against the packed order.
+void kv_view_section(const Options& o) {
+  namespace k = statepool::kernels;
+  constexpr std::uint32_t kLayers = 4;
+  const std::uint64_t tokens = std::max<std::uint64_t>(1, o.kv_tokens / kLayers);
+  const std::uint64_t channels = o.kv_channels;
+  const std::uint64_t row = channels * 2;
+  const std::vector<std::byte> keys = kv_values(tokens * kLayers, channels, 11);
+  const std::vector<std::byte> values = kv_values(tokens * kLayers, channels, 12);
+  // The packed order (layer 0 keys, layer 0 values, ...) and page_first [2][tokens][L][row].
+  std::vector<std::byte> packed(keys.size() + values.size());
+  std::vector<std::byte> pool(packed.size());
+  for (std::uint64_t l = 0; l < kLayers; ++l) {
+    for (std::uint64_t t = 0; t < tokens; ++t) {
+      const std::uint64_t from = (l * tokens + t) * row;
+      std::memcpy(packed.data() + (2 * l * tokens + t) * row, keys.data() + from, row);
+      std::memcpy(packed.data() + ((2 * l + 1) * tokens + t) * row, values.data() + from, row);
+      std::memcpy(pool.data() + (t * kLayers + l) * row, keys.data() + from, row);
+      std::memcpy(pool.data() + ((tokens + t) * kLayers + l) * row, values.data() + from, row);
+    }
+  }
+  std::vector<std::byte> back(packed.size());
+  std::vector<std::byte> pool_back(pool.size());
+  const auto view_of = [&](std::vector<std::byte>& bytes, const k::KvBlocks& kv) {
+    k::KvView v;
+    v.layer_stride = row;
+    v.token_stride = kLayers * row;
+    v.dtype = DType::bf16;
+    const std::uint64_t extent =
+        k::kv_view_extent(kv, channels, DType::bf16, v.layer_stride, v.token_stride);
+    v.keys = std::span(bytes).first(extent);
+    v.values = std::span(bytes).subspan(bytes.size() / 2, extent);
+    return v;
+  };
+  const auto gbs = [&](double seconds) {
+    return static_cast<double>(packed.size()) / seconds / 1e9;
+  };
+  std::printf(
+      "\nKV view: %u layers x %llu tokens x %llu channels, keys + values, bf16, as rows of "
+      "SGLang's page_first pool; one thread; \"x packed\" = packed time / view time\n",
+      kLayers, static_cast<unsigned long long>(tokens), static_cast<unsigned long long>(channels));
+  std::printf("%-10s %12s %9s %12s %9s\n", "kv codec", "encode GB/s", "x packed", "decode GB/s",
+              "x packed");
+  for (const k::KvCodecId codec : {k::KvCodecId::bf16, k::KvCodecId::fp8, k::KvCodecId::kivi4,
+                                   k::KvCodecId::kivi2, k::KvCodecId::flexgen4}) {
+    const k::KvBlocks kv{codec, kLayers, static_cast<std::uint32_t>(channels),
+                         static_cast<std::uint32_t>(channels), tokens};
+    const std::size_t streams = 2 * kLayers;
+    std::vector<std::byte> encoded(k::kv_blocks_encoded_bytes(kv));
+    const k::KvView in = view_of(pool, kv);
+    const k::KvView out = view_of(pool_back, kv);
+    const double enc =
+        median_seconds(o.iters, [&] { k::kv_encode_blocks(kv, DType::bf16, packed, encoded); });
+    const double enc_view =
+        median_seconds(o.iters, [&] { k::kv_encode_view(kv, in, encoded, 0, streams); });
+    const double dec =
+        median_seconds(o.iters, [&] { k::kv_decode_blocks(kv, encoded, DType::bf16, back); });
+    const double dec_view =
+        median_seconds(o.iters, [&] { k::kv_decode_view(kv, encoded, out, 0, streams); });
+    std::printf("%-10s %12.2f %9.2f %12.2f %9.2f\n", k::to_string(codec), gbs(enc_view),
+                enc / enc_view, gbs(dec_view), dec / dec_view);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +349,9 @@ int main(int argc, char** argv) {
                   page.compression_ratio(), enc_gbs, enc_gbs / memcpy_gbs, dec_gbs,
                   dec_gbs / memcpy_gbs);
     }
+    if (o.view) state_view_section(o, staged);
     kv_section(o);
+    if (o.view) kv_view_section(o);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_codec_throughput: %s\n", e.what());

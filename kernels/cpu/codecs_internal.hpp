@@ -74,6 +74,17 @@ STATEPOOL_FORCE_INLINE std::size_t copy_finite_block(const std::byte* src, std::
 /// True when no value of `values` is NaN or +-Inf (an OR over the bits; vectorized).
 [[nodiscard]] bool all_finite(std::span<const float> values) noexcept;
 
+/// bf16 values kept as they are (the bf16 KV codec from bf16 values): each value read once,
+/// tested and stored to `out`; the first NaN / +-Inf is found in `out` (the caller's
+/// memory), so the check and the report agree. Returns its index (its value in `value`),
+/// or n; `out` then holds the values up to the end of that value's block. kv_codecs.cpp.
+[[nodiscard]] std::size_t copy_bf16_checked(const std::byte* in, std::size_t n, std::byte* out,
+                                            float& value) noexcept;
+/// bf16 values -> bf16 values exactly as widening to FP32 and rounding back does
+/// (float_to_bf16_bits of bf16_bits_to_float): a copy that sets the quiet bit of NaNs.
+/// The bf16 KV codec's decode into bf16. kv_codecs.cpp.
+void copy_bf16_quieting(const std::byte* in, std::size_t n, std::byte* out) noexcept;
+
 /// Throws std::invalid_argument unless `dtype` is a staged state's: f32 or bf16.
 void check_staged_dtype(DType dtype);
 /// Throws std::invalid_argument unless the buffers of one head have the expected sizes.

@@ -308,29 +308,6 @@ void check_finite(const KvStream& s, const float* x, std::size_t n, std::uint64_
   throw KvNonFiniteError(s, at / s.channels, at % s.channels, value);
 }
 
-// bf16 values kept as they are: a block at a time into a buffer of ours, checked there,
-// then out (each value read once). Returns the index of the first NaN / +-Inf (its value
-// in `value`), or n.
-STATEPOOL_SIMD_CLONES std::size_t copy_bf16_checked(const std::byte* in, std::size_t n,
-                                                    std::uint8_t* out, float& value) {
-  constexpr std::size_t kBlock = 512;
-  std::uint16_t block[kBlock];
-  for (std::size_t base = 0; base < n; base += kBlock) {
-    const std::size_t count = std::min(kBlock, n - base);
-    std::memcpy(block, in + 2 * base, 2 * count);
-    std::uint32_t any = 0;
-    for (std::size_t j = 0; j < count; ++j) {
-      any |= static_cast<std::uint32_t>(is_non_finite_bf16(block[j]));
-    }
-    if (any != 0) {  // where, in the block (ours: the check and the report agree)
-      return base + detail::first_non_finite(reinterpret_cast<const std::byte*>(block), count,
-                                             DType::bf16, value);
-    }
-    std::memcpy(out + 2 * base, block, 2 * count);
-  }
-  return n;
-}
-
 // Every input value is read once, into a buffer of this thread's (a block, a tile), and
 // checked and encoded from there: memory that another process rewrites meanwhile (a
 // client's staging buffer) is never checked in one reading and encoded in another.
@@ -343,7 +320,8 @@ void encode_stream(const KvStream& s, DType dtype, const std::byte* in, std::uin
   if (!is_kv_group_codec(s.codec)) {
     if (s.codec == KvCodecId::bf16 && dtype == DType::bf16) {
       float value = 0.0f;
-      const std::size_t bad = copy_bf16_checked(in, values, out, value);
+      const std::size_t bad =
+          detail::copy_bf16_checked(in, values, reinterpret_cast<std::byte*>(out), value);
       if (bad != values) throw KvNonFiniteError(s, bad / s.channels, bad % s.channels, value);
       return;
     }
@@ -394,6 +372,10 @@ void decode_stream(const KvStream& s, const std::uint8_t* in, std::uint64_t valu
   float* x = scratch.x.data();
   const std::size_t width = dtype_bytes(dtype);
   if (!is_kv_group_codec(s.codec)) {
+    if (s.codec == KvCodecId::bf16 && dtype == DType::bf16) {  // the same bits (NaNs quieted)
+      detail::copy_bf16_quieting(reinterpret_cast<const std::byte*>(in), values, out);
+      return;
+    }
     for (std::uint64_t base = 0; base < values; base += kChunkValues) {
       const std::size_t n = std::min(kChunkValues, values - base);
       if (s.codec == KvCodecId::bf16) {
@@ -626,5 +608,42 @@ void kv_decode_blocks(const KvBlocks& b, std::span<const std::byte> in, DType ou
               out.subspan(s.plain_offset, s.plain_bytes));
   }
 }
+
+namespace detail {
+
+STATEPOOL_SIMD_CLONES std::size_t copy_bf16_checked(const std::byte* in, std::size_t n,
+                                                    std::byte* out, float& value) noexcept {
+  // Each value is loaded once, tested and stored (a vectorized loop); a block with a bad
+  // value is searched in `out`, the caller's memory, so the check and the report agree
+  // whoever rewrites `in` meanwhile.
+  constexpr std::size_t kBlock = 2048;
+  for (std::size_t base = 0; base < n; base += kBlock) {
+    const std::size_t count = std::min(kBlock, n - base);
+    std::uint32_t any = 0;
+    for (std::size_t j = 0; j < count; ++j) {
+      std::uint16_t v;
+      std::memcpy(&v, in + 2 * (base + j), 2);
+      any |= static_cast<std::uint32_t>(is_non_finite_bf16(v));
+      std::memcpy(out + 2 * (base + j), &v, 2);
+    }
+    if (any != 0) return base + first_non_finite(out + 2 * base, count, DType::bf16, value);
+  }
+  return n;
+}
+
+STATEPOOL_SIMD_CLONES void copy_bf16_quieting(const std::byte* in, std::size_t n,
+                                              std::byte* out) noexcept {
+  // Each value is loaded once and its result stored once (a page rewritten meanwhile
+  // gives values that were there), straight from `in` to `out`: a vectorized loop.
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t v;
+    std::memcpy(&v, in + 2 * i, 2);
+    const bool nan = (v & 0x7F80u) == 0x7F80u && (v & 0x007Fu) != 0;
+    v = static_cast<std::uint16_t>(v | (nan ? 0x0040u : 0u));
+    std::memcpy(out + 2 * i, &v, 2);
+  }
+}
+
+}  // namespace detail
 
 }  // namespace statepool::kernels

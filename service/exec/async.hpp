@@ -5,6 +5,7 @@
 // returning, as any asynchronous operation does.
 //
 //   co_await async_execute(executor, std::move(op), asio::use_awaitable);   // rethrows
+//   auto errors = co_await async_execute_all(executor, std::move(ops), asio::use_awaitable);
 //   co_await async_run(workers, [&] { arena = pool.open_arena(...); }, asio::use_awaitable);
 //
 // The work must not refer to anything the coroutine does not keep alive while it awaits
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/async_result.hpp>
@@ -57,6 +59,37 @@ auto async_execute(Executor& executor, Operation op, CompletionToken&& token) {
                         detail::post_back<std::exception_ptr>(std::move(handler)));
       },
       token, std::move(op));
+}
+
+/// Submits every operation of `ops` at once (the executor runs them side by side: the
+/// entries of a batched request) and completes once, when the last one has, with
+/// void(std::vector<std::exception_ptr>): one per operation, in order, null for those that
+/// succeeded. An empty `ops` completes at once.
+template <class CompletionToken>
+auto async_execute_all(Executor& executor, std::vector<Operation> ops, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void(std::vector<std::exception_ptr>)>(
+      [&executor](auto handler, std::vector<Operation> operations) {
+        struct Shared {
+          std::vector<std::exception_ptr> errors;
+          std::atomic<std::size_t> left{0};
+          std::function<void(std::vector<std::exception_ptr>)> deliver;
+        };
+        auto shared = std::make_shared<Shared>();
+        shared->errors.resize(operations.size());
+        shared->left.store(operations.size());
+        shared->deliver = detail::post_back<std::vector<std::exception_ptr>>(std::move(handler));
+        if (operations.empty()) {
+          shared->deliver({});
+          return;
+        }
+        for (std::size_t i = 0; i < operations.size(); ++i) {
+          executor.submit(std::move(operations[i]), [shared, i](std::exception_ptr error) {
+            shared->errors[i] = std::move(error);
+            if (shared->left.fetch_sub(1) == 1) shared->deliver(std::move(shared->errors));
+          });
+        }
+      },
+      token, std::move(ops));
 }
 
 /// Submits `op` and completes once with void(std::exception_ptr,

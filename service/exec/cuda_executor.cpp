@@ -287,6 +287,14 @@ void CudaExecutor::wait_for_client(const Operation& op) {
 
 void CudaExecutor::enqueue(Job& job, std::uint32_t slot, bool& launched_any) {
   const Operation& op = job.op;
+  if (op.state_view || op.kv_view) {
+    // Before anything else: nothing waits, nothing is launched.
+    throw StatusError(Status::invalid_argument,
+                      std::string(to_string(op.kind)) +
+                          ": staged views (a value-major state, a conv state apart, strided KV "
+                          "rows) need the host backend; the cuda executor takes the packed "
+                          "staged layout (kernels/page.hpp, kernels/kv.hpp) in device memory");
+  }
   for (const kernels::BufferRef* buffer : {&op.staged, &op.page, &op.source}) {
     // A copy may have one end in the daemon's host memory (prefix-state snapshots moving
     // between the pool and its host and remote tiers): cudaMemcpyDefault handles that.

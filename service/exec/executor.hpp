@@ -38,6 +38,7 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/staged_view.hpp"
 
 namespace statepool::service {
 
@@ -56,6 +57,26 @@ using IpcEventBytes = std::array<std::byte, 64>;
 /// Called at most once, before the completion, when the operation's work is on a device
 /// stream, with an interprocess event that completes with that work. Must not block.
 using Enqueued = std::function<void(const IpcEventBytes& event)>;
+
+/// A staged state where an engine keeps it (kernels/staged_view.hpp): the recurrent part
+/// (heads in page order, each [K][V] or [V][K]) and the conv state, each in a buffer of
+/// its own (possibly the same memory). Sizes exactly as kernels::StateView says.
+struct StateViewRef {
+  kernels::BufferRef recurrent;
+  kernels::BufferRef conv;  ///< size 0 when the layout has no conv state
+  kernels::DType dtype = kernels::DType::f32;
+  kernels::HeadOrder order = kernels::HeadOrder::key_major;
+};
+
+/// KV blocks' plain values where an engine keeps them (kernels::KvView): `keys` and
+/// `values` span exactly kernels::kv_view_extent(...) bytes each.
+struct KvViewRef {
+  kernels::BufferRef keys;
+  kernels::BufferRef values;  ///< size 0 when the blocks have no values (an MLA latent)
+  std::uint64_t layer_stride = 0;
+  std::uint64_t token_stride = 0;
+  kernels::DType dtype = kernels::DType::bf16;
+};
 
 struct Operation {
   OperationKind kind = OperationKind::compress;
@@ -85,6 +106,16 @@ struct Operation {
   /// `after`) that the work waits for on the executor's stream. Executors without device
   /// streams refuse it (invalid_argument).
   std::optional<IpcEventBytes> after;
+  /// compress/decompress: when set, the staged state is where this view says instead of
+  /// in `staged` (which is then empty). kv_encode/kv_decode: likewise `kv_view`. The
+  /// bytes are those of the packed layout's operation on the same values. The host
+  /// executor runs views; executors that cannot refuse them (invalid_argument).
+  std::optional<StateViewRef> state_view;
+  std::optional<KvViewRef> kv_view;
+  /// compress: the page holds nothing to keep (a snapshot being published, which a failure
+  /// forgets): it is encoded in place in one pass, and on not_finite its bytes are
+  /// unspecified. Otherwise a rejected state leaves the page as it was.
+  bool page_disposable = false;
 };
 
 /// Called once with nullptr on success or the error.

@@ -4,12 +4,14 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/kv.hpp"
+#include "statepool/kernels/staged_view.hpp"
 #include "statepool/support/status.hpp"
 
 namespace statepool::service {
@@ -28,6 +30,42 @@ constexpr std::size_t kCopyPiece = std::size_t{4} << 20;
 
 /// Scratch pages kept between compresses (two concurrent compresses reuse theirs).
 constexpr std::size_t kKeptScratch = 2;
+
+/// Throws std::invalid_argument when `op` holds a view it cannot use: a view of the other
+/// kind of operation, or a view beside a staged range (a view replaces it).
+void check_views(const Operation& op) {
+  const bool state = op.kind == OperationKind::compress || op.kind == OperationKind::decompress;
+  const bool kv = op.kind == OperationKind::kv_encode || op.kind == OperationKind::kv_decode;
+  const std::string fn = to_string(op.kind);
+  if (op.state_view && !state) {
+    throw std::invalid_argument(fn + ": a state view is for compress and decompress");
+  }
+  if (op.kv_view && !kv) {
+    throw std::invalid_argument(fn + ": a KV view is for kv_encode and kv_decode");
+  }
+  if ((op.state_view || op.kv_view) && op.staged.size != 0) {
+    throw std::invalid_argument(fn +
+                                ": a staged view replaces the staged range, which must be "
+                                "empty (it has " +
+                                std::to_string(op.staged.size) + " bytes)");
+  }
+}
+
+/// The staged state of a compress or decompress: op.state_view, or `staged` in the packed
+/// layout (checked by the codec's functions either way).
+kernels::StateView state_of(const Operation& op) {
+  if (const auto& view = op.state_view) {
+    return {out(view->recurrent), out(view->conv), view->dtype, view->order};
+  }
+  return kernels::packed_state_view(op.codec->layout(), op.dtype, out(op.staged));
+}
+
+/// The KV view of a kv_encode or kv_decode, if it has one.
+std::optional<kernels::KvView> kv_view_of(const Operation& op) {
+  if (!op.kv_view) return std::nullopt;
+  const KvViewRef& v = *op.kv_view;
+  return kernels::KvView{out(v.keys), out(v.values), v.layer_stride, v.token_stride, v.dtype};
+}
 
 }  // namespace
 
@@ -99,6 +137,14 @@ void HostExecutor::run(const Operation& op) {
     check_access(*buffer);
   }
   for (const kernels::BufferRef& chunk : op.chunks) check_access(chunk);
+  if (op.state_view) {
+    check_access(op.state_view->recurrent);
+    check_access(op.state_view->conv);
+  }
+  if (op.kv_view) {
+    check_access(op.kv_view->keys);
+    check_access(op.kv_view->values);
+  }
   if (op.after) {
     throw StatusError(Status::invalid_argument,
                       std::string(to_string(op.kind)) +
@@ -106,6 +152,7 @@ void HostExecutor::run(const Operation& op) {
                           "event (`after`); finish writing the memory before the request");
   }
   try {
+    check_views(op);
     switch (op.kind) {
       case OperationKind::compress: return run_compress(op);
       case OperationKind::decompress: return run_decompress(op);
@@ -126,15 +173,19 @@ void HostExecutor::run(const Operation& op) {
 void HostExecutor::run_compress(const Operation& op) {
   const kernels::PageCodec& codec = *op.codec;
   const std::size_t heads = codec.head_count();
+  const kernels::StateView staged = state_of(op);
   // Sizes and dtype first (an empty range checks them and writes nothing).
-  codec.encode_heads(in(op.staged), op.dtype, out(op.page), 0, 0);
+  codec.encode_heads(staged, out(op.page), 0, 0);
   // The staged state is a client's memory, which it may rewrite while this runs:
   // encode_heads reads each value once into memory of its own and checks what it encodes,
   // so the page is made of values that were there, or the compress fails with not_finite
   // (docs/architecture.md, "Memory a client can write").
   //
-  // A rejected state must leave the page as it was, so every value is checked before the
-  // first page byte is written. Two ways to do that:
+  // A page that holds nothing to keep (op.page_disposable: a snapshot being published) is
+  // encoded in place in one pass: the state read once, the page written once.
+  //
+  // Otherwise a rejected state must leave the page as it was, so every value is checked
+  // before the first page byte is written. Two ways to do that:
   //  - a page much smaller than the state (the compressed codecs): encode every head into
   //    a scratch page, checking it in the same pass, then copy the scratch into the page:
   //    the state is read from memory once, the (small) page bytes move twice;
@@ -142,25 +193,31 @@ void HostExecutor::run_compress(const Operation& op) {
   //    a value rewritten in between fails there, with the page partly written): the state
   //    is read twice, the (large) page bytes move once.
   Scratch scratch;
-  if (2 * codec.page_bytes() < op.staged.size) scratch = take_scratch(codec.page_bytes());
-  if (scratch != nullptr) {
+  if (!op.page_disposable && 2 * codec.page_bytes() < codec.staged_bytes(staged.dtype)) {
+    scratch = take_scratch(codec.page_bytes());
+  }
+  if (op.page_disposable) {
+    workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
+      codec.encode_heads(staged, out(op.page), first, last);
+    });
+  } else if (scratch != nullptr) {
     const std::span<std::byte> staging_page(scratch.get(), codec.page_bytes());
     // A NonFiniteError of the lowest failing chunk is the one reported: the first in page
     // order, as PageCodec::encode reports it.
     workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-      codec.encode_heads(in(op.staged), op.dtype, staging_page, first, last);
+      codec.encode_heads(staged, staging_page, first, last);
     });
     copy_parallel(op.page.data, staging_page.data(), codec.conv_offset());
     give_back_scratch(std::move(scratch), codec.page_bytes());
   } else {
     workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-      codec.check_finite(in(op.staged), op.dtype, first, last);
+      codec.check_finite(staged, first, last);
     });
     workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-      codec.encode_heads(in(op.staged), op.dtype, out(op.page), first, last);
+      codec.encode_heads(staged, out(op.page), first, last);
     });
   }
-  codec.encode_conv(in(op.staged), op.dtype, out(op.page));
+  codec.encode_conv(staged, out(op.page));
 }
 
 HostExecutor::Scratch HostExecutor::take_scratch(std::size_t bytes) {
@@ -210,11 +267,12 @@ void HostExecutor::copy_parallel(std::byte* dst, const std::byte* src, std::size
 void HostExecutor::run_decompress(const Operation& op) {
   const kernels::PageCodec& codec = *op.codec;
   const std::size_t heads = codec.head_count();
-  codec.decode_heads(in(op.page), op.dtype, out(op.staged), 0, 0);
+  const kernels::StateView staged = state_of(op);
+  codec.decode_heads(in(op.page), staged, 0, 0);
   workers_.parallel_for(heads, grain(heads), [&](std::size_t first, std::size_t last) {
-    codec.decode_heads(in(op.page), op.dtype, out(op.staged), first, last);
+    codec.decode_heads(in(op.page), staged, first, last);
   });
-  codec.decode_conv(in(op.page), op.dtype, out(op.staged));
+  codec.decode_conv(in(op.page), staged);
 }
 
 void HostExecutor::run_copy(const Operation& op) {
@@ -227,18 +285,24 @@ void HostExecutor::run_copy(const Operation& op) {
 
 namespace {
 
-/// The KV streams of `op` after checking the sizes of its buffers.
-std::vector<kernels::KvBlockStream> kv_streams(const Operation& op) {
+/// The KV streams of `op` after checking the sizes of its buffers (its view's, when it
+/// has one).
+std::vector<kernels::KvBlockStream> kv_streams(const Operation& op,
+                                               const std::optional<kernels::KvView>& view) {
   const char* fn = to_string(op.kind);
   if (const char* problem = kernels::kv_blocks_problem(op.kv)) {
     throw std::invalid_argument(std::string(fn) + ": " + problem);
   }
-  const std::uint64_t plain = kernels::kv_blocks_plain_bytes(op.kv, op.dtype);
-  if (plain == 0) throw std::invalid_argument(std::string(fn) + ": values are f32, bf16 or f16");
-  if (op.staged.size != plain) {
-    throw std::invalid_argument(std::string(fn) + ": " + kernels::describe(op.kv) + " in " +
-                                kernels::to_string(op.dtype) + " take " + std::to_string(plain) +
-                                " bytes, the staged range has " + std::to_string(op.staged.size));
+  if (view) {
+    kernels::check_kv_view(op.kv, *view);
+  } else {
+    const std::uint64_t plain = kernels::kv_blocks_plain_bytes(op.kv, op.dtype);
+    if (plain == 0) throw std::invalid_argument(std::string(fn) + ": values are f32, bf16 or f16");
+    if (op.staged.size != plain) {
+      throw std::invalid_argument(std::string(fn) + ": " + kernels::describe(op.kv) + " in " +
+                                  kernels::to_string(op.dtype) + " take " + std::to_string(plain) +
+                                  " bytes, the staged range has " + std::to_string(op.staged.size));
+    }
   }
   std::uint64_t chunked = 0;
   for (const kernels::BufferRef& chunk : op.chunks) chunked += chunk.size;
@@ -248,7 +312,7 @@ std::vector<kernels::KvBlockStream> kv_streams(const Operation& op) {
                                 std::to_string(encoded) + " bytes, the chunks hold " +
                                 std::to_string(chunked));
   }
-  return kernels::kv_block_streams(op.kv, op.dtype);
+  return kernels::kv_block_streams(op.kv, view ? view->dtype : op.dtype);
 }
 
 }  // namespace
@@ -258,10 +322,15 @@ std::vector<kernels::KvBlockStream> kv_streams(const Operation& op) {
 // they were. Decoding reads each stream where it lies, gathering only the streams that
 // straddle two chunks (a snapshot's KV pages).
 void HostExecutor::run_kv_encode(const Operation& op) {
-  const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
+  const std::optional<kernels::KvView> view = kv_view_of(op);
+  const std::vector<kernels::KvBlockStream> streams = kv_streams(op, view);
   const std::size_t bytes = kernels::kv_blocks_encoded_bytes(op.kv);
   const std::unique_ptr<std::byte[]> encoded(new std::byte[bytes]);  // NOLINT
   workers_.parallel_for(streams.size(), 1, [&](std::size_t first, std::size_t last) {
+    if (view) {
+      kernels::kv_encode_view(op.kv, *view, {encoded.get(), bytes}, first, last);
+      return;
+    }
     for (std::size_t i = first; i < last; ++i) {
       const kernels::KvBlockStream& s = streams[i];
       kernels::kv_encode(s.stream, op.dtype, in(op.staged).subspan(s.plain_offset, s.plain_bytes),
@@ -276,7 +345,8 @@ void HostExecutor::run_kv_encode(const Operation& op) {
 }
 
 void HostExecutor::run_kv_decode(const Operation& op) {
-  const std::vector<kernels::KvBlockStream> streams = kv_streams(op);
+  const std::optional<kernels::KvView> view = kv_view_of(op);
+  const std::vector<kernels::KvBlockStream> streams = kv_streams(op, view);
   // Where each chunk starts in the encoded blocks.
   std::vector<std::uint64_t> starts;
   starts.reserve(op.chunks.size() + 1);
@@ -308,8 +378,12 @@ void HostExecutor::run_kv_decode(const Operation& op) {
         }
         encoded = gathered;
       }
-      kernels::kv_decode(s.stream, encoded, op.dtype,
-                         out(op.staged).subspan(s.plain_offset, s.plain_bytes));
+      if (view) {
+        kernels::kv_decode_view_stream(op.kv, i, encoded, *view);
+      } else {
+        kernels::kv_decode(s.stream, encoded, op.dtype,
+                           out(op.staged).subspan(s.plain_offset, s.plain_bytes));
+      }
     }
   });
 }

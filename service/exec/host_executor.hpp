@@ -7,6 +7,12 @@
 // Compress checks every value for NaN/Inf (in parallel) before writing anything, and
 // reports the first non-finite value in page order, as PageCodec::encode does.
 //
+// Staged views (Operation::state_view, kv_view; kernels/staged_view.hpp) run the same way
+// with the view's dtype (Operation::dtype is then not used): heads split over the workers
+// for states, whatever their head order, and streams for KV blocks, whose rows are gathered
+// per stream where they are not back to back. A view must reach host memory, like every
+// buffer, and replaces `staged`, which must then be empty.
+//
 // Thread-safety: as Executor.
 
 #include <condition_variable>

@@ -7,7 +7,10 @@
 // completion exactly once, off the submitting thread. Its KV-block encode and decode must
 // write exactly the bytes of kernels::kv_encode_blocks / kv_decode_blocks, spread over
 // and gathered from any number of chunks (a Rig's kv_missing() names why an executor does
-// not run them yet; those tests are then skipped). Instantiated for the host executor
+// not run them yet; those tests are then skipped). Staged views (Operation::state_view,
+// kv_view: a value-major state, a conv state apart, strided KV rows) give the packed
+// operations' bytes on the executors that run them (the host executor), and are refused
+// with invalid_argument, writing nothing, by the others. Instantiated for the host executor
 // (tests/service/test_executor.cpp) and for the CUDA executor
 // (tests/gpu/test_cuda_executor_gpu.cpp, skipped without a device).
 #include <gtest/gtest.h>
@@ -29,9 +32,11 @@
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
+#include "statepool/kernels/staged_view.hpp"
 #include "statepool/support/status.hpp"
 #include "statepool/synthetic/state.hpp"
 #include "statepool/testing/plans.hpp"
+#include "statepool/testing/staged_views.hpp"
 
 namespace statepool::service::conformance {
 
@@ -117,6 +122,22 @@ class ExecutorConformance : public ::testing::Test {
     std::exception_ptr error = run_op(executor(), std::move(op), completed_on);
     rig_.sync();
     return error;
+  }
+  /// True for the executors that run staged views (the host executor); the others refuse
+  /// them (invalid_argument, "staged views ... need the host backend").
+  bool runs_views() { return executor().name() == "host"; }
+  /// Runs `op`, which holds a view: true when the executor ran it (and it succeeded);
+  /// false after checking that it was refused as an executor without views must.
+  bool run_view(Operation op) {
+    std::string message;
+    const Status status = status_of(this->run(std::move(op)), &message);
+    if (runs_views()) {
+      EXPECT_EQ(status, Status::ok) << message;
+      return status == Status::ok;
+    }
+    EXPECT_EQ(status, Status::invalid_argument);
+    EXPECT_NE(message.find("staged views"), std::string::npos) << message;
+    return false;
   }
 };
 TYPED_TEST_SUITE_P(ExecutorConformance);
@@ -512,14 +533,330 @@ TYPED_TEST_P(ExecutorConformance, KvBlocksNonFiniteOrWrongSizesWriteNoChunk) {
   EXPECT_TRUE(untouched());
 }
 
-REGISTER_TYPED_TEST_SUITE_P(ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes,
-                            NonFiniteIsRefusedWithTheFirstValueInPageOrder,
-                            WrongSizesAreInvalidArgumentAndWriteNothing,
-                            AnAfterEventItCannotWaitForIsRefusedAndWritesNothing,
-                            MemoryItCannotReachIsRefused, CopyCopiesAWholePage,
-                            CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory,
-                            ManyConcurrentOperationsAllCompleteAndWaitIdleWaits,
-                            KvBlocksEncodeAndDecodeAcrossChunksLikeTheCpuReference,
-                            KvBlocksNonFiniteOrWrongSizesWriteNoChunk);
+// --- staged views ----------------------------------------------------------------------
+
+using statepool::testing::transpose_heads;
+
+/// A packed staged state split as an engine keeps it: the recurrent part, every head
+/// transposed for a value-major view, and the conv state in a buffer of its own.
+struct SplitState {
+  std::vector<std::byte> recurrent;
+  std::vector<std::byte> conv;
+};
+inline SplitState split_state(const kernels::PageCodec& codec, std::span<const std::byte> packed,
+                              DType dtype, kernels::HeadOrder order) {
+  const std::size_t recurrent = packed.size() - codec.conv_bytes();
+  SplitState out;
+  out.recurrent.assign(packed.begin(), packed.begin() + static_cast<std::ptrdiff_t>(recurrent));
+  if (order == kernels::HeadOrder::value_major) {
+    out.recurrent = transpose_heads(out.recurrent, codec.layout().key_dim, codec.layout().value_dim,
+                                    kernels::dtype_bytes(dtype));
+  }
+  out.conv.assign(packed.begin() + static_cast<std::ptrdiff_t>(recurrent), packed.end());
+  return out;
+}
+
+TYPED_TEST_P(ExecutorConformance, StateViewsWriteThePackedBytesInEitherHeadOrder) {
+  for (const auto& layout : layouts()) {
+    const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      const std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 8, 11, dtype);
+      std::vector<std::byte> expected(codec->page_bytes());
+      codec->encode(staged, dtype, expected);
+      std::vector<std::byte> decoded(staged.size());
+      codec->decode(expected, dtype, decoded);
+      for (const kernels::HeadOrder order :
+           {kernels::HeadOrder::key_major, kernels::HeadOrder::value_major}) {
+        SCOPED_TRACE(layout.name + " staged " + kernels::to_string(dtype) + " " +
+                     kernels::to_string(order));
+        SplitState in = split_state(*codec, staged, dtype, order);
+        std::vector<std::byte> page(codec->page_bytes(), std::byte{0xee});
+        const std::vector<std::byte> page_before = page;
+        Operation op;
+        op.kind = OperationKind::compress;
+        op.codec = codec;
+        op.dtype = dtype;
+        op.page = this->buffer(page);
+        op.state_view =
+            StateViewRef{this->buffer(in.recurrent), this->buffer(in.conv), dtype, order};
+        if (!this->run_view(op)) {
+          EXPECT_EQ(page, page_before);
+          return;
+        }
+        ASSERT_EQ(page, expected);
+
+        const SplitState want = split_state(*codec, decoded, dtype, order);
+        SplitState out{std::vector<std::byte>(want.recurrent.size(), std::byte{0xee}),
+                       std::vector<std::byte>(want.conv.size(), std::byte{0xee})};
+        op.kind = OperationKind::decompress;
+        op.state_view =
+            StateViewRef{this->buffer(out.recurrent), this->buffer(out.conv), dtype, order};
+        ASSERT_TRUE(this->run_view(op));
+        ASSERT_EQ(out.recurrent, want.recurrent);
+        ASSERT_EQ(out.conv, want.conv);
+      }
+    }
+  }
+}
+
+// Two bad values in a middle head: an Inf at [0][V-1] and a NaN at [K-1][0]. A value-major
+// head stores the NaN first; the Inf is first in page order, as the packed compress says.
+TYPED_TEST_P(ExecutorConformance, StateViewsRefuseNonFiniteLikeThePackedLayout) {
+  for (const auto& layout : layouts()) {
+    SCOPED_TRACE(layout.name);
+    const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+    std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 4, 3, DType::f32);
+    const std::size_t k = layout.key_dim;
+    const std::size_t v = layout.value_dim;
+    const std::size_t head = codec->head_count() / 2;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(staged.data() + 4 * (head * k * v + (k - 1) * v), &nan, 4);
+    std::memcpy(staged.data() + 4 * (head * k * v + v - 1), &inf, 4);
+    std::string expected;
+    try {
+      std::vector<std::byte> scratch(codec->page_bytes());
+      codec->encode(staged, DType::f32, scratch);
+    } catch (const kernels::NonFiniteError& e) {
+      expected = e.what();
+    }
+    ASSERT_FALSE(expected.empty());
+
+    SplitState in = split_state(*codec, staged, DType::f32, kernels::HeadOrder::value_major);
+    std::vector<std::byte> page(codec->page_bytes(), std::byte{0x5a});
+    const std::vector<std::byte> before = page;
+    Operation op;
+    op.kind = OperationKind::compress;
+    op.codec = codec;
+    op.page = this->buffer(page);
+    op.state_view = StateViewRef{this->buffer(in.recurrent), this->buffer(in.conv), DType::f32,
+                                 kernels::HeadOrder::value_major};
+    std::string message;
+    const Status status = status_of(this->run(op), &message);
+    EXPECT_EQ(page, before) << "a refused state must leave the page as it was";
+    if (!this->runs_views()) {
+      EXPECT_EQ(status, Status::invalid_argument);
+      return;
+    }
+    EXPECT_EQ(status, Status::not_finite);
+    EXPECT_EQ(message, expected);
+  }
+}
+
+/// An engine's KV memory for `kv` in `dtype`, SGLang's page_first [2][size][L][row] (rows
+/// of one token's layers together), or layer_first [2][L][size][row]; the blocks start at
+/// token 3 of a pool of tokens + 5. Every byte outside the rows is 0xEE.
+struct KvPool {
+  KvPool(const kernels::KvBlocks& blocks, DType values_dtype, bool page_first)
+      : kv(blocks), dtype(values_dtype) {
+    const std::uint64_t w = kernels::dtype_bytes(dtype);
+    row = std::uint64_t{std::max(kv.key_channels, kv.value_channels)} * w;
+    const std::uint64_t size = kv.tokens + 5;
+    const std::uint64_t layers = kv.layers;
+    layer_stride = page_first ? row : size * row;
+    token_stride = page_first ? layers * row : row;
+    keys_at = 3 * token_stride;
+    values_at = size * layers * row + keys_at;
+    bytes.assign(2 * size * layers * row, std::byte{0xEE});
+  }
+  /// Byte offsets of every row, in the packed order (kv.hpp) and in the pool.
+  template <class F>
+  void for_each_row(F&& f) const {
+    const std::uint64_t w = kernels::dtype_bytes(dtype);
+    std::uint64_t packed = 0;
+    for (std::uint64_t l = 0; l < kv.layers; ++l) {
+      for (const bool values : {false, true}) {
+        const std::uint64_t channels = values ? kv.value_channels : kv.key_channels;
+        for (std::uint64_t t = 0; t < kv.tokens && channels != 0; ++t) {
+          f(packed, (values ? values_at : keys_at) + l * layer_stride + t * token_stride,
+            channels * w);
+          packed += channels * w;
+        }
+      }
+    }
+  }
+  void place(const std::vector<std::byte>& plain) {
+    for_each_row([&](std::uint64_t from, std::uint64_t to, std::uint64_t n) {
+      std::memcpy(bytes.data() + to, plain.data() + from, n);
+    });
+  }
+  [[nodiscard]] std::vector<std::byte> gather() const {
+    std::vector<std::byte> out(kernels::kv_blocks_plain_bytes(kv, dtype));
+    for_each_row([&](std::uint64_t to, std::uint64_t from, std::uint64_t n) {
+      std::memcpy(out.data() + to, bytes.data() + from, n);
+    });
+    return out;
+  }
+  /// True when every byte outside the rows is still 0xEE.
+  [[nodiscard]] bool gaps_untouched() const {
+    std::vector<std::byte> copy = bytes;
+    for_each_row([&](std::uint64_t, std::uint64_t at, std::uint64_t n) {
+      std::fill_n(copy.begin() + static_cast<std::ptrdiff_t>(at), n, std::byte{0xEE});
+    });
+    return std::all_of(copy.begin(), copy.end(), [](std::byte b) { return b == std::byte{0xEE}; });
+  }
+  /// The view of the pool, `bound` being its bytes where the executor reaches them.
+  [[nodiscard]] KvViewRef view(kernels::BufferRef bound) const {
+    KvViewRef v;
+    v.layer_stride = layer_stride;
+    v.token_stride = token_stride;
+    v.dtype = dtype;
+    v.keys = bound;
+    v.keys.data += keys_at;
+    v.keys.size = kernels::kv_view_extent(kv, kv.key_channels, dtype, layer_stride, token_stride);
+    v.values = bound;
+    v.values.data += values_at;
+    v.values.size =
+        kernels::kv_view_extent(kv, kv.value_channels, dtype, layer_stride, token_stride);
+    return v;
+  }
+
+  kernels::KvBlocks kv;
+  DType dtype = DType::bf16;
+  std::uint64_t row = 0;
+  std::uint64_t layer_stride = 0;
+  std::uint64_t token_stride = 0;
+  std::uint64_t keys_at = 0;
+  std::uint64_t values_at = 0;
+  std::vector<std::byte> bytes;
+};
+
+TYPED_TEST_P(ExecutorConformance, KvViewsEncodeAndDecodeLikeThePackedBlocks) {
+  if (const std::string why = this->rig_.kv_missing(); !why.empty()) GTEST_SKIP() << why;
+  using kernels::KvCodecId;
+  for (const KvCodecId codec :
+       {KvCodecId::bf16, KvCodecId::fp8, KvCodecId::kivi2, KvCodecId::kivi4, KvCodecId::flexgen4}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      for (const bool page_first : {true, false}) {
+        // Keys of 2 heads x 48, values of 2 heads x 40, past the residual window.
+        const kernels::KvBlocks blocks{codec, 3, 96, 80, 161};
+        SCOPED_TRACE(kernels::describe(blocks) + " from " + kernels::to_string(dtype) +
+                     (page_first ? " page_first" : " layer_first"));
+        const std::vector<std::byte> plain = kv_values(blocks, dtype, 11);
+        std::vector<std::byte> expected(kernels::kv_blocks_encoded_bytes(blocks));
+        kernels::kv_encode_blocks(blocks, dtype, plain, expected);
+        std::vector<std::byte> decoded_expected(plain.size());
+        kernels::kv_decode_blocks(blocks, expected, dtype, decoded_expected);
+        KvPool pool(blocks, dtype, page_first);
+        pool.place(plain);
+        for (const std::size_t piece : {expected.size(), std::size_t{1237}}) {
+          std::vector<std::vector<std::byte>> chunks = cut(expected, piece);
+          for (auto& c : chunks) std::fill(c.begin(), c.end(), std::byte{0x42});
+          Operation op;
+          op.kind = OperationKind::kv_encode;
+          op.kv = blocks;
+          op.dtype = dtype;
+          op.kv_view = pool.view(this->buffer(pool.bytes));
+          for (auto& c : chunks) op.chunks.push_back(this->buffer(c));
+          if (!this->run_view(op)) {
+            for (const auto& c : chunks) {
+              EXPECT_TRUE(std::all_of(c.begin(), c.end(),
+                                      [](std::byte b) { return b == std::byte{0x42}; }));
+            }
+            return;
+          }
+          std::vector<std::byte> joined;
+          for (const auto& c : chunks) joined.insert(joined.end(), c.begin(), c.end());
+          ASSERT_EQ(joined, expected) << "pieces of " << piece;
+
+          KvPool out(blocks, dtype, page_first);
+          Operation back;
+          back.kind = OperationKind::kv_decode;
+          back.kv = blocks;
+          back.dtype = dtype;
+          back.kv_view = out.view(this->buffer(out.bytes));
+          for (auto& c : chunks) back.chunks.push_back(this->buffer(c));
+          ASSERT_TRUE(this->run_view(back));
+          ASSERT_EQ(out.gather(), decoded_expected) << "pieces of " << piece;
+          EXPECT_TRUE(out.gaps_untouched()) << "pieces of " << piece;
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST_P(ExecutorConformance, ViewsOfWrongSizesOrBesideAStagedRangeWriteNothing) {
+  const auto layout = layouts().front();  // with a conv state
+  const auto codec = std::make_shared<const kernels::PageCodec>(layout);
+  const std::vector<std::byte> staged = synthetic::synthetic_staged_state(layout, 2, 1, DType::f32);
+  SplitState in = split_state(*codec, staged, DType::f32, kernels::HeadOrder::value_major);
+  std::vector<std::byte> short_conv(in.conv.begin(), in.conv.end() - 1);
+  std::vector<std::byte> staged_copy = staged;
+  std::vector<std::byte> page(codec->page_bytes(), std::byte{0x11});
+  const std::vector<std::byte> page_before = page;
+  const StateViewRef good{this->buffer(in.recurrent), this->buffer(in.conv), DType::f32,
+                          kernels::HeadOrder::value_major};
+  std::vector<Operation> bad;
+  const auto add = [&](OperationKind kind, const StateViewRef& view, bool with_staged) {
+    Operation op;
+    op.kind = kind;
+    op.codec = codec;
+    op.page = this->buffer(page);
+    op.state_view = view;
+    if (with_staged) op.staged = this->buffer(staged_copy);
+    bad.push_back(std::move(op));
+  };
+  for (const OperationKind kind : {OperationKind::compress, OperationKind::decompress}) {
+    StateViewRef view = good;
+    view.recurrent.size -= 4;
+    add(kind, view, false);
+    view = good;
+    view.conv = this->buffer(short_conv);
+    add(kind, view, false);
+    view = good;
+    view.dtype = DType::f16;
+    add(kind, view, false);
+    add(kind, good, true);  // a view replaces the staged range
+    view = good;            // memory the executor cannot reach
+    view.recurrent.space = MemorySpace::device;
+    view.recurrent.device = this->executor().can_access(MemorySpace::device, 0) ? 63 : 0;
+    add(kind, view, false);
+  }
+  for (Operation& op : bad) {
+    SCOPED_TRACE(to_string(op.kind));
+    EXPECT_EQ(status_of(this->run(std::move(op))), Status::invalid_argument);
+    EXPECT_EQ(page, page_before);
+  }
+
+  if (const std::string why = this->rig_.kv_missing(); !why.empty()) return;
+  const kernels::KvBlocks blocks{kernels::KvCodecId::kivi4, 2, 64, 64, 40};
+  KvPool pool(blocks, DType::bf16, true);
+  pool.place(kv_values(blocks, DType::bf16, 2));
+  const std::vector<std::byte> pool_before = pool.bytes;
+  std::vector<std::byte> chunk(kernels::kv_blocks_encoded_bytes(blocks), std::byte{0x42});
+  const std::vector<std::byte> chunk_before = chunk;
+  for (const OperationKind kind : {OperationKind::kv_encode, OperationKind::kv_decode}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      SCOPED_TRACE(std::string(to_string(kind)) + " variant " + std::to_string(variant));
+      Operation op;
+      op.kind = kind;
+      op.kv = blocks;
+      op.dtype = DType::bf16;
+      op.kv_view = pool.view(this->buffer(pool.bytes));
+      op.chunks = {this->buffer(chunk)};
+      if (variant == 0) op.kv_view->values.size -= 2;             // not the extent
+      if (variant == 1) op.kv_view->token_stride = pool.row - 2;  // rows overlap
+      if (variant == 2) op.staged = this->buffer(staged_copy);    // beside a staged range
+      if (variant == 3) {                                         // a state view on a KV operation
+        op.kv_view.reset();
+        op.state_view = good;
+      }
+      EXPECT_EQ(status_of(this->run(std::move(op))), Status::invalid_argument);
+      EXPECT_EQ(chunk, chunk_before);
+      EXPECT_EQ(pool.bytes, pool_before);
+    }
+  }
+}
+
+REGISTER_TYPED_TEST_SUITE_P(
+    ExecutorConformance, CompressAndDecompressWriteThePageCodecsBytes,
+    NonFiniteIsRefusedWithTheFirstValueInPageOrder, WrongSizesAreInvalidArgumentAndWriteNothing,
+    AnAfterEventItCannotWaitForIsRefusedAndWritesNothing, MemoryItCannotReachIsRefused,
+    CopyCopiesAWholePage, CompletesOnceOffTheSubmittingThreadAfterReleasingItsMemory,
+    ManyConcurrentOperationsAllCompleteAndWaitIdleWaits,
+    KvBlocksEncodeAndDecodeAcrossChunksLikeTheCpuReference,
+    KvBlocksNonFiniteOrWrongSizesWriteNoChunk, StateViewsWriteThePackedBytesInEitherHeadOrder,
+    StateViewsRefuseNonFiniteLikeThePackedLayout, KvViewsEncodeAndDecodeLikeThePackedBlocks,
+    ViewsOfWrongSizesOrBesideAStagedRangeWriteNothing);
 
 }  // namespace statepool::service::conformance

@@ -18,6 +18,7 @@
 
 #include "statepool/kernels/codec.hpp"
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/staged_view.hpp"
 
 namespace statepool::kernels {
 
@@ -71,10 +72,11 @@ class PageCodec {
                     std::size_t last) const;
   /// Encodes heads [first, last) of `staged` into `page`, checking what it encodes: each
   /// value is read once into memory of the calling thread (a block, a group or the head,
-  /// Codec::encode_staged_head), which the codec checks and encodes. Throws NonFiniteError for the first NaN/Inf of the first head that
-  /// holds one; the heads before it in the range are then written, that one and the rest
-  /// not (their bytes are unspecified). An executor that must leave the page unchanged
-  /// either runs check_finite over every head first, or encodes into a scratch page.
+  /// Codec::encode_staged_head), which the codec checks and encodes. Throws NonFiniteError for the
+  /// first NaN/Inf of the first head that holds one; the heads before it in the range are then
+  /// written, that one and the rest not (their bytes are unspecified). An executor that must leave
+  /// the page unchanged either runs check_finite over every head first, or encodes into a scratch
+  /// page.
   void encode_heads(std::span<const std::byte> staged, DType dtype, std::span<std::byte> page,
                     std::size_t first, std::size_t last) const;
   /// Copies the conv state of `staged` into `page`.
@@ -85,10 +87,41 @@ class PageCodec {
   /// Copies the conv state of `page` into `staged`.
   void decode_conv(std::span<const std::byte> page, DType dtype, std::span<std::byte> staged) const;
 
+  // --- the same on a staged view (staged_view.hpp): the state where an engine keeps it,
+  // each head [K][V] or [V][K], the conv state in a buffer of its own. The page bytes are
+  // exactly encode()'s on the same values and decoding gives exactly decode()'s values,
+  // whatever the head order; a NaN/Inf is reported in [K][V] terms (row = key index, col =
+  // value index), the first in page order, as encode() reports it. Every function checks
+  // the view (dtype f32 or bf16, a known head order, `recurrent` and `conv` of exactly
+  // their sizes) and the page size (std::invalid_argument). A value-major head is read once,
+  // transposed into a per-thread FP32 head, and encoded from there; decoding a value-major
+  // head decodes into a per-thread FP32 head and writes it transposed (each output byte
+  // once, converted to bf16 as decode() converts).
+
+  /// page <- view, as encode(): every value checked before the page is written.
+  void encode(const StateView& staged, std::span<std::byte> page) const;
+  /// view <- page, as decode().
+  void decode(std::span<const std::byte> page, const StateView& staged) const;
+  void check_finite(const StateView& staged, std::size_t first, std::size_t last) const;
+  void encode_heads(const StateView& staged, std::span<std::byte> page, std::size_t first,
+                    std::size_t last) const;
+  void encode_conv(const StateView& staged, std::span<std::byte> page) const;
+  void decode_heads(std::span<const std::byte> page, const StateView& staged, std::size_t first,
+                    std::size_t last) const;
+  void decode_conv(std::span<const std::byte> page, const StateView& staged) const;
+
  private:
   void check_buffers(std::span<const std::byte> staged, DType dtype,
                      std::span<const std::byte> page) const;
+  void check_view(const StateView& staged) const;
   void check_range(std::size_t first, std::size_t last) const;
+  // The pieces' loops, once the sizes are checked: `recurrent` is the recurrent part.
+  void check_finite_at(const std::byte* recurrent, DType dtype, HeadOrder order, std::size_t first,
+                       std::size_t last) const;
+  void encode_heads_at(const std::byte* recurrent, DType dtype, HeadOrder order,
+                       std::span<std::byte> page, std::size_t first, std::size_t last) const;
+  void decode_heads_at(std::span<const std::byte> page, std::byte* recurrent, DType dtype,
+                       HeadOrder order, std::size_t first, std::size_t last) const;
 
   StateLayout layout_;
   std::unique_ptr<Codec> codec_;
