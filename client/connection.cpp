@@ -74,7 +74,7 @@ bool Impl::healthy() {
 }
 
 const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<void> body,
-                                   wire::ReplyBody expected, UniqueFd* fd_out) {
+                                   wire::ReplyBody expected, UniqueFd* fd_out, int fd_in) {
   check_usable();
   const char* name = protocol::request_name(type);
   const std::uint64_t id = next_id++;
@@ -90,6 +90,7 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
     const Deadline deadline = Deadline::after(timeout);
     protocol::FrameHeader header;
     header.type = protocol::FrameType::request;
+    header.flags = fd_in >= 0 ? protocol::kFlagFdAttached : protocol::kFlagNone;
     header.length = size;
     const auto head = protocol::encode_header(header);
     // A daemon that refuses a connection (limit reached, peer not allowed) writes its
@@ -98,7 +99,8 @@ const wire::Reply& Impl::roundtrip(wire::RequestBody type, flatbuffers::Offset<v
     std::optional<ConnectionError> send_error;
     try {
       send_frame(socket.get(), head,
-                 std::as_bytes(std::span(builder.GetBufferPointer(), builder.GetSize())), deadline);
+                 std::as_bytes(std::span(builder.GetBufferPointer(), builder.GetSize())), deadline,
+                 fd_in);
     } catch (const ConnectionError& error) {
       if (error.kind() != Kind::closed) throw;
       send_error = error;

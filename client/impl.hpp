@@ -42,6 +42,8 @@ struct Impl {
   std::string server;
   std::chrono::milliseconds grace_period{0};
   std::uint32_t max_frame_bytes = 0;
+  std::uint32_t max_batch_keys = 0;  ///< protocol version 2; 0 before
+  std::uint64_t max_batch_bytes = 0;
 
   /// Page formats of the layouts registered through this connection.
   std::mutex codecs_mutex;
@@ -55,15 +57,16 @@ struct Impl {
   /// a daemon may leave out. Throws Error for a status other than ok and ConnectionError
   /// for transport failures (then the connection is broken). When `fd_out` is not null, a
   /// descriptor the reply carries (FD_ATTACHED) is moved there; any other descriptor
-  /// received is closed.
+  /// received is closed. `fd_in` (>= 0): a descriptor sent with the request
+  /// (FD_ATTACHED; RegisterMemory), not taken.
   template <class Request, class Build, class Read>
-  auto call(Build&& build, Read&& read, UniqueFd* fd_out = nullptr) {
+  auto call(Build&& build, Read&& read, UniqueFd* fd_out = nullptr, int fd_in = -1) {
     using Reply = protocol::ReplyFor<Request>;
     const std::lock_guard lock(mutex);
     builder.Clear();
     const flatbuffers::Offset<Request> body = build(builder);
     const wire::Reply& reply = roundtrip(protocol::kRequestType<Request>, body.Union(),
-                                         protocol::kReplyType<Reply>, fd_out);
+                                         protocol::kReplyType<Reply>, fd_out, fd_in);
     return read(reply.template body_as<Reply>());
   }
 
@@ -80,7 +83,7 @@ struct Impl {
   /// Sends the request whose body was just built into `builder` and returns its reply
   /// (valid until the next round trip; caller holds `mutex`). See call().
   const wire::Reply& roundtrip(wire::RequestBody type, flatbuffers::Offset<void> body,
-                               wire::ReplyBody expected, UniqueFd* fd_out);
+                               wire::ReplyBody expected, UniqueFd* fd_out, int fd_in);
   void mark_broken(const std::string& reason) noexcept;
   void check_usable() const;
 };

@@ -154,7 +154,7 @@ void prepare_socket(int fd) {
 }
 
 void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
-                const Deadline& deadline) {
+                const Deadline& deadline, int attach) {
   std::size_t sent = 0;
   const std::size_t total = head.size() + body.size();
   while (sent < total) {
@@ -176,7 +176,11 @@ void send_frame(int fd, std::span<const std::byte> head, std::span<const std::by
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(iov_count);
-    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    // A descriptor goes with the frame's first bytes (the header, alone), once.
+    const ssize_t n = attach >= 0 && sent == 0
+                          ? support::send_with_fds(fd, head, std::span<const int>(&attach, 1),
+                                                   MSG_NOSIGNAL | MSG_DONTWAIT)
+                          : ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       sent += static_cast<std::size_t>(n);
       continue;

@@ -37,9 +37,10 @@ struct Deadline {
 /// Makes an adopted socket non-blocking and close-on-exec.
 void prepare_socket(int fd);
 
-/// Writes `head` then `body` completely (MSG_NOSIGNAL).
+/// Writes `head` then `body` completely (MSG_NOSIGNAL); `attach` (>= 0) rides on the
+/// first byte (SCM_RIGHTS).
 void send_frame(int fd, std::span<const std::byte> head, std::span<const std::byte> body,
-                const Deadline& deadline);
+                const Deadline& deadline, int attach = -1);
 
 /// Waits until the socket is readable (or hung up), at most until the deadline. A reply
 /// is never there the moment its request has gone: waiting first saves a read that

@@ -227,6 +227,50 @@ std::vector<Step> session_steps(const std::string& model_config) {
     const std::vector<std::uint32_t> slots = {0, 1};
     return wire::CreateFreeDirect(b, 1, &slots);
   }));
+  // Protocol version 2: batches over the staging buffer (packed and value-major states, KV
+  // rows by stride), a lookup with a second pool's keys, and RegisterMemory (its descriptor
+  // cannot travel in a seed: refused).
+  const auto keys = [&](auto& b, int n) {
+    std::vector<flatbuffers::Offset<wire::SnapshotKey>> out;
+    for (int i = 0; i < n; ++i) {
+      const std::string prefix = "seed/page-" + std::to_string(i);
+      out.push_back(wire::CreateSnapshotKey(
+          b, b.CreateVector(reinterpret_cast<const std::uint8_t*>(prefix.data()), prefix.size()),
+          static_cast<std::uint64_t>(64 * (i + 1))));
+    }
+    return out;
+  };
+  add(frame<wire::PutSnapshots>(id, [&](auto& b) {
+    const auto k = keys(b, 3);
+    std::vector<flatbuffers::Offset<wire::SnapshotPutEntry>> entries;
+    entries.push_back(wire::CreateSnapshotPutEntry(
+        b, k[0], wire::CreateStateRange(b, 1, 0, wire::DType::f32, false, 0, 0)));
+    entries.push_back(wire::CreateSnapshotPutEntry(
+        b, k[1], wire::CreateStateRange(b, 1, 0, wire::DType::f32, true, 1, state / 2)));
+    const auto kv = wire::CreateKvBlocks(b, wire::KvCodec::bf16, 2, 16, 16, 4);
+    const auto rows =
+        wire::CreateKvRange(b, 1, wire::DType::f32, 0, 0, 4 * 16 * 2 * 4, 16 * 4, 2 * 16 * 4);
+    entries.push_back(wire::CreateSnapshotPutEntry(b, k[2], 0, 0, kv, rows));
+    return wire::CreatePutSnapshots(b, 1, b.CreateVector(entries));
+  }));
+  add(frame<wire::LookupSnapshots>(id, [&](auto& b) {
+    const auto k = keys(b, 3);
+    const auto other = keys(b, 2);
+    const std::vector<flatbuffers::Offset<wire::LookupAlso>> also = {
+        wire::CreateLookupAlso(b, 2, b.CreateVector(other))};
+    return wire::CreateLookupSnapshots(b, 1, b.CreateVector(k), true, true, b.CreateVector(also));
+  }));
+  add(frame<wire::GetSnapshots>(id, [&](auto& b) {
+    const auto k = keys(b, 3);
+    std::vector<flatbuffers::Offset<wire::SnapshotGetEntry>> entries;
+    entries.push_back(wire::CreateSnapshotGetEntry(
+        b, k[0], wire::CreateStateRange(b, 1, state, wire::DType::bf16, true, 0, 0)));
+    entries.push_back(wire::CreateSnapshotGetEntry(
+        b, k[2], 0, wire::CreateKvRange(b, 1, wire::DType::f16, state)));
+    return wire::CreateGetSnapshots(b, 1, b.CreateVector(entries), true);
+  }));
+  add(frame<wire::RegisterMemory>(
+      id, [](auto& b) { return wire::CreateRegisterMemoryDirect(b, 1 << 20, "fuzz-seed"); }));
   add(frame<wire::CloseStaging>(id, [](auto& b) { return wire::CreateCloseStaging(b, 1); }));
   add(frame<wire::Drain>(id, [](auto& b) { return wire::CreateDrain(b); }));
   return steps;

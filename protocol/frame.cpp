@@ -138,6 +138,10 @@ const char* request_name(wire::RequestBody body) noexcept {
     case wire::RequestBody::ExportSnapshot: return "export_snapshot";
     case wire::RequestBody::ImportSnapshot: return "import_snapshot";
     case wire::RequestBody::CloseArena: return "close_arena";
+    case wire::RequestBody::RegisterMemory: return "register_memory";
+    case wire::RequestBody::LookupSnapshots: return "lookup_snapshots";
+    case wire::RequestBody::PutSnapshots: return "put_snapshots";
+    case wire::RequestBody::GetSnapshots: return "get_snapshots";
     case wire::RequestBody::NONE: break;
   }
   return "unknown";

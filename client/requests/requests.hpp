@@ -11,6 +11,8 @@
 //   capacity.cpp   PlanCapacity, FitsNow
 //   snapshots.cpp  PutSnapshot, GetSnapshot, ExportSnapshot, ImportSnapshot,
 //                  DeleteSnapshot, PinSnapshot, ListSnapshots
+//   snapshot_batches.cpp  RegisterMemory, LookupSnapshots, PutSnapshots, GetSnapshots
+//                  (protocol version 2)
 //
 // Every request goes through one typed round trip, Impl::call (impl.hpp): a method builds
 // the request table, reads the reply table, and checks what the reply says. The round
@@ -19,6 +21,7 @@
 
 #include <flatbuffers/flatbuffers.h>
 
+#include <optional>
 #include <string>
 
 #include "impl.hpp"
@@ -35,5 +38,11 @@ namespace statepool::client::detail {
 
 /// A codec named in a reply; one this client does not know is an inconsistent reply.
 [[nodiscard]] kernels::CodecId reply_codec(wire::CodecId codec);
+
+/// A snapshot key as a request names it.
+[[nodiscard]] flatbuffers::Offset<wire::SnapshotKey> key_to_wire(flatbuffers::FlatBufferBuilder& b,
+                                                                 const SnapshotKey& key);
+/// A reply's KV blocks; an unknown codec (a newer daemon) is an inconsistent reply.
+[[nodiscard]] std::optional<kernels::KvBlocks> kv_of(const wire::KvBlocks* kv);
 
 }  // namespace statepool::client::detail

@@ -20,6 +20,7 @@ namespace {
 constexpr std::chrono::milliseconds kLeaseBusyRetry{2000};
 
 using detail::Impl;
+using detail::inconsistent;
 using detail::reply_codec;
 using detail::str;
 using detail::UniqueFd;
@@ -151,6 +152,10 @@ void Connection::say_hello(const Options& options) {
         i.server = str(hello->server());
         i.grace_period = std::chrono::milliseconds(hello->grace_period_ms());
         i.max_frame_bytes = hello->max_frame_bytes();
+        i.max_batch_keys = hello->max_batch_keys();
+        i.max_batch_bytes = hello->max_batch_bytes();
+        if (i.version >= 2 && (i.max_batch_keys == 0 || i.max_batch_bytes == 0))
+          inconsistent("protocol version 2 without the batch caps in the Hello reply");
       });
 }
 

@@ -14,18 +14,14 @@ namespace statepool::client {
 namespace {
 
 using detail::inconsistent;
+using detail::key_to_wire;
+using detail::kv_of;
 using detail::reply_codec;
 using detail::str;
 
 flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> bytes_to_wire(
     flatbuffers::FlatBufferBuilder& b, std::string_view bytes) {
   return b.CreateVector(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
-}
-
-flatbuffers::Offset<wire::SnapshotKey> key_to_wire(flatbuffers::FlatBufferBuilder& b,
-                                                   const SnapshotKey& key) {
-  const auto prefix = bytes_to_wire(b, key.prefix);
-  return wire::CreateSnapshotKey(b, prefix, key.position);
 }
 
 std::string bytes_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
@@ -38,8 +34,20 @@ flatbuffers::Offset<wire::KvStaging> kv_staging_to_wire(flatbuffers::FlatBufferB
   return wire::CreateKvStaging(b, where.staging, where.offset, protocol::to_wire(where.dtype));
 }
 
-/// A reply's KV blocks; an unknown codec (a newer daemon) is an inconsistent reply.
-std::optional<kernels::KvBlocks> kv_of(const wire::KvBlocks* kv) {
+/// A key a reply names.
+SnapshotKey key_of(const wire::SnapshotKey& key) {
+  return SnapshotKey{bytes_of(key.prefix()), key.position()};
+}
+
+}  // namespace
+
+flatbuffers::Offset<wire::SnapshotKey> detail::key_to_wire(flatbuffers::FlatBufferBuilder& b,
+                                                           const SnapshotKey& key) {
+  const auto prefix = bytes_to_wire(b, key.prefix);
+  return wire::CreateSnapshotKey(b, prefix, key.position);
+}
+
+std::optional<kernels::KvBlocks> detail::kv_of(const wire::KvBlocks* kv) {
   if (kv == nullptr) return std::nullopt;
   try {
     return protocol::from_wire(*kv);
@@ -47,13 +55,6 @@ std::optional<kernels::KvBlocks> kv_of(const wire::KvBlocks* kv) {
     inconsistent(e.what());
   }
 }
-
-/// A key a reply names.
-SnapshotKey key_of(const wire::SnapshotKey& key) {
-  return SnapshotKey{bytes_of(key.prefix()), key.position()};
-}
-
-}  // namespace
 
 SnapshotPut Connection::put_snapshot(const Slot& slot, const SnapshotKey& key,
                                      const std::optional<SnapshotKv>& kv) {

@@ -43,6 +43,11 @@ struct Config {
   std::uint32_t max_frame_bytes = 4u << 20;  ///< large enough for the plan of a 400B-class model
   std::uint64_t max_staging_bytes = 4ull << 30;  ///< per connection
   std::uint64_t staging_capacity = 16ull << 30;  ///< all connections together
+  /// One batched snapshot request (LookupSnapshots, PutSnapshots, GetSnapshots): keys at
+  /// most, and state and KV bytes read or written together at most (the Hello reply
+  /// tells clients both).
+  std::uint32_t max_batch_keys = 8192;
+  std::uint64_t max_batch_bytes = 4ull << 30;
   std::uint32_t max_connections = 256;
   /// Connections of one peer uid that have not completed Hello yet (not attached to a
   /// tenant): at most this many at once, so one user's silent connections cannot lock
@@ -59,11 +64,11 @@ struct Config {
   std::string config_file;              ///< the file read, if any
   std::vector<std::string> plan_files;  ///< STEPQuant plan files loaded at start
   // The prefix-state store's tiers below the pool (docs/prefix-store.md, "Tiers").
-  std::uint64_t snapshot_host_capacity = 0;  ///< host tier bytes; 0 = none
-  std::string snapshot_remote;               ///< redis://host:port[,...]; "" = none
+  std::uint64_t snapshot_host_capacity = 0;                ///< host tier bytes; 0 = none
+  std::string snapshot_remote;                             ///< redis://host:port[,...]; "" = none
   std::chrono::milliseconds snapshot_remote_timeout{250};  ///< connect and each command
   std::chrono::seconds snapshot_remote_ttl{0};             ///< expiry of remote values; 0 = none
-  std::string plan_dir;                 ///< every *.spqp file in it is loaded too
+  std::string plan_dir;  ///< every *.spqp file in it is loaded too
 };
 
 /// Outcome of parsing argv: either a configuration to run, or text to print and an exit

@@ -35,7 +35,8 @@ std::string describe(const Config& config) {
       << config.hello_timeout.count() << " ms), frames up to "
       << format_bytes(config.max_frame_bytes) << ", staging up to "
       << format_bytes(config.max_staging_bytes) << " per connection and "
-      << format_bytes(config.staging_capacity) << " in all\n"
+      << format_bytes(config.staging_capacity) << " in all, snapshot batches up to "
+      << config.max_batch_keys << " keys and " << format_bytes(config.max_batch_bytes) << "\n"
       << "metrics " << (config.metrics_address.empty() ? "disabled" : config.metrics_address)
       << ", api " << (config.api_address.empty() ? "disabled" : config.api_address)
       << (config.api_token.empty() ? "" : " (bearer token required)") << ", threads "

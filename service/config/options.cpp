@@ -77,6 +77,10 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "staging memory one connection may hold")
       ("staging-capacity", po::value<std::string>(&raw.staging_capacity)->default_value("16GiB"),
        "staging memory all connections together may hold")
+      ("max-batch-keys", po::value<std::uint64_t>(&raw.max_batch_keys)->default_value(8192),
+       "keys one batched snapshot request may name (1-65536)")
+      ("max-batch-bytes", po::value<std::string>(&raw.max_batch_bytes)->default_value("4GiB"),
+       "state and KV bytes one batched snapshot request may read or write together")
       ("io-timeout", po::value<std::string>(&raw.io_timeout)->default_value("10s"),
        "time to finish receiving a started frame or sending a reply")
       ("drain-timeout", po::value<std::string>(&raw.drain_timeout)->default_value("10s"),

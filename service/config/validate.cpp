@@ -131,6 +131,13 @@ void RawOptions::validate(Config& config) const {
         "staging buffers");
   config.staging_capacity = parse_size(staging_capacity, "--staging-capacity");
   if (config.staging_capacity == 0) throw ConfigError("--staging-capacity must be positive");
+  if (max_batch_keys < 1 || max_batch_keys > 65536)
+    throw ConfigError("--max-batch-keys must be between 1 and 65536, got " +
+                      std::to_string(max_batch_keys));
+  config.max_batch_keys = static_cast<std::uint32_t>(max_batch_keys);
+  config.max_batch_bytes = parse_size(max_batch_bytes, "--max-batch-bytes");
+  if (config.max_batch_bytes < (1u << 20))
+    throw ConfigError("--max-batch-bytes must be at least 1MiB, got " + max_batch_bytes);
   {
     TenantLimits& d = config.pool.default_limits;
     d.max_layouts = count_limit(tenant_layouts, 65536, "--tenant-max-layouts");

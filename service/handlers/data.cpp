@@ -66,7 +66,9 @@ Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, s
 /// on an executor that exports no events, completes when the work is done.
 boost::asio::awaitable<std::optional<IpcEventBytes>> execute(Call& call, Operation op, bool early) {
   if (!early) {
+    const std::vector<std::shared_ptr<const Allocation>> used = op.keep_alive;
     co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
+    expect_intact(used);
     co_return std::nullopt;
   }
   const OperationKind kind = op.kind;

@@ -6,6 +6,7 @@
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
+#include "statepool/protocol/messages.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/status.hpp"
 
@@ -87,6 +88,12 @@ const Entry& admit(Call& call, const wire::Request& request) {
   if (!call.connection.hello_done) {
     call.result.close_after = true;
     throw StatusError(Status::not_hello, "the first request on a connection must be hello");
+  }
+  if (protocol::min_version(type) > call.connection.version) {
+    throw StatusError(Status::invalid_argument,
+                      support::cat(protocol::request_name(type), " needs protocol version ",
+                                   protocol::min_version(type), "; this connection negotiated ",
+                                   call.connection.version));
   }
   return kHandlers[index];
 }

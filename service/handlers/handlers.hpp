@@ -4,12 +4,14 @@
 //
 //   session.cpp    Hello, Ping, Drain, Stats
 //   layouts.cpp    RegisterLayout, InstallPlan
-//   memory.cpp     OpenArena, CloseArena, OpenStaging, CloseStaging, Allocate, Free
+//   memory.cpp     OpenArena, CloseArena, OpenStaging, CloseStaging, RegisterMemory,
+//                  Allocate, Free
 //   data.cpp       Compress, Decompress, Copy            (on the Executor)
 //   capacity.cpp   PlanCapacity, FitsNow (live_capacity.hpp: the planner against the pool,
 //                  shared with the HTTP API)
 //   snapshots.cpp  PutSnapshot, GetSnapshot (copies on the Executor), DeleteSnapshot,
 //                  PinSnapshot, ListSnapshots, ExportSnapshot, ImportSnapshot
+//   snapshot_batches.cpp  LookupSnapshots, PutSnapshots, GetSnapshots (N keys at once)
 //   dispatch.cpp   handle_request(): verified Request in, Reply (and maybe a descriptor) out
 //
 // Handlers are coroutines on the connection's strand. Anything heavy leaves the I/O
@@ -35,6 +37,7 @@
 #include "memory/resource.hpp"
 #include "pool/pool.hpp"
 #include "statepool/protocol/messages.hpp"
+#include "statepool/support/unique_fd.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "statepool_generated.h"
 #include "store/tiers.hpp"
@@ -58,6 +61,9 @@ struct ConnectionState {
   std::unique_ptr<LimitingResource> staging_limit;
   std::map<std::uint32_t, std::shared_ptr<Allocation>> staging;
   std::uint32_t next_staging_id = 1;
+  /// The descriptor that came with the request being handled (RegisterMemory takes it);
+  /// the session closes it after the request if the handler did not.
+  support::UniqueFd received_fd;
 };
 
 /// Server-wide facts and services the handlers use.
@@ -141,6 +147,10 @@ void handle(Call& call, const wire::PinSnapshot& request);
 void handle(Call& call, const wire::ListSnapshots& request);
 Handled handle(Call& call, const wire::ExportSnapshot& request);
 Handled handle(Call& call, const wire::ImportSnapshot& request);
+Handled handle(Call& call, const wire::RegisterMemory& request);
+Handled handle(Call& call, const wire::LookupSnapshots& request);
+Handled handle(Call& call, const wire::PutSnapshots& request);
+Handled handle(Call& call, const wire::GetSnapshots& request);
 
 /// [offset, offset + bytes) of the connection's staging buffer `id`, and in `owner` the
 /// buffer's memory (to keep alive while an operation uses the range). not_found for an
@@ -164,6 +174,11 @@ bool handle_request_now(ServerContext& server, ConnectionState& connection,
 /// Builds an error reply (also used for frames that never became requests).
 void build_error(flatbuffers::FlatBufferBuilder& builder, std::uint64_t id, Status status,
                  const std::string& message);
+
+/// After an operation on `memory`: invalid_argument when some of it is memory a client lent
+/// (RegisterMemory) and shrank under the daemon meanwhile (ClientMemory::broken), so the
+/// operation read zeros or wrote nowhere. memory.cpp.
+void expect_intact(const std::vector<std::shared_ptr<const Allocation>>& memory);
 
 /// Releases memory on a worker: unmapping a multi-GiB buffer must not stall an I/O
 /// thread. Safe to call with nullptr; never throws.

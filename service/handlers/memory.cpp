@@ -8,6 +8,7 @@
 
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
+#include "memory/client_memory.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
@@ -94,6 +95,51 @@ Handled handle(Call& call, const wire::OpenStaging& in) {
   const auto where = protocol::to_wire(b, memory->info().where);
   call.reply<wire::OpenStaging>(wire::CreateOpenStagingReply(b, staging_id, memory->size(), where));
   if (memory->info().where.handle_is_fd()) call.result.attach = std::move(memory);
+}
+
+void expect_intact(const std::vector<std::shared_ptr<const Allocation>>& memory) {
+  for (const auto& allocation : memory) {
+    const auto* lent = dynamic_cast<const ClientMemory*>(allocation.get());
+    STATEPOOL_EXPECTS(lent == nullptr || !lent->broken(), Status::invalid_argument,
+                      "the client shrank memory it registered (RegisterMemory) while the daemon "
+                      "used it: the loan is broken; close it and register the memory again");
+  }
+}
+
+Handled handle(Call& call, const wire::RegisterMemory& in) {
+  ServerContext& s = call.server;
+  ConnectionState& c = call.connection;
+  support::UniqueFd fd = std::move(c.received_fd);
+  STATEPOOL_EXPECTS(fd, Status::invalid_argument,
+                    "register_memory needs the memory's descriptor attached (FD_ATTACHED)");
+  STATEPOOL_EXPECTS(
+      s.executor.can_access(MemorySpace::host, -1), Status::invalid_argument,
+      support::cat("registered memory is host memory, which this daemon's ", s.executor.name(),
+                   " executor cannot read or write; use staging buffers "
+                   "(OpenStaging) instead"));
+  STATEPOOL_EXPECTS(c.staging.size() < kMaxStagingBuffers, Status::quota_exceeded,
+                    support::cat("this connection holds ", c.staging.size(),
+                                 " staging buffers and registered memories, the most one "
+                                 "connection may hold; close one (CloseStaging) first"));
+  const std::string name = in.name() == nullptr ? std::string() : in.name()->str().substr(0, 128);
+  std::shared_ptr<ClientMemory> memory;
+  // mmap of a large file, on a worker.
+  co_await async_run(
+      s.workers,
+      [&] {
+        memory = ClientMemory::map(std::move(fd), in.bytes(),
+                                   support::cat("'", name, "' of connection ", c.id));
+      },
+      boost::asio::use_awaitable);
+  const std::uint32_t staging_id = c.next_staging_id++;
+  c.staging.emplace(staging_id, memory);
+  LOG_INFO("session", "connection ", c.id, " (pid ", c.pid, "): registered ",
+           support::format_bytes(memory->size()), " of its memory '", name, "' as staging ",
+           staging_id,
+           memory->sealed() ? " (sealed against shrinking)"
+                            : " (not sealable: guarded; shrinking it breaks the loan)");
+  call.reply<wire::RegisterMemory>(wire::CreateRegisterMemoryReply(
+      call.builder(), staging_id, memory->size(), memory->sealed()));
 }
 
 void handle(Call& call, const wire::CloseStaging& in) {

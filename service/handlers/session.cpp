@@ -63,7 +63,8 @@ void handle(Call& call, const wire::Hello& in) {
   call.reply<wire::Hello>(wire::CreateHelloReply(
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
       b.CreateString(kServerName), static_cast<std::uint32_t>(s.config.pool.grace_period.count()),
-      s.config.max_frame_bytes));
+      s.config.max_frame_bytes, c.version >= 2 ? s.config.max_batch_keys : 0,
+      c.version >= 2 ? s.config.max_batch_bytes : 0));
 }
 
 void handle(Call& call, const wire::Ping& /*in*/) {
@@ -105,13 +106,11 @@ void handle(Call& call, const wire::Stats& /*in*/) {
   std::vector<flatbuffers::Offset<wire::TenantStats>> tenants;
   tenants.reserve(stats.tenants.size());
   for (const auto& t : stats.tenants) {
-    tenants.push_back(wire::CreateTenantStats(b, b.CreateString(t.name), t.quota_bytes,
-                                              t.reserved_bytes, t.pages_used, t.stored_bytes,
-                                              t.fp32_bytes, t.snapshots, t.snapshot_bytes,
-                                              t.pinned_snapshots, t.snapshot_hits,
-                                              t.snapshot_misses, t.snapshot_evictions,
-                                              t.snapshot_demotions, t.snapshot_hits_host,
-                                              t.snapshot_hits_remote));
+    tenants.push_back(wire::CreateTenantStats(
+        b, b.CreateString(t.name), t.quota_bytes, t.reserved_bytes, t.pages_used, t.stored_bytes,
+        t.fp32_bytes, t.snapshots, t.snapshot_bytes, t.pinned_snapshots, t.snapshot_hits,
+        t.snapshot_misses, t.snapshot_evictions, t.snapshot_demotions, t.snapshot_hits_host,
+        t.snapshot_hits_remote));
   }
   const double uptime =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started).count();

@@ -13,118 +13,12 @@
 
 #include "exec/async.hpp"
 #include "handlers/handlers.hpp"
+#include "handlers/snapshot_io.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/support/status.hpp"
 #include "store/snapshot_value.hpp"
 
 namespace statepool::service {
-namespace {
-
-constexpr std::uint32_t kDefaultListLimit = 1000;
-constexpr std::uint32_t kMaxListLimit = 10000;
-
-std::string bytes_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
-  if (bytes == nullptr) return {};
-  return {reinterpret_cast<const char*>(bytes->data()), bytes->size()};
-}
-
-SnapshotKey key_of(const wire::SnapshotKey* key) {
-  STATEPOOL_EXPECTS(key != nullptr, Status::invalid_argument, "the request has no snapshot key");
-  return SnapshotKey{bytes_of(key->prefix()), key->position()};
-}
-
-flatbuffers::Offset<wire::SnapshotKey> to_wire(flatbuffers::FlatBufferBuilder& b,
-                                               const SnapshotKey& key) {
-  const auto prefix =
-      b.CreateVector(reinterpret_cast<const std::uint8_t*>(key.prefix.data()), key.prefix.size());
-  return wire::CreateSnapshotKey(b, prefix, key.position);
-}
-
-/// Copies `source` to `target` (one page) on the Executor.
-boost::asio::awaitable<void> copy_page(Call& call, kernels::BufferRef source,
-                                       kernels::BufferRef target,
-                                       std::vector<std::shared_ptr<const Allocation>> keep_alive) {
-  Operation op;
-  op.kind = OperationKind::copy;
-  op.source = source;
-  op.page = target;
-  op.keep_alive = std::move(keep_alive);
-  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-}
-
-kernels::BufferRef host_buffer(std::span<std::byte> bytes) {
-  return kernels::BufferRef{bytes.data(), bytes.size(), kernels::MemorySpace::host, -1};
-}
-
-/// Where a request's KV block values are: a staging range of this connection.
-struct KvRange {
-  kernels::DType dtype = kernels::DType::bf16;
-  kernels::BufferRef staged;
-  std::shared_ptr<const Allocation> memory;
-};
-
-KvRange kv_range(const Call& call, const wire::KvStaging& in, const kernels::KvBlocks& blocks) {
-  KvRange out;
-  out.dtype = protocol::from_wire(in.dtype(), "kv_staging.dtype");
-  const std::uint64_t bytes = kernels::kv_blocks_plain_bytes(blocks, out.dtype);
-  out.staged = staging_range(call.connection, in.staging_id(), in.offset(), bytes, out.memory);
-  return out;
-}
-
-/// KV blocks between a staging range and their encoded chunks, on the Executor.
-boost::asio::awaitable<void> run_kv(Call& call, OperationKind kind, const kernels::KvBlocks& kv,
-                                    const KvRange& range, std::vector<kernels::BufferRef> chunks,
-                                    std::vector<std::shared_ptr<const Allocation>> keep_alive) {
-  Operation op;
-  op.kind = kind;
-  op.kv = kv;
-  op.dtype = range.dtype;
-  op.staged = range.staged;
-  op.chunks = std::move(chunks);
-  op.keep_alive = std::move(keep_alive);
-  op.keep_alive.push_back(range.memory);
-  co_await async_execute(call.server.executor, std::move(op), boost::asio::use_awaitable);
-}
-
-/// A value framed by snapshot_value_frame, filled from a snapshot's pages (its state's
-/// page, then its KV pages into the KV area), one copy each on the Executor; not sealed.
-boost::asio::awaitable<void> fill_value(Call& call, std::string& value, const SnapshotCopy& pages,
-                                        kernels::BufferRef page) {
-  co_await copy_page(call, page, host_buffer(snapshot_value_page(value)), pages.keep_alive);
-  std::size_t at = 0;
-  const std::span<std::byte> kv_area = snapshot_value_kv(value);
-  for (const kernels::BufferRef& chunk : pages.kv_chunks) {
-    co_await copy_page(call, chunk, host_buffer(kv_area.subspan(at, chunk.size)), pages.keep_alive);
-    at += chunk.size;
-  }
-}
-
-/// A published snapshot into the tiers below the pool: its pages are copied into a value
-/// while the snapshot is still being written (so they cannot go meanwhile); the checksum
-/// and the tiers' work run on a worker, the remote write later. `hold` (the one the pool
-/// keeps with the snapshot) follows the value down.
-boost::asio::awaitable<void> write_through(Call& call, const SnapshotPut& put,
-                                           const SnapshotKey& key,
-                                           std::shared_ptr<SnapshotTierHold> hold) {
-  ServerContext& s = call.server;
-  SnapshotName name{put.space, key.prefix, key.position, put.layout_digest};
-  auto value = std::make_shared<std::string>(snapshot_value_frame(name, put.page_bytes, put.kv));
-  co_await fill_value(call, *value, *put.copy, put.copy->target);
-  const std::string tenant = call.connection.tenant;
-  s.workers.post([tiers = s.tiers, name = std::move(name), tenant, value = std::move(value),
-                  hold = std::move(hold)] {
-    seal_snapshot_value(*value);
-    tiers->publish(name, tenant, value, hold);
-  });
-}
-
-/// What the tiers below the pool will hold of a snapshot published now: null without
-/// tiers (its eviction is then no demotion).
-std::shared_ptr<SnapshotTierHold> tier_hold(const ServerContext& s) {
-  return s.tiers != nullptr && s.tiers->enabled() ? std::make_shared<SnapshotTierHold>() : nullptr;
-}
-
-}  // namespace
 
 Handled handle(Call& call, const wire::PutSnapshot& in) {
   const SnapshotKey key = key_of(in.key());
@@ -162,11 +56,6 @@ Handled handle(Call& call, const wire::PutSnapshot& in) {
 }
 
 namespace {
-
-/// Read only: the executor's buffers are mutable in general.
-kernels::BufferRef read_only(std::span<const std::byte> bytes) {
-  return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
-}
 
 /// A pool hit: the snapshot's page into the slot, and its KV blocks into the caller's range
 /// when it asked for them (the range is checked before the page is copied: a refusal

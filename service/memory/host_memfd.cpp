@@ -96,7 +96,8 @@ std::shared_ptr<Allocation> HostMemfdResource::do_allocate(std::size_t bytes,
     throw_os_error("fcntl(F_ADD_SEALS)", name, bytes, errno);
   }
 
-  void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* addr =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (addr == MAP_FAILED) throw_os_error("mmap", name, bytes, errno);
 
   AllocationInfo info;

@@ -4,7 +4,9 @@
 // runs without a GPU.
 //
 // Pages are committed at allocation (posix_fallocate), so running out of memory is a
-// clean pool_exhausted here, not a SIGBUS on first touch later. The memfd is sealed
+// clean pool_exhausted here, not a SIGBUS on first touch later, and the daemon's mapping
+// is populated then too (MAP_POPULATE): the first write into a page costs no fault (a
+// put into an arena's fresh pages ran 4x slower than into reused ones). The memfd is sealed
 // against shrinking and growing before it is shared: a client holding the descriptor
 // cannot truncate memory under the daemon. Descriptors are close-on-exec.
 //

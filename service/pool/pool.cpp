@@ -483,6 +483,13 @@ PageRef Pool::page(LeaseId lease_id, ArenaId arena_id, SlotId slot) const {
   return PageRef{{page.data, page.size}, arena.codec, arena.memory};
 }
 
+std::shared_ptr<const kernels::PageCodec> Pool::page_codec(LeaseId lease_id,
+                                                           ArenaId arena_id) const {
+  const std::lock_guard lock(mutex_);
+  const Lease& lease = leases_.attached(lease_id);
+  return arena_for_tenant(lease.tenant, arena_id).codec;
+}
+
 // --- accounting ----------------------------------------------------------------------
 
 PoolStats Pool::stats() const {

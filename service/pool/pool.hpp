@@ -43,6 +43,7 @@
 #include "statepool/kernels/page.hpp"
 #include "statepool/kernels/snapshot.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::service {
 
@@ -230,6 +231,32 @@ struct SnapshotGet {
   std::optional<SnapshotCopy> copy;  ///< hit only (its kv and kv_chunks: a hybrid entry's)
 };
 
+/// One entry of Pool::put_snapshots().
+struct SnapshotPutRequest {
+  SnapshotKey key;
+  /// Copy the state from this slot of the arena (one the lease owns); none: the caller
+  /// writes the new snapshot's page (copy->target), as for import_snapshot.
+  std::optional<SlotId> slot;
+  std::optional<kernels::KvBlocks> kv;
+  std::shared_ptr<const SnapshotTierHold> below;  ///< as put_snapshot's
+};
+
+/// What Pool::put_snapshots() did with one entry: `put` (created or existing), or the
+/// status and message that refused this entry alone.
+struct SnapshotPutOutcome {
+  std::optional<SnapshotPut> put;
+  Status status = Status::ok;
+  std::string message;
+};
+
+/// What Pool::lookup_snapshots() found: per key, whether the pool has it.
+struct SnapshotLookup {
+  std::vector<bool> in_pool;
+  std::size_t page_bytes = 0;
+  std::string space;  ///< as SnapshotGet: where the others may be looked up below
+  std::string layout_digest;
+};
+
 struct LeaseGrant {
   LeaseId id = 0;
   std::string token;        ///< 32 hex characters from a CSPRNG
@@ -357,6 +384,9 @@ class Pool {
   std::uint32_t free(LeaseId lease, ArenaId arena, std::span<const SlotId> slots);
   /// The page of a slot the lease owns. Throws like free().
   [[nodiscard]] PageRef page(LeaseId lease, ArenaId arena, SlotId slot) const;
+  /// The page format (layout and codec) of an arena of the lease's tenant.
+  [[nodiscard]] std::shared_ptr<const kernels::PageCodec> page_codec(LeaseId lease,
+                                                                     ArenaId arena) const;
   // allocate() makes room by evicting the arena's least recently used snapshots that are
   // neither pinned nor being read, when its free pages are too few.
 
@@ -418,6 +448,27 @@ class Pool {
   /// The namespace the tenant's snapshot keys live in.
   [[nodiscard]] const std::string& snapshot_namespace(std::string_view tenant) const;
 
+  // --- batched snapshot requests (pool_snapshot_batches.cpp) -------------------------
+  // One lock for the whole batch; the arena must be the lease's tenant's. Errors that
+  // concern the batch (lease, arena, a bad key) are thrown; an entry's own (a full arena,
+  // a slot the lease does not own, ill-formed KV blocks) are its outcome.
+  /// Which keys have a visible snapshot for the arena's layout: from the index only (no
+  /// hit counted, no entry made recently used).
+  [[nodiscard]] SnapshotLookup lookup_snapshots(LeaseId lease, ArenaId arena,
+                                                std::span<const SnapshotKey> keys) const;
+  /// Publishes each entry as put_snapshot (a slot) or import_snapshot (no slot: the
+  /// caller fills copy->target) would, into `arena`, in order: a key already published
+  /// (also by an earlier entry) is skipped with created = false before any page is taken.
+  [[nodiscard]] std::vector<SnapshotPutOutcome> put_snapshots(
+      LeaseId lease, ArenaId arena, std::vector<SnapshotPutRequest> entries);
+  /// Each key's snapshot for the arena's layout as a read (copy->source and
+  /// copy->kv_chunks, no target), or a miss. Hits are counted; misses too unless
+  /// `lower_tiers` (the caller asks the tiers, count_lower_tier_lookup). `stop_at_miss`
+  /// (without lower tiers only): keys after the first miss are not looked up.
+  [[nodiscard]] std::vector<SnapshotGet> get_snapshots(LeaseId lease, ArenaId arena,
+                                                       std::span<const SnapshotKey> keys,
+                                                       bool lower_tiers, bool stop_at_miss);
+
   // --- accounting ----------------------------------------------------------------
   [[nodiscard]] PoolStats stats() const;
   /// Cross-checks every allocator, owner table, lease, byte counter and memory adaptor.
@@ -470,6 +521,8 @@ class Pool {
                       const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
                       std::shared_ptr<const SnapshotTierHold> below, Clock::time_point now);
   [[nodiscard]] std::vector<std::string> check_snapshots() const;
+  /// invalid_argument for an empty prefix or one longer than kMaxSnapshotPrefixBytes.
+  static void expect_key(const SnapshotKey& key);
   // SnapshotCopy's ends.
   friend class SnapshotCopy;
   void end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept;

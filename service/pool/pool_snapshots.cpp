@@ -9,15 +9,15 @@
 #include "statepool/support/status.hpp"
 
 namespace statepool::service {
-namespace {
-
-void expect_key(const SnapshotKey& key) {
+void Pool::expect_key(const SnapshotKey& key) {
   STATEPOOL_EXPECTS(!key.prefix.empty(), Status::invalid_argument,
                     "a snapshot key needs a prefix of at least 1 byte");
   STATEPOOL_EXPECTS(key.prefix.size() <= kMaxSnapshotPrefixBytes, Status::invalid_argument,
                     "a snapshot prefix is at most " + std::to_string(kMaxSnapshotPrefixBytes) +
                         " bytes, got " + std::to_string(key.prefix.size()));
 }
+
+namespace {
 
 double seconds_between(Clock::time_point from, Clock::time_point to) noexcept {
   return std::chrono::duration<double>(to - from).count();

@@ -174,7 +174,10 @@ asio::awaitable<void> Session::turn_away(Status status, const std::string& messa
 
 std::size_t Session::read_now(std::span<std::byte> out, bool& ended) {
   for (;;) {
-    const ssize_t n = ::recv(socket_.native_handle(), out.data(), out.size(), MSG_DONTWAIT);
+    // recvmsg: a descriptor a client attached (RegisterMemory) arrives with the frame's
+    // first byte; any other is collected too, and refused with its frame.
+    const ssize_t n =
+        support::recv_with_fds(socket_.native_handle(), out, received_fds_, MSG_DONTWAIT);
     if (n > 0) return static_cast<std::size_t>(n);
     if (n < 0 && errno == EINTR) continue;
     // EOF, or reset: the connection has ended. EAGAIN: nothing is there yet.
@@ -375,11 +378,25 @@ asio::awaitable<void> Session::run() {
                         support::cat(protocol::to_string(error), " (", payload.size(), " bytes)"));
         break;
       }
-      if (header.flags != protocol::kFlagNone) {
-        co_await refuse(Status::protocol_error,
-                        "requests never carry file descriptors (flag FD_ATTACHED set)");
+      // A descriptor comes with exactly the requests that take one (RegisterMemory),
+      // flagged FD_ATTACHED and on the frame's first byte.
+      const bool takes_fd = request->body_type() == wire::RequestBody::RegisterMemory;
+      const bool flagged = header.flags == protocol::kFlagFdAttached;
+      if (header.flags != protocol::kFlagNone && !flagged) {
+        co_await refuse(Status::protocol_error, "unknown frame flags");
         break;
       }
+      if (flagged != takes_fd || received_fds_.size() != (takes_fd ? 1u : 0u)) {
+        co_await refuse(Status::protocol_error,
+                        support::cat(protocol::request_name(request->body_type()), " frame with ",
+                                     received_fds_.size(), " descriptor(s)",
+                                     flagged ? " and" : " without", " FD_ATTACHED: ",
+                                     takes_fd ? "register_memory carries exactly one, flagged"
+                                              : "only register_memory carries a descriptor"));
+        break;
+      }
+      if (takes_fd) state_.received_fd = std::move(received_fds_.front());
+      received_fds_.clear();
       result.reset();
       if (!handle_request_now(host_.context, state_, *request, result))
         co_await handle_request(host_.context, state_, *request, result);
@@ -394,6 +411,7 @@ asio::awaitable<void> Session::run() {
         leave_unattached();
         hello_timer_.cancel();
       }
+      state_.received_fd.reset();  // a descriptor the handler did not take is closed
       co_await write_frame(result.builder, result.fd());
       if (result.status != Status::ok) {
         LOG_DEBUG("session", "connection ", state_.id, ": ",

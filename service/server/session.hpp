@@ -24,6 +24,7 @@
 #include "handlers/handlers.hpp"
 #include "server/session_host.hpp"
 #include "statepool/protocol/frame.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {
 
@@ -84,6 +85,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const char* deadline_phase_ = "inside a frame";
   boost::asio::steady_timer deadline_;
   std::vector<std::byte> out_;  // the reply frame being written (kept between replies)
+  // Descriptors that arrived with the frame being read (closed unless its request takes one).
+  std::vector<support::UniqueFd> received_fds_;
   // --hello-timeout; cancelled by Hello and by close() (its waiter holds the session).
   boost::asio::steady_timer hello_timer_;
   ConnectionState state_;

@@ -182,6 +182,13 @@ class RedisStore final : public RemoteStore {
     return std::string(text_of(*reply));
   }
 
+  bool exists(std::string_view key) override {
+    Command command("EXISTS", {"EXISTS", key});
+    const auto [reply, node] = execute(key, command, Use::lookup);
+    if (reply->type != REDIS_REPLY_INTEGER) unexpected(*node, command, *reply);
+    return reply->integer > 0;
+  }
+
   void remove(std::string_view key) override {
     Command command("DEL", {"DEL", key});
     const auto [reply, node] = execute(key, command, Use::write);

@@ -44,6 +44,8 @@ class RemoteStore {
   virtual std::optional<std::string> get(std::string_view key) = 0;
   /// DEL (absent keys are fine). Throws RemoteError.
   virtual void remove(std::string_view key) = 0;
+  /// EXISTS: whether the key has a value, without reading it. Throws RemoteError.
+  virtual bool exists(std::string_view key) = 0;
   /// "redis 127.0.0.1:6379" / "redis cluster of 3 nodes (127.0.0.1:7000, ...)": for logs.
   [[nodiscard]] virtual std::string describe() const = 0;
 };

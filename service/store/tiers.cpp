@@ -77,6 +77,25 @@ void SnapshotTiers::publish(const SnapshotName& name, const std::string& tenant,
                       " are waiting already (is " + remote_->describe() + " slow or down?)");
 }
 
+const char* SnapshotTiers::locate(const SnapshotName& name) {
+  if (host_ != nullptr && host_->contains(name)) return "host";
+  if (remote_ == nullptr) return nullptr;
+  bool present = false;
+  try {
+    present = remote_->exists(remote_key(name));
+  } catch (const std::exception& e) {
+    {
+      const std::lock_guard lock(mutex_);
+      ++counters_.lookups_failed;
+    }
+    warn("read", std::string("remote snapshot lookup failed, answered as a miss: ") + e.what());
+    return nullptr;
+  }
+  const std::lock_guard lock(mutex_);
+  ++(present ? counters_.lookups_present : counters_.lookups_missing);
+  return present ? "remote" : nullptr;
+}
+
 std::optional<SnapshotTiers::Found> SnapshotTiers::find(const SnapshotName& name,
                                                         std::size_t page_bytes,
                                                         const std::string& tenant) {

@@ -48,10 +48,13 @@ struct RemoteCounters {
   std::uint64_t writes_failed = 0;    ///< the store refused or was unreachable
   std::uint64_t writes_dropped = 0;   ///< the queue was full
   std::uint64_t reads_hit = 0;
-  std::uint64_t reads_missing = 0;   ///< no such key
-  std::uint64_t reads_failed = 0;    ///< unreachable or an error reply
-  std::uint64_t reads_rejected = 0;  ///< corrupted, truncated, another layout or key
-  std::uint64_t pending = 0;         ///< writes waiting now
+  std::uint64_t reads_missing = 0;    ///< no such key
+  std::uint64_t reads_failed = 0;     ///< unreachable or an error reply
+  std::uint64_t reads_rejected = 0;   ///< corrupted, truncated, another layout or key
+  std::uint64_t lookups_present = 0;  ///< locate(): the key was there
+  std::uint64_t lookups_missing = 0;  ///< locate(): no such key
+  std::uint64_t lookups_failed = 0;   ///< locate(): unreachable or an error reply
+  std::uint64_t pending = 0;          ///< writes waiting now
 };
 
 class SnapshotTiers {
@@ -90,6 +93,11 @@ class SnapshotTiers {
   [[nodiscard]] std::optional<Found> find(const SnapshotName& name, std::size_t page_bytes,
                                           const std::string& tenant);
 
+  /// Where the snapshot's value is, without reading it: "host" (the host tier holds it),
+  /// "remote" (the remote store has the key: its value is not checked until it is read),
+  /// or nullptr. A remote store that cannot be asked answers nullptr (counted and warned
+  /// like a failed read). May block for the remote timeout.
+  [[nodiscard]] const char* locate(const SnapshotName& name);
   /// Deletes the key under every layout in `names` and every layout the host tier holds
   /// it for: the host tier now, the remote store soon.
   void remove(const std::string& space, const std::string& prefix, std::uint64_t position,

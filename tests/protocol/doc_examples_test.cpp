@@ -164,6 +164,8 @@ std::string list(const flatbuffers::Vector<T>* v) {
       if (i != 0) out += ",";
       if constexpr (std::is_same_v<T, wire::CodecId>) {
         out += wire::EnumNameCodecId(v->Get(i));
+      } else if constexpr (std::is_same_v<T, wire::SnapshotTier>) {
+        out += wire::EnumNameSnapshotTier(v->Get(i));
       } else {
         out += std::to_string(v->Get(i));
       }
@@ -338,6 +340,40 @@ Fields request_fields(const wire::Request& r) {
       break;
     }
     case B::CloseArena: f["arena_id"] = std::to_string(r.body_as_CloseArena()->arena_id()); break;
+    case B::RegisterMemory: {
+      const auto* b = r.body_as_RegisterMemory();
+      f["bytes"] = std::to_string(b->bytes());
+      f["name"] = text(b->name());
+      break;
+    }
+    case B::LookupSnapshots: {
+      const auto* b = r.body_as_LookupSnapshots();
+      f["arena_id"] = std::to_string(b->arena_id());
+      f["keys.length"] = std::to_string(b->keys() == nullptr ? 0 : b->keys()->size());
+      if (b->keys() != nullptr) {
+        for (flatbuffers::uoffset_t i = 0; i < b->keys()->size(); ++i) {
+          const std::string p = "keys." + std::to_string(i) + ".";
+          f[p + "prefix"] = list(b->keys()->Get(i)->prefix());
+          f[p + "position"] = std::to_string(b->keys()->Get(i)->position());
+        }
+      }
+      f["lower_tiers"] = boolean(b->lower_tiers());
+      f["stop_at_miss"] = boolean(b->stop_at_miss());
+      break;
+    }
+    case B::PutSnapshots: {
+      const auto* b = r.body_as_PutSnapshots();
+      f["arena_id"] = std::to_string(b->arena_id());
+      f["entries.length"] = std::to_string(b->entries() == nullptr ? 0 : b->entries()->size());
+      break;
+    }
+    case B::GetSnapshots: {
+      const auto* b = r.body_as_GetSnapshots();
+      f["arena_id"] = std::to_string(b->arena_id());
+      f["entries.length"] = std::to_string(b->entries() == nullptr ? 0 : b->entries()->size());
+      f["stop_at_miss"] = boolean(b->stop_at_miss());
+      break;
+    }
     case B::Stats:
     case B::Ping:
     case B::Drain:
@@ -364,6 +400,8 @@ Fields reply_fields(const wire::Reply& r) {
       f["server"] = text(b->server());
       f["grace_period_ms"] = std::to_string(b->grace_period_ms());
       f["max_frame_bytes"] = std::to_string(b->max_frame_bytes());
+      f["max_batch_keys"] = std::to_string(b->max_batch_keys());
+      f["max_batch_bytes"] = std::to_string(b->max_batch_bytes());
       break;
     }
     case B::RegisterLayoutReply: {
@@ -494,6 +532,35 @@ Fields reply_fields(const wire::Reply& r) {
       f["snapshots_dropped"] = std::to_string(b->snapshots_dropped());
       break;
     }
+    case B::RegisterMemoryReply: {
+      const auto* b = r.body_as_RegisterMemoryReply();
+      f["staging_id"] = std::to_string(b->staging_id());
+      f["bytes"] = std::to_string(b->bytes());
+      f["sealed"] = boolean(b->sealed());
+      break;
+    }
+    case B::LookupSnapshotsReply: {
+      const auto* b = r.body_as_LookupSnapshotsReply();
+      f["found"] = list(b->found());
+      f["leading"] = std::to_string(b->leading());
+      break;
+    }
+    case B::PutSnapshotsReply: {
+      const auto* b = r.body_as_PutSnapshotsReply();
+      f["results.length"] = std::to_string(b->results() == nullptr ? 0 : b->results()->size());
+      f["created"] = std::to_string(b->created());
+      f["existing"] = std::to_string(b->existing());
+      f["failed"] = std::to_string(b->failed());
+      f["bytes"] = std::to_string(b->bytes());
+      break;
+    }
+    case B::GetSnapshotsReply: {
+      const auto* b = r.body_as_GetSnapshotsReply();
+      f["results.length"] = std::to_string(b->results() == nullptr ? 0 : b->results()->size());
+      f["hits"] = std::to_string(b->hits());
+      f["bytes"] = std::to_string(b->bytes());
+      break;
+    }
     case B::CloseStagingReply:
     case B::DrainReply:
     case B::NONE: break;
@@ -580,6 +647,46 @@ const std::map<std::string, Generated>& generated() {
         [](flatbuffers::FlatBufferBuilder& b) {
           const auto body = wire::CreatePing(b);
           finish_request(b, 5, RB::Ping, body.Union());
+        }}},
+      // Protocol version 2.
+      {"hello-reply-v2",
+       {sp::FrameType::reply, sp::kFlagNone,
+        [](flatbuffers::FlatBufferBuilder& b) {
+          const auto body = wire::CreateHelloReplyDirect(
+              b, 2, "bd31c0a2e5f64e1d9a7b3c8d2f10f033", false, 0, "statepoold 0.1.0", 30000,
+              sp::kDefaultMaxPayload, 8192, std::uint64_t{4} << 30);
+          finish_reply(b, 1, PB::HelloReply, body.Union());
+        }}},
+      {"register-memory-request",
+       {sp::FrameType::request, sp::kFlagFdAttached,
+        [](flatbuffers::FlatBufferBuilder& b) {
+          const auto body = wire::CreateRegisterMemoryDirect(b, std::uint64_t{1} << 30, "host-kv");
+          finish_request(b, 6, RB::RegisterMemory, body.Union());
+        }}},
+      {"register-memory-reply",
+       {sp::FrameType::reply, sp::kFlagNone,
+        [](flatbuffers::FlatBufferBuilder& b) {
+          const auto body = wire::CreateRegisterMemoryReply(b, 2, std::uint64_t{1} << 30, false);
+          finish_reply(b, 6, PB::RegisterMemoryReply, body.Union());
+        }}},
+      {"lookup-snapshots-request",
+       {sp::FrameType::request, sp::kFlagNone,
+        [](flatbuffers::FlatBufferBuilder& b) {
+          const std::vector<std::uint8_t> p0 = {'p', '/', '0'};
+          const std::vector<std::uint8_t> p1 = {'p', '/', '1'};
+          const std::vector<flatbuffers::Offset<wire::SnapshotKey>> keys = {
+              wire::CreateSnapshotKeyDirect(b, &p0, 64),
+              wire::CreateSnapshotKeyDirect(b, &p1, 128)};
+          const auto body = wire::CreateLookupSnapshotsDirect(b, 1, &keys, true, true);
+          finish_request(b, 7, RB::LookupSnapshots, body.Union());
+        }}},
+      {"lookup-snapshots-reply",
+       {sp::FrameType::reply, sp::kFlagNone,
+        [](flatbuffers::FlatBufferBuilder& b) {
+          const std::vector<wire::SnapshotTier> found = {wire::SnapshotTier::pool,
+                                                         wire::SnapshotTier::none};
+          const auto body = wire::CreateLookupSnapshotsReplyDirect(b, &found, 1);
+          finish_reply(b, 7, PB::LookupSnapshotsReply, body.Union());
         }}},
   };
   return examples;
@@ -1052,6 +1159,8 @@ TEST(ProtocolDocTables, EnumTableListsEverySchemaValue) {
        schema_enum(wire::EnumValuesStepQuantVariant(), wire::EnumNameStepQuantVariant)},
       {"MemorySpace", schema_enum(wire::EnumValuesMemorySpace(), wire::EnumNameMemorySpace)},
       {"HandleKind", schema_enum(wire::EnumValuesHandleKind(), wire::EnumNameHandleKind)},
+      {"KvCodec", schema_enum(wire::EnumValuesKvCodec(), wire::EnumNameKvCodec)},
+      {"SnapshotTier", schema_enum(wire::EnumValuesSnapshotTier(), wire::EnumNameSnapshotTier)},
   };
   EXPECT_EQ(documented, schema);
 }

@@ -283,7 +283,9 @@ TEST_F(StandaloneTest, PutGetRemove) {
   const auto remote = store();
   EXPECT_EQ(remote->describe(), "redis " + server_->address());
   EXPECT_EQ(remote->get("absent"), std::nullopt);
+  EXPECT_FALSE(remote->exists("k"));
   EXPECT_TRUE(remote->put("k", "v1"));
+  EXPECT_TRUE(remote->exists("k"));
   EXPECT_EQ(remote->get("k"), "v1");
   EXPECT_FALSE(remote->put("k", "v2"));  // SET NX: the first value stays
   EXPECT_EQ(remote->get("k"), "v1");
@@ -605,6 +607,7 @@ TEST_F(ClusterTest, KeysSpreadOverEveryNode) {
   for (int i = 0; i < 200; i += 2) remote->remove("key-" + std::to_string(i));
   for (int i = 0; i < 200; ++i) {
     EXPECT_EQ(remote->get("key-" + std::to_string(i)).has_value(), i % 2 == 1);
+    EXPECT_EQ(remote->exists("key-" + std::to_string(i)), i % 2 == 1);  // on its slot's node
   }
 }
 

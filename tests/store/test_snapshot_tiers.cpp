@@ -422,6 +422,11 @@ class FakeRemote final : public RemoteStore {
     if (down_) throw RemoteError("fake redis unreachable: Connection refused");
     data_.erase(std::string(key));
   }
+  bool exists(std::string_view key) override {
+    const std::lock_guard lock(mutex_);
+    if (down_) throw RemoteError("fake redis unreachable: Connection refused");
+    return data_.contains(std::string(key));
+  }
   [[nodiscard]] std::string describe() const override { return "fake redis"; }
 
   void set_down(bool down) {
@@ -552,6 +557,33 @@ TEST(SnapshotTiers, ADeadOrCorruptRemoteIsAMissNeverAnError) {
   tiers.publish(name("q"), "alice", value_of(name("q"), 100));
   ASSERT_TRUE(tiers.flush(5s));
   EXPECT_TRUE(tiers.find(name("q"), 100, "alice").has_value());
+}
+
+// locate() answers where a value is without reading it: the host tier, else the remote
+// store's EXISTS; a dead remote is "nowhere", counted, never an error.
+TEST(SnapshotTiers, LocateAnswersFromTheIndexesWithoutReadingValues) {
+  auto remote = std::make_unique<FakeRemote>();
+  FakeRemote& fake = *remote;
+  SnapshotTiers writer(TiersConfig{1 << 20, 16}, std::move(remote));
+  const SnapshotName n = name("prompt");
+  writer.publish(n, "alice", value_of(n, 500));
+  ASSERT_TRUE(writer.flush(5s));
+  EXPECT_STREQ(writer.locate(n), "host");
+  EXPECT_EQ(writer.locate(name("absent")), nullptr);
+
+  auto other_remote = std::make_unique<FakeRemote>();
+  for (const auto& [k, v] : fake.data()) other_remote->put(k, v);
+  FakeRemote& other = *other_remote;
+  SnapshotTiers reader(TiersConfig{1 << 20, 16}, std::move(other_remote));
+  EXPECT_STREQ(reader.locate(n), "remote");
+  EXPECT_EQ(reader.locate(name("prompt", 64, "ffffffffffffffff")), nullptr);  // other layout
+  EXPECT_EQ(reader.remote_counters().lookups_present, 1u);
+  EXPECT_EQ(reader.remote_counters().lookups_missing, 1u);
+  EXPECT_EQ(reader.remote_counters().reads_hit, 0u);  // nothing was read
+  EXPECT_TRUE(reader.host_usage().empty());           // nor kept in the host tier
+  other.set_down(true);
+  EXPECT_EQ(reader.locate(n), nullptr);
+  EXPECT_EQ(reader.remote_counters().lookups_failed, 1u);
 }
 
 TEST(SnapshotTiers, ASlowRemoteNeverBlocksAPublicationAndExcessWritesAreDropped) {

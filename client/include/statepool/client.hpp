@@ -492,6 +492,44 @@ class Connection {
   /// in key order, at most `limit` (0 = 1000; at most 10000).
   [[nodiscard]] SnapshotList list_snapshots(std::string_view prefix = {}, std::uint32_t limit = 0);
 
+  // --- protocol version 2: memory lent to the daemon, snapshots N at a time -----------
+  // (docs/protocol.md, "Batched snapshot requests"; docs/client.md). Against a daemon that
+  // speaks only version 1 these throw Error(invalid_argument) without a round trip.
+  /// Lends the daemon the first `bytes` of the memory `fd` refers to (this process's memfd
+  /// or tmpfs file; the caller keeps `fd`): the daemon maps it and names it like a staging
+  /// buffer, so that batched requests read and write this memory in place. The returned
+  /// Staging maps it here too (bytes()); closing it ends the loan. A memfd made with
+  /// MFD_ALLOW_SEALING is sealed against shrinking (sealed = true); otherwise shrinking
+  /// the file breaks the loan (requests on it fail), never the daemon.
+  [[nodiscard]] Staging register_memory(int fd, std::uint64_t bytes, std::string_view name = {},
+                                        bool* sealed = nullptr);
+  /// The caps of one batched request (the daemon's --max-batch-keys and
+  /// --max-batch-bytes); 0 when the daemon speaks only version 1.
+  [[nodiscard]] std::uint32_t max_batch_keys() const;
+  [[nodiscard]] std::uint64_t max_batch_bytes() const;
+  /// Which keys have a snapshot for the layout of `arena`, from the indexes: nothing is
+  /// read or copied. `lower_tiers`: keys not in the pool are looked for in the host tier
+  /// and the remote store. `stop_at_miss`: keys after the first absent one are not looked
+  /// up (answered none). Any number of keys: split into requests of max_batch_keys().
+  /// `also`: other pools' keys of the same pages (a hybrid engine's state beside its KV
+  /// pages), in the same round trips; with stop_at_miss only for the pages before the first
+  /// absent key.
+  [[nodiscard]] SnapshotLookup lookup_snapshots(ArenaId arena, std::span<const SnapshotKey> keys,
+                                                bool lower_tiers = true, bool stop_at_miss = false,
+                                                std::span<const LookupAlso> also = {});
+  /// Publishes the entries into `arena` (split as lookup_snapshots): keys already published
+  /// are skipped before their bytes are read; an entry that fails (a full arena, a
+  /// non-finite state) says why in its result, and the others go on. A malformed entry
+  /// (a range outside this connection's memory, ill-formed KV blocks) refuses the request
+  /// it is in with Error(invalid_argument), with nothing done.
+  [[nodiscard]] SnapshotPuts put_snapshots(ArenaId arena,
+                                           std::span<const SnapshotPutEntry> entries);
+  /// Reads the entries' snapshots of the layout of `arena` straight into their ranges (no
+  /// slot in between). A miss is no error. `stop_at_miss`: nothing after the first miss
+  /// is read.
+  [[nodiscard]] SnapshotGets get_snapshots(ArenaId arena, std::span<const SnapshotGetEntry> entries,
+                                           bool stop_at_miss = false);
+
   // --- operations ----------------------------------------------------------------------
   [[nodiscard]] Stats stats();
   /// The daemon's capacity plan for a model, as the JSON report of docs/capacity.md

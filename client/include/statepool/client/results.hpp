@@ -14,6 +14,7 @@
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/snapshot.hpp"
+#include "statepool/support/status.hpp"
 
 namespace statepool::client {
 
@@ -217,6 +218,103 @@ struct SnapshotList {
   std::vector<SnapshotInfo> snapshots;
   bool truncated = false;          ///< more matched than the limit
   std::string snapshot_namespace;  ///< the namespace this tenant's keys live in
+};
+
+// --- protocol version 2: batched snapshot requests (docs/protocol.md) -----------------
+
+/// Where a state's values are (put_snapshots reads them) or go (get_snapshots writes them):
+/// in a staging buffer or registered memory of this connection, in the engine's own
+/// layout: the recurrent part, heads in page order, each [K][V] or (value_major) [V][K];
+/// the conv state [L][C][W] right after it (conv_staging 0) or anywhere else.
+struct StateRange {
+  StagingId staging = 0;
+  std::uint64_t offset = 0;
+  kernels::DType dtype = kernels::DType::f32;  ///< of the recurrent part: f32 or bf16
+  bool value_major = false;
+  StagingId conv_staging = 0;
+  std::uint64_t conv_offset = 0;
+};
+
+/// Where KV blocks' plain values are: for layer l and token t, the row of keys at
+/// key_offset + l * layer_stride + t * token_stride of `staging`, the row of values at
+/// value_offset of value_staging (0: `staging`). Both strides 0: statepool's packed order
+/// (KvStaging's) from key_offset.
+struct KvRange {
+  StagingId staging = 0;
+  kernels::DType dtype = kernels::DType::bf16;  ///< f32, bf16 or f16
+  std::uint64_t key_offset = 0;
+  StagingId value_staging = 0;
+  std::uint64_t value_offset = 0;
+  std::uint64_t layer_stride = 0;
+  std::uint64_t token_stride = 0;
+};
+
+/// Where a snapshot was found.
+enum class SnapshotTier : std::uint8_t { none = 0, pool = 1, host = 2, remote = 3 };
+/// "none", "pool", "host", "remote".
+[[nodiscard]] const char* to_string(SnapshotTier tier) noexcept;
+
+/// Keys of another pool of the same pages, looked up with lookup_snapshots in the same
+/// round trip: keys[i] belongs to the page of the call's keys[i] (at most as many).
+struct LookupAlso {
+  ArenaId arena = 0;
+  std::vector<SnapshotKey> keys;
+};
+
+/// What lookup_snapshots found.
+struct SnapshotLookup {
+  std::vector<SnapshotTier> found;  ///< per key, in order
+  std::uint32_t leading = 0;        ///< keys present from the first on
+  /// Per LookupAlso, per key (with stop_at_miss: none from `leading` on).
+  std::vector<std::vector<SnapshotTier>> also;
+};
+
+/// One snapshot to publish (put_snapshots): its state from `state`, or (without) a copy
+/// of `slot` of the arena; KV blocks from kv_range when `kv` is set.
+struct SnapshotPutEntry {
+  SnapshotKey key;
+  std::optional<StateRange> state;
+  SlotId slot = 0;
+  std::optional<kernels::KvBlocks> kv;
+  KvRange kv_range;
+};
+
+struct SnapshotPutResult {
+  Status status = Status::ok;  ///< not ok: this entry failed (the others are unaffected)
+  std::string message;
+  bool created = false;  ///< false with ok: the key had a snapshot, which stays
+  std::uint32_t evicted = 0;
+};
+
+struct SnapshotPuts {
+  std::vector<SnapshotPutResult> results;  ///< per entry, in order
+  std::uint32_t created = 0;
+  std::uint32_t existing = 0;
+  std::uint32_t failed = 0;
+  std::uint64_t bytes = 0;  ///< state and KV bytes the daemon read
+};
+
+/// One snapshot to read (get_snapshots): its state into `state`, its KV blocks into
+/// `kv_range` (each optional).
+struct SnapshotGetEntry {
+  SnapshotKey key;
+  std::optional<StateRange> state;
+  std::optional<KvRange> kv_range;
+};
+
+struct SnapshotGetResult {
+  Status status = Status::ok;  ///< not ok: this entry failed (e.g. its KV blocks do not fit)
+  std::string message;
+  bool hit = false;
+  SnapshotTier tier = SnapshotTier::none;
+  std::optional<kernels::KvBlocks> kv;  ///< a hit's KV blocks
+  bool kv_delivered = false;            ///< decoded into kv_range
+};
+
+struct SnapshotGets {
+  std::vector<SnapshotGetResult> results;  ///< per entry, in order
+  std::uint32_t hits = 0;
+  std::uint64_t bytes = 0;  ///< state and KV bytes the daemon wrote
 };
 
 /// The 64 bytes of a cudaIpcEventHandle_t.

@@ -33,7 +33,7 @@ inline constexpr std::size_t kHeaderBytes = 16;
 
 /// Protocol versions this build speaks (negotiated in Hello).
 inline constexpr std::uint16_t kMinProtocolVersion = 1;
-inline constexpr std::uint16_t kMaxProtocolVersion = 1;
+inline constexpr std::uint16_t kMaxProtocolVersion = 2;
 
 /// Hard upper bound on any frame payload, whatever a configuration says.
 inline constexpr std::uint32_t kAbsoluteMaxPayload = 64u << 20;

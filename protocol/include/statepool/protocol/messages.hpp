@@ -8,6 +8,8 @@
 //
 // Thread-safety: compile-time only.
 
+#include <cstdint>
+
 #include "statepool_generated.h"
 
 namespace statepool::protocol {
@@ -44,6 +46,10 @@ STATEPOOL_PAIR(ListSnapshots)
 STATEPOOL_PAIR(ExportSnapshot)
 STATEPOOL_PAIR(ImportSnapshot)
 STATEPOOL_PAIR(CloseArena)
+STATEPOOL_PAIR(RegisterMemory)
+STATEPOOL_PAIR(LookupSnapshots)
+STATEPOOL_PAIR(PutSnapshots)
+STATEPOOL_PAIR(GetSnapshots)
 #undef STATEPOOL_PAIR
 
 template <class Request>
@@ -57,8 +63,8 @@ inline constexpr wire::ReplyBody kReplyType = wire::ReplyBodyTraits<Reply>::enum
 // The two unions list the same messages in the same order, so every request's value is
 // its reply's value; a union member added to one and not the other fails here.
 static_assert(static_cast<int>(wire::RequestBody::MAX) == static_cast<int>(wire::ReplyBody::MAX));
-static_assert(static_cast<int>(kRequestType<wire::CloseArena>) ==
-              static_cast<int>(kReplyType<ReplyFor<wire::CloseArena>>));
+static_assert(static_cast<int>(kRequestType<wire::GetSnapshots>) ==
+              static_cast<int>(kReplyType<ReplyFor<wire::GetSnapshots>>));
 
 /// Calls f.template operator()<Request>() for every request table, in union order.
 template <class F>
@@ -87,6 +93,22 @@ constexpr void for_each_request(F&& f) {
   f.template operator()<wire::ExportSnapshot>();
   f.template operator()<wire::ImportSnapshot>();
   f.template operator()<wire::CloseArena>();
+  f.template operator()<wire::RegisterMemory>();
+  f.template operator()<wire::LookupSnapshots>();
+  f.template operator()<wire::PutSnapshots>();
+  f.template operator()<wire::GetSnapshots>();
+}
+
+/// The lowest protocol version in which `type` exists: a connection that negotiated an
+/// older one may not send it.
+constexpr std::uint16_t min_version(wire::RequestBody type) noexcept {
+  switch (type) {
+    case wire::RequestBody::RegisterMemory:
+    case wire::RequestBody::LookupSnapshots:
+    case wire::RequestBody::PutSnapshots:
+    case wire::RequestBody::GetSnapshots: return 2;
+    default: return 1;
+  }
 }
 
 }  // namespace statepool::protocol
