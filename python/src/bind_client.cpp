@@ -11,6 +11,8 @@
 //   data.cpp         compress(), decompress(), copy() and their _async forms; Pending
 //   decode_step.cpp  DecodeStep, StepResult (the fused step, without the daemon)
 //   snapshots.cpp    put/get/export/import/delete/pin/list_snapshot(s); KvBlocks, Snapshot*
+//   snapshot_batches.cpp  register_memory(), lookup/put/get_snapshots() (protocol version 2);
+//                    StateRange, KvRange, SnapshotPutEntry, SnapshotGetEntry, their results
 //   capacity.cpp     plan_capacity(), fits_now(); Fits, CodecFit
 //
 // Each registers its classes before the methods that take or return them, so that
@@ -29,6 +31,7 @@ void bind_client(py::module_& m) {
   bind_data(m, connection);
   bind_decode_step(m);
   bind_snapshots(m, connection);
+  bind_snapshot_batches(m, connection);
   bind_capacity(m, connection);
 }
 

@@ -38,6 +38,9 @@ void bind_decode_step(py::module_& m);
 /// KvBlocks, the Snapshot* results; put_snapshot(), get_snapshot(), export/import,
 /// delete, pin and list (snapshots.cpp).
 void bind_snapshots(py::module_& m, ConnectionClass& connection);
+/// Protocol version 2: register_memory(), lookup/put/get_snapshots(); StateRange, KvRange,
+/// the batch entries and results (snapshot_batches.cpp).
+void bind_snapshot_batches(py::module_& m, ConnectionClass& connection);
 /// CodecFit, Fits; plan_capacity(), fits_now() (capacity.cpp).
 void bind_capacity(py::module_& m, ConnectionClass& connection);
 

@@ -6,7 +6,7 @@ statepool's C++ client library (use the statepool package, which re-exports it)
 from __future__ import annotations
 import builtins
 import typing
-__all__: list[str] = ['Arch', 'Arena', 'ArenaClose', 'ArenaStats', 'CodecFit', 'CodecId', 'Connection', 'DEFAULT_SOCKET_PATH', 'DType', 'DecodeStep', 'DeviceDecodeStep', 'DeviceDecoder', 'Fits', 'HAVE_CUDA', 'KvBlocks', 'KvCodec', 'LayoutInfo', 'PageCodec', 'Pending', 'Plan', 'PlanInfo', 'Slot', 'SnapshotExport', 'SnapshotGet', 'SnapshotImport', 'SnapshotInfo', 'SnapshotList', 'SnapshotPut', 'Staging', 'StateLayout', 'Stats', 'Status', 'StepQuantVariant', 'StepResult', 'TenantStats', 'View', 'connect', 'connect_fd']
+__all__: list[str] = ['Arch', 'Arena', 'ArenaClose', 'ArenaStats', 'CodecFit', 'CodecId', 'Connection', 'DEFAULT_SOCKET_PATH', 'DType', 'DecodeStep', 'DeviceDecodeStep', 'DeviceDecoder', 'Fits', 'HAVE_CUDA', 'KvBlocks', 'KvCodec', 'KvRange', 'LayoutInfo', 'PageCodec', 'Pending', 'Plan', 'PlanInfo', 'Slot', 'SnapshotExport', 'SnapshotGet', 'SnapshotGetEntry', 'SnapshotGetResult', 'SnapshotGets', 'SnapshotImport', 'SnapshotInfo', 'SnapshotList', 'SnapshotLookup', 'SnapshotPut', 'SnapshotPutEntry', 'SnapshotPutResult', 'SnapshotPuts', 'SnapshotTier', 'Staging', 'StateLayout', 'StateRange', 'Stats', 'Status', 'StepQuantVariant', 'StepResult', 'TenantStats', 'View', 'connect', 'connect_fd']
 class Status:
     """
     Reply status of the daemon (protocol/statepool.fbs).
@@ -1008,6 +1008,12 @@ class Connection:
         """
         get_snapshot() by ids: the arena and a slot of this lease (a released or adopted one).
         """
+    def get_snapshots(self, arena_id: int, entries: list[SnapshotGetEntry], stop_at_miss: bool = False) -> SnapshotGets:
+        """
+        Reads SnapshotGetEntry objects' snapshots of the layout of arena ``arena_id`` straight into
+        their ranges (no slot in between). A miss is no error; ``stop_at_miss``: nothing after the first
+        miss is read.
+        """
     def import_snapshot(self, staging: Staging, offset: int, bytes: int) -> SnapshotImport:
         """
         Publishes a value made by export_snapshot() (by this daemon or another), ``bytes`` bytes of
@@ -1030,6 +1036,16 @@ class Connection:
     def list_snapshots(self, prefix: bytes | str = b'', limit: int = 0) -> SnapshotList:
         """
         Snapshots of the namespace whose prefix starts with ``prefix``, in key order, at most ``limit`` (0 = 1000).
+        """
+    def lookup_snapshots(self, arena_id: int, prefixes: list[bytes | str], positions: int | list[int] = 0, lower_tiers: bool = True, stop_at_miss: bool = False, also: list[tuple[int, list[bytes | str], int | list[int]]] = []) -> SnapshotLookup:
+        """
+        Which keys (prefixes, with one position for all or one each) have a snapshot for the layout of
+        arena ``arena_id``, answered from the indexes: nothing is read or copied, no hit is counted.
+        ``lower_tiers``: keys not in the pool are looked for in the host tier and the remote store.
+        ``stop_at_miss``: keys after the first absent one are not looked up (answered none).
+        ``also``: (arena_id, prefixes, positions) of other pools of the same pages (a hybrid engine's
+        state beside its KV pages; prefixes[i] belongs to page i), answered in the same round trip in
+        SnapshotLookup.also; with stop_at_miss only for the pages before the first absent key.
         """
     @typing.overload
     def open_arena(self, layout: LayoutInfo, pages: int = 0) -> Arena:
@@ -1080,9 +1096,25 @@ class Connection:
         """
         put_snapshot() by ids: the arena and a slot of this lease (a released or adopted one).
         """
+    def put_snapshots(self, arena_id: int, entries: list[SnapshotPutEntry]) -> SnapshotPuts:
+        """
+        Publishes SnapshotPutEntry objects into arena ``arena_id``: keys already published are skipped
+        before their bytes are read (created False); an entry that fails (a full arena, a non-finite
+        state) says why in its result and the others go on. InvalidArgument, with nothing done, for a
+        malformed entry (a range outside this connection's memory, ill-formed KV blocks).
+        """
     def register_layout(self, layout: StateLayout) -> LayoutInfo:
         """
         Registers (or finds) a layout; installs a stepquant layout's plan first if needed.
+        """
+    def register_memory(self, fd: int, bytes: int, name: str = '') -> tuple:
+        """
+        Lends the daemon the first ``bytes`` of the memory file descriptor ``fd`` refers to (a memfd
+        or tmpfs file of this process; the caller keeps ``fd``), so that batched requests read and
+        write it in place: returns (Staging, sealed). The Staging names it in StateRange/KvRange and
+        maps it here too; closing it ends the loan. ``sealed``: the daemon sealed the file against
+        shrinking (a memfd made with MFD_ALLOW_SEALING); otherwise shrinking it breaks the loan
+        (requests on it then fail), never the daemon. Needs protocol version 2.
         """
     def stats(self) -> Stats:
         """
@@ -1107,6 +1139,16 @@ class Connection:
     def lease_token(self) -> str:
         """
         The lease's token: connect(lease_token=...) gets its slots back within the grace period.
+        """
+    @property
+    def max_batch_bytes(self) -> int:
+        """
+        State and KV bytes one batched request may move (--max-batch-bytes).
+        """
+    @property
+    def max_batch_keys(self) -> int:
+        """
+        Keys one batched request may carry (--max-batch-keys; 0: the daemon speaks protocol 1). The calls split longer lists themselves.
         """
     @property
     def max_frame_bytes(self) -> int:
@@ -1856,6 +1898,236 @@ class SnapshotList:
     def truncated(self) -> bool:
         """
         More matched than the limit.
+        """
+class SnapshotTier:
+    """
+    Where a snapshot was found.
+    
+    Members:
+    
+      none : Nowhere.
+    
+      pool : In the daemon's pool.
+    
+      host : In the daemon's host tier.
+    
+      remote : In the remote store (Redis).
+    """
+    __members__: typing.ClassVar[dict[str, SnapshotTier]]
+    host: typing.ClassVar[SnapshotTier]
+    none: typing.ClassVar[SnapshotTier]
+    pool: typing.ClassVar[SnapshotTier]
+    remote: typing.ClassVar[SnapshotTier]
+    def __eq__(self, other: typing.Any) -> bool:
+        ...
+    def __getstate__(self) -> int:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __index__(self) -> int:
+        ...
+    def __init__(self, value: int) -> None:
+        ...
+    def __int__(self) -> int:
+        ...
+    def __ne__(self, other: typing.Any) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def __setstate__(self, state: int) -> None:
+        ...
+    def __str__(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def value(self) -> int:
+        ...
+class StateRange:
+    """
+    Where a state is (put_snapshots() reads it) or goes (get_snapshots() writes it): in a Staging
+    buffer or memory lent with register_memory(), in the engine's own layout. The recurrent part
+    holds every layer's heads in page order, each head [K][V], or [V][K] with ``value_major``
+    (SGLang's and vLLM's GDN/KDA state); the conv state [L][C][W] follows it (no ``conv_staging``)
+    or lies in ``conv_staging`` at ``conv_offset``.
+    """
+    def __init__(self, staging: typing.Any, offset: int = 0, dtype: DType = DType.f32, value_major: bool = False, conv_staging: typing.Any = None, conv_offset: int = 0) -> None:
+        ...
+    @property
+    def conv_offset(self) -> int:
+        ...
+    @property
+    def conv_staging_id(self) -> int:
+        ...
+    @property
+    def dtype(self) -> DType:
+        ...
+    @property
+    def offset(self) -> int:
+        ...
+    @property
+    def staging_id(self) -> int:
+        ...
+    @property
+    def value_major(self) -> bool:
+        ...
+class KvRange:
+    """
+    Where KV blocks' plain values are (or go): for layer l and token t, the row of keys starts at
+    key_offset + l * layer_stride + t * token_stride bytes of ``staging``, the row of values at
+    value_offset of ``value_staging`` (default: ``staging``). With both strides 0, statepool's
+    packed order from key_offset (layer 0 keys, layer 0 values, layer 1 keys, ...).
+    """
+    def __init__(self, staging: typing.Any, dtype: DType = DType.bf16, key_offset: int = 0, value_staging: typing.Any = None, value_offset: int = 0, layer_stride: int = 0, token_stride: int = 0) -> None:
+        ...
+    @property
+    def dtype(self) -> DType:
+        ...
+    @property
+    def key_offset(self) -> int:
+        ...
+    @property
+    def layer_stride(self) -> int:
+        ...
+    @property
+    def staging_id(self) -> int:
+        ...
+    @property
+    def token_stride(self) -> int:
+        ...
+    @property
+    def value_offset(self) -> int:
+        ...
+    @property
+    def value_staging_id(self) -> int:
+        ...
+class SnapshotPutEntry:
+    """
+    One snapshot for put_snapshots(): its state from ``state`` (a StateRange), or without it a copy
+    of ``slot`` of the arena; with ``kv`` (KvBlocks) its KV blocks from ``kv_range``.
+    """
+    def __init__(self, prefix: bytes | str, position: int, state: StateRange | None = None, slot: int = 0, kv: KvBlocks | None = None, kv_range: KvRange | None = None) -> None:
+        ...
+class SnapshotGetEntry:
+    """
+    One snapshot for get_snapshots(): its state into ``state`` and its KV blocks into
+    ``kv_range`` (each optional; with neither, the call only says whether it is there).
+    """
+    def __init__(self, prefix: bytes | str, position: int, state: StateRange | None = None, kv_range: KvRange | None = None) -> None:
+        ...
+class SnapshotLookup:
+    """
+    What lookup_snapshots() found.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def also(self) -> list[list[SnapshotTier]]:
+        """
+        Per ``also`` group of the call, per key, the tier that has it.
+        """
+    @property
+    def found(self) -> list[SnapshotTier]:
+        """
+        Per key, the tier that has it.
+        """
+    @property
+    def leading(self) -> int:
+        """
+        How many keys from the first on are present.
+        """
+class SnapshotPutResult:
+    """
+    One entry of put_snapshots(); true when ok.
+    """
+    def __bool__(self) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    @property
+    def created(self) -> bool:
+        """
+        False with status ok: the key had a snapshot, which stays.
+        """
+    @property
+    def evicted(self) -> int:
+        ...
+    @property
+    def message(self) -> str:
+        ...
+    @property
+    def status(self) -> Status:
+        ...
+class SnapshotPuts:
+    """
+    What put_snapshots() did.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def bytes(self) -> int:
+        """
+        State and KV bytes the daemon read.
+        """
+    @property
+    def created(self) -> int:
+        ...
+    @property
+    def existing(self) -> int:
+        ...
+    @property
+    def failed(self) -> int:
+        ...
+    @property
+    def results(self) -> list[SnapshotPutResult]:
+        """
+        Per entry, in order.
+        """
+class SnapshotGetResult:
+    """
+    One entry of get_snapshots(); true on a hit.
+    """
+    def __bool__(self) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    @property
+    def hit(self) -> bool:
+        ...
+    @property
+    def kv(self) -> KvBlocks | None:
+        ...
+    @property
+    def kv_delivered(self) -> bool:
+        ...
+    @property
+    def message(self) -> str:
+        ...
+    @property
+    def status(self) -> Status:
+        ...
+    @property
+    def tier(self) -> SnapshotTier:
+        ...
+class SnapshotGets:
+    """
+    What get_snapshots() found.
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def bytes(self) -> int:
+        """
+        State and KV bytes the daemon wrote.
+        """
+    @property
+    def hits(self) -> int:
+        ...
+    @property
+    def results(self) -> list[SnapshotGetResult]:
+        """
+        Per entry, in order.
         """
 class CodecFit:
     """

@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "client/keys.hpp"
 #include "gil.hpp"
 #include "handles.hpp"
 #include "statepool/client.hpp"
@@ -28,14 +29,6 @@ namespace {
 
 using client::Connection;
 using kernels::DType;
-
-/// A snapshot key's prefix as Python gives it: bytes as they are, str as its UTF-8 bytes.
-using PrefixArg = std::variant<py::bytes, std::string>;
-
-std::string prefix_bytes(const PrefixArg& prefix) {
-  if (const auto* b = std::get_if<py::bytes>(&prefix)) return std::string(*b);
-  return std::get<std::string>(prefix);
-}
 
 // --- KV blocks of hybrid snapshots ---------------------------------------------------------
 
