@@ -1,34 +1,34 @@
-"""The arenas of one connection (private to statepool.sglang), and the header format.
+"""What one connection of the backend sets up in the daemon (private to statepool.sglang).
 
-``_SmallArena``: the arena of a tiny layout whose snapshots' state is the header defined here
-(magic, format version, kind, digest of the geometry); it holds the KV entries (header + KV
-blocks) and the state markers. ``_StateArena``: the arena of the model's state layout. Each
-comes with its staging buffer and the tensor views of it that the page copies use.
+``_KvArena``: the arena of a tiny layout whose hybrid snapshots hold the KV pages; every entry's
+state is the same small header (magic, format version, digest of the KV geometry), written once
+into a slot of this connection and copied by the daemon into each entry (``SnapshotPutEntry(
+slot=...)``), so that a get reads only the KV range. ``_StateArena``: the arena of the model's
+state layout. ``_StagingArea``: the staging buffer of the one-copy path, grown on demand up to
+``staging_mib``. ``register_region``: a memory file of SGLang's lent to the daemon.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
 import statepool
 
 from ._sglang_pools import _KvGeometry, _MambaGeometry
+from ._sglang_settings import Settings
+from ._sglang_shm import SharedRegion
 
-if TYPE_CHECKING:
-    from .sglang import Settings
-
-
-# The header that is the state of every small-arena snapshot (KV entries and state markers):
-# float32 values, each an integer below 2^16 (exact in fp32, never NaN/Inf). The format
-# version is statepool.sglang._FORMAT, passed in by the backend.
+# The header that is the state of every KV entry: float32 values, each an integer below 2^16
+# (exact in fp32, never NaN/Inf).
 _MAGIC = 0x5350  # "SP"
 _KIND_KV = 1
-_KIND_STATE_MARKER = 2
-_HEADER_WORDS = 3 + 8
-_SMALL_KEY_DIM = 16
+_HEADER_KEY_DIM = 16
+# An entry's KV blocks take pages of about 1/_PAGES_PER_ENTRY of their encoded size (at
+# least 1 KiB): little waste beside them, and a header page the daemon copies cheaply.
+_PAGES_PER_ENTRY = 32
 
 
 def _digest_words(text: str) -> List[int]:
@@ -36,79 +36,84 @@ def _digest_words(text: str) -> List[int]:
     return [int.from_bytes(d[2 * i:2 * i + 2], "little") for i in range(8)]
 
 
-def _header(kind: int, geometry: str, version: int) -> List[float]:
-    words = [_MAGIC, version, kind] + _digest_words(geometry)
-    return [float(w) for w in words]
+def header_words(geometry: str, version: int) -> List[float]:
+    return [float(w) for w in [_MAGIC, version, _KIND_KV] + _digest_words(geometry)]
 
 
-def _tensor(view: statepool.View) -> torch.Tensor:
-    return torch.from_dlpack(view)
+class _KvArena:
+    """The KV entries' arena on one connection, and the slot holding their header."""
 
-
-class _SmallArena:
-    """The arena of the tiny header layout: KV entries (header + KV blocks) and state markers."""
-
-    def __init__(self, conn: statepool.Connection, kv: Optional[_KvGeometry], settings: Settings,
+    def __init__(self, conn: statepool.Connection, kv: _KvGeometry, settings: Settings,
                  version: int):
-        # Page size: about 1/16 of an encoded KV page, so an entry wastes little beside its
-        # KV pages, and at least 1 KiB (the header).
         value_dim = 16
-        if kv is not None:
-            while value_dim < 4096 and _SMALL_KEY_DIM * value_dim * 4 * 16 < kv.encoded_bytes:
-                value_dim *= 2
+        while (value_dim < 4096
+               and _HEADER_KEY_DIM * value_dim * 4 * _PAGES_PER_ENTRY < kv.encoded_bytes):
+            value_dim *= 2
         self.layout = statepool.StateLayout(arch=statepool.Arch.gdn, num_layers=1, num_heads=1,
-                                            key_dim=_SMALL_KEY_DIM, value_dim=value_dim,
+                                            key_dim=_HEADER_KEY_DIM, value_dim=value_dim,
                                             codec=statepool.CodecId.fp32, name="sglang-kv")
-        self.info = conn.register_layout(self.layout)
-        page = self.info.page_bytes
-        self.arena = conn.open_arena(self.info, max(4, settings.kv_arena_mib * 2**20 // page))
-        self.header_bytes = self.info.state_bytes_f32
-        self.kv_offset = (self.header_bytes + 63) // 64 * 64
-        kv_bytes = kv.plain_bytes if kv is not None else 0
-        self.staging = conn.open_staging(self.kv_offset + kv_bytes)
-        words = self.header_bytes // 4
-        self.header_out = torch.zeros(words, dtype=torch.float32)
-        self.header_in = _tensor(self.staging.view("float32", (words,), 0))
-        self.kv_stage = None
-        if kv is not None:
-            view = self.staging.view(str(kv.torch_dtype).replace("torch.", ""),
-                                     (kv.layers, 2, kv.page_size, kv.heads * kv.head_dim),
-                                     self.kv_offset)
-            self.kv_stage = _tensor(view)
-        slots = conn.allocate(self.arena, 3)
-        self.kv_slot, self.marker_slot, self.get_slot = slots
-        self.kv_header: Optional[torch.Tensor] = None
-        self.marker_header: Optional[torch.Tensor] = None
-        if kv is not None:
-            self.kv_header = self._write_header(conn, self.kv_slot, _KIND_KV, kv.name, version)
-
-    def _write_header(self, conn, slot, kind: int, geometry: str, version: int) -> torch.Tensor:
-        words = torch.zeros_like(self.header_out)
-        h = _header(kind, geometry, version)
-        words[:len(h)] = torch.tensor(h, dtype=torch.float32)
-        self.header_in.copy_(words)
-        conn.compress(slot, self.staging, 0, statepool.DType.f32)
-        return words
-
-    def set_marker(self, conn, geometry: str, version: int) -> None:
-        self.marker_header = self._write_header(conn, self.marker_slot, _KIND_STATE_MARKER,
-                                                geometry, version)
-
-    def header_matches(self, expected: torch.Tensor) -> bool:
-        self.arena.decode(self.get_slot, self.header_out, statepool.DType.f32)
-        return bool(torch.equal(self.header_out, expected))
+        info = conn.register_layout(self.layout)
+        arena = conn.open_arena(info, max(4, settings.kv_arena_mib * 2**20 // info.page_bytes))
+        self.id = arena.id
+        self.header_slot = conn.allocate(arena, 1)[0]
+        self.header_slot_id = self.header_slot.id
+        words = header_words(kv.name, version)
+        with conn.open_staging(info.state_bytes_f32) as staging:
+            view = torch.from_dlpack(staging.view("float32", (info.state_bytes_f32 // 4,), 0))
+            view.zero_()
+            view[:len(words)] = torch.tensor(words, dtype=torch.float32)
+            del view
+            conn.compress(self.header_slot, staging, 0, statepool.DType.f32)
+        arena.close()  # only its id is used: no mapping of it kept in this process
 
 
 class _StateArena:
-    def __init__(self, conn: statepool.Connection, geo: _MambaGeometry, settings: Settings):
-        self.info = conn.register_layout(geo.layout)
-        self.arena = conn.open_arena(self.info, settings.state_arena_pages)
-        self.staging = conn.open_staging(self.info.state_bytes(geo.staged_dtype))
-        L, H, K, V = geo.layers, geo.heads, geo.cols, geo.rows
-        dname = str(geo.torch_dtype).replace("torch.", "")
-        self.recurrent = _tensor(self.staging.view(dname, (L, H, K, V), 0))
-        conv_at = L * H * K * V * geo.torch_dtype.itemsize
-        self.conv = _tensor(self.staging.view(str(geo.conv_torch_dtype).replace("torch.", ""),
-                                              (L, geo.conv_channels, geo.conv_width), conv_at))
-        self.put_slot, self.get_slot = conn.allocate(self.arena, 2)
+    """The state arena of the model's layout on one connection."""
 
+    def __init__(self, conn: statepool.Connection, geo: _MambaGeometry, settings: Settings):
+        info = conn.register_layout(geo.layout)
+        arena = conn.open_arena(info, settings.state_arena_pages)
+        self.id = arena.id
+        arena.close()  # only its id is used: no mapping of it kept in this process
+
+
+class _StagingArea:
+    """The one-copy path's staging buffer of one connection: grows to what a batch needs, up
+    to ``cap`` bytes (more only for a single page or state that is larger)."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.staging: Optional[statepool.Staging] = None
+        self.bytes: Optional[torch.Tensor] = None  # uint8 view of all of it
+
+    def fit(self, each: int, count: int) -> int:
+        """How many items of ``each`` bytes one staged batch may hold (at least one)."""
+        return max(1, min(count, self.cap // max(1, each)))
+
+    def get(self, conn: statepool.Connection, nbytes: int) -> Tuple[int, torch.Tensor]:
+        """(staging id, uint8 tensor) of at least ``nbytes`` bytes."""
+        if self.staging is None or self.staging.size < nbytes:
+            self.close()
+            size = 1 << max(20, (nbytes - 1).bit_length())
+            if size > self.cap:
+                size = max(nbytes, self.cap)
+            self.staging = conn.open_staging(size)
+            self.bytes = torch.from_dlpack(self.staging.view("uint8", (self.staging.size,), 0))
+        assert self.bytes is not None
+        return self.staging.id, self.bytes
+
+    def close(self) -> None:
+        self.bytes = None  # the view first: it keeps the mapping
+        if self.staging is not None:
+            try:
+                self.staging.close()
+            except Exception:  # noqa: BLE001 - a view still alive, or the connection broke
+                pass
+            self.staging = None
+
+
+def register_region(conn: statepool.Connection, region: SharedRegion,
+                    name: str) -> statepool.Staging:
+    """Lends the daemon SGLang's memory file of ``region`` (all of it) on this connection."""
+    staging, _sealed = conn.register_memory(region.fd, region.file_bytes, name)
+    return staging

@@ -1,215 +1,480 @@
-"""The page copies between SGLang's host pools and statepool (private to statepool.sglang).
+"""The pages of SGLang's host pools moved in batches (private to statepool.sglang).
 
-``_PageCopies``, a base of ``StatepoolHiCacheStorage``: a KV page into and out of a KV entry of
-the small arena, a MAMBA slot into and out of a state snapshot (with its marker), existence
-queries, and the batches of SGLang's interfaces (v1 and v2 transfers, flat data pages) over
-them, which take the backend's lock and report their failures instead of raising them.
+``_Pages`` turns one batch call of SGLang's into as few daemon round trips as the daemon's caps
+allow: an existence query is one ``lookup_snapshots`` (answered from the indexes, nothing
+read), a get one ``get_snapshots`` that decodes every page straight into its range, a set one
+``put_snapshots`` whose pages already stored are skipped before a byte of them is read.
+
+Where the ranges point: **zero copy**, into SGLang's host pool itself (its memory files lent to
+the daemon, ``Session.memory_id``); **one copy**, into this connection's staging buffer, which
+one vectorized copy fills from the pool (sets: only the pages the store lacks, found by a
+lookup first) or empties into it (gets: only the pages read). Offsets are integer arithmetic
+over the pool's strides (``_KvGeometry``, ``_MambaGeometry``); no per-page tensor work on the
+zero-copy path. Every method raises on a failed call (the backend reports it) and reports the
+failures of single pages itself.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import time
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
-from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
 import statepool
 
-from ._sglang_arenas import _SmallArena
-from ._sglang_connection import _Down, _Session
-from ._sglang_pools import _KvGeometry, _Unsupported
+from ._sglang_arenas import _KvArena, _StateArena
+from ._sglang_connection import CALL_KINDS, _Reporter, _Session, _Sessions
+from ._sglang_metrics import _Metrics
+from ._sglang_pools import _KvGeometry, _MambaGeometry
+from ._sglang_settings import Settings
+
+_Get = statepool.SnapshotGetEntry
+_Put = statepool.SnapshotPutEntry
+_KvRange = statepool.KvRange
+_StateRange = statepool.StateRange
+_ABSENT = statepool.SnapshotTier.none
+_OK = statepool.Status.ok
 
 
-class _PageCopies:
-    """Copies of pages, a base of StatepoolHiCacheStorage (which provides _lock, counters,
-    registered_pools, _prefix, the session's resources _kv() and _mamba(), and the failure
-    handling of _Connection)."""
+def _spans(n: int, each: int, conn: statepool.Connection,
+           limit: Optional[int] = None) -> Iterator[Tuple[int, int]]:
+    """[a, b) spans of n entries of ``each`` bytes that fit the daemon's caps (and ``limit``
+    entries per span)."""
+    per = max(1, min(conn.max_batch_keys or n, conn.max_batch_bytes // max(1, each)))
+    if limit is not None:
+        per = min(per, limit)
+    for a in range(0, n, per):
+        yield a, min(n, a + per)
 
-    # -- KV pages -------------------------------------------------------------------------
 
-    def _kv_put(self, s: _Session, geo: _KvGeometry, small: _SmallArena, key: str,
-                k: torch.Tensor, v: torch.Tensor) -> bool:
-        L, ps = geo.layers, geo.page_size
-        stage = small.kv_stage
-        stage[:, 0].view(L, ps, geo.heads, geo.head_dim).copy_(k)
-        stage[:, 1].view(L, ps, geo.heads, geo.head_dim).copy_(v)
-        s.conn.put_snapshot(small.kv_slot, self._prefix(geo.kind, key), 0, kv=geo.blocks,
-                            kv_staging=small.staging, kv_offset=small.kv_offset,
-                            kv_dtype=geo.dtype)
-        self.counters["kv_puts"] += 1
-        return True
+def _requests(n: int, conn: statepool.Connection) -> int:
+    """Requests the client library sends for n keys (it splits by the daemon's key cap)."""
+    cap = conn.max_batch_keys or n
+    return -(-n // cap)
 
-    def _kv_get(self, s: _Session, geo: _KvGeometry, small: _SmallArena, key: str,
-                k: Optional[torch.Tensor], v: Optional[torch.Tensor]) -> bool:
-        """Reads the page into k, v (None: existence only)."""
-        prefix = self._prefix(geo.kind, key)
-        if k is None:
-            got = s.conn.get_snapshot(prefix, 0, small.get_slot)
+
+def _leading(results: Sequence, kv: bool) -> int:
+    """Entries read from the first on (a hit whose KV blocks were delivered, for KV)."""
+    n = 0
+    for r in results:
+        if not r.hit or r.status != _OK or (kv and not r.kv_delivered):
+            break
+        n += 1
+    return n
+
+
+class _Pages:
+    """The batch operations on one backend's pools (see the module docstring)."""
+
+    def __init__(self, sessions: _Sessions, metrics: _Metrics, reporter: _Reporter,
+                 settings: Settings, version: int):
+        self.sessions = sessions
+        self.metrics = metrics
+        self.reporter = reporter
+        self.settings = settings
+        self.version = version
+
+    # -- what a session sets up at first use ----------------------------------------------
+
+    def _kv(self, geo: _KvGeometry) -> Tuple[_Session, statepool.Connection, _KvArena]:
+        s = self.sessions.current()
+        assert s.conn is not None
+        if s.kv_arena is None:
+            s.kv_arena = _KvArena(s.conn, geo, self.settings, self.version)
+        return s, s.conn, s.kv_arena
+
+    def _state(self, geo: _MambaGeometry) -> Tuple[_Session, statepool.Connection, _StateArena]:
+        s = self.sessions.current()
+        assert s.conn is not None
+        if s.state_arena is None:
+            s.state_arena = _StateArena(s.conn, geo, self.settings)
+        return s, s.conn, s.state_arena
+
+    def _done(self, failed: Sequence[str] = ()) -> None:
+        self.reporter.recovered(*(k for k in CALL_KINDS if k not in failed))
+
+    def _entry_failure(self, s: _Session, what: str, r) -> str:
+        """Reports a page that failed alone; returns its failure kind."""
+        status, message = r.status, r.message
+        if status in (statepool.Status.pool_exhausted, statepool.Status.quota_exceeded):
+            kind = "capacity"
+        elif status == statepool.Status.not_finite:
+            kind = "not_finite"
         else:
-            got = s.conn.get_snapshot(prefix, 0, small.get_slot, kv_staging=small.staging,
-                                      kv_offset=small.kv_offset, kv_dtype=geo.dtype)
-        if not got.hit or got.kv != geo.blocks or (k is not None and not got.kv_delivered):
-            self.counters["kv_misses"] += 1
-            return False
-        if not small.header_matches(small.kv_header):
-            self._report("format", f"KV entry {key} has another format or geometry: a miss")
-            self.counters["kv_misses"] += 1
-            return False
-        if k is not None:
-            L, ps = geo.layers, geo.page_size
-            k.copy_(small.kv_stage[:, 0].view(L, ps, geo.heads, geo.head_dim))
-            v.copy_(small.kv_stage[:, 1].view(L, ps, geo.heads, geo.head_dim))
-        self.counters["kv_hits"] += 1
-        return True
+            kind = "refused"
+            if "loan is broken" in message:
+                s.forget_memory()  # register SGLang's memory again at the next call
+        self.reporter.report(kind, f"{what}: a page failed ({status.name}): {message}")
+        return kind
 
-    def _kv_batch(self, keys: List[str], host_indices: Optional[torch.Tensor], write: bool,
-                  what: str) -> List[bool]:
-        results = [False] * len(keys)
-        with self._lock:
-            try:
-                s, geo, small = self._kv()
-                ps = geo.page_size
-                if host_indices is None or host_indices.numel() != len(keys) * ps:
-                    raise _Unsupported(f"{len(keys)} keys but "
-                                       f"{0 if host_indices is None else host_indices.numel()} "
-                                       f"host indices for pages of {ps}")
-                starts = host_indices.reshape(-1)[::ps].tolist()
-                for i, key in enumerate(keys):
-                    k, v = geo.page_views(int(starts[i]))
-                    if write:
-                        results[i] = self._kv_put(s, geo, small, key, k, v)
-                    else:
-                        results[i] = self._kv_get(s, geo, small, key, k, v)
-                        if not results[i]:
-                            break  # SGLang takes the leading run of pages
-                self._recovered("daemon", "capacity", "refused", "error")
-            except _Down:
-                pass
-            except Exception as e:  # noqa: BLE001 - never into the engine
-                self._fail(what, e)
-        return results
+    # -- existence ------------------------------------------------------------------------
 
-    def _kv_exists_run(self, keys: List[str]) -> int:
-        """Leading run of KV pages the store has (0 when it cannot be asked)."""
-        with self._lock:
-            n = 0
-            try:
-                s, geo, small = self._kv()
-                for key in keys:
-                    if not self._kv_get(s, geo, small, key, None, None):
-                        break
-                    n += 1
-            except _Down:
-                pass
-            except Exception as e:  # noqa: BLE001
-                self._fail("exists", e)
-            return n
+    def kv_leading(self, geo: _KvGeometry, prefixes: List[str]) -> int:
+        """How many pages from the first on the store has (host tier and Redis included)."""
+        s, conn, arena = self._kv(geo)
+        t0 = time.perf_counter()
+        found = conn.lookup_snapshots(arena.id, prefixes, 0, True, True)
+        self.metrics.add(kv_lookups=len(prefixes), kv_lookup_hits=found.leading,
+                         lookup_seconds=time.perf_counter() - t0,
+                         round_trips=_requests(len(prefixes), conn))
+        self._done()
+        return found.leading
 
-    # -- MAMBA pages ----------------------------------------------------------------------
+    def kv_leading_and_states(self, geo: _KvGeometry, prefixes: List[str],
+                              state_geo: _MambaGeometry,
+                              state_prefixes: List[str]) -> Tuple[int, List[bool]]:
+        """kv_leading and states_present of the pages before the KV run ends, in one round
+        trip (the state keys ride along: LookupSnapshots' ``also``)."""
+        s, conn, arena = self._kv(geo)
+        _, _, state_arena = self._state(state_geo)
+        t0 = time.perf_counter()
+        found = conn.lookup_snapshots(arena.id, prefixes, 0, True, True,
+                                      [(state_arena.id, state_prefixes, 0)])
+        present = [t != _ABSENT for t in found.also[0][:found.leading]]
+        self.metrics.add(kv_lookups=len(prefixes), kv_lookup_hits=found.leading,
+                         state_lookups=found.leading, state_lookup_hits=sum(present),
+                         lookup_seconds=time.perf_counter() - t0,
+                         round_trips=_requests(2 * len(prefixes), conn))
+        self._done()
+        return found.leading, present
 
-    def _state_put(self, key: str, index: int) -> bool:
-        s, geo, st, small = self._mamba()
-        t, c = geo.slot_views(index)
-        st.recurrent.copy_(t)
-        st.conv.copy_(c)
-        try:
-            s.conn.compress(st.put_slot, st.staging, 0, geo.staged_dtype)
-        except statepool.NotFinite as e:
-            self._report("not_finite", f"state {key} not stored: {e}")
-            return False
-        s.conn.put_snapshot(st.put_slot, self._prefix("mamba", key), 0)
-        s.conn.put_snapshot(small.marker_slot, self._prefix(geo.marker_kind, key), 0)
-        self.counters["state_puts"] += 1
-        return True
-
-    def _state_get(self, key: str, index: int) -> bool:
-        s, geo, st, small = self._mamba()
-        got = s.conn.get_snapshot(self._prefix("mamba", key), 0, st.get_slot)
-        if not got.hit:
-            self.counters["state_misses"] += 1
-            return False
-        s.conn.decompress(st.get_slot, st.staging, 0, geo.staged_dtype)
-        t, c = geo.slot_views(index)
-        t.copy_(st.recurrent)
-        c.copy_(st.conv)
-        self.counters["state_hits"] += 1
-        return True
-
-    def _state_exists(self, key: str) -> bool:
-        s, geo, st, small = self._mamba()
-        got = s.conn.get_snapshot(self._prefix(geo.marker_kind, key), 0, small.get_slot)
-        return bool(got.hit) and got.kv is None and small.header_matches(small.marker_header)
-
-    # -- presence and transfers of SGLang's v2 interface (hybrid pools) -------------------
-
-    def _pool_presence(self, name, keys: List[str]) -> List[bool]:
-        if name == PoolName.KV:
-            n = self._kv_exists_run(keys)
-            return [i < n for i in range(len(keys))]
-        present = [False] * len(keys)
-        if name != PoolName.MAMBA:
-            return present
-        with self._lock:
-            try:
-                for i, key in enumerate(keys):
-                    present[i] = self._state_exists(key)
-            except _Down:
-                pass
-            except Exception as e:  # noqa: BLE001
-                self._fail("exists (state)", e)
+    def states_present(self, geo: _MambaGeometry, prefixes: List[str]) -> List[bool]:
+        s, conn, arena = self._state(geo)
+        t0 = time.perf_counter()
+        found = conn.lookup_snapshots(arena.id, prefixes, 0, True, False).found
+        present = [t != _ABSENT for t in found]
+        self.metrics.add(state_lookups=len(prefixes), state_lookup_hits=sum(present),
+                         lookup_seconds=time.perf_counter() - t0,
+                         round_trips=_requests(len(prefixes), conn))
+        self._done()
         return present
 
-    def _transfers(self, transfers: List[PoolTransfer], write: bool) -> Dict[Any, List[bool]]:
-        results: Dict[Any, List[bool]] = {}
-        what = "batch_set_v2" if write else "batch_get_v2"
-        for transfer in transfers:
-            keys = transfer.keys or []
-            results[transfer.name] = out = [False] * len(keys)
-            pool = self.registered_pools.get(transfer.name)
-            if transfer.name == PoolName.KV:
-                results[transfer.name] = self._kv_batch(keys, transfer.host_indices, write, what)
-                continue
-            if transfer.name != PoolName.MAMBA or pool is None:
-                with self._lock:
-                    self._report("unsupported", f"{what}: pool {transfer.name} is not stored")
-                continue
-            page = getattr(pool, "page_size", 1) or 1
-            hi = transfer.host_indices
-            if hi is None or hi.numel() != len(keys) * page:
-                with self._lock:
-                    self._report("error", f"{what}: {len(keys)} keys of pool {transfer.name} but "
-                                 f"{0 if hi is None else hi.numel()} host indices")
-                continue
-            starts = hi.reshape(-1)[::page].tolist()
-            with self._lock:
-                try:
-                    for i, key in enumerate(keys):
-                        op = self._state_put if write else self._state_get
-                        out[i] = op(key, int(starts[i]))
-                    self._recovered("daemon", "capacity", "refused", "error")
-                except _Down:
-                    pass
-                except Exception as e:  # noqa: BLE001
-                    self._fail(what, e)
-        return results
+    # -- KV pages at host indices (batch_get_v1 / batch_set_v1 / v2 KV) -------------------
 
-    # -- flat data pages of the host KV pool (SGLang's generic page path) -----------------
+    def kv_get(self, geo: _KvGeometry, prefixes: List[str],
+               starts: List[int]) -> Tuple[int, int]:
+        """Reads the pages into the host pool pages that start at ``starts``; returns the
+        leading run read (SGLang takes no more) and its bytes."""
+        s, conn, arena = self._kv(geo)
+        t0 = time.perf_counter()
+        n, each = len(prefixes), geo.plain_bytes
+        mem = s.memory_id(geo.shared, "SGLang host KV pool", self.reporter)
+        hits = nbytes = trips = copied = 0
+        if mem is not None:
+            dt, ib, ls, ts = geo.dtype, geo.index_bytes, geo.layer_stride, geo.token_stride
+            k0 = geo.shared.offset
+            v0 = k0 + geo.half_bytes
+            entries = [_Get(p, 0, None, _KvRange(mem, dt, k0 + i * ib, None, v0 + i * ib, ls, ts))
+                       for p, i in zip(prefixes, starts)]
+            hits, trips = self._get_run(s, conn, arena.id, entries, each, True, "KV get")
+            nbytes = hits * each
+        else:
+            for a, b in _spans(n, each, conn, s.staging.fit(each, n)):
+                m = b - a
+                sid, area = s.staging.get(conn, m * each)
+                got = conn.get_snapshots(arena.id, self._staged_kv(geo, sid, prefixes[a:b],
+                                                                   None), True)
+                trips += _requests(b - a, conn)
+                h = _leading(got.results, True)
+                geo.unstage(area, starts[a:a + h], m)
+                hits += h
+                nbytes += h * each
+                copied += h * each
+                if h < m:
+                    self._get_failures(s, "KV get", got.results[h:])
+                    break
+        seconds = time.perf_counter() - t0
+        self.metrics.add(kv_hits=hits, kv_misses=n - hits, bytes_read=nbytes, bytes_copied=copied,
+                         get_seconds=seconds, round_trips=trips)
+        self._done()
+        return hits, nbytes
 
-    def _flat_op(self, key: str, flat: Optional[torch.Tensor], write: bool) -> bool:
-        with self._lock:
-            try:
-                s, geo, small = self._kv()
-                if flat is None or flat.numel() * flat.element_size() != geo.plain_bytes:
-                    raise _Unsupported(f"a data page of {0 if flat is None else flat.numel()} "
-                                       "values, not one page of the host KV pool")
-                page = flat.view(geo.torch_dtype) if flat.dtype != geo.torch_dtype else flat
-                k, v = geo.flat_views(page.reshape(-1))
-                if write:
-                    return self._kv_put(s, geo, small, key, k, v)
-                return self._kv_get(s, geo, small, key, k, v)
-            except _Down:
-                return False
-            except Exception as e:  # noqa: BLE001
-                self._fail("set" if write else "get", e)
-                return False
+    def _staged_kv(self, geo: _KvGeometry, sid: int, prefixes: Sequence[str],
+                   slot: Optional[int]) -> list:
+        """Entries whose KV ranges are pages 0..m-1 of the staging buffer ``sid`` (get
+        entries, or put entries copying the header ``slot``)."""
+        m, dt, each = len(prefixes), geo.dtype, geo.plain_bytes
+        if geo.strided:
+            half, ls, ts = geo.staged_strides(m)
+            step = geo.page_size * geo.index_bytes
+            ranges = [_KvRange(sid, dt, j * step, None, half + j * step, ls, ts) for j in range(m)]
+        else:
+            ranges = [_KvRange(sid, dt, j * each, None, 0, 0, 0) for j in range(m)]
+        if slot is None:
+            return [_Get(p, 0, None, r) for p, r in zip(prefixes, ranges)]
+        return [_Put(p, 0, None, slot, geo.blocks, r) for p, r in zip(prefixes, ranges)]
 
+    def _get_run(self, s: _Session, conn: statepool.Connection, arena_id: int, entries: list,
+                 each: int, kv: bool, what: str) -> Tuple[int, int]:
+        """Gets whose ranges need no staging, ``each`` bytes an entry, until the first page
+        not read; returns the leading run read and the requests sent."""
+        hits = trips = 0
+        for a, b in _spans(len(entries), each, conn):
+            got = conn.get_snapshots(arena_id, entries[a:b], True)
+            trips += _requests(b - a, conn)
+            h = _leading(got.results, kv)
+            hits += h
+            if h < b - a:
+                self._get_failures(s, what, got.results[h:])
+                break
+        return hits, trips
+
+    def _get_failures(self, s: _Session, what: str, rest: Sequence) -> None:
+        for r in rest:
+            if r.status != _OK:
+                self._entry_failure(s, what, r)
+                return
+
+    def kv_set(self, geo: _KvGeometry, prefixes: List[str],
+               starts: List[int]) -> Tuple[List[bool], int, int]:
+        """Stores the host pool pages that start at ``starts``; returns per page whether the
+        store has it now, the pages created and the bytes read."""
+        s, conn, arena = self._kv(geo)
+        t0 = time.perf_counter()
+        each = geo.plain_bytes
+        mem = s.memory_id(geo.shared, "SGLang host KV pool", self.reporter)
+        if mem is not None:
+            dt, ib, ls, ts = geo.dtype, geo.index_bytes, geo.layer_stride, geo.token_stride
+            k0 = geo.shared.offset
+            v0 = k0 + geo.half_bytes
+            slot, blocks = arena.header_slot_id, geo.blocks
+            entries = [_Put(p, 0, None, slot, blocks,
+                            _KvRange(mem, dt, k0 + i * ib, None, v0 + i * ib, ls, ts))
+                       for p, i in zip(prefixes, starts)]
+            ok, counts = self._put_all(s, conn, arena.id, entries, each, "KV set")
+        else:
+            ok, counts = self._put_staged(
+                s, conn, arena.id, prefixes, each, "KV set",
+                lambda sid, idx: self._staged_kv(geo, sid, [prefixes[j] for j in idx],
+                                                 arena.header_slot_id),
+                lambda area, idx: geo.stage(area, [starts[j] for j in idx]))
+        created, existing, failed, nbytes, copied, trips = counts
+        seconds = time.perf_counter() - t0
+        self.metrics.add(kv_puts=created, kv_existing=existing, kv_put_failures=failed,
+                         bytes_written=nbytes, bytes_copied=copied, set_seconds=seconds,
+                         round_trips=trips)
+        return ok, created, nbytes
+
+    def _put_all(self, s: _Session, conn: statepool.Connection, arena_id: int, entries: list,
+                 each: int, what: str) -> Tuple[List[bool], Tuple[int, ...]]:
+        """Sends put entries whose ranges need no staging; per page: stored (or there)."""
+        ok: List[bool] = []
+        created = existing = failed = nbytes = trips = 0
+        kinds: List[str] = []
+        for a, b in _spans(len(entries), each, conn):
+            puts = conn.put_snapshots(arena_id, entries[a:b])
+            trips += _requests(b - a, conn)
+            created += puts.created
+            existing += puts.existing
+            failed += puts.failed
+            nbytes += puts.bytes
+            for r in puts.results:
+                good = r.status == _OK
+                ok.append(good)
+                if not good:
+                    kinds.append(self._entry_failure(s, what, r))
+        self._done(kinds)
+        return ok, (created, existing, failed, nbytes, 0, trips)
+
+    def _put_staged(self, s: _Session, conn: statepool.Connection, arena_id: int,
+                    prefixes: List[str], each: int, what: str,
+                    make_entries: Callable[[int, List[int]], list],
+                    stage: Callable[[torch.Tensor, List[int]], None],
+                    staged_bytes: Optional[Callable[[int], int]] = None
+                    ) -> Tuple[List[bool], Tuple[int, ...]]:
+        """The one-copy set: a lookup first (pool only: what a put would skip), then the pages
+        the pool lacks (each key once) staged and sent, ``make_entries(staging id, indices)``
+        and ``stage(area, indices)`` for a span of them (``staged_bytes(m)`` bytes for m,
+        default m * each)."""
+        n = len(prefixes)
+        found = conn.lookup_snapshots(arena_id, prefixes, 0, False, False).found
+        trips = _requests(n, conn)
+        ok = [t != _ABSENT for t in found]
+        existing = sum(ok)
+        first = {}
+        for j in range(n):
+            if not ok[j] and prefixes[j] not in first:
+                first[prefixes[j]] = j
+        todo = list(first.values())
+        created = failed = nbytes = copied = 0
+        kinds: List[str] = []
+        for a, b in _spans(len(todo), each, conn, s.staging.fit(each, len(todo))):
+            idx = todo[a:b]
+            sid, area = s.staging.get(conn, staged_bytes(b - a) if staged_bytes else (b - a) * each)
+            stage(area, idx)
+            copied += (b - a) * each
+            puts = conn.put_snapshots(arena_id, make_entries(sid, idx))
+            trips += _requests(b - a, conn)
+            created += puts.created
+            existing += puts.existing
+            failed += puts.failed
+            nbytes += puts.bytes
+            for j, r in zip(idx, puts.results):
+                ok[j] = r.status == _OK
+                if not ok[j]:
+                    kinds.append(self._entry_failure(s, what, r))
+        for j in range(n):  # the later copies of a key offered twice
+            if not ok[j] and prefixes[j] in first and first[prefixes[j]] != j:
+                ok[j] = ok[first[prefixes[j]]]
+                existing += ok[j]
+        self._done(kinds)
+        return ok, (created, existing, failed, nbytes, copied, trips)
+
+    # -- KV pages as flat tensors (SGLang's generic path: batch_get / batch_set) -------------
+
+    def _flat_entries(self, geo: _KvGeometry, sid: int, prefixes: Sequence[str],
+                      slot: Optional[int]) -> list:
+        m, dt, each = len(prefixes), geo.dtype, geo.plain_bytes
+        if geo.strided:
+            ls, ts, half = geo.flat_layer_stride, geo.flat_token_stride, each // 2
+            ranges = [_KvRange(sid, dt, j * each, None, j * each + half, ls, ts)
+                      for j in range(m)]
+        else:
+            ranges = [_KvRange(sid, dt, j * each, None, 0, 0, 0) for j in range(m)]
+        if slot is None:
+            return [_Get(p, 0, None, r) for p, r in zip(prefixes, ranges)]
+        return [_Put(p, 0, None, slot, geo.blocks, r) for p, r in zip(prefixes, ranges)]
+
+    def _stage_flat(self, geo: _KvGeometry, area: torch.Tensor, pages: List[torch.Tensor]) -> None:
+        each = geo.plain_bytes
+        out = area[:len(pages) * each].view(geo.torch_dtype)
+        if geo.strided:
+            torch.cat(pages, out=out)
+            return
+        packed = out.view(len(pages), geo.layers, 2, geo.page_size, geo.heads, geo.head_dim)
+        for j, page in enumerate(pages):
+            packed[j].copy_(geo.flat_to_packed(page))
+
+    def kv_set_flat(self, geo: _KvGeometry, prefixes: List[str],
+                    values: List[torch.Tensor]) -> Tuple[List[bool], int, int]:
+        s, conn, arena = self._kv(geo)
+        t0 = time.perf_counter()
+        pages = [geo.flat_page(v) for v in values]
+        ok, counts = self._put_staged(
+            s, conn, arena.id, prefixes, geo.plain_bytes, "KV set",
+            lambda sid, idx: self._flat_entries(geo, sid, [prefixes[j] for j in idx],
+                                                arena.header_slot_id),
+            lambda area, idx: self._stage_flat(geo, area, [pages[j] for j in idx]))
+        created, existing, failed, nbytes, copied, trips = counts
+        seconds = time.perf_counter() - t0
+        self.metrics.add(kv_puts=created, kv_existing=existing, kv_put_failures=failed,
+                         bytes_written=nbytes, bytes_copied=copied, set_seconds=seconds,
+                         round_trips=trips)
+        return ok, created, nbytes
+
+    def kv_get_flat(self, geo: _KvGeometry, prefixes: List[str],
+                    targets: List[torch.Tensor]) -> Tuple[int, int]:
+        """Reads the pages into the flat ``targets``; returns the leading run read and its
+        bytes."""
+        s, conn, arena = self._kv(geo)
+        t0 = time.perf_counter()
+        outs = [geo.flat_page(t) for t in targets]
+        for t, o in zip(targets, outs):
+            if not t.is_contiguous() or o.data_ptr() != t.data_ptr():
+                raise ValueError("a flat target page that is not one contiguous tensor")
+        n, each = len(prefixes), geo.plain_bytes
+        hits = trips = 0
+        for a, b in _spans(n, each, conn, s.staging.fit(each, n)):
+            m = b - a
+            sid, area = s.staging.get(conn, m * each)
+            got = conn.get_snapshots(arena.id, self._flat_entries(geo, sid, prefixes[a:b], None),
+                                     True)
+            trips += _requests(b - a, conn)
+            h = _leading(got.results, True)
+            staged = area[:m * each].view(geo.torch_dtype).view(m, -1)
+            for j in range(h):
+                if geo.strided:
+                    outs[a + j].copy_(staged[j])
+                else:
+                    geo.flat_to_packed(outs[a + j]).copy_(
+                        staged[j].view(geo.layers, 2, geo.page_size, geo.heads, geo.head_dim))
+            hits += h
+            if h < m:
+                self._get_failures(s, "KV get", got.results[h:])
+                break
+        seconds = time.perf_counter() - t0
+        self.metrics.add(kv_hits=hits, kv_misses=n - hits, bytes_read=hits * each,
+                         bytes_copied=hits * each, get_seconds=seconds, round_trips=trips)
+        self._done()
+        return hits, hits * each
+
+    # -- MAMBA pages (states) at host slots (batch_get_v2 / batch_set_v2) -----------------
+
+    def _shared_state_ids(self, s: _Session, geo: _MambaGeometry) -> Optional[Tuple[int, int]]:
+        t = s.memory_id(geo.shared_temporal, "SGLang host state pool (recurrent)", self.reporter)
+        c = s.memory_id(geo.shared_conv, "SGLang host state pool (conv)", self.reporter)
+        return None if t is None or c is None else (t, c)
+
+    def _staged_states(self, geo: _MambaGeometry, sid: int, prefixes: Sequence[str],
+                       put: bool) -> list:
+        m, dt, tb, cb = len(prefixes), geo.staged_dtype, geo.temporal_bytes, geo.conv_bytes
+        c0 = geo.conv_area_offset(m)
+        ranges = [_StateRange(sid, j * tb, dt, True, sid, c0 + j * cb) for j in range(m)]
+        if put:
+            return [_Put(p, 0, r) for p, r in zip(prefixes, ranges)]
+        return [_Get(p, 0, r) for p, r in zip(prefixes, ranges)]
+
+    def state_get(self, geo: _MambaGeometry, prefixes: List[str],
+                  slots: List[int]) -> Tuple[int, int]:
+        """Reads the states into the host slots; returns the leading run read and its
+        bytes."""
+        geo.check_slots(slots)
+        s, conn, arena = self._state(geo)
+        t0 = time.perf_counter()
+        n, each = len(prefixes), geo.entry_bytes
+        ids = self._shared_state_ids(s, geo)
+        hits = trips = copied = 0
+        if ids is not None:
+            mt, mc = ids
+            dt, tb, cb = geo.staged_dtype, geo.temporal_bytes, geo.conv_bytes
+            t0b, c0b = geo.shared_temporal.offset, geo.shared_conv.offset
+            entries = [_Get(p, 0, _StateRange(mt, t0b + i * tb, dt, True, mc, c0b + i * cb))
+                       for p, i in zip(prefixes, slots)]
+            hits, trips = self._get_run(s, conn, arena.id, entries, each, False, "state get")
+        else:
+            for a, b in _spans(n, each, conn, s.staging.fit(each, n)):
+                m = b - a
+                sid, area = s.staging.get(conn, geo.staged_bytes(m))
+                got = conn.get_snapshots(arena.id,
+                                         self._staged_states(geo, sid, prefixes[a:b], False),
+                                         True)
+                trips += _requests(b - a, conn)
+                h = _leading(got.results, False)
+                geo.unstage(area, slots[a:a + h], m)
+                hits += h
+                copied += h * each
+                if h < m:
+                    self._get_failures(s, "state get", got.results[h:])
+                    break
+        seconds = time.perf_counter() - t0
+        self.metrics.add(state_hits=hits, state_misses=n - hits, bytes_read=hits * each,
+                         bytes_copied=copied, get_seconds=seconds, round_trips=trips)
+        self._done()
+        return hits, hits * each
+
+    def state_set(self, geo: _MambaGeometry, prefixes: List[str],
+                  slots: List[int]) -> Tuple[List[bool], int, int]:
+        geo.check_slots(slots)
+        s, conn, arena = self._state(geo)
+        t0 = time.perf_counter()
+        each = geo.entry_bytes
+        ids = self._shared_state_ids(s, geo)
+        if ids is not None:
+            mt, mc = ids
+            dt, tb, cb = geo.staged_dtype, geo.temporal_bytes, geo.conv_bytes
+            t0b, c0b = geo.shared_temporal.offset, geo.shared_conv.offset
+            entries = [_Put(p, 0, _StateRange(mt, t0b + i * tb, dt, True, mc, c0b + i * cb))
+                       for p, i in zip(prefixes, slots)]
+            ok, counts = self._put_all(s, conn, arena.id, entries, each, "state set")
+        else:
+            ok, counts = self._put_staged(
+                s, conn, arena.id, prefixes, each, "state set",
+                lambda sid, idx: self._staged_states(geo, sid, [prefixes[j] for j in idx], True),
+                lambda area, idx: geo.stage(area, [slots[j] for j in idx]), geo.staged_bytes)
+        created, existing, failed, nbytes, copied, trips = counts
+        seconds = time.perf_counter() - t0
+        self.metrics.add(state_puts=created, state_existing=existing, state_put_failures=failed,
+                         bytes_written=nbytes, bytes_copied=copied, set_seconds=seconds,
+                         round_trips=trips)
+        return ok, created, nbytes

@@ -33,12 +33,18 @@ from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     MambaStateBufferInfo,
     MHABufferInfo,
 )
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorageConfig,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+)
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 POOL_CAPACITY = "512MiB"
+PAGE = 4  # tokens per KV page of kv_pool()
 
 
 def pytest_configure(config):
@@ -60,6 +66,28 @@ def kill_daemon(d: "Daemon") -> None:
     d._log.close()
 
 
+def stop_daemon_process(d: "Daemon", timeout: float = 10) -> None:
+    """SIGSTOP, then wait until every thread of the daemon is really stopped (state T in
+    /proc/PID/task/*/stat): a signal is delivered asynchronously, and a request sent before
+    that would still be answered."""
+    d.process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    tasks = f"/proc/{d.process.pid}/task"
+    while True:
+        states = []
+        for tid in os.listdir(tasks):
+            try:
+                with open(f"{tasks}/{tid}/stat") as f:
+                    stat = f.read()
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+            states.append(stat[stat.rindex(")") + 2])  # the field after "(comm)"
+        if states and all(state in "Tt" for state in states):
+            return
+        assert time.monotonic() < deadline, f"statepoold did not stop: {states}"
+        time.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     d = start_daemon(tmp_path_factory.mktemp("statepoold"))
@@ -72,8 +100,10 @@ def daemon(tmp_path_factory):
 
 
 def kv_pool(layers=3, heads=2, head_dim=16, page_size=4, pages=32, dtype=torch.bfloat16,
-            layout="page_first") -> MHATokenToKVPoolHost:
-    """SGLang's MHA host KV pool (pin_memory off, CPU), over small stand-in device buffers."""
+            layout="page_first", allocator="default") -> MHATokenToKVPoolHost:
+    """SGLang's MHA host KV pool (pin_memory off, CPU), over small stand-in device buffers.
+    ``allocator="shm"``: in a memfd, as SGLang allocates it with ``"allocator": "shm"`` in the
+    storage extra config (the backend's zero-copy path)."""
     dev_tokens = page_size * 4
     k = tuple(torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
     v = tuple(torch.zeros(dev_tokens, heads, head_dim, dtype=dtype) for _ in range(layers))
@@ -88,18 +118,23 @@ def kv_pool(layers=3, heads=2, head_dim=16, page_size=4, pages=32, dtype=torch.b
         dtype=dtype, device=torch.device("cpu"))
     return MHATokenToKVPoolHost(info, 2.0, 0, page_size, layout, pin_memory=False, device="cpu",
                                 device_capacity_tokens=dev_tokens, start_layer=0,
-                                end_layer=layers - 1, host_token_capacity=pages * page_size)
+                                end_layer=layers - 1, host_token_capacity=pages * page_size,
+                                allocator_type=allocator)
 
 
 def mamba_pool(layers=2, heads=3, value_dim=8, key_dim=16, conv_channels=24, conv_width=3,
-               slots=16, temporal_dtype=torch.float32, conv_dtype=torch.bfloat16) -> MambaPoolHost:
+               slots=16, temporal_dtype=torch.float32, conv_dtype=torch.bfloat16,
+               allocator="default", convs=1) -> MambaPoolHost:
     """SGLang's MambaPoolHost (CPU, pin_memory off) for a gated-delta-rule model: per slot an
-    fp32 recurrent state [layers, heads, value, key] and a conv state [layers, channels, width]."""
+    fp32 recurrent state [layers, heads, value, key] and ``convs`` conv states [layers, channels,
+    width] (SGLang's hybrids have one; ZAYA1 and Inkling several). ``allocator="shm"`` as in
+    kv_pool()."""
     temporal = torch.zeros(layers, 4, heads, value_dim, key_dim, dtype=temporal_dtype)
-    conv = (torch.zeros(layers, 4, conv_channels, conv_width, dtype=conv_dtype),)
+    conv = tuple(torch.zeros(layers, 4, conv_channels, conv_width, dtype=conv_dtype)
+                 for _ in range(convs))
     info = MambaStateBufferInfo(temporal=temporal, conv=conv)
     return MambaPoolHost(info, slots / 4, 0, device_capacity=4, pin_memory=False, device="cpu",
-                         layout="page_first")
+                         layout="page_first", allocator_type=allocator)
 
 
 def storage_config(extra: dict | None, model: str = "pytest/tiny-hybrid",
@@ -127,7 +162,35 @@ def make_backend(name: str, extra: dict, kv, mamba, model: str = "pytest/tiny-hy
     backend.register_mem_host_pool_v2(kv, PoolName.KV)
     if mamba is not None:
         backend.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
+    backend.on_host_pools_registered()
     return backend
+
+
+def token_indices(pages: list[int], page: int = PAGE) -> torch.Tensor:
+    """SGLang's host indices of whole pages: one per token."""
+    return torch.cat([torch.arange(p * page, (p + 1) * page) for p in pages]).to(torch.int64)
+
+
+def mamba_transfer(keys: list[str], slots: list[int] | None = None) -> PoolTransfer:
+    """A MAMBA pool transfer as SGLang's hybrid controller makes one (slots None: the hit
+    query's)."""
+    indices = None if slots is None else torch.tensor(slots, dtype=torch.int64)
+    return PoolTransfer(name=PoolName.MAMBA, keys=keys, host_indices=indices,
+                        hit_policy=PoolHitPolicy.TRAILING_PAGES)
+
+
+def normalized(result):
+    return (result.kv_hit_pages, {str(k): v for k, v in result.extra_pool_hit_pages.items()},
+            result.restorable_prefix_pages)
+
+
+def fill(kv, mamba, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    kv.kv_buffer.copy_(torch.randn(kv.kv_buffer.shape, generator=g).to(kv.kv_buffer.dtype))
+    if mamba is not None:
+        mamba.temporal_buffer.copy_(torch.randn(mamba.temporal_buffer.shape, generator=g))
+        for conv in mamba.conv_buffer:
+            conv.copy_(torch.randn(conv.shape, generator=g).to(conv.dtype))
 
 
 def page_keys(chain: str, n: int) -> list[str]:

@@ -10,41 +10,31 @@ import time
 import pytest
 import torch
 from conftest import (
+    PAGE,
+    fill,
     kill_daemon,
     kv_pool,
     make_backend,
     mamba_pool,
+    mamba_transfer,
+    normalized,
     page_keys,
     start_daemon,
     statepool_extra,
+    stop_daemon_process,
     storage_config,
+    token_indices,
 )
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheFile,
     HiCacheStorage,
     HiCacheStorageFailureInjector,
-    PoolHitPolicy,
     PoolName,
-    PoolTransfer,
 )
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
 import statepool
 from statepool.sglang import StatepoolHiCacheStorage
-
-PAGE = 4  # tokens per KV page
-
-
-def fill(kv, mamba, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    kv.kv_buffer.copy_(torch.randn(kv.kv_buffer.shape, generator=g).to(kv.kv_buffer.dtype))
-    mamba.temporal_buffer.copy_(torch.randn(mamba.temporal_buffer.shape, generator=g))
-    conv = mamba.conv_buffer[0]
-    conv.copy_(torch.randn(conv.shape, generator=g).to(conv.dtype))
-
-
-def token_indices(pages: list[int]) -> torch.Tensor:
-    return torch.cat([torch.arange(p * PAGE, (p + 1) * PAGE) for p in pages]).to(torch.int64)
 
 
 def store_kv(backend, kv, keys: list[str], pages: list[int]) -> bool:
@@ -65,17 +55,6 @@ def load_kv(backend, kv, keys: list[str], pages: list[int]) -> list[bool]:
             kv.set_from_flat_data_page(p * PAGE, got)
         out.append(got is not None)
     return out
-
-
-def mamba_transfer(keys: list[str], slots: list[int] | None = None) -> PoolTransfer:
-    indices = None if slots is None else torch.tensor(slots, dtype=torch.int64)
-    return PoolTransfer(name=PoolName.MAMBA, keys=keys, host_indices=indices,
-                        hit_policy=PoolHitPolicy.TRAILING_PAGES)
-
-
-def normalized(result):
-    return (result.kv_hit_pages, {str(k): v for k, v in result.extra_pool_hit_pages.items()},
-            result.restorable_prefix_pages)
 
 
 # Chains of page keys and what each backend is given for them: KV pages (by page index into
@@ -197,16 +176,21 @@ def test_reads_back_bit_exact_into_other_slots(daemon, pools, tmp_path):
     ours.close()
 
 
+@pytest.mark.parametrize("allocator", ["default", "shm"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct", "page_head"])
-def test_every_host_kv_layout_both_paths(daemon, layout):
-    kv = kv_pool(layout=layout, dtype=torch.float16, heads=3, head_dim=8)
-    mamba = mamba_pool()
-    fill(kv, mamba, 2)
-    ours = make_backend("dynamic", statepool_extra(daemon, namespace=f"layout-{layout}",
+def test_every_host_kv_layout_both_paths(daemon, layout, allocator):
+    """SGLang's zero-copy v1 path and its generic flat-page path, for every host KV layout, from
+    private memory (one copy through a staging buffer) and from SGLang's shared memory (the
+    daemon reads and writes the pool in place, except page_head: one copy)."""
+    kv = kv_pool(layout=layout, dtype=torch.float16, heads=3, head_dim=8, allocator=allocator)
+    fill(kv, None, 2)
+    ours = make_backend("dynamic", statepool_extra(daemon, namespace=f"layout-{layout}-{allocator}",
                                                    kv_codec="fp8"), kv, None)
     keys = page_keys(layout, 2)
     assert ours.batch_set_v1(keys, token_indices([0, 1])) == [True, True]
     assert ours.batch_get_v1(keys, token_indices([5, 6])) == [True, True]
+    zero_copy = allocator == "shm" and layout != "page_head"
+    assert (ours.stats()["bytes_copied"] == 0) == zero_copy
     # The generic path: flat data pages in the pool's own order.
     keys2 = page_keys(layout + "-flat", 1)
     assert ours.batch_set(keys2, [kv.get_data_page(2 * PAGE)])
@@ -218,6 +202,7 @@ def test_every_host_kv_layout_both_paths(daemon, layout):
         want = kv.get_data_page(src * PAGE).to(torch.float8_e4m3fn).to(torch.float16)
         assert torch.equal(kv.get_data_page(dst * PAGE), want), (layout, src)
     assert ours.exists(keys[0]) and not ours.exists(page_keys("nope", 1)[0])
+    assert ours.batch_exists(keys + page_keys("nope", 1) + keys2) == 2  # the run ends at a miss
     ours.close()
 
 
@@ -421,8 +406,9 @@ def test_pool_eviction_still_hits_from_redis(tmp_path, pools, redis_server):
     d = start_daemon(tmp_path / "a", ["--snapshot-remote", redis_server,
                                       "--snapshot-host-capacity", "4KiB"])
     try:
-        # 2 slots of the backend's own + 2 snapshot pages: the third state evicts the first.
-        ours = make_backend("dynamic", statepool_extra(d, namespace="evict", state_arena_pages=4),
+        # 2 snapshot pages (the backend holds no slot of its own): the third state evicts the
+        # first.
+        ours = make_backend("dynamic", statepool_extra(d, namespace="evict", state_arena_pages=2),
                             kv, mamba)
         keys = page_keys("evict", 3)
         for i, key in enumerate(keys):
@@ -447,10 +433,9 @@ def test_pool_eviction_still_hits_from_redis(tmp_path, pools, redis_server):
         assert d.stop() == 0, d.log()
 
 
-def test_other_geometries_and_format_versions_never_read_each_other(daemon, caplog,
-                                                                     monkeypatch):
-    """KV pages of the same shape and codec but another dtype live under other keys; an entry
-    whose header names another format version (or geometry) is a miss, never wrong bytes."""
+def test_other_geometries_and_format_versions_never_read_each_other(daemon, monkeypatch):
+    """KV pages of the same shape and codec but another dtype live under other keys, and so do
+    the entries of another format version of this backend: a miss, never wrong bytes."""
     import statepool.sglang as backend_module
 
     bf16, f16 = kv_pool(dtype=torch.bfloat16), kv_pool(dtype=torch.float16)
@@ -470,22 +455,26 @@ def test_other_geometries_and_format_versions_never_read_each_other(daemon, capl
     # A later format of this backend, same keys: the old entries are misses.
     monkeypatch.setattr(backend_module, "_FORMAT", backend_module._FORMAT + 1)
     newer = make_backend("dynamic", statepool_extra(daemon, namespace="geometry"), bf16, None)
+    assert newer._prefix("kv", keys[0]).startswith(f"sgl{backend_module._FORMAT}/")
     bf16.kv_buffer[:, 8 * PAGE:10 * PAGE] = 0
-    with caplog.at_level(logging.WARNING, logger="statepool.sglang"):
-        assert newer.batch_exists(keys) == 0
-        assert newer.batch_get_v1(keys, token_indices([8, 9])) == [False, False]
+    assert newer.batch_exists(keys) == 0
+    assert newer.batch_get_v1(keys, token_indices([8, 9])) == [False, False]
     assert not bf16.kv_buffer[:, 8 * PAGE:10 * PAGE].any()
-    assert any("another format" in r.getMessage() for r in caplog.records)
+    assert a.batch_exists(keys) == 2  # the old format's backend still reads its own
     for backend in (a, b, newer):
         backend.close()
 
 
-def test_concurrent_prefetch_and_backup_threads(daemon, pools):
-    """SGLang calls the backend from its prefetch and backup threads at once."""
+@pytest.mark.parametrize("allocator", ["default", "shm"])
+def test_concurrent_prefetch_and_backup_threads(daemon, allocator):
+    """SGLang calls the backend from its prefetch and backup threads at once (each thread on a
+    connection of its own)."""
     import threading
 
-    kv, mamba = pools
-    ours = make_backend("dynamic", statepool_extra(daemon, namespace="threads"), kv, mamba)
+    kv, mamba = kv_pool(allocator=allocator), mamba_pool(allocator=allocator)
+    fill(kv, mamba, 1)
+    ours = make_backend("dynamic", statepool_extra(daemon, namespace=f"threads-{allocator}"), kv,
+                        mamba)
     keys = page_keys("threads", 4)
     assert store_kv(ours, kv, keys, [0, 1, 2, 3])
     assert ours.batch_set_v2([mamba_transfer(keys, [0, 1, 2, 3])])[PoolName.MAMBA] == [True] * 4
@@ -494,7 +483,7 @@ def test_concurrent_prefetch_and_backup_threads(daemon, pools):
     def writer():
         try:
             for r in range(20):
-                more = page_keys(f"threads-w{r}", 2)
+                more = page_keys(f"threads-{allocator}-w{r}", 2)
                 assert ours.batch_set_v1(more, token_indices([4, 5])) == [True, True]
                 assert ours.batch_set_v2([mamba_transfer(more, [4, 5])])[PoolName.MAMBA] == \
                     [True, True]
@@ -542,8 +531,9 @@ def test_clear_deletes_this_namespace_only(daemon, pools):
 
 
 def test_hung_daemon_times_out_and_recovers(tmp_path, pools):
-    """A daemon that stops answering (SIGSTOP): calls fail after `timeout`, then at once until
-    `retry_interval` passes; after SIGCONT the backend reconnects and hits again."""
+    """A daemon that stops answering (SIGSTOP, waited for until the daemon is stopped): calls
+    fail after `timeout`, then at once until `retry_interval` passes; after SIGCONT the backend
+    reconnects and hits again."""
     import signal
 
     kv, mamba = pools
@@ -553,7 +543,7 @@ def test_hung_daemon_times_out_and_recovers(tmp_path, pools):
                                                        retry_interval=0.5), kv, mamba)
         keys = page_keys("hang", 2)
         assert store_kv(ours, kv, keys, [0, 1])
-        d.process.send_signal(signal.SIGSTOP)
+        stop_daemon_process(d)
         try:
             t0 = time.monotonic()
             assert ours.batch_exists(keys) == 0

@@ -32,7 +32,7 @@ import zlib
 import pytest
 from conftest import free_port, start_daemon
 
-import statepool
+from statepool.sglang import KEY_PREFIX
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +143,7 @@ def storage_tokens(r: dict) -> int:
 
 
 def mamba_snapshots(conn) -> list:
-    return [s for s in conn.list_snapshots("sgl/").snapshots if b"/mamba/" in s.prefix]
+    return [s for s in conn.list_snapshots(KEY_PREFIX).snapshots if b"/mamba/" in s.prefix]
 
 
 def zeroed(value: bytes) -> bytes:
@@ -163,7 +163,9 @@ def zeroed(value: bytes) -> bytes:
 def test_engine_end_to_end(model_dir, engine_daemon, tmp_path):
     require_build_tools()
     d = engine_daemon
-    fp32 = extra_config(d)
+    # fp32 engines with SGLang's shared-memory host pools (the daemon reads and writes them in
+    # place), stepquant6 ones with its default allocator (one copy through staging).
+    fp32 = extra_config(d, allocator="shm")
     full = PROMPT + SUFFIX
 
     # 1. Engine A: P, then P + 8 (a hit in the engine's own memory), writing through to
@@ -171,10 +173,13 @@ def test_engine_end_to_end(model_dir, engine_daemon, tmp_path):
     a = run_engine(model_dir, tmp_path, "A", fp32, [PROMPT, full])
     a_cold, a_hit = a["results"]
     assert a_hit["cached_tokens"] == len(PROMPT), a_hit
+    assert "host KV pool" in a["log"] and "zero copy: the host KV pool" in a["log"], \
+        "the engine's host KV pool was not lent to the daemon"
+    assert "zero copy: the host state pool" in a["log"]
     conn = d.connect()
     states = mamba_snapshots(conn)
     assert states, "engine A stored no MAMBA state in statepool"
-    kv = [s for s in conn.list_snapshots("sgl/").snapshots if b"/kv-" in s.prefix]
+    kv = [s for s in conn.list_snapshots(KEY_PREFIX).snapshots if b"/kv-" in s.prefix]
     assert len(kv) >= len(PROMPT), f"engine A stored {len(kv)} KV pages"
 
     # 2. Engine B, a fresh process: the prefix from statepool, identical output.
