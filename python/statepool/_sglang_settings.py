@@ -32,7 +32,7 @@ class Settings:
     stepquant codec uses the nominal plan), ``kv_codec`` (``bf16``, ``fp8``, ``kivi2``,
     ``kivi4``, ``flexgen4``), ``state_arena_pages`` (pages of the state arena; 0 = the
     daemon's ``--arena-pages``), ``kv_arena_mib`` (size of the arena that holds the KV
-    entries), ``namespace`` (separates deployments that share a daemon or a Redis;
+    entries: the tenant's arena of the KV geometry, shared by every engine of the tenant), ``namespace`` (separates deployments that share a daemon or a Redis;
     default: the model name), ``timeout`` (seconds per daemon call), ``retry_interval``
     (seconds between reconnection attempts), ``zero_copy`` (false: copy through a staging
     buffer even where the daemon could use SGLang's host pools in place) and ``staging_mib``
