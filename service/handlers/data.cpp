@@ -9,6 +9,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "exec/async.hpp"
+#include "handlers/coroutine_frames.hpp"
 #include "handlers/handlers.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/support/log.hpp"
@@ -52,14 +53,9 @@ Operation codec_operation(Call& call, OperationKind kind, std::uint32_t arena, s
   return op;
 }
 
-// GCC 12 under -fsanitize=address inlines Asio's awaitable-frame allocation into the
-// coroutine below and then reads the frame's operator delete (Asio's recycling allocator,
-// which frees what aligned_alloc returned) as a mismatch (-Wmismatched-new-delete).
-// Every awaitable frame is allocated and freed by that same pair: nothing is mismatched.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+// (handlers/coroutine_frames.hpp)
+STATEPOOL_COROUTINES_BEGIN
+
 /// Runs `op`; with `early` (the request's `event` flag), completes as soon as the executor
 /// has it on a device stream and returns the IPC event's bytes (the executor's own
 /// completion then only releases memory, and a late error is logged). Without `early`, or
@@ -87,9 +83,7 @@ boost::asio::awaitable<std::optional<IpcEventBytes>> execute(Call& call, Operati
   if (error) std::rethrow_exception(error);
   co_return event;
 }
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+STATEPOOL_COROUTINES_END
 
 flatbuffers::Offset<flatbuffers::Vector<std::uint8_t>> event_bytes(
     Call& call, const std::optional<IpcEventBytes>& event) {

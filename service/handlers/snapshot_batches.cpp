@@ -19,6 +19,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "exec/async.hpp"
+#include "handlers/coroutine_frames.hpp"
 #include "handlers/handlers.hpp"
 #include "handlers/snapshot_io.hpp"
 #include "statepool/protocol/convert.hpp"
@@ -172,14 +173,7 @@ wire::SnapshotTier tier_of(std::string_view tier) {
 
 }  // namespace
 
-// GCC 12 inlines Asio's awaitable-frame allocation into these coroutines and then reads
-// the frame's operator delete (Asio's recycling allocator, which frees what aligned_alloc
-// returned) as a mismatch (-Wmismatched-new-delete), as in data.cpp: every awaitable frame
-// is allocated and freed by that same pair.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
+STATEPOOL_COROUTINES_BEGIN
 
 namespace {
 
@@ -615,8 +609,6 @@ Handled handle(Call& call, const wire::GetSnapshots& in) {
       wire::CreateGetSnapshotsReply(b, b.CreateVector(results), hits, written));
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+STATEPOOL_COROUTINES_END
 
 }  // namespace statepool::service

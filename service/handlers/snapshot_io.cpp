@@ -6,11 +6,14 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "exec/async.hpp"
+#include "handlers/coroutine_frames.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/support/status.hpp"
 #include "store/snapshot_value.hpp"
 
 namespace statepool::service {
+
+STATEPOOL_COROUTINES_BEGIN
 
 std::string bytes_of(const flatbuffers::Vector<std::uint8_t>* bytes) {
   if (bytes == nullptr) return {};
@@ -103,5 +106,7 @@ std::shared_ptr<SnapshotTierHold> tier_hold(const ServerContext& s) {
 kernels::BufferRef read_only(std::span<const std::byte> bytes) {
   return host_buffer({const_cast<std::byte*>(bytes.data()), bytes.size()});  // NOLINT
 }
+
+STATEPOOL_COROUTINES_END
 
 }  // namespace statepool::service
