@@ -4,14 +4,14 @@
 state is the same small header (magic, format version, digest of the KV geometry), written once
 into a slot of this connection and copied by the daemon into each entry (``SnapshotPutEntry(
 slot=...)``), so that a get reads only the KV range. ``_StateArena``: the arena of the model's
-state layout. ``_StagingArea``: the staging buffer of the one-copy path, grown on demand up to
-``staging_mib``. ``register_region``: a memory file of SGLang's lent to the daemon.
+state layout. ``register_region``: a memory file of SGLang's lent to the daemon. (The staging
+buffer of the one-copy path is ``_daemon_link.StagingArea``.)
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import List, Optional, Tuple
+from typing import List
 
 import torch
 
@@ -75,41 +75,6 @@ class _StateArena:
         arena = conn.open_arena(info, settings.state_arena_pages)
         self.id = arena.id
         arena.close()  # only its id is used: no mapping of it kept in this process
-
-
-class _StagingArea:
-    """The one-copy path's staging buffer of one connection: grows to what a batch needs, up
-    to ``cap`` bytes (more only for a single page or state that is larger)."""
-
-    def __init__(self, cap: int):
-        self.cap = cap
-        self.staging: Optional[statepool.Staging] = None
-        self.bytes: Optional[torch.Tensor] = None  # uint8 view of all of it
-
-    def fit(self, each: int, count: int) -> int:
-        """How many items of ``each`` bytes one staged batch may hold (at least one)."""
-        return max(1, min(count, self.cap // max(1, each)))
-
-    def get(self, conn: statepool.Connection, nbytes: int) -> Tuple[int, torch.Tensor]:
-        """(staging id, uint8 tensor) of at least ``nbytes`` bytes."""
-        if self.staging is None or self.staging.size < nbytes:
-            self.close()
-            size = 1 << max(20, (nbytes - 1).bit_length())
-            if size > self.cap:
-                size = max(nbytes, self.cap)
-            self.staging = conn.open_staging(size)
-            self.bytes = torch.from_dlpack(self.staging.view("uint8", (self.staging.size,), 0))
-        assert self.bytes is not None
-        return self.staging.id, self.bytes
-
-    def close(self) -> None:
-        self.bytes = None  # the view first: it keeps the mapping
-        if self.staging is not None:
-            try:
-                self.staging.close()
-            except Exception:  # noqa: BLE001 - a view still alive, or the connection broke
-                pass
-            self.staging = None
 
 
 def register_region(conn: statepool.Connection, region: SharedRegion,

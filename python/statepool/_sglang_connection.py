@@ -5,79 +5,38 @@ scheduler) and takes no lock around it. Each calling thread gets a ``_Session`` 
 (``threading.local``): a connection, the arenas opened on it, the memory of SGLang's lent to the
 daemon on it, and its staging buffer, so that no thread waits for another's round trip. A
 session that loses its connection drops all of it and connects again on a later call, at most
-once per ``retry_interval``. ``_Reporter`` logs the first failure of a kind (shared by every
-session: one warning, not one per thread) and its recovery; ``_Down``: no connection now.
+once per ``retry_interval``. The per-thread sessions, the reconnection, the failure kinds and
+their reporting (``Reporter``: the first failure of a kind logged once, not once per thread,
+and its recovery; ``Down``: no connection now) are ``_daemon_link``'s, shared with
+statepool.vllm; this module adds what an SGLang session holds and the backend's own failure
+kind (``unsupported``).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
-import weakref
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import statepool
 
-from ._sglang_arenas import _KvArena, _StagingArea, _StateArena, register_region
+from ._daemon_link import Reporter, Session, Sessions
+from ._sglang_arenas import _KvArena, _StateArena, register_region
 from ._sglang_pools import _Unsupported
 from ._sglang_settings import Settings
 from ._sglang_shm import SharedRegion
 
-# The public module's logger: the backend logs under the name "statepool.sglang".
-logger = logging.getLogger("statepool.sglang")
-
-# Failure kinds a call that went through clears.
-CALL_KINDS = ("daemon", "capacity", "refused", "error")
-
-
-class _Down(Exception):
-    """No connection right now (the failure was reported when it was lost)."""
-
-
-class _Reporter:
-    """The first failure of a kind is logged as a warning, then nothing until it recovers
-    (logged once too). Shared by every session; ``count`` counts every failure."""
-
-    def __init__(self, count: Callable[[], None]):
-        self._lock = threading.Lock()
-        self._reported: Dict[str, str] = {}
-        self._count = count
-
-    def report(self, kind: str, message: str) -> None:
-        self._count()
-        with self._lock:
-            if kind in self._reported:
-                return
-            self._reported[kind] = message
-        logger.warning("statepool HiCache storage: %s (further %s failures are not logged "
-                       "until it recovers)", message, kind)
-
-    def recovered(self, *kinds: str) -> None:
-        if not self._reported:  # the usual case, without the lock
-            return
-        with self._lock:
-            back = [k for k in kinds if self._reported.pop(k, None) is not None]
-        for kind in back:
-            logger.warning("statepool HiCache storage: recovered (%s)", kind)
-
-
-class _Session:
+class _Session(Session):
     """One thread's connection and what is set up on it; dropped whole when it is lost."""
 
     def __init__(self, staging_cap: int):
-        self.conn: Optional[statepool.Connection] = None
+        super().__init__(staging_cap)
         self.generation = -1
-        self.next_connect = 0.0
-        self.connects = 0
         self.kv_arena: Optional[_KvArena] = None
         self.state_arena: Optional[_StateArena] = None
         # fd of SGLang's memory file -> the registration (None: the daemon refused it)
         self.memory: Dict[int, Optional[statepool.Staging]] = {}
-        self.staging = _StagingArea(staging_cap)
 
     def memory_id(self, region: Optional[SharedRegion], name: str,
-                  reporter: _Reporter) -> Optional[int]:
+                  reporter: Reporter) -> Optional[int]:
         """The staging id of ``region`` lent to the daemon on this connection (registered at
         its first use), or None: one copy (not shared memory, or the daemon refused it)."""
         if region is None or self.conn is None:
@@ -106,99 +65,42 @@ class _Session:
         self.kv_arena = None
         self.state_arena = None
         self.forget_memory()
-        self.staging.close()
-
-    def close(self) -> None:
-        # What lives on the connection first (views keep mappings), then the socket.
-        self.drop_resources()
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
-            self.conn = None
+        super().drop_resources()
 
 
-class _Sessions:
+class _Sessions(Sessions):
     """The sessions of one backend, one per calling thread."""
 
-    def __init__(self, settings: Settings, reporter: _Reporter,
+    integration = "statepool.sglang"
+
+    def __init__(self, settings: Settings, reporter: Reporter,
                  on_reconnect: Callable[[], None]):
-        self.settings = settings
-        self.reporter = reporter
-        self._on_reconnect = on_reconnect
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._all: "weakref.WeakSet[_Session]" = weakref.WeakSet()
+        super().__init__(settings, reporter, "sglang-hicache", settings.timeout, False,
+                         on_reconnect)
         self.generation = 0
-        self.closed = False
 
     def invalidate(self) -> None:
         """The host pools changed: every session sets its arenas and memory up again."""
         with self._lock:
             self.generation += 1
 
-    def mine(self) -> _Session:
-        s = getattr(self._local, "session", None)
-        if s is None:
-            s = _Session(self.settings.staging_mib * 2**20)
-            self._local.session = s
-            with self._lock:
-                self._all.add(s)
-        return s
+    def _new_session(self) -> _Session:
+        return _Session(self.settings.staging_mib * 2**20)
 
     def current(self) -> _Session:
-        """This thread's session, connected (``_Down`` when it cannot be now)."""
+        """This thread's session, connected (``Down`` when it cannot be now), with the
+        arenas and memory of the host pools registered last."""
         s = self.mine()
-        if self.closed:
-            raise _Down()
-        if s.generation != self.generation:
+        if not self.closed and s.generation != self.generation:
             s.drop_resources()
             s.generation = self.generation
-        if s.conn is not None:
-            return s
-        if time.monotonic() < s.next_connect:
-            raise _Down()
-        try:
-            conn = statepool.connect(self.settings.socket, tenant=self.settings.tenant,
-                                     client_name="sglang-hicache", timeout=self.settings.timeout)
-        except Exception as e:  # noqa: BLE001
-            s.next_connect = time.monotonic() + self.settings.retry_interval
-            self.fail("connect", e)
-            raise _Down() from None
-        if conn.max_batch_keys == 0:
-            conn.close()
-            s.next_connect = time.monotonic() + self.settings.retry_interval
-            self.reporter.report("daemon", f"the daemon ({conn.server}) speaks protocol "
-                                 "version 1; statepool.sglang needs version 2 (batched snapshot "
-                                 "requests): upgrade statepoold")
-            raise _Down()
-        if s.connects:
-            self._on_reconnect()
-        s.connects += 1
-        s.conn = conn
-        self.reporter.recovered("daemon")
-        return s
+        return super().current()
 
-    def fail(self, what: str, exc: BaseException) -> None:
-        """Reports a failed call of this thread; a lost connection is closed."""
-        if isinstance(exc, statepool.TransportError):
-            s = self.mine()
-            self.reporter.report("daemon", f"daemon unreachable during {what}: {exc}")
-            s.close()
-            s.next_connect = time.monotonic() + self.settings.retry_interval
-        elif isinstance(exc, (statepool.PoolExhausted, statepool.QuotaExceeded)):
-            self.reporter.report("capacity", f"{what}: {exc}")
-        elif isinstance(exc, statepool.DaemonError):
-            self.reporter.report("refused", f"{what} refused: {exc}")
-        elif isinstance(exc, _Unsupported):
-            self.reporter.report("unsupported", f"{what}: {exc}")
-        else:
-            self.reporter.report("error", f"{what}: {type(exc).__name__}: {exc}")
+    def connect_failed(self, exc: BaseException) -> None:
+        # A failed connection is reported as any failed call (the "connect" call).
+        self.fail("connect", exc)
 
-    def close_all(self) -> None:
-        self.closed = True
-        with self._lock:
-            sessions = list(self._all)
-        for s in sessions:
-            s.close()
+    def classify(self, what: str, exc: BaseException) -> Tuple[str, str]:
+        if isinstance(exc, _Unsupported):
+            return "unsupported", f"{what}: {exc}"
+        return super().classify(what, exc)

@@ -23,8 +23,9 @@ import torch
 
 import statepool
 
+from ._daemon_link import CALL_KINDS, Reporter, entry_kind
 from ._sglang_arenas import _KvArena, _StateArena
-from ._sglang_connection import CALL_KINDS, _Reporter, _Session, _Sessions
+from ._sglang_connection import _Session, _Sessions
 from ._sglang_metrics import _Metrics
 from ._sglang_pools import _KvGeometry, _MambaGeometry
 from ._sglang_settings import Settings
@@ -67,7 +68,7 @@ def _leading(results: Sequence, kv: bool) -> int:
 class _Pages:
     """The batch operations on one backend's pools (see the module docstring)."""
 
-    def __init__(self, sessions: _Sessions, metrics: _Metrics, reporter: _Reporter,
+    def __init__(self, sessions: _Sessions, metrics: _Metrics, reporter: Reporter,
                  settings: Settings, version: int):
         self.sessions = sessions
         self.metrics = metrics
@@ -97,14 +98,9 @@ class _Pages:
     def _entry_failure(self, s: _Session, what: str, r) -> str:
         """Reports a page that failed alone; returns its failure kind."""
         status, message = r.status, r.message
-        if status in (statepool.Status.pool_exhausted, statepool.Status.quota_exceeded):
-            kind = "capacity"
-        elif status == statepool.Status.not_finite:
-            kind = "not_finite"
-        else:
-            kind = "refused"
-            if "loan is broken" in message:
-                s.forget_memory()  # register SGLang's memory again at the next call
+        kind = entry_kind(status)
+        if kind == "refused" and "loan is broken" in message:
+            s.forget_memory()  # register SGLang's memory again at the next call
         self.reporter.report(kind, f"{what}: a page failed ({status.name}): {message}")
         return kind
 

@@ -1,24 +1,17 @@
 """The settings of statepool's SGLang backend (private to statepool.sglang, re-exported there).
 
 Below every other ``_sglang_*`` module: they take a ``Settings``, none imports the backend.
+The parsing and the checks shared with statepool.vllm are ``_daemon_link.settings_from_extra``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import statepool
 
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, str):
-        if value.strip().lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.strip().lower() in ("0", "false", "no", "off", ""):
-            return False
-        raise ValueError(f"not a boolean: {value!r}")
-    return bool(value)
+from ._daemon_link import settings_from_extra
 
 
 @dataclass
@@ -56,24 +49,4 @@ class Settings:
 
     @classmethod
     def from_extra_config(cls, extra: Optional[dict]) -> "Settings":
-        extra = dict(extra or {})
-        s = cls()
-        for f in fields(cls):
-            value = extra.get(f.name)
-            if value is None:
-                continue
-            default = getattr(s, f.name)
-            setattr(s, f.name, _as_bool(value) if isinstance(default, bool)
-                    else type(default)(value))
-        if s.state_codec not in statepool.CodecId.__members__:
-            raise ValueError(
-                f"statepool: unknown state_codec {s.state_codec!r}; one of "
-                f"{sorted(statepool.CodecId.__members__)}")
-        if s.kv_codec not in statepool.KvCodec.__members__:
-            raise ValueError(
-                f"statepool: unknown kv_codec {s.kv_codec!r}; one of "
-                f"{sorted(statepool.KvCodec.__members__)}")
-        if s.kv_arena_mib <= 0 or s.state_arena_pages < 0 or s.staging_mib <= 0:
-            raise ValueError("statepool: kv_arena_mib and staging_mib must be > 0, "
-                             "state_arena_pages >= 0")
-        return s
+        return settings_from_extra(cls, extra)

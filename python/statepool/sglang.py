@@ -41,8 +41,8 @@ Where the code is: this module has the backend's SGLang interface and the keys; 
 modules beside it hold the settings (``_sglang_settings``), the host pools as statepool sees
 them (``_sglang_pools``, with ``_sglang_shm`` finding their memory files), what a connection
 sets up in the daemon (``_sglang_arenas``), the per-thread connections and failure handling
-(``_sglang_connection``), the batched page moves (``_sglang_pages``) and the counters and
-SGLang's storage metrics (``_sglang_metrics``).
+(``_sglang_connection``, over ``_daemon_link``, which statepool.vllm shares), the batched page
+moves (``_sglang_pages``) and the counters and SGLang's storage metrics (``_sglang_metrics``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 import statepool
 
-from ._sglang_connection import _Down, _Reporter, _Sessions
+from ._daemon_link import Down, Reporter
+from ._sglang_connection import _Sessions
 from ._sglang_metrics import COUNTERS, _Metrics
 from ._sglang_pages import _Pages
 from ._sglang_pools import _KvGeometry, _MambaGeometry, _Unsupported
@@ -111,7 +112,8 @@ class StatepoolHiCacheStorage(HiCacheStorage):
         self._mamba_pool: Any = None
         self._mamba_refused = "no MAMBA host pool registered"
         self._metrics = _Metrics()
-        self._reporter = _Reporter(lambda: self._metrics.add(failures=1))
+        self._reporter = Reporter(logger, "statepool HiCache storage",
+                                  lambda: self._metrics.add(failures=1))
         self._sessions = _Sessions(self.settings, self._reporter,
                                    lambda: self._metrics.add(reconnects=1))
         self._pages = _Pages(self._sessions, self._metrics, self._reporter, self.settings,
@@ -214,7 +216,7 @@ class StatepoolHiCacheStorage(HiCacheStorage):
     def _guard(self, what: str, call: Callable[[], _T], default: _T) -> _T:
         try:
             return call()
-        except (_Down, _NotStored):
+        except (Down, _NotStored):
             return default
         except Exception as e:  # noqa: BLE001 - never into the engine
             self._sessions.fail(what, e)

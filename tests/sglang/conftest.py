@@ -1,31 +1,33 @@
 """Fixtures of the SGLang storage-backend tests: real statepoold processes (the Daemon helper of
-tests/python/conftest.py), real SGLang host pools on the CPU, and backends built through SGLang's
-own StorageBackendFactory. Runs in the venv of scripts/sglang-venv (tests/sglang/run-pytest)."""
+tests/python/conftest.py and the fixtures of tests/engine_fixtures.py, shared with tests/vllm),
+real SGLang host pools on the CPU, and backends built through SGLang's own
+StorageBackendFactory. Runs in the venv of scripts/sglang-venv (tests/sglang/run-pytest)."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import pathlib
-import shutil
-import signal
-import socket
-import subprocess
-import time
+import sys
 
 import pytest
 import torch
 
-SOURCE_DIR = pathlib.Path(os.environ.get("STATEPOOL_SOURCE_DIR",
-                                         pathlib.Path(__file__).resolve().parents[2]))
-
-# tests/python/conftest.py under another module name: its Daemon class, not its fixtures.
-_spec = importlib.util.spec_from_file_location("statepool_python_conftest",
-                                               SOURCE_DIR / "tests/python/conftest.py")
-python_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(python_conftest)
-Daemon = python_conftest.Daemon
+# tests/engine_fixtures.py (the statepoold fixtures shared with tests/vllm) under its own name.
+_spec = importlib.util.spec_from_file_location(
+    "statepool_engine_fixtures", pathlib.Path(__file__).resolve().parents[1] / "engine_fixtures.py")
+sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sys.modules[_spec.name])
+from statepool_engine_fixtures import (  # noqa: E402,F401 - for the tests, and fixtures
+    Daemon,
+    daemon,
+    free_port,
+    kill_daemon,
+    redis_server,
+    serve,
+    start_daemon,
+    stop_daemon_process,
+)
 
 from sglang.srt.mem_cache.device_pool_info import (  # noqa: E402
     KVBufferLayout,
@@ -43,7 +45,6 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
-POOL_CAPACITY = "512MiB"
 PAGE = 4  # tokens per KV page of kv_pool()
 
 
@@ -51,49 +52,6 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: a real SGLang engine end to end (tests/sglang/engine; ctest "
         "sglang.engine); `-m 'not slow'` leaves it out")
-
-
-def start_daemon(tmp: pathlib.Path, extra: list[str] | None = None) -> "Daemon":
-    tmp.mkdir(parents=True, exist_ok=True)
-    return Daemon(tmp, extra=(extra or []) + ["--max-arena-pages", "1048576"],
-                  pool_capacity=POOL_CAPACITY)
-
-
-def kill_daemon(d: "Daemon") -> None:
-    """SIGKILL: no drain, the socket file stays behind."""
-    d.process.send_signal(signal.SIGKILL)
-    d.process.wait()
-    d._log.close()
-
-
-def stop_daemon_process(d: "Daemon", timeout: float = 10) -> None:
-    """SIGSTOP, then wait until every thread of the daemon is really stopped (state T in
-    /proc/PID/task/*/stat): a signal is delivered asynchronously, and a request sent before
-    that would still be answered."""
-    d.process.send_signal(signal.SIGSTOP)
-    deadline = time.monotonic() + timeout
-    tasks = f"/proc/{d.process.pid}/task"
-    while True:
-        states = []
-        for tid in os.listdir(tasks):
-            try:
-                with open(f"{tasks}/{tid}/stat") as f:
-                    stat = f.read()
-            except FileNotFoundError:  # a thread that ended meanwhile
-                continue
-            states.append(stat[stat.rindex(")") + 2])  # the field after "(comm)"
-        if states and all(state in "Tt" for state in states):
-            return
-        assert time.monotonic() < deadline, f"statepoold did not stop: {states}"
-        time.sleep(0.005)
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    d = start_daemon(tmp_path_factory.mktemp("statepoold"))
-    yield d
-    code = d.stop()
-    assert code == 0, f"statepoold exited with {code}:\n{d.log()}"
 
 
 # -- SGLang host pools on the CPU -------------------------------------------------------------
@@ -199,40 +157,3 @@ def page_keys(chain: str, n: int) -> list[str]:
         prev = hashlib.sha256(prev + i.to_bytes(4, "little")).digest()
         keys.append(prev.hex())
     return keys
-
-
-# -- Redis -------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if not os.path.exists(binary):
-        pytest.skip("redis-server is not installed (scripts/deps --test installs it)")
-    port = free_port()
-    tmp = tmp_path_factory.mktemp("redis")
-    log = open(tmp / "redis.log", "w")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError("redis-server did not start:\n"
-                                   + (tmp / "redis.log").read_text())
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()

@@ -30,7 +30,7 @@ import time
 import zlib
 
 import pytest
-from conftest import free_port, start_daemon
+from conftest import free_port, serve, start_daemon
 
 from statepool.sglang import KEY_PREFIX
 
@@ -90,10 +90,7 @@ def model_dir(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def engine_daemon(tmp_path_factory):
-    d = start_daemon(tmp_path_factory.mktemp("statepoold-engine"))
-    yield d
-    code = d.stop()
-    assert code == 0, f"statepoold exited with {code}:\n{d.log()}"
+    yield from serve(start_daemon(tmp_path_factory.mktemp("statepoold-engine")))
 
 
 def extra_config(d, **overrides) -> dict:
