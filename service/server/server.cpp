@@ -336,6 +336,7 @@ void Server::start_session(local::socket socket) {
     session = std::make_shared<Session>(session_host_, std::move(socket), id);
     sessions_.emplace(id, session);
   }
+  session->claim_unattached();
   sessions_live_.fetch_add(1);
   if (metrics_ != nullptr) metrics_->client_connected();
   auto executor = session->socket_executor();

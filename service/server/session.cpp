@@ -138,10 +138,7 @@ asio::awaitable<void> Session::watchdog() {
   }
 }
 
-bool Session::enter_unattached() {
-  unattached_ = host_.unattached.enter(state_.uid);
-  return unattached_;
-}
+void Session::claim_unattached() { unattached_ = host_.unattached.enter(state_.uid); }
 
 void Session::leave_unattached() noexcept {
   if (!unattached_) return;
@@ -166,6 +163,7 @@ asio::awaitable<void> Session::hello_deadline() {
 asio::awaitable<void> Session::turn_away(Status status, const std::string& message,
                                          const char* reason) {
   busy_ = true;
+  leave_unattached();
   if (host_.metrics != nullptr) host_.metrics->connection_refused(reason);
   co_await refuse(status, message);
   close();
@@ -343,8 +341,9 @@ asio::awaitable<void> Session::run() {
   }
   // Until Hello attaches it to a tenant, a connection holds one of its uid's small budget
   // of such connections, and only for --hello-timeout: one user's silent connections can
-  // neither take every slot nor keep other users (root included) out.
-  if (!enter_unattached()) {
+  // neither take every slot nor keep other users (root included) out. The place was
+  // claimed at accept (claim_unattached), in arrival order.
+  if (!unattached_) {
     co_await turn_away(
         Status::too_many_connections,
         support::cat("uid ", state_.uid, " already has ",

@@ -40,6 +40,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_when_idle();
   /// Posts to the loop: close now.
   void close_now();
+  /// Claims one of the peer uid's places before Hello. The server calls it as it accepts,
+  /// so places go in the order connections arrived; run() turns the connection away when
+  /// it got none.
+  void claim_unattached();
   [[nodiscard]] std::uint64_t id() const noexcept { return state_.id; }
   [[nodiscard]] boost::asio::any_io_executor socket_executor() { return socket_.get_executor(); }
 
@@ -47,8 +51,6 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<void> watchdog();
   /// Closes the connection if Hello has not completed within --hello-timeout.
   boost::asio::awaitable<void> hello_deadline();
-  /// Claims one of the peer uid's connections before Hello; false when they are all taken.
-  [[nodiscard]] bool enter_unattached();
   /// Ends this connection's claim on that budget (once).
   void leave_unattached() noexcept;
   /// refuse() then close(), counting the refusal under `reason`.
