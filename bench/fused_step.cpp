@@ -2,7 +2,8 @@
 // per layer and token, side by side for every page codec, against the fp32 pages of the
 // same step and against a parallel memcpy measured in the same run.
 //
-//   bench_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--threads N] [--steps N]
+//   bench_fused_step [--batches LIST] [--codecs LIST] [--modes LIST] [--every N] [--iters N]
+//                    [--threads N] [--steps N]
 //
 // Shapes (one linear layer, K = V = 128):
 //   qwen3-next  GDN, 32 value heads, 16 q/k heads, one gate per head
@@ -16,6 +17,10 @@
 // call must move (each page's layer read and written once, plus q, k, v, gates, beta and
 // outputs) per second, "x copy" = that rate over the rate at which a memcpy of the
 // batch's FP32 layer bytes moves bytes (read + write), with the same threads.
+// --modes full,light prints one table per step mode (docs/codecs.md, "Step modes"): the
+// light table times light steps alone (a step whose number is not a multiple of
+// --every); a page's mean over N steps is ((N - 1) light + full) / N. fp32, bf16 and int8
+// have no light form: their rows measure the same step in both tables.
 
 #include <algorithm>
 #include <cstdio>
@@ -23,6 +28,7 @@
 #include <exception>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,14 +56,18 @@ struct Options {
   std::uint32_t iters = 5;
   std::uint32_t threads = 0;
   std::uint32_t steps = 32;
+  std::string modes = "full";
+  std::uint32_t every = 16;
 };
 
 constexpr const char* kUsage =
-    "usage: bench_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--threads N]\n"
-    "                        [--steps N]\n"
+    "usage: bench_fused_step [--batches LIST] [--codecs LIST] [--modes LIST] [--every N]\n"
+    "                        [--iters N] [--threads N] [--steps N]\n"
     "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
     "  --codecs LIST   comma-separated codecs, fp32 first for the x fp32 column\n"
     "                  (default fp32,bf16,int8,stepquant6,stepquant4)\n"
+    "  --modes LIST    step modes, one table each: full, light (default full)\n"
+    "  --every N       light mode: the full fit on every N-th step (default 16)\n"
     "  --iters N       timed calls per measurement, median reported (default 5)\n"
     "  --threads N     threads per call, the caller's included (default: every core)\n"
     "  --steps N       recurrence steps of the synthetic starting state (default 32)\n";
@@ -69,6 +79,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   cli.add_options()
       ("batches", boost::program_options::value(&o.batches))
       ("codecs", boost::program_options::value(&o.codecs))
+      ("modes", boost::program_options::value(&o.modes))
+      ("every", bounded(o.every, 2, 1000000))
       ("iters", bounded(o.iters, 1, 1000000))
       ("threads", bounded(o.threads, 0, 4096))
       ("steps", bounded(o.steps, 1, 1000000));
@@ -78,6 +90,7 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
 
 statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, CodecId id,
                                   std::uint32_t batch, const Options& o,
+                                  const statepool::kernels::StepPolicy& policy,
                                   statepool::support::WorkerPool* pool) {
   const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_fused_step"));
   const StateLayout& l = codec.layout();
@@ -100,7 +113,8 @@ statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, Code
   }
   statepool::bench::StepRow m;
   m.seconds = median_seconds(o.iters, [&] {
-    const auto result = statepool::kernels::fused_step(codec, 0, pages, inputs, parallel);
+    const auto result =
+        statepool::kernels::fused_step(codec, 0, pages, inputs, parallel, policy);
     if (!result.ok()) throw std::runtime_error("a state became non-finite");
   });
   m.layer_bytes = static_cast<double>(codec.conv_offset());
@@ -139,8 +153,20 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   statepool::bench::StepLists lists;
+  std::vector<statepool::kernels::StepMode> modes;
   try {
     lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
+    std::stringstream in(o.modes);
+    for (std::string mode; std::getline(in, mode, ',');) {
+      if (mode == "full") {
+        modes.push_back(statepool::kernels::StepMode::full);
+      } else if (mode == "light") {
+        modes.push_back(statepool::kernels::StepMode::light);
+      } else {
+        throw std::invalid_argument("--modes: unknown mode '" + mode + "' (full, light)");
+      }
+    }
+    if (modes.empty()) throw std::invalid_argument("--modes is empty");
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_fused_step", e.what(), kUsage);
   }
@@ -155,12 +181,25 @@ int main(int argc, char** argv) {
         "synthetic states (%u steps) and synthetic stepquant plans (unit impact)\n",
         threads, o.iters, o.steps);
 
-    statepool::bench::print_step_tables(
-        lists.batches, lists.codecs, "ms", "memcpy",
-        [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
-        [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
-          return measure(shape, id, batch, o, pool);
-        });
+    for (const statepool::kernels::StepMode mode : modes) {
+      statepool::kernels::StepPolicy policy;
+      policy.mode = mode;
+      policy.full_every = o.every;
+      policy.step = 1;  // a light step (never a multiple of --every)
+      if (mode == statepool::kernels::StepMode::light) {
+        std::printf("\n== step mode light: light steps (the fit without the refit); the full "
+                    "fit runs on 1 step in %u\n",
+                    o.every);
+      } else if (modes.size() > 1) {
+        std::printf("\n== step mode full: the full fit every step\n");
+      }
+      statepool::bench::print_step_tables(
+          lists.batches, lists.codecs, "ms", "memcpy",
+          [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },
+          [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
+            return measure(shape, id, batch, o, policy, pool);
+          });
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_fused_step: %s\n", e.what());

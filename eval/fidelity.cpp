@@ -68,7 +68,7 @@ CodecResult run_case(const std::shared_ptr<const Model>& model, std::span<const 
   const auto start = std::chrono::steady_clock::now();
   const kn::PageCodec codec(model->layout(c.spec, c.plan));
   const kn::PageCodec exact(model->layout(kn::CodecSpec{kn::CodecId::fp32}));
-  Decoder approx(model, codec);
+  Decoder approx(model, codec, c.policy);
   Decoder reference(model, exact);
   CodecResult r;
   r.name = c.name;
@@ -99,6 +99,9 @@ CodecResult run_case(const std::shared_ptr<const Model>& model, std::span<const 
   r.nll = nll / n;
   r.agreement = static_cast<double>(agree) / n;
   r.output_error = tv / n;
+  const auto stepped = static_cast<double>(std::max<std::size_t>(approx.stepped_heads(), 1));
+  r.light_fraction = static_cast<double>(approx.light_heads()) / stepped;
+  r.fallback_fraction = static_cast<double>(approx.fallback_heads()) / stepped;
   greedy(approx, text, o, &fp32_generated, &r.divergence);
   r.rejected_heads = approx.rejected_heads();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -344,8 +344,9 @@ Reference load_reference(const Model& model) {
   return ref;
 }
 
-Decoder::Decoder(std::shared_ptr<const Model> model, const kn::PageCodec& codec)
-    : model_(std::move(model)), codec_(codec) {
+Decoder::Decoder(std::shared_ptr<const Model> model, const kn::PageCodec& codec,
+                 const kn::StepPolicy& policy)
+    : model_(std::move(model)), codec_(codec), policy_(policy) {
   const ModelConfig& c = model_->config();
   const kn::StateLayout& l = codec.layout();
   if (l.arch != c.arch || l.num_layers != c.layers || l.num_heads != c.heads ||
@@ -381,6 +382,7 @@ std::size_t Decoder::state_values() const noexcept {
 void Decoder::reset() {
   const std::vector<std::byte> zero(codec_.staged_bytes(kn::DType::f32));
   codec_.encode(zero, kn::DType::f32, page_);
+  steps_ = 0;
 }
 
 void Decoder::state(std::span<float> out) const {
@@ -427,7 +429,13 @@ std::span<const float> Decoder::step(std::uint32_t token) {
     step.log_decay = in.g;
     step.beta = in.beta;
     step.out = out_;
-    rejected_ += kn::fused_step(codec_, l, std::span(&page, 1), step).rejected_heads;
+    kn::StepPolicy policy = policy_;
+    policy.step = steps_;
+    const kn::StepResult result = kn::fused_step(codec_, l, std::span(&page, 1), step, {}, policy);
+    rejected_ += result.rejected_heads;
+    stepped_ += h;
+    light_ += result.light_heads;
+    fallback_ += result.fallback_heads;
     for (std::size_t head = 0; head < h; ++head) {
       rms_norm(out_.data() + head * vd, vd, w.o_norm, c.rms_eps, o_.data() + head * vd);
     }
@@ -439,6 +447,7 @@ std::span<const float> Decoder::step(std::uint32_t token) {
     matvec(w.down, d, c.mlp_hidden, hidden_.data(), h_.data());
     for (std::size_t i = 0; i < d; ++i) x_[i] += h_[i];
   }
+  ++steps_;
   rms_norm(x_.data(), d, model_->final_norm(), c.rms_eps, h_.data());
   matvec(model_->embed(), c.vocab, d, h_.data(), logits_.data());
   return logits_;

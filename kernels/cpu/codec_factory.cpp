@@ -131,6 +131,14 @@ bool Codec::encode_head_checked(std::uint32_t layer, std::uint32_t head, std::sp
   return true;
 }
 
+LightEncode Codec::encode_head_light(std::uint32_t layer, std::uint32_t head,
+                                     std::span<const float> src, std::span<const std::byte>,
+                                     std::span<std::byte> dst, const LightOptions&,
+                                     const StepUpdate&) const {
+  return encode_head_checked(layer, head, src, dst) ? LightEncode::full_fit
+                                                    : LightEncode::non_finite;
+}
+
 std::size_t Codec::encode_staged_head(std::uint32_t layer, std::uint32_t head, const std::byte* src,
                                       DType dtype, std::span<std::byte> dst, float& bad) const {
   // A fit reads its values several times: from a copy of this thread's own.

@@ -1,13 +1,14 @@
 // The fused decode step on the host (fused_step.hpp): per (request, head), the codec's
 // decode_head into a per-thread FP32 scratch head, step_head (the AVX2/baseline clones of
-// step_internal.hpp), and the codec's encode_head_checked into a scratch copy of the
-// head's bytes, which replaces the page's bytes only when the new state is finite. fp32
+// step_internal.hpp), and the codec's encode_head_checked (encode_head_light on a light
+// step of StepMode::light) into a scratch copy of the head's bytes, which replaces the page's bytes only when the new state is finite. fp32
 // pages skip the second scratch: the FP32 scratch is checked, then copied into the page
 // (an fp32 head is exactly K V floats, no padding).
 
 #include "statepool/kernels/fused_step.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -85,7 +86,7 @@ void check_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte
 
 StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
                             std::span<std::byte* const> pages, const StepInputs& in,
-                            std::size_t first, std::size_t last) {
+                            std::size_t first, std::size_t last, const StepPolicy& policy) {
   const StateLayout& l = codec.layout();
   const Codec& c = codec.codec();
   const std::uint32_t K = l.key_dim;
@@ -94,6 +95,8 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
   const std::uint32_t group = H / qk_heads_of(l, in);
   const bool kda = l.arch == Arch::kda;
   const bool raw_fp32 = c.id() == CodecId::fp32;
+  const bool light = policy.mode == StepMode::light &&
+                       (policy.full_every == 0 || policy.step % policy.full_every != 0);
   const std::size_t values = std::size_t{K} * V;
   Scratch& s = scratch(l);
   StepResult result;
@@ -125,7 +128,24 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
       if (finite) std::memcpy(page_head, state.data(), values * sizeof(float));
     } else {
       if (s.head.size() < bytes) s.head.resize(bytes);
-      finite = c.encode_head_checked(layer, head, state, {s.head.data(), bytes});
+      if (light) {
+        StepUpdate update;
+        update.k = {k, K};
+        update.u = {s.residual.data(), V};
+        if (kda) {
+          const float* g = in.log_decay.data() + item * K;
+          update.decay_max = std::exp(*std::max_element(g, g + K));
+        } else {
+          update.decay_max = std::exp(in.log_decay[item]);
+        }
+        const LightEncode how = c.encode_head_light(layer, head, state, {page_head, bytes},
+                                                    {s.head.data(), bytes}, policy.light, update);
+        finite = how != LightEncode::non_finite;
+        result.light_heads += how == LightEncode::light ? 1 : 0;
+        result.fallback_heads += how == LightEncode::fell_back ? 1 : 0;
+      } else {
+        finite = c.encode_head_checked(layer, head, state, {s.head.data(), bytes});
+      }
       if (finite) std::memcpy(page_head, s.head.data(), bytes);
     }
     if (!finite) {
@@ -139,6 +159,8 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
 }
 
 void merge(StepResult& into, const StepResult& other) noexcept {
+  into.light_heads += other.light_heads;
+  into.fallback_heads += other.fallback_heads;
   if (other.rejected_heads == 0) return;
   const bool earlier = into.rejected_heads == 0 ||
                        other.first_rejected_request < into.first_rejected_request ||
@@ -153,17 +175,19 @@ void merge(StepResult& into, const StepResult& other) noexcept {
 
 StepResult fused_step(const PageCodec& codec, std::uint32_t layer,
                       std::span<std::byte* const> pages, const StepInputs& in,
-                      const ParallelFor& parallel) {
+                      const ParallelFor& parallel, const StepPolicy& policy) {
   check_step(codec, layer, pages, in);
   const std::size_t items = std::size_t{in.batch} * codec.layout().num_heads;
-  if (!parallel || items <= 1) return fused_step_items(codec, layer, pages, in, 0, items);
+  if (!parallel || items <= 1) {
+    return fused_step_items(codec, layer, pages, in, 0, items, policy);
+  }
   std::mutex mutex;
   StepResult result;
   // One head is tens of microseconds of work: chunks of a few heads keep the claiming
   // cheap and the load balanced.
   const std::size_t grain = std::clamp<std::size_t>(items / 64, 1, 8);
   parallel(items, grain, [&](std::size_t first, std::size_t last) {
-    const StepResult part = fused_step_items(codec, layer, pages, in, first, last);
+    const StepResult part = fused_step_items(codec, layer, pages, in, first, last, policy);
     const std::lock_guard lock(mutex);
     merge(result, part);
   });

@@ -5,7 +5,9 @@
 // encode computed (test_codec_conformance.cpp holds every codec to that).
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -18,6 +20,7 @@
 #include "statepool/kernels/numeric.hpp"
 #include "statepool/kernels/packing.hpp"
 #include "statepool/kernels/stepquant/fit.hpp"
+#include "statepool/kernels/stepquant/fit_math.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 
@@ -62,6 +65,8 @@ struct Scratch {
   HeadFit fit;
   std::vector<std::uint8_t> widths;
   std::vector<std::uint8_t> u;
+  std::vector<float> columns;  // a light step's previous column scales (LightFit::carried)
+  std::vector<float> rows;     // and row scales (LightFit::grown)
 };
 
 Scratch& scratch() {
@@ -231,6 +236,51 @@ class StepQuantCodec final : public Codec {
     return encode(layer, head, src, dst, true);
   }
 
+  // The dual-axis variants (full, spatial_only, no_refit) have a light form, except a GDN
+  // head of pivots (no scales); temporal_only heads have no column scales.
+  [[nodiscard]] LightEncode encode_head_light(std::uint32_t layer, std::uint32_t head,
+                                              std::span<const float> src,
+                                              std::span<const std::byte> previous,
+                                              std::span<std::byte> dst, const LightOptions& options,
+                                              const StepUpdate& update) const override {
+    check(layer, head, src.size(), dst.size());
+    check(layer, head, src.size(), previous.size());
+    const auto widths = row_widths(layer, head);
+    const auto full = [&](LightEncode how) {
+      return encode(layer, head, src, dst, true) ? how : LightEncode::non_finite;
+    };
+    if (variant_ == StepQuantVariant::temporal_only ||
+        (arch_ == Arch::gdn && widths[0] == kPivotWidth)) {
+      return full(LightEncode::full_fit);
+    }
+    Scratch& s = scratch();
+    if (options.fit == LightFit::no_refit) {
+      stepquant::fit_head(arch_, src, key_dim_, value_dim_, widths,
+                          plan_->head_impact(layer, head), s.fit, stepquant::Refit::off);
+      if (!s.fit.finite) return LightEncode::non_finite;
+      write_head(arch_, s.fit, widths, dst, s.u);
+      return LightEncode::light;
+    }
+    // The column scales follow the K row scales (stepquant/format.hpp).
+    s.columns.resize(value_dim_);
+    decode_fp16(previous.data() + 2 * std::size_t{key_dim_}, value_dim_, s.columns.data());
+    const bool grown = options.fit == LightFit::grown;
+    if (grown && !grow_columns(widths, previous, update, s)) {
+      return full(LightEncode::fell_back);
+    }
+    const stepquant::CarriedStats stats =
+        stepquant::fit_head_carried(arch_, src, key_dim_, value_dim_, widths,
+                                    plan_->head_impact(layer, head), s.columns,
+                                    grown ? stepquant::RowRule::absmax : options.rule, s.fit);
+    if (!s.fit.finite) return LightEncode::non_finite;
+    const bool clamps = options.clamp_fraction < 1.0f &&
+                        static_cast<float>(stats.worst_row_clamps) >
+                            options.clamp_fraction * static_cast<float>(value_dim_);
+    if (stats.lost_values > 0 || clamps) return full(LightEncode::fell_back);
+    write_head(arch_, s.fit, widths, dst, s.u);
+    return LightEncode::light;
+  }
+
   void decode_head(std::uint32_t layer, std::uint32_t head, std::span<const std::byte> src,
                    std::span<float> dst) const override {
     check(layer, head, dst.size(), src.size());
@@ -254,6 +304,34 @@ class StepQuantCodec final : public Codec {
     }
     if (checked && !s.fit.finite) return false;
     write_head(arch_, s.fit, widths, dst, s.u);
+    return true;
+  }
+
+  // LightFit::grown: c'_j = fp16(a c_j + m |u_j|), m = max_i |k_i| / (r_i q_i) over the
+  // non-pivot rows, from the previous row scales r_i: every |S'_ij| <= r_i q_i c'_j, so the
+  // previous row scales would code the new state without a clamp. False when m is not
+  // finite (a row scale of 0 under a non-zero k_i, or garbage scales).
+  bool grow_columns(std::span<const std::uint8_t> widths, std::span<const std::byte> previous,
+                    const StepUpdate& update, Scratch& s) const {
+    if (update.k.size() != key_dim_ || update.u.size() != value_dim_) return false;
+    const bool grid8 = arch_ == Arch::kda;
+    std::vector<float>& rows = s.rows;
+    rows.resize(key_dim_);
+    decode_fp16(previous.data(), key_dim_, rows.data());
+    float m = 0.0f;
+    for (std::uint32_t i = 0; i < key_dim_; ++i) {
+      if (widths[i] == kPivotWidth) continue;
+      const float limit = rows[i] * static_cast<float>(stepquant::row_code_limit(grid8, widths[i]));
+      const float ki = std::fabs(update.k[i]);
+      if (ki == 0.0f) continue;
+      const float ratio = ki / limit;
+      if (!(ratio <= std::numeric_limits<float>::max())) return false;
+      m = std::max(m, ratio);
+    }
+    for (std::uint32_t j = 0; j < value_dim_; ++j) {
+      const float c = std::isfinite(s.columns[j]) && s.columns[j] > 0.0f ? s.columns[j] : 0.0f;
+      s.columns[j] = stepquant::fp16_sat(update.decay_max * c + m * std::fabs(update.u[j]));
+    }
     return true;
   }
 

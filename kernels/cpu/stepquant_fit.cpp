@@ -242,6 +242,64 @@ void encode_refit_row(const float* x, std::uint32_t n, float a, const float* b, 
   }
 }
 
+// The carried fit's pass over one row before its scale: the bits of max_j |x_j| b_j and of
+// max_j |x_j| (the finite check: |x| bits of Inf and NaN are the largest).
+STATEPOOL_SIMD_CLONES void carried_row_max(const float* x, std::uint32_t n, const float* b,
+                                           std::uint32_t& ratio_max, std::uint32_t& abs_max) {
+  std::int32_t ratio = 0;
+  std::int32_t magnitude = 0;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    ratio = std::max(ratio, static_cast<std::int32_t>(column_ratio_bits(x[j], b[j])));
+    magnitude = std::max(magnitude, static_cast<std::int32_t>(abs_bits(x[j])));
+  }
+  ratio_max = static_cast<std::uint32_t>(ratio);
+  abs_max = static_cast<std::uint32_t>(magnitude);
+}
+
+// Non-zero values of one row in the columns whose factor b_j is 0.
+STATEPOOL_SIMD_CLONES std::uint32_t lost_in_row(const float* x, std::uint32_t n, const float* b) {
+  std::uint32_t lost = 0;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    lost += static_cast<std::uint32_t>(abs_bits(x[j]) != 0) &
+            static_cast<std::uint32_t>(float_bits(b[j]) == 0);
+  }
+  return lost;
+}
+
+// Step 3 for one row, counting the quotients beyond `limit` (clamp_limit).
+template <bool FourLevel>
+STATEPOOL_FORCE_INLINE std::uint32_t encode_count_row_body(const float* x, std::uint32_t n,
+                                                           float a, const float* b,
+                                                           std::uint32_t qmax, float limit,
+                                                           std::int32_t* z) {
+  std::uint32_t clamped = 0;
+  for (std::uint32_t j = 0; j < n; ++j) {
+    const float t = mul_f32(mul_f32(x[j], a), b[j]);
+    z[j] = row_level<FourLevel>(t, qmax);
+    clamped += static_cast<std::uint32_t>(abs_f32(t) > limit);
+  }
+  return clamped;
+}
+
+STATEPOOL_SIMD_CLONES std::uint32_t encode_count_row_levels(const float* x, std::uint32_t n,
+                                                            float a, const float* b,
+                                                            std::uint32_t qmax, float limit,
+                                                            std::int32_t* z) {
+  return encode_count_row_body<false>(x, n, a, b, qmax, limit, z);
+}
+
+STATEPOOL_SIMD_CLONES std::uint32_t encode_count_row_four_level(const float* x, std::uint32_t n,
+                                                                float a, const float* b,
+                                                                std::int32_t* z) {
+  return encode_count_row_body<true>(x, n, a, b, 0, clamp_limit(2), z);
+}
+
+std::uint32_t encode_count_row(const float* x, std::uint32_t n, float a, const float* b,
+                               std::uint32_t bits, std::int32_t* z) {
+  if (bits == 2) return encode_count_row_four_level(x, n, a, b, z);
+  return encode_count_row_levels(x, n, a, b, code_qmax(bits), clamp_limit(bits), z);
+}
+
 // x_j = (r c_j) (g z_j), the dual-axis reconstruction of one row.
 STATEPOOL_SIMD_CLONES void reconstruct_dual_row(const std::int32_t* z, std::size_t n, float r,
                                                 const float* c, std::int32_t g, float* x) {
@@ -377,6 +435,70 @@ void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
   check_impact(impact, key_dim);
   fit_dual(head, key_dim, value_dim, row_widths, impact,
            {.grid8 = arch == Arch::kda, .refit = refit == Refit::on}, out);
+}
+
+CarriedStats fit_head_carried(Arch arch, std::span<const float> head, std::uint32_t key_dim,
+                              std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
+                              std::span<const float> impact, std::span<const float> col_scale,
+                              RowRule rule, HeadFit& out) {
+  check_shape(head, key_dim, value_dim);
+  check_widths(arch, row_widths, key_dim);
+  check_impact(impact, key_dim);
+  if (col_scale.size() != value_dim) {
+    throw std::invalid_argument("stepquant carried fit: " + std::to_string(col_scale.size()) +
+                                " column scales, expected " + std::to_string(value_dim));
+  }
+  const std::size_t K = key_dim;
+  const std::size_t V = value_dim;
+  const bool grid8 = arch == Arch::kda;
+  out.kind = grid8 ? FitKind::dual_axis_grid8 : FitKind::dual_axis;
+  out.key_dim = key_dim;
+  out.value_dim = value_dim;
+  out.row_scale.assign(K, 0.0f);
+  out.codes.resize(K * V);
+  out.pivot_values.clear();
+  out.col_scale.resize(V);
+
+  thread_local std::vector<float> b;
+  b.resize(V);
+  bool lossy_columns = false;  // a usable scale has b_j > 0; the others are stored as 0
+  for (std::size_t j = 0; j < V; ++j) {
+    b[j] = column_code_factor(col_scale[j]);
+    out.col_scale[j] = b[j] > 0.0f ? col_scale[j] : 0.0f;
+    lossy_columns = lossy_columns || b[j] == 0.0f;
+  }
+
+  CarriedStats stats;
+  std::uint32_t odd = 0;  // rows with a NaN or +-Inf
+  for (std::size_t i = 0; i < K; ++i) {
+    const float* x = head.data() + i * V;
+    const std::uint32_t bits = row_widths[i];
+    if (bits == kPivotWidth) {
+      const std::size_t at = out.pivot_values.size();
+      out.pivot_values.resize(at + V);
+      fp16_values(x, V, out.pivot_values.data() + at);
+      std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
+      odd |= static_cast<std::uint32_t>(
+          std::any_of(x, x + V, [](float v) { return is_non_finite_bits(float_bits(v)); }));
+      continue;
+    }
+    std::uint32_t ratio_max = 0;
+    std::uint32_t abs_max = 0;
+    carried_row_max(x, value_dim, b.data(), ratio_max, abs_max);
+    odd |= static_cast<std::uint32_t>(abs_max >= 0x7F800000u);
+    const float w = impact.empty() ? 1.0f : impact[i];
+    const float r = rule == RowRule::absmax
+                        ? carried_row_scale(ratio_max, row_code_limit(grid8, bits), bits)
+                        : row_scale_from_sum(abs_lane_sum(x, value_dim), value_dim, w, bits);
+    out.row_scale[i] = r;
+    const std::uint32_t clamped =
+        encode_count_row(x, value_dim, code_row_factor(r, row_grid(grid8, bits)), b.data(), bits,
+                         out.codes.data() + i * V);
+    stats.worst_row_clamps = std::max(stats.worst_row_clamps, clamped);
+    if (lossy_columns) stats.lost_values += lost_in_row(x, value_dim, b.data());
+  }
+  out.finite = odd == 0;
+  return stats;
 }
 
 void fit_head_dsq(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,

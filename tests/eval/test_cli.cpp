@@ -92,6 +92,28 @@ TEST(EvalCli, TraceCalibrateRun) {
   EXPECT_NE(claims.find("\tstepquant6 is closer to FP32 than int6\n"), std::string::npos) << claims;
   EXPECT_NE(claims.find("\tstepquant6: both axes beat the temporal axis alone\n"),
             std::string::npos);
+
+  // The step modes (eval/step-modes): the full fit and each setting per window.
+  const Exit modes = eval(dir, {"modes", "--model", model, "--text", kEval + "/data/heldout.txt",
+                                "--plan6", dir.file("plan6.spqp"), "--offsets", "0,512",
+                                "--tokens", "64", "--every", "4,0", "--variants",
+                                "norefit,impact+clamp", "--tsv", dir.file("modes.tsv")});
+  ASSERT_EQ(modes.code, 0) << modes.stderr_text;
+  EXPECT_NE(modes.stdout_text.find("| 512 | stepquant6 light N=4 norefit |"), std::string::npos)
+      << modes.stdout_text;
+  EXPECT_NE(modes.stdout_text.find("| 0 | stepquant6 light N=inf impact+clamp |"),
+            std::string::npos)
+      << modes.stdout_text;
+  const std::string tsv = read_bytes(dir.file("modes.tsv"));
+  EXPECT_EQ(tsv.rfind("window\tcase\tppl_delta_pct\t", 0), 0u) << tsv;
+  // 2 windows x (the full fit + 2 periods x 2 settings), and the header.
+  EXPECT_EQ(std::count(tsv.begin(), tsv.end(), '\n'), 11) << tsv;
+  // With N = 4, three steps in four are cheap ones; the fit without the refit never
+  // falls back.
+  const auto at = tsv.find("0\tstepquant6 light N=4 norefit\t");
+  ASSERT_NE(at, std::string::npos) << tsv;
+  const std::string line = tsv.substr(at, tsv.find('\n', at) - at);
+  EXPECT_TRUE(line.ends_with("\t0.7500\t0.0000")) << line;
 }
 
 TEST(EvalCli, BadCommandLinesAndInputs) {
@@ -114,6 +136,14 @@ TEST(EvalCli, BadCommandLinesAndInputs) {
   EXPECT_EXIT_WITH(
       eval(dir, {"run", "--model", model, "--text", text, "--plan6", dir.file("none.spqp")}), 1,
       "none.spqp");
+  EXPECT_EXIT_WITH(eval(dir, {"modes", "--model", model, "--text", text}), 2,
+                   "give --plan6, --plan4 or both");
+  EXPECT_EXIT_WITH(eval(dir, {"modes", "--model", model, "--text", text, "--plan6", "x",
+                              "--variants", "absmax,fastest"}),
+                   2, "--variants: unknown 'fastest'");
+  EXPECT_EXIT_WITH(eval(dir, {"modes", "--model", model, "--text", text, "--plan6", "x",
+                              "--every", "4,x"}),
+                   2, "--every: 'x' is not a number");
   const Exit help = eval(dir, {"help", "run"});
   EXPECT_EQ(help.code, 0);
   EXPECT_NE(help.stdout_text.find("--plan6-nopivots"), std::string::npos);

@@ -42,9 +42,9 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
   const cal::TraceReader trace(trace_dir);
   ASSERT_EQ(trace.manifest().tokens, 2048u);
 
-  std::vector<ev::CodecCase> cases{{"fp32", {kn::CodecId::fp32}, nullptr},
-                                   {"int6", {kn::CodecId::int6}, nullptr},
-                                   {"int4", {kn::CodecId::int4}, nullptr}};
+  std::vector<ev::CodecCase> cases{{"fp32", {kn::CodecId::fp32}, nullptr, {}},
+                                   {"int6", {kn::CodecId::int6}, nullptr, {}},
+                                   {"int4", {kn::CodecId::int4}, nullptr, {}}};
   for (std::uint32_t bits : {6u, 4u}) {
     cal::CalibrateOptions options;
     options.plan.budget_bits = bits;
@@ -52,7 +52,7 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
     auto plan = std::make_shared<const sq::Plan>(cal::calibrate_trace(trace, options).plan);
     cases.push_back({"stepquant" + std::to_string(bits),
                      {bits == 6 ? kn::CodecId::stepquant6 : kn::CodecId::stepquant4},
-                     std::move(plan)});
+                     std::move(plan), {}});
   }
   ev::FidelityOptions options;
   options.tokens = 384;

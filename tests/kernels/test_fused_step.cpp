@@ -319,5 +319,72 @@ TEST(FusedStepDrift, ThousandStepsDriftAsTheUnfusedPath) {
   }
 }
 
+// The step modes (StepPolicy): the full mode is the full fit every step; the light mode
+// fits a page's heads lightly except on the steps whose number is a multiple of
+// full_every; its no_refit fit is the no_refit variant's encoding, bit for bit; a codec
+// without a light form (int8) encodes as always; the outputs come before the encode.
+TEST(FusedStep, LightStepsRunBetweenFullFitsAndCountThemselves) {
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    const auto plan = testing::make_plan(
+        arch, 1, 4, 32, 32, 6,
+        [](std::size_t u) { return static_cast<std::uint8_t>(u % 3 == 0 ? 8 : 6); },
+        testing::random_impact(8));
+    const PageCodec codec(testing::plan_layout(plan, CodecId::stepquant6));
+    StateLayout plain_layout = gdn_int8(1, 4, 32);
+    plain_layout.arch = arch;
+    const PageCodec plain(plain_layout);
+    StateLayout no_refit_layout = testing::plan_layout(plan, CodecId::stepquant6);
+    no_refit_layout.codec.variant = StepQuantVariant::no_refit;
+    const PageCodec no_refit(no_refit_layout);
+    for (const LightFit fit : {LightFit::no_refit, LightFit::carried, LightFit::grown}) {
+      auto full_pages = initial_pages(codec, 2, 300);
+      auto light_pages = full_pages;
+      auto plain_pages = initial_pages(plain, 2, 300);
+      const auto full_ptrs = pointers(full_pages);
+      const auto light_ptrs = pointers(light_pages);
+      const auto plain_ptrs = pointers(plain_pages);
+      for (std::uint64_t step = 0; step < 8; ++step) {
+        StepBatch in(codec.layout(), 2, 4, 400 + step);
+        StepBatch again = in;
+        StepPolicy light;
+        light.mode = StepMode::light;
+        light.full_every = 4;
+        light.step = step;
+        light.light.fit = fit;
+        // From the light pages as they are now, the no_refit variant's full step.
+        auto expected = light_pages;
+        StepBatch same = in;
+        const StepResult e = fused_step(no_refit, 0, pointers(expected), same.view());
+        const StepResult a = fused_step(codec, 0, full_ptrs, in.view());
+        const StepResult b = fused_step(codec, 0, light_ptrs, again.view(), {}, light);
+        ASSERT_TRUE(a.ok() && b.ok() && e.ok());
+        if (fit == LightFit::no_refit && step % 4 != 0) {
+          for (std::size_t r = 0; r < 2; ++r) {
+            EXPECT_EQ(testing::first_difference(light_pages[r], expected[r]), -1)
+                << "step " << step << " page " << r;
+          }
+        }
+        EXPECT_EQ(a.light_heads + a.fallback_heads, 0u);
+        if (step % 4 == 0) {
+          EXPECT_EQ(b.light_heads + b.fallback_heads, 0u) << "step " << step;
+        } else {
+          EXPECT_EQ(b.light_heads + b.fallback_heads, 8u) << "step " << step;
+        }
+        if (step == 0) {
+          EXPECT_EQ(testing::first_difference(light_pages[0], full_pages[0]), -1);
+        }
+        // The readout comes from the state before it is stored: the same in every mode
+        // until the stored states first differ (after the first light step).
+        if (step <= 1) {
+          EXPECT_TRUE(same_bits(in.out, again.out)) << "step " << step;
+        }
+        StepBatch third(plain.layout(), 2, 4, 400 + step);
+        const StepResult c = fused_step(plain, 0, plain_ptrs, third.view(), {}, light);
+        EXPECT_EQ(c.light_heads + c.fallback_heads, 0u);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace statepool::kernels

@@ -796,5 +796,91 @@ TEST(StepQuantFit, RejectsBadArguments) {
   EXPECT_THROW(reconstruct(Arch::kda, fit, widths({6, 8, 16}), short_out), std::invalid_argument);
 }
 
+// --- the carried fit (step modes, issue 47) -------------------------------------------------
+
+// With the column scales of the same head's fit before its refit, the row-impact rule
+// finds the same row scales, so the carried fit is that fit, bit for bit.
+TEST(StepQuantFit, CarriedImpactFitWithItsOwnFirstPassColumnsIsTheFirstPass) {
+  for (const Arch arch : {Arch::gdn, Arch::kda}) {
+    for (std::uint64_t seed = 0; seed < 3; ++seed) {
+      const std::uint32_t K = 64;
+      const std::uint32_t V = 48;
+      const auto x = arch == Arch::gdn ? gdn_head(K, V, 900 + seed) : kda_head(K, V, 900 + seed);
+      const auto w = impacts(K, 910 + seed);
+      const auto widths =
+          arch == Arch::gdn ? std::vector<std::uint8_t>(K, 4) : kda_widths(K, true, 920 + seed);
+      HeadFit first;
+      fit_head(arch, x, K, V, widths, w, first, Refit::off);
+      HeadFit carried;
+      const CarriedStats stats =
+          fit_head_carried(arch, x, K, V, widths, w, first.col_scale, RowRule::impact, carried);
+      EXPECT_EQ(stats.lost_values, 0u);
+      expect_bits_equal(carried.row_scale, first.row_scale, "row scales");
+      expect_bits_equal(carried.col_scale, first.col_scale, "column scales");
+      EXPECT_EQ(carried.codes, first.codes);
+      EXPECT_TRUE(carried.finite);
+    }
+  }
+}
+
+// The absmax rule puts each row's largest quotient at its top level: nothing clamps, and
+// on the head the columns were fitted for, the rows are no coarser than the first pass's
+// (whose columns bound every |x_ij| / (r_i q_i)), so the error is no larger.
+TEST(StepQuantFit, CarriedAbsmaxRowsNeverClampAndAreNoCoarserOnTheSameHead) {
+  for (std::uint64_t seed = 0; seed < 4; ++seed) {
+    const std::uint32_t K = 64;
+    const std::uint32_t V = 64;
+    const auto x = gdn_head(K, V, 940 + seed);
+    const auto w = impacts(K, 950 + seed);
+    const std::vector<std::uint8_t> widths(K, seed % 2 == 0 ? 6 : 4);
+    HeadFit first;
+    fit_head(Arch::gdn, x, K, V, widths, w, first, Refit::off);
+    HeadFit carried;
+    const CarriedStats stats =
+        fit_head_carried(Arch::gdn, x, K, V, widths, w, first.col_scale, RowRule::absmax, carried);
+    EXPECT_EQ(stats.worst_row_clamps, 0u);
+    EXPECT_EQ(stats.lost_values, 0u);
+    std::vector<float> a(std::size_t{K} * V);
+    std::vector<float> b(std::size_t{K} * V);
+    reconstruct(Arch::gdn, first, widths, a);
+    reconstruct(Arch::gdn, carried, widths, b);
+    double ea = 0.0;
+    double eb = 0.0;
+    for (std::size_t i = 0; i < K; ++i) {
+      // fp16 rounding of r may round the absmax scale up by half an ulp.
+      EXPECT_LE(carried.row_scale[i], first.row_scale[i] * (1.0f + 1.0f / 1024)) << "row " << i;
+      for (std::size_t j = 0; j < V; ++j) {
+        const std::size_t k = i * V + j;
+        ea += (a[k] - x[k]) * (a[k] - x[k]);
+        eb += (b[k] - x[k]) * (b[k] - x[k]);
+      }
+    }
+    EXPECT_LE(eb, ea * 1.01) << "seed " << seed;
+  }
+}
+
+// A value in a column whose carried scale is 0 (a column that was all zeros) has no
+// code that reaches it: counted, so that the codec runs the full fit instead.
+TEST(StepQuantFit, CarriedFitCountsValuesItWouldLose) {
+  const std::uint32_t K = 8;
+  const std::uint32_t V = 8;
+  auto x = gdn_head(K, V, 970);
+  const std::vector<float> w(K, 1.0f);
+  const std::vector<std::uint8_t> widths(K, 6);
+  std::vector<float> columns(V, 1.0f);
+  columns[3] = 0.0f;
+  columns[5] = std::numeric_limits<float>::infinity();
+  x[2 * V + 5] = 0.0f;  // one value the bad column would have lost is zero anyway
+  HeadFit fit;
+  const CarriedStats stats =
+      fit_head_carried(Arch::gdn, x, K, V, widths, w, columns, RowRule::absmax, fit);
+  EXPECT_EQ(stats.lost_values, 2 * K - 1);
+  EXPECT_EQ(fit.col_scale[3], 0.0f);
+  EXPECT_EQ(fit.col_scale[5], 0.0f);  // stored as 0, never as Inf
+  EXPECT_THROW(fit_head_carried(Arch::gdn, x, K, V, widths, w, std::vector<float>(V - 1, 1.0f),
+                                RowRule::absmax, fit),
+               std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace statepool::kernels::stepquant

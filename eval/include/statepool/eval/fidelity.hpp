@@ -35,6 +35,7 @@ struct CodecCase {
   std::string name;
   kernels::CodecSpec spec;
   std::shared_ptr<const kernels::stepquant::Plan> plan;  ///< stepquant4/6 only
+  kernels::StepPolicy policy;  ///< how the fused step re-encodes (the step mode)
 };
 
 struct FidelityOptions {
@@ -54,6 +55,10 @@ struct CodecResult {
   std::vector<float> state_error;  ///< [t - 1] for t = 1 .. tokens
   std::optional<std::uint32_t> divergence;
   std::size_t rejected_heads = 0;
+  /// Of the heads stepped while teacher forcing: the fraction that had a light fit, and
+  /// the fraction whose light fit fell back to the full fit (StepMode::light).
+  double light_fraction = 0;
+  double fallback_fraction = 0;
   double seconds = 0;
   [[nodiscard]] double perplexity() const;
   /// Mean of state_error over t in [first, last] (1-based, clamped to what was run).

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/page.hpp"
 
@@ -119,9 +120,10 @@ class Decoder {
   /// A decoder of `model` whose state lives in a page of `codec`, which must have the
   /// model's state shape (Model::layout). Starts from the zero state. Throws
   /// std::invalid_argument on a shape mismatch.
-  Decoder(std::shared_ptr<const Model> model, const kernels::PageCodec& codec);
+  Decoder(std::shared_ptr<const Model> model, const kernels::PageCodec& codec,
+          const kernels::StepPolicy& policy = {});
 
-  /// Back to the zero state (encoded into the page).
+  /// Back to the zero state (encoded into the page; the page's step count starts again).
   void reset();
   /// Feeds `token` (< vocab); returns the next-token logits (valid until the next call).
   std::span<const float> step(std::uint32_t token);
@@ -133,6 +135,11 @@ class Decoder {
   /// Heads whose new state was not finite, over all steps (the fused step kept their old
   /// bytes); 0 for a healthy run.
   [[nodiscard]] std::size_t rejected_heads() const noexcept { return rejected_; }
+  /// Over all steps: heads stepped, and of those the heads that had a light fit and those
+  /// whose light fit fell back to the full fit (StepMode::light).
+  [[nodiscard]] std::size_t stepped_heads() const noexcept { return stepped_; }
+  [[nodiscard]] std::size_t light_heads() const noexcept { return light_; }
+  [[nodiscard]] std::size_t fallback_heads() const noexcept { return fallback_; }
   [[nodiscard]] const kernels::PageCodec& codec() const noexcept { return codec_; }
 
  private:
@@ -141,7 +148,12 @@ class Decoder {
   std::vector<std::byte> page_;
   std::vector<LayerInputs> inputs_;
   std::vector<float> x_, h_, out_, o_, hidden_, rank_, gate_, logits_;
+  kernels::StepPolicy policy_;
+  std::uint64_t steps_ = 0;
   std::size_t rejected_ = 0;
+  std::size_t stepped_ = 0;
+  std::size_t light_ = 0;
+  std::size_t fallback_ = 0;
 };
 
 }  // namespace statepool::eval

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "statepool/kernels/layout.hpp"
+#include "statepool/kernels/stepquant/fit.hpp"
 
 namespace statepool::kernels {
 
@@ -42,6 +43,41 @@ class NonFiniteError : public std::invalid_argument {
   std::uint32_t head_;
   std::size_t index_;
   float value_;
+};
+
+/// How a light step (StepMode::light, fused_step.hpp) fits a STEPQuant head. Measured in
+/// docs/codecs.md, "Step modes": no_refit is the one that keeps stepquant6's accuracy;
+/// the others stay for eval/step-modes, which measures them all.
+enum class LightFit : std::uint8_t {
+  no_refit,  ///< steps 1-3 of the fit (fresh row and column scales), without the refit
+  carried,   ///< the page's column scales as they are; fresh row scales by `rule`
+  grown,     ///< the page's column scales grown by a bound on the step's update (StepUpdate),
+             ///< so that the previous row scales would clamp nothing; absmax row scales
+};
+
+struct LightOptions {
+  LightFit fit = LightFit::no_refit;
+  /// carried: how the fresh row scales are chosen (grown always takes absmax).
+  stepquant::RowRule rule = stepquant::RowRule::absmax;
+  /// carried and grown: a head one of whose rows clamps more than this fraction of its
+  /// values gets the full fit instead; 1 or more: never for clamps.
+  float clamp_fraction = 1.0f;
+};
+
+/// The step's update of one head, S' = diag(a) S + k u^T (fused_step.hpp), for
+/// LightFit::grown: |S'_ij| <= decay_max |S_ij| + |k_i| |u_j|.
+struct StepUpdate {
+  float decay_max = 1.0f;    ///< max_i a_i
+  std::span<const float> k;  ///< K values
+  std::span<const float> u;  ///< V values (the scaled residual)
+};
+
+/// What encode_head_light did.
+enum class LightEncode : std::uint8_t {
+  light,       ///< the head has the light fit
+  full_fit,    ///< the codec has no light form for this head: encoded as encode_head
+  fell_back,   ///< a carried or grown fit clamped or would lose values, so the full fit ran
+  non_finite,  ///< `src` held a NaN or +-Inf; `dst` holds unspecified bytes
 };
 
 class Codec {
@@ -87,6 +123,19 @@ class Codec {
   [[nodiscard]] virtual std::size_t encode_staged_head(std::uint32_t layer, std::uint32_t head,
                                                        const std::byte* src, DType dtype,
                                                        std::span<std::byte> dst, float& bad) const;
+
+  /// Encodes a head for a light step: like encode_head_checked, but a codec with a light
+  /// form (STEPQuant's dual-axis heads) fits it as `options` say, reading what it needs
+  /// of `previous` (this head's bytes before the step, head_bytes long; any bytes: they
+  /// are read as scales, never as sizes or indices) and of `update`; a carried or grown
+  /// fit that would clamp more than `options` allow or lose values runs the full fit
+  /// instead. The default (every other codec) has no light form.
+  [[nodiscard]] virtual LightEncode encode_head_light(std::uint32_t layer, std::uint32_t head,
+                                                      std::span<const float> src,
+                                                      std::span<const std::byte> previous,
+                                                      std::span<std::byte> dst,
+                                                      const LightOptions& options,
+                                                      const StepUpdate& update) const;
 
  protected:
   explicit Codec(std::size_t head_values) noexcept : head_values_(head_values) {}

@@ -41,6 +41,23 @@
 
 namespace statepool::kernels {
 
+/// How the step re-encodes a head (docs/codecs.md, "Step modes").
+enum class StepMode : std::uint8_t {
+  full = 0,   ///< the codec's full encode (for STEPQuant the whole fit) every step
+  light = 1,  ///< STEPQuant heads get a light fit (LightOptions) between full fits
+};
+
+struct StepPolicy {
+  StepMode mode = StepMode::full;
+  /// light: the steps whose number is a multiple of full_every run the full fit (16, the
+  /// measured choice for stepquant6); 0: only a head that falls back does.
+  std::uint32_t full_every = 16;
+  /// light: the step number of the call's pages (the caller's count: one number for the
+  /// whole batch until the page format carries a counter per page, issue 47).
+  std::uint64_t step = 0;
+  LightOptions light;
+};
+
 struct StepInputs {
   std::uint32_t batch = 0;
   /// Heads of q and k; 0 means num_heads. num_heads must be a multiple of it.
@@ -59,6 +76,10 @@ struct StepResult {
   /// The first rejected (request, head) in (request, head) order, when rejected_heads > 0.
   std::uint32_t first_rejected_request = 0;
   std::uint32_t first_rejected_head = 0;
+  /// Heads stored with a light fit, and heads whose light fit fell back to the full fit
+  /// (StepMode::light; every other stored head had the full encode).
+  std::size_t light_heads = 0;
+  std::size_t fallback_heads = 0;
   [[nodiscard]] bool ok() const noexcept { return rejected_heads == 0; }
 };
 
@@ -81,17 +102,18 @@ void check_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte
 
 /// One step of layer `layer` for every request of `in` (checked by check_step first).
 /// The work items are the batch * num_heads (request, head) pairs; with `parallel` they
-/// are split over its threads, otherwise they run on this thread.
+/// are split over its threads, otherwise they run on this thread. `policy`: how the heads
+/// are re-encoded (the full fit by default).
 StepResult fused_step(const PageCodec& codec, std::uint32_t layer,
                       std::span<std::byte* const> pages, const StepInputs& in,
-                      const ParallelFor& parallel = {});
+                      const ParallelFor& parallel = {}, const StepPolicy& policy = {});
 
 /// Items [first, last) of the same step (item = request * num_heads + head), unchecked:
 /// for executors that split one call themselves. Results of disjoint ranges add up
 /// (merge()).
 StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
                             std::span<std::byte* const> pages, const StepInputs& in,
-                            std::size_t first, std::size_t last);
+                            std::size_t first, std::size_t last, const StepPolicy& policy = {});
 
 /// Combines the results of two disjoint ranges of one call.
 void merge(StepResult& into, const StepResult& other) noexcept;

@@ -94,6 +94,33 @@ void fit_head(Arch arch, std::span<const float> head, std::uint32_t key_dim,
               std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
               std::span<const float> impact, HeadFit& out, Refit refit = Refit::on);
 
+/// How the carried fit chooses a row's scale.
+enum class RowRule : std::uint8_t {
+  absmax,  ///< r_i = fp16(max_j (|x_ij| b_j) / q_i): the row's largest value at its top level
+  impact,  ///< r_i of step 1 (the row-impact rule); values beyond the top level clamp
+};
+
+/// What a carried fit saw, for the caller's choice of a full fit instead.
+struct CarriedStats {
+  /// The most clamped values in one row (values whose quotient is beyond the row's top
+  /// level, clamp_limit of fit_math.hpp).
+  std::uint32_t worst_row_clamps = 0;
+  /// Non-zero values in columns whose carried scale is unusable (0, negative, +Inf or
+  /// NaN; stored as 0): they would decode as 0. A caller must not keep such a fit.
+  std::uint32_t lost_values = 0;
+};
+
+/// The carried fit (step mode "carried", docs/codecs.md): the column scales are the
+/// head's previous ones (`col_scale`, V values as decoded from the page's fp16; an
+/// unusable one, not finite and > 0, is stored as 0), each non-pivot row gets a fresh
+/// scale by `rule`, and step 3 codes the values against them with a_i = 1 / (r_i g_i) and
+/// b_j = 1 / c_j. No column maximum, no refit. Pivot rows as in fit_head. Checks and
+/// `out.finite` as fit_head's; `col_scale.size()` must be value_dim.
+CarriedStats fit_head_carried(Arch arch, std::span<const float> head, std::uint32_t key_dim,
+                              std::uint32_t value_dim, std::span<const std::uint8_t> row_widths,
+                              std::span<const float> impact, std::span<const float> col_scale,
+                              RowRule rule, HeadFit& out);
+
 /// Reconstruction x̂ of a fit (row-major key_dim x value_dim). `arch` must be the one the
 /// fit was made for (KDA for dual_axis_grid8); `row_widths` the widths it was made with.
 void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> row_widths,

@@ -233,6 +233,27 @@ STATEPOOL_HD inline float refit_column_scale(float num, float den, float c) noex
   return bits_float(select_u32(use, float_bits(refit), float_bits(c)));
 }
 
+// --- the carried step ---------------------------------------------------------------------
+
+/// The carried row scale from m = max_j |x_ij| b_j (its bits; the row's largest quotient
+/// against the page's column scales): r = fp16(m / q), so that the row's largest value
+/// takes its largest level. When r rounds to 0 it is 1, or 0 at 2 bits (as
+/// row_scale_from_sum). A NaN or +Inf m (a value that overflows the quotient) gives
+/// 65504.
+STATEPOOL_HD inline float carried_row_scale(std::uint32_t max_bits, std::uint32_t q,
+                                            std::uint32_t bits) noexcept {
+  const float r = fp16_sat(div_rn(bits_float(max_bits), static_cast<float>(q)));
+  const std::uint32_t r_bits = float_bits(r);
+  const std::uint32_t zero = select_u32(bits == 2, 0u, float_bits(1.0f));
+  return bits_float(select_u32(r_bits != 0, r_bits, zero));
+}
+
+/// Whether quotient t clamps in a b-bit unit: |t| > L_b + 1/2, or |t| > 4 at 2 bits
+/// (levels 2 apart). `limit` is clamp_limit(bits).
+STATEPOOL_HD constexpr float clamp_limit(std::uint32_t bits) noexcept {
+  return bits == 2 ? 4.0f : static_cast<float>(level_max(bits)) + 0.5f;
+}
+
 // --- temporal_only -----------------------------------------------------------------------
 
 /// s_i = fp16(absmax_i / L_b) as a float, from the bits of the row's absmax.
