@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "statepool/kernels/fused_step.hpp"
 #include "statepool/kernels/layout.hpp"
 #include "statepool/kernels/stepquant/format.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
@@ -157,6 +158,36 @@ struct StepLists {
 };
 inline StepLists parse_step_lists(const std::string& batches, const std::string& codecs) {
   return {parse_batches(batches, "--batches"), parse_codecs(codecs, "--codecs")};
+}
+
+/// The step modes of --modes (full, light; docs/codecs.md "Step modes"), comma-separated.
+/// Throws std::invalid_argument naming an unknown mode.
+inline std::vector<kernels::StepMode> parse_step_modes(const std::string& list) {
+  std::vector<kernels::StepMode> modes;
+  std::stringstream in(list);
+  for (std::string mode; std::getline(in, mode, ',');) {
+    if (mode == "full") {
+      modes.push_back(kernels::StepMode::full);
+    } else if (mode == "light") {
+      modes.push_back(kernels::StepMode::light);
+    } else {
+      throw std::invalid_argument("--modes: unknown mode '" + mode + "' (full, light)");
+    }
+  }
+  if (modes.empty()) throw std::invalid_argument("--modes is empty");
+  return modes;
+}
+
+/// The heading of a mode's tables when a run prints more than one mode or a light one;
+/// the light tables time light steps alone (the full fit runs on 1 step in `every`).
+inline void print_step_mode(kernels::StepMode mode, std::size_t modes, std::uint32_t every) {
+  if (mode == kernels::StepMode::light) {
+    std::printf("\n== step mode light: light steps (the fit without the refit); the full fit "
+                "runs on 1 step in %u\n",
+                every);
+  } else if (modes > 1) {
+    std::printf("\n== step mode full: the full fit every step\n");
+  }
 }
 
 /// The layer shapes of the fused-step benchmarks (one linear layer, K = V = 128).

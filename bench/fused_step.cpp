@@ -28,7 +28,6 @@
 #include <exception>
 #include <optional>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -156,17 +155,7 @@ int main(int argc, char** argv) {
   std::vector<statepool::kernels::StepMode> modes;
   try {
     lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
-    std::stringstream in(o.modes);
-    for (std::string mode; std::getline(in, mode, ',');) {
-      if (mode == "full") {
-        modes.push_back(statepool::kernels::StepMode::full);
-      } else if (mode == "light") {
-        modes.push_back(statepool::kernels::StepMode::light);
-      } else {
-        throw std::invalid_argument("--modes: unknown mode '" + mode + "' (full, light)");
-      }
-    }
-    if (modes.empty()) throw std::invalid_argument("--modes is empty");
+    modes = statepool::bench::parse_step_modes(o.modes);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_fused_step", e.what(), kUsage);
   }
@@ -186,13 +175,7 @@ int main(int argc, char** argv) {
       policy.mode = mode;
       policy.full_every = o.every;
       policy.step = 1;  // a light step (never a multiple of --every)
-      if (mode == statepool::kernels::StepMode::light) {
-        std::printf("\n== step mode light: light steps (the fit without the refit); the full "
-                    "fit runs on 1 step in %u\n",
-                    o.every);
-      } else if (modes.size() > 1) {
-        std::printf("\n== step mode full: the full fit every step\n");
-      }
+      statepool::bench::print_step_mode(mode, modes.size(), o.every);
       statepool::bench::print_step_tables(
           lists.batches, lists.codecs, "ms", "memcpy",
           [&](std::size_t bytes) { return copy_rate(bytes, o, pool); },

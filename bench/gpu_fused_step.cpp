@@ -2,7 +2,8 @@
 // side by side for every page codec, against the fp32 pages of the same kernel and
 // against the card's device-to-device copy bandwidth measured in the same run.
 //
-//   bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--device N]
+//   bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--modes LIST] [--every N]
+//                        [--iters N] [--device N]
 //
 // Shapes and codecs as bench_fused_step (the host path): one linear layer, K = V = 128,
 // qwen3-next (GDN, 32 value heads, 16 q/k heads) and kimi-linear (KDA, 32 heads, a gate
@@ -50,13 +51,19 @@ struct Options {
   std::string codecs = "fp32,bf16,int8,stepquant6,stepquant4";
   std::uint32_t iters = 10;
   std::uint32_t device = 0;
+  std::string modes = "full,light";
+  std::uint32_t every = 16;
 };
 
 constexpr const char* kUsage =
-    "usage: bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--iters N] [--device N]\n"
+    "usage: bench_gpu_fused_step [--batches LIST] [--codecs LIST] [--modes LIST] [--every N]\n"
+    "                            [--iters N] [--device N]\n"
     "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
     "  --codecs LIST   comma-separated codecs, fp32 first for the x fp32 column\n"
     "                  (default fp32,bf16,int8,stepquant6,stepquant4)\n"
+    "  --modes LIST    step modes, one table each: full, light (default full,light; a light\n"
+    "                  launch runs the kernel with the no_refit page format)\n"
+    "  --every N       light mode: the full fit on every N-th step (default 16)\n"
     "  --iters N       timed launches per measurement, median reported (default 10)\n"
     "  --device N      CUDA device ordinal (default 0)\n";
 
@@ -67,6 +74,8 @@ std::optional<int> parse(int argc, char** argv, Options& o) {
   cli.add_options()
       ("batches", boost::program_options::value(&o.batches))
       ("codecs", boost::program_options::value(&o.codecs))
+      ("modes", boost::program_options::value(&o.modes))
+      ("every", bounded(o.every, 2, 1000000))
       ("iters", bounded(o.iters, 1, 1000000))
       ("device", bounded(o.device, 0, 1023));
   // clang-format on
@@ -80,7 +89,8 @@ void upload(const DeviceBytes& to, const std::vector<T>& from) {
 }
 
 statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, CodecId id,
-                                  std::uint32_t batch, const Options& o, cudaStream_t stream) {
+                                  std::uint32_t batch, const Options& o,
+                                  statepool::kernels::StepMode mode, cudaStream_t stream) {
   const PageCodec codec(statepool::bench::step_layout(shape, id, "bench_gpu_fused_step"));
   const StateLayout& l = codec.layout();
   const std::size_t page = codec.page_bytes();
@@ -105,6 +115,10 @@ statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, Code
   upload(beta, in.beta);
   upload(slots, slot_ids);
   const cuda::DevicePageFormat format(codec, DType::f32);
+  // A light step: the same kernel with the no_refit page format (docs/codecs.md).
+  const cuda::PageFormatView view = mode == statepool::kernels::StepMode::light
+                                        ? cuda::light_step_view(format.view())
+                                        : format.view();
   const cuda::StepView s{.num_heads = l.num_heads,
                          .batch = batch,
                          .qk_heads = shape.qk_heads,
@@ -120,7 +134,7 @@ statepool::bench::StepRow measure(const statepool::bench::StepShape& shape, Code
                          .slots = reinterpret_cast<const std::uint32_t*>(slots.get())};
   statepool::bench::StepRow m;
   m.seconds = median_gpu_seconds(o.iters, stream, [&] {
-    check(cuda::fused_step_pages(format.view(), s, stream), "fused_step_pages");
+    check(cuda::fused_step_pages(view, s, stream), "fused_step_pages");
   });
   m.layer_bytes = static_cast<double>(codec.conv_offset());
   m.moved = statepool::bench::StepRow::moved_bytes(m.layer_bytes, batch,
@@ -147,8 +161,10 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   statepool::bench::StepLists lists;
+  std::vector<statepool::kernels::StepMode> modes;
   try {
     lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
+    modes = statepool::bench::parse_step_modes(o.modes);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_gpu_fused_step", e.what(), kUsage);
   }
@@ -167,12 +183,15 @@ int main(int argc, char** argv) {
         "fused step on %s, one layer per launch, K = V = 128; median of %u launches; "
         "synthetic states and synthetic stepquant plans (unit impact)\n",
         prop.name, o.iters);
-    statepool::bench::print_step_tables(
-        lists.batches, lists.codecs, "us", "copy",
-        [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
-        [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
-          return measure(shape, id, batch, o, stream);
-        });
+    for (const statepool::kernels::StepMode mode : modes) {
+      statepool::bench::print_step_mode(mode, modes.size(), o.every);
+      statepool::bench::print_step_tables(
+          lists.batches, lists.codecs, "us", "copy",
+          [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
+          [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
+            return measure(shape, id, batch, o, mode, stream);
+          });
+    }
     (void)cudaStreamDestroy(stream);
     return 0;
   } catch (const std::exception& e) {

@@ -131,8 +131,8 @@ DeviceDecodeStep::DeviceDecodeStep(const Arena& arena) try
   throw Error(Status::internal, std::string("DeviceDecodeStep: ") + e.what());
 }
 
-void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
-                           cudaStream_t stream) const {
+void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in, cudaStream_t stream,
+                           const kernels::StepPolicy& policy) const {
   const kernels::StateLayout& l = arena_->codec().layout();
   if (const std::string problem = kernels::step_problem(l, layer, in.qk_heads); !problem.empty()) {
     throw std::invalid_argument("DeviceDecodeStep::run: " + problem);
@@ -166,7 +166,10 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
                                   .page_count = arena_->page_count(),
                                   .slots = in.slots,
                                   .rejected = in.rejected};
-  if (const cudaError_t status = kernels::cuda::fused_step_pages(format_.view(), s, stream);
+  const kernels::cuda::PageFormatView view = kernels::is_light_step(policy)
+                                                  ? kernels::cuda::light_step_view(format_.view())
+                                                  : format_.view();
+  if (const cudaError_t status = kernels::cuda::fused_step_pages(view, s, stream);
       status != cudaSuccess) {
     fail("fused_step_pages", status);
   }

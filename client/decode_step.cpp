@@ -40,7 +40,8 @@ unsigned DecodeStep::threads() const noexcept {
 }
 
 kernels::StepResult DecodeStep::run(std::uint32_t layer, std::span<const SlotId> slots,
-                                    const kernels::StepInputs& inputs) {
+                                    const kernels::StepInputs& inputs,
+                                    const kernels::StepPolicy& policy) {
   std::vector<std::byte*> pages;
   pages.reserve(slots.size());
   for (const SlotId slot : slots) pages.push_back(arena_->page(slot).data());
@@ -51,12 +52,14 @@ kernels::StepResult DecodeStep::run(std::uint32_t layer, std::span<const SlotId>
     throw std::invalid_argument("DecodeStep::run: slot " + std::to_string(*twice) +
                                 " appears twice in one batch");
   }
-  if (workers_ == nullptr) return kernels::fused_step(*codec_, layer, pages, inputs);
+  if (workers_ == nullptr) return kernels::fused_step(*codec_, layer, pages, inputs, {}, policy);
   support::WorkerPool& pool = *workers_;
-  return kernels::fused_step(*codec_, layer, pages, inputs,
-                             [&pool](std::size_t count, std::size_t grain, const auto& fn) {
-                               pool.parallel_for(count, grain, fn);
-                             });
+  return kernels::fused_step(
+      *codec_, layer, pages, inputs,
+      [&pool](std::size_t count, std::size_t grain, const auto& fn) {
+        pool.parallel_for(count, grain, fn);
+      },
+      policy);
 }
 
 }  // namespace statepool::client

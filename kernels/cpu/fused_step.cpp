@@ -95,8 +95,7 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
   const std::uint32_t group = H / qk_heads_of(l, in);
   const bool kda = l.arch == Arch::kda;
   const bool raw_fp32 = c.id() == CodecId::fp32;
-  const bool light = policy.mode == StepMode::light &&
-                       (policy.full_every == 0 || policy.step % policy.full_every != 0);
+  const bool light = is_light_step(policy);
   const std::size_t values = std::size_t{K} * V;
   Scratch& s = scratch(l);
   StepResult result;

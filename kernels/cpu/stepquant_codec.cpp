@@ -236,8 +236,9 @@ class StepQuantCodec final : public Codec {
     return encode(layer, head, src, dst, true);
   }
 
-  // The dual-axis variants (full, spatial_only, no_refit) have a light form, except a GDN
-  // head of pivots (no scales); temporal_only heads have no column scales.
+  // The full variant has a light form, except a GDN head of pivots (no scales); the
+  // ablation variants encode as always (the device picks the no_refit variant for a
+  // light step of a full-variant page, cuda::light_step_view: the same bytes).
   [[nodiscard]] LightEncode encode_head_light(std::uint32_t layer, std::uint32_t head,
                                               std::span<const float> src,
                                               std::span<const std::byte> previous,
@@ -249,8 +250,7 @@ class StepQuantCodec final : public Codec {
     const auto full = [&](LightEncode how) {
       return encode(layer, head, src, dst, true) ? how : LightEncode::non_finite;
     };
-    if (variant_ == StepQuantVariant::temporal_only ||
-        (arch_ == Arch::gdn && widths[0] == kPivotWidth)) {
+    if (variant_ != StepQuantVariant::full || (arch_ == Arch::gdn && widths[0] == kPivotWidth)) {
       return full(LightEncode::full_fit);
     }
     Scratch& s = scratch();

@@ -2,7 +2,8 @@
 // step (kernels::fused_step): the same page bytes, outputs and rejected heads, bit for
 // bit, for every codec instance of the conformance suite, over consecutive steps and
 // layers, with grouped q/k heads, pages addressed by slot index with a stride, and a
-// non-finite head (a slot outside the arena: the emulation test). The block body is the one
+// non-finite head (a slot outside the arena: the emulation test); the second step is a
+// light one (StepMode::light: the launch takes cuda::light_step_view). The block body is the one
 // tests/kernels/test_device_step_emulation.cpp runs on host threads without a GPU.
 
 #include <cuda_runtime_api.h>
@@ -78,7 +79,11 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
 
       std::vector<std::byte*> pages;
       for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
-      const StepResult expected = fused_step(codec, layer, pages, in.view());
+      StepPolicy policy;
+      policy.mode = StepMode::light;
+      policy.full_every = 2;
+      policy.step = step;  // 0: the full fit, 1: a light step
+      const StepResult expected = fused_step(codec, layer, pages, in.view(), {}, policy);
 
       const cuda::StepView s{.layer = layer,
                              .num_heads = l.num_heads,
@@ -95,7 +100,9 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
                              .page_count = kSlots,
                              .slots = static_cast<const std::uint32_t*>(slots.get()),
                              .rejected = static_cast<std::uint8_t*>(rejected.get())};
-      STATEPOOL_CUDA_OK(cuda::fused_step_pages(format.view(), s, nullptr));
+      const cuda::PageFormatView view =
+          is_light_step(policy) ? cuda::light_step_view(format.view()) : format.view();
+      STATEPOOL_CUDA_OK(cuda::fused_step_pages(view, s, nullptr));
       STATEPOOL_CUDA_OK(cudaDeviceSynchronize());
 
       std::vector<std::byte> device_pages, device_out, device_rejected;

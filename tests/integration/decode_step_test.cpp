@@ -85,6 +85,27 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
     }
   }
 
+  // A light step (docs/codecs.md, "Step modes") through the client: the policy reaches
+  // the step (layer 0 has no pivot head: 3 x 4 light heads) and the pages are the
+  // kernel's light step's.
+  {
+    kernels::StepPolicy light;
+    light.mode = kernels::StepMode::light;
+    light.step = 1;
+    StepBatch in(codec.layout(), 3, 2, 990);
+    StepBatch copy = in;
+    std::vector<std::byte*> pages;
+    for (auto& page : expected) pages.push_back(page.data());
+    ASSERT_TRUE(kernels::fused_step(codec, 0, pages, copy.view(), {}, light).ok());
+    const kernels::StepResult r = step.run(0, ids, in.view(), light);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.light_heads, 12u);
+    for (std::uint32_t b = 0; b < 3; ++b) {
+      const auto page = arena.page(slots[b]);
+      ASSERT_EQ(std::memcmp(page.data(), expected[b].data(), page.size()), 0) << "request " << b;
+    }
+  }
+
   // The daemon resumes the stepped state: its decompression is the local decode.
   conn.decompress(slots[1], staging, 0);
   std::vector<std::byte> local(info.state_bytes_f32);

@@ -102,6 +102,49 @@ TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
   }
 }
 
+// A light step (StepMode::light): the host launches the same kernel with
+// cuda::light_step_view's format, and the pages equal the CPU's light step, bit for bit.
+TEST_P(DeviceStepEmulation, LightStepEqualsTheCpuLightStep) {
+  const PageCodec codec(GetParam().layout);
+  const StateLayout& l = codec.layout();
+  const cuda::PageFormatTables tables(codec, DType::f32);
+  const std::size_t stride = codec.page_bytes();
+  auto cpu = arena(codec, stride);
+  auto device = cpu;
+  StepPolicy policy;
+  policy.mode = StepMode::light;
+  for (std::uint32_t step = 0; step < 3; ++step) {
+    policy.full_every = 2;
+    policy.step = step;  // 0 and 2 full, 1 light
+    StepBatch a(l, kBatch, l.num_heads, 500 + step);
+    StepBatch b = a;
+    std::vector<std::byte*> pages;
+    for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
+    const StepResult expected = fused_step(codec, 0, pages, a.view(), {}, policy);
+    ASSERT_TRUE(expected.ok());
+    const cuda::StepView s{.num_heads = l.num_heads,
+                           .batch = kBatch,
+                           .qk_heads = l.num_heads,
+                           .q = b.q.data(),
+                           .k = b.k.data(),
+                           .v = b.v.data(),
+                           .log_decay = b.log_decay.data(),
+                           .beta = b.beta.data(),
+                           .out = b.out.data(),
+                           .pages = reinterpret_cast<std::uint8_t*>(device.data()),
+                           .page_stride = stride,
+                           .page_count = kSlots,
+                           .slots = kSlotOf,
+                           .rejected = nullptr};
+    const cuda::PageFormatView view =
+        is_light_step(policy) ? cuda::light_step_view(tables.view()) : tables.view();
+    cuda::emulate_fused_step(view, s, 3);
+    ASSERT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0)
+        << "outputs, step " << step;
+    ASSERT_EQ(testing::first_difference(cpu, device), -1) << "pages, step " << step;
+  }
+}
+
 TEST(DeviceStepEmulationSlots, ASlotOutsideTheArenaIsSkippedAndMarked) {
   StateLayout l = testing::head_layout(CodecId::int8, 0, 8, 8);
   l.num_heads = 2;

@@ -22,6 +22,7 @@
 #include "statepool/client.hpp"
 #include "statepool/kernels/cuda/codec_kernels.hpp"
 #include "statepool/kernels/cuda/step_kernels.hpp"
+#include "statepool/kernels/fused_step.hpp"
 
 namespace statepool::client {
 
@@ -108,8 +109,10 @@ class DeviceDecodeStep {
   /// Enqueues one step of `layer` on `stream`. Throws std::invalid_argument for what the
   /// host can check (the layer, qk_heads, null pointers, a head too large for the
   /// device's shared memory), Error(internal) when the launch fails. Slots are checked on
-  /// the device (kStepBadSlot, kStepDuplicateSlot).
-  void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream) const;
+  /// the device (kStepBadSlot, kStepDuplicateSlot). `policy`: the step mode, as
+  /// DecodeStep::run's (a light step launches the kernel with cuda::light_step_view).
+  void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream,
+           const kernels::StepPolicy& policy = {}) const;
 
  private:
   const Arena* arena_;

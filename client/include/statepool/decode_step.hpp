@@ -59,9 +59,11 @@ class DecodeStep {
   /// inputs.batch == slots.size()). Throws std::invalid_argument when the inputs do not
   /// fit the layout (nothing is written), std::out_of_range for a slot outside the arena,
   /// std::invalid_argument when a slot appears twice. Non-finite new states are reported
-  /// in the result, not thrown (fused_step.hpp).
+  /// in the result, not thrown (fused_step.hpp). `policy`: the step mode (the full fit by
+  /// default; docs/client.md, "Step modes").
   kernels::StepResult run(std::uint32_t layer, std::span<const SlotId> slots,
-                          const kernels::StepInputs& inputs);
+                          const kernels::StepInputs& inputs,
+                          const kernels::StepPolicy& policy = {});
 
   /// Threads a call uses, the caller's included.
   [[nodiscard]] unsigned threads() const noexcept;

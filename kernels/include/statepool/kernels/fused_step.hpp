@@ -58,6 +58,13 @@ struct StepPolicy {
   LightOptions light;
 };
 
+/// Whether `policy` makes this step a light one: light mode, and a step number that is
+/// not a multiple of full_every (any number when full_every is 0).
+[[nodiscard]] constexpr bool is_light_step(const StepPolicy& policy) noexcept {
+  return policy.mode == StepMode::light &&
+         (policy.full_every == 0 || policy.step % policy.full_every != 0);
+}
+
 struct StepInputs {
   std::uint32_t batch = 0;
   /// Heads of q and k; 0 means num_heads. num_heads must be a multiple of it.

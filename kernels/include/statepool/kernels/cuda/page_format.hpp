@@ -57,6 +57,19 @@ struct PageFormatView {
   const std::uint32_t* class_ends = nullptr;
 };
 
+/// The view a light step of the fused-step kernel encodes with (StepMode::light,
+/// docs/codecs.md "Step modes"): a stepquant4/6 page of variant full as the no_refit
+/// variant, whose heads have the same layouts (decoding is the same) and whose encode is
+/// the fit without the refit; any other view as it is. The host picks it per launch, so
+/// the kernel has one code path for both modes.
+inline PageFormatView light_step_view(PageFormatView f) noexcept {
+  if ((f.codec == CodecId::stepquant4 || f.codec == CodecId::stepquant6) &&
+      f.variant == StepQuantVariant::full) {
+    f.variant = StepQuantVariant::no_refit;
+  }
+  return f;
+}
+
 /// Width classes of KDA rows, in row_order's order.
 inline constexpr std::uint32_t kRowClasses = 5;
 STATEPOOL_HD constexpr std::uint32_t row_class_width(std::uint32_t c) noexcept {
