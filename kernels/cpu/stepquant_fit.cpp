@@ -4,6 +4,7 @@
 // steps are stepquant/fit_math.hpp's, which the CUDA kernels use too.
 
 #include <algorithm>
+#include <limits>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -463,9 +464,13 @@ CarriedStats fit_head_carried(Arch arch, std::span<const float> head, std::uint3
   b.resize(V);
   bool lossy_columns = false;  // a usable scale has b_j > 0; the others are stored as 0
   for (std::size_t j = 0; j < V; ++j) {
-    b[j] = column_code_factor(col_scale[j]);
-    out.col_scale[j] = b[j] > 0.0f ? col_scale[j] : 0.0f;
-    lossy_columns = lossy_columns || b[j] == 0.0f;
+    // A usable scale is finite and > 0 (its factor too); any other (a page's bytes are
+    // client memory) codes its column as 0, so that lost_in_row counts its values.
+    const float factor = column_code_factor(col_scale[j]);
+    const bool usable = factor > 0.0f && factor <= std::numeric_limits<float>::max();
+    b[j] = usable ? factor : 0.0f;
+    out.col_scale[j] = usable ? col_scale[j] : 0.0f;
+    lossy_columns = lossy_columns || !usable;
   }
 
   CarriedStats stats;

@@ -870,13 +870,15 @@ TEST(StepQuantFit, CarriedFitCountsValuesItWouldLose) {
   std::vector<float> columns(V, 1.0f);
   columns[3] = 0.0f;
   columns[5] = std::numeric_limits<float>::infinity();
+  columns[6] = -2.0f;
   x[2 * V + 5] = 0.0f;  // one value the bad column would have lost is zero anyway
   HeadFit fit;
   const CarriedStats stats =
       fit_head_carried(Arch::gdn, x, K, V, widths, w, columns, RowRule::absmax, fit);
-  EXPECT_EQ(stats.lost_values, 2 * K - 1);
+  EXPECT_EQ(stats.lost_values, 3 * K - 1);
   EXPECT_EQ(fit.col_scale[3], 0.0f);
   EXPECT_EQ(fit.col_scale[5], 0.0f);  // stored as 0, never as Inf
+  EXPECT_EQ(fit.col_scale[6], 0.0f);  // nor negative
   EXPECT_THROW(fit_head_carried(Arch::gdn, x, K, V, widths, w, std::vector<float>(V - 1, 1.0f),
                                 RowRule::absmax, fit),
                std::invalid_argument);
