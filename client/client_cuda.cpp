@@ -137,6 +137,11 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in, cuda
   if (const std::string problem = kernels::step_problem(l, layer, in.qk_heads); !problem.empty()) {
     throw std::invalid_argument("DeviceDecodeStep::run: " + problem);
   }
+  if (!policy.steps.empty()) {
+    throw std::invalid_argument(
+        "DeviceDecodeStep::run: per-request step numbers (StepPolicy::steps) are a host step "
+        "feature; a device launch is light or full as a whole, by StepPolicy::step");
+  }
   const std::uint32_t qk = in.qk_heads == 0 ? l.num_heads : in.qk_heads;
   if (in.batch == 0) return;
   if (in.slots == nullptr || in.q == nullptr || in.k == nullptr || in.v == nullptr ||

@@ -48,6 +48,16 @@ Scratch& scratch(const StateLayout& layout) {
 
 }  // namespace
 
+StepPolicy measured_step_policy(const CodecSpec& codec) noexcept {
+  StepPolicy policy;
+  if (codec.id == CodecId::stepquant6 && codec.variant == StepQuantVariant::full) {
+    policy.mode = StepMode::light;
+    policy.full_every = 16;
+    policy.light.fit = LightFit::no_refit;
+  }
+  return policy;
+}
+
 std::string step_problem(const StateLayout& layout, std::uint32_t layer, std::uint32_t qk_heads) {
   if (layer >= layout.num_layers) {
     return "layer " + std::to_string(layer) + " does not exist; the layout has " +
@@ -95,7 +105,6 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
   const std::uint32_t group = H / qk_heads_of(l, in);
   const bool kda = l.arch == Arch::kda;
   const bool raw_fp32 = c.id() == CodecId::fp32;
-  const bool light = is_light_step(policy);
   const std::size_t values = std::size_t{K} * V;
   Scratch& s = scratch(l);
   StepResult result;
@@ -107,6 +116,7 @@ StepResult fused_step_items(const PageCodec& codec, std::uint32_t layer,
     const std::size_t bytes = c.head_bytes(layer, head);
     std::byte* page_head = pages[request] + codec.head_offset(layer, head);
     const std::span<float> state(s.state.data(), values);
+    const bool light = is_light_request(policy, request);
 
     c.decode_head(layer, head, {page_head, bytes}, state);
     const float* q = in.q.data() + qk_index * K;
@@ -176,6 +186,7 @@ StepResult fused_step(const PageCodec& codec, std::uint32_t layer,
                       std::span<std::byte* const> pages, const StepInputs& in,
                       const ParallelFor& parallel, const StepPolicy& policy) {
   check_step(codec, layer, pages, in);
+  if (!policy.steps.empty()) check_span("policy.steps", policy.steps.size(), in.batch);
   const std::size_t items = std::size_t{in.batch} * codec.layout().num_heads;
   if (!parallel || items <= 1) {
     return fused_step_items(codec, layer, pages, in, 0, items, policy);

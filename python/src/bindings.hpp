@@ -4,6 +4,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+
+#include "statepool/kernels/fused_step.hpp"
+
 namespace statepool::python {
 
 namespace py = pybind11;
@@ -33,8 +37,11 @@ void bind_layouts(py::module_& m, ConnectionClass& connection);
 void bind_memory(py::module_& m, ConnectionClass& connection);
 /// Pending; compress(), decompress(), copy() and their _async forms (data.cpp).
 void bind_data(py::module_& m, ConnectionClass& connection);
-/// StepResult, DecodeStep: the fused decode step on a host arena (decode_step.cpp).
+/// StepMode, StepResult, DecodeStep: the fused decode step on a host arena (decode_step.cpp).
 void bind_decode_step(py::module_& m);
+/// The StepPolicy of a run()'s mode and full_every arguments (decode_step.cpp; the device
+/// step's binding uses it too).
+kernels::StepPolicy step_policy(kernels::StepMode mode, std::uint32_t full_every);
 /// KvBlocks, the Snapshot* results; put_snapshot(), get_snapshot(), export/import,
 /// delete, pin and list (snapshots.cpp).
 void bind_snapshots(py::module_& m, ConnectionClass& connection);

@@ -68,6 +68,7 @@ from ._core import (
     Stats,
     Status,
     StepQuantVariant,
+    StepMode,
     StepResult,
     TenantStats,
     View,
@@ -106,7 +107,7 @@ __all__ = [
     "SnapshotExport", "SnapshotGet", "SnapshotGetEntry", "SnapshotGetResult", "SnapshotGets",
     "SnapshotImport", "SnapshotInfo", "SnapshotList", "SnapshotLookup", "SnapshotPut",
     "SnapshotPutEntry", "SnapshotPutResult", "SnapshotPuts", "SnapshotTier",
-    "Staging", "StateLayout", "StateRange", "Stats", "Status", "StepQuantVariant", "StepResult", "TenantStats", "View",
+    "Staging", "StateLayout", "StateRange", "Stats", "Status", "StepMode", "StepQuantVariant", "StepResult", "TenantStats", "View",
     "connect", "connect_fd", "errors",
     # statepool.errors
     "StatepoolError", "DaemonError", "TransportError", "Draining", "InUse", "Internal",

@@ -6,7 +6,7 @@ statepool's C++ client library (use the statepool package, which re-exports it)
 from __future__ import annotations
 import builtins
 import typing
-__all__: list[str] = ['Arch', 'Arena', 'ArenaClose', 'ArenaStats', 'CodecFit', 'CodecId', 'Connection', 'DEFAULT_SOCKET_PATH', 'DType', 'DecodeStep', 'DeviceDecodeStep', 'DeviceDecoder', 'Fits', 'HAVE_CUDA', 'KvBlocks', 'KvCodec', 'KvRange', 'LayoutInfo', 'PageCodec', 'Pending', 'Plan', 'PlanInfo', 'Slot', 'SnapshotExport', 'SnapshotGet', 'SnapshotGetEntry', 'SnapshotGetResult', 'SnapshotGets', 'SnapshotImport', 'SnapshotInfo', 'SnapshotList', 'SnapshotLookup', 'SnapshotPut', 'SnapshotPutEntry', 'SnapshotPutResult', 'SnapshotPuts', 'SnapshotTier', 'Staging', 'StateLayout', 'StateRange', 'Stats', 'Status', 'StepQuantVariant', 'StepResult', 'TenantStats', 'View', 'connect', 'connect_fd']
+__all__: list[str] = ['Arch', 'Arena', 'ArenaClose', 'ArenaStats', 'CodecFit', 'CodecId', 'Connection', 'DEFAULT_SOCKET_PATH', 'DType', 'DecodeStep', 'DeviceDecodeStep', 'DeviceDecoder', 'Fits', 'HAVE_CUDA', 'KvBlocks', 'KvCodec', 'KvRange', 'LayoutInfo', 'PageCodec', 'Pending', 'Plan', 'PlanInfo', 'Slot', 'SnapshotExport', 'SnapshotGet', 'SnapshotGetEntry', 'SnapshotGetResult', 'SnapshotGets', 'SnapshotImport', 'SnapshotInfo', 'SnapshotList', 'SnapshotLookup', 'SnapshotPut', 'SnapshotPutEntry', 'SnapshotPutResult', 'SnapshotPuts', 'SnapshotTier', 'Staging', 'StateLayout', 'StateRange', 'Stats', 'Status', 'StepMode', 'StepQuantVariant', 'StepResult', 'TenantStats', 'View', 'connect', 'connect_fd']
 class Status:
     """
     Reply status of the daemon (protocol/statepool.fbs).
@@ -1501,13 +1501,57 @@ class Pending:
         """
         The 64 bytes of a cudaIpcEventHandle_t that completes with the work, or None when the work was done already (host backend).
         """
+class StepMode:
+    """
+    How the fused step re-encodes a head (docs/codecs.md, "Step modes").
+    
+    Members:
+    
+      full : The codec's full encode (STEPQuant's whole fit).
+    
+      light : STEPQuant heads without the refit, but a full fit every full_every steps.
+    """
+    __members__: typing.ClassVar[dict[str, StepMode]]
+    full: typing.ClassVar[StepMode]
+    light: typing.ClassVar[StepMode]
+    def __eq__(self, other: typing.Any) -> bool:
+        ...
+    def __getstate__(self) -> int:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __index__(self) -> int:
+        ...
+    def __init__(self, value: int) -> None:
+        ...
+    def __int__(self) -> int:
+        ...
+    def __ne__(self, other: typing.Any) -> bool:
+        ...
+    def __repr__(self) -> str:
+        ...
+    def __setstate__(self, state: int) -> None:
+        ...
+    def __str__(self) -> str:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def value(self) -> int:
+        ...
 class StepResult:
     """
-    What one fused step could not store.
+    What one fused step could not store, and how it stored.
     """
     def __bool__(self) -> bool:
         """
         ok.
+        """
+    @property
+    def fallback_heads(self) -> int:
+        """
+        Heads whose light fit fell back to the full fit.
         """
     @property
     def first_rejected_head(self) -> int:
@@ -1518,6 +1562,11 @@ class StepResult:
     def first_rejected_request(self) -> int:
         """
         The batch index of the first rejected (request, head), when rejected_heads > 0.
+        """
+    @property
+    def light_heads(self) -> int:
+        """
+        Heads stored with a light fit (StepMode.light).
         """
     @property
     def ok(self) -> bool:
@@ -1540,19 +1589,31 @@ class DecodeStep:
         """
         ``threads``: 0 = every core, 1 = the calling thread only. RuntimeError when the arena is not host memory mapped here, or was not opened from a registered layout.
         """
-    def run(self, layer: int, slots: list[Slot | int], q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, qk_heads: int = 0) -> StepResult:
+    def run(self, layer: int, slots: list[Slot | int], q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, qk_heads: int = 0, mode: StepMode | None = None, full_every: int = 16) -> StepResult:
         """
         One step of ``layer`` for the requests whose pages are ``slots`` (Slot objects or ids, in
         batch order). float32 C-contiguous buffers (numpy arrays, CPU tensors): q and k
         [batch][qk_heads][K] (L2-normalised, q scaled by 1/sqrt(K)), v [batch][H][V], log_decay
         [batch][H] (GDN) or [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written).
-        ``qk_heads`` 0 means H. ValueError when a size does not fit (nothing written); a head whose
-        new state is not finite keeps its old bytes and is counted in the StepResult.
+        ``qk_heads`` 0 means H. ``mode``: None for the codec's measured mode (default_mode), or a
+        StepMode; a light step is one whose number (this DecodeStep's count of the slot's steps of
+        the layer, steps()) is not a multiple of ``full_every`` (0: never a full fit). ValueError
+        when a size does not fit (nothing written); a head whose new state is not finite keeps its
+        old bytes and is counted in the StepResult.
+        """
+    def steps(self, slot: Slot | int, layer: int) -> int:
+        """
+        Steps of ``layer`` this DecodeStep has run on ``slot``: the numbers that decide its light and full steps.
         """
     @property
     def codec(self) -> PageCodec:
         """
         The arena's page format.
+        """
+    @property
+    def default_mode(self) -> StepMode:
+        """
+        The codec's measured step mode, what run() uses by default: StepMode.light (a full fit every 16 steps of a page) for stepquant6, StepMode.full for every other codec.
         """
     @property
     def threads(self) -> int:
@@ -2244,7 +2305,7 @@ class DeviceDecodeStep:
         """
         Uploads the page format's tables to the arena's device. ValueError for an arena that is not device memory mapped here or has no page format.
         """
-    def run(self, layer: int, slots: typing.Any, q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, rejected: typing.Any = None, qk_heads: int = 0, stream: int = 0) -> None:
+    def run(self, layer: int, slots: typing.Any, q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, rejected: typing.Any = None, qk_heads: int = 0, stream: int = 0, mode: StepMode = StepMode.full, full_every: int = 16, step: int = 0) -> None:
         """
         Enqueues one step of ``layer`` on CUDA stream ``stream`` (an int handle, 0 the legacy default
         stream) for the requests whose pages are ``slots``: a device array of int32 (or uint32) slot
@@ -2254,7 +2315,10 @@ class DeviceDecodeStep:
         [batch][H][K] (KDA), beta [batch][H], out [batch][H][V] (written). ``rejected``: None or a
         uint8 device array [batch][H], written with 0 (stored), 1 (a non-finite new state: the head
         kept its bytes), 2 (a slot outside the arena: nothing touched) or 3 (an earlier request
-        of the batch has the slot: only the first is stepped). ``qk_heads`` 0 means H.
+        of the batch has the slot: only the first is stepped). ``qk_heads`` 0 means H. ``mode``:
+        StepMode.full (the default) or StepMode.light, which makes the whole launch light unless
+        ``step``, the caller's count of this layer's launches, is a multiple of ``full_every``
+        (the device keeps no count per page: give each layer's batch one launch per token).
         ValueError/TypeError for what the host can check (the layer, a size or type that does not
         fit, host memory), before anything is launched. Returns without waiting.
         """

@@ -75,7 +75,7 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
       for (std::uint32_t b = 0; b < 3; ++b) {
         ASSERT_TRUE(statepool::testing::unfused_step(codec, layer, expected[b], in, b, out));
       }
-      ASSERT_TRUE(step.run(layer, ids, in.view()).ok());
+      ASSERT_TRUE(step.run(layer, ids, in.view(), kernels::StepPolicy{}).ok());  // full fits
       ASSERT_TRUE(same_bits(in.out, out)) << "token " << token << " layer " << layer;
       for (std::uint32_t b = 0; b < 3; ++b) {
         const auto page = arena.page(slots[b]);
@@ -87,11 +87,12 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
 
   // A light step (docs/codecs.md, "Step modes") through the client: the policy reaches
   // the step (layer 0 has no pivot head: 3 x 4 light heads) and the pages are the
-  // kernel's light step's.
+  // kernel's light step's. The step's own count numbers it: 4 steps of layer 0 so far.
   {
+    EXPECT_EQ(step.steps(ids[1], 0), 4u);
     kernels::StepPolicy light;
     light.mode = kernels::StepMode::light;
-    light.step = 1;
+    light.step = 1;  // for the kernel below; DecodeStep reads its own count
     StepBatch in(codec.layout(), 3, 2, 990);
     StepBatch copy = in;
     std::vector<std::byte*> pages;
@@ -100,6 +101,47 @@ TEST(DecodeStep, StepsTheDaemonsPagesInPlaceAsTheUnfusedPathDoes) {
     const kernels::StepResult r = step.run(0, ids, in.view(), light);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r.light_heads, 12u);
+    for (std::uint32_t b = 0; b < 3; ++b) {
+      const auto page = arena.page(slots[b]);
+      ASSERT_EQ(std::memcmp(page.data(), expected[b].data(), page.size()), 0) << "request " << b;
+    }
+  }
+
+  // The default is stepquant6's measured mode, numbered per slot by the DecodeStep
+  // itself, whatever the batches: a new one's first step of a page is a full fit, then
+  // 15 light steps, then a full fit. Slot 0 steps alone 5 times, then with the others.
+  {
+    client::DecodeStep counted(arena, {.threads = 1});
+    EXPECT_EQ(counted.default_policy().mode, kernels::StepMode::light);
+    EXPECT_EQ(counted.default_policy().full_every, 16u);
+    const kernels::StepPolicy measured = counted.default_policy();
+    for (std::uint64_t n = 0; n < 5; ++n) {
+      StepBatch in(codec.layout(), 1, 2, 1000 + n);
+      StepBatch copy = in;
+      kernels::StepPolicy at = measured;
+      const std::uint64_t numbers[] = {n};
+      at.steps = numbers;
+      std::byte* page = expected[0].data();
+      ASSERT_TRUE(kernels::fused_step(codec, 0, {&page, 1}, copy.view(), {}, at).ok());
+      const kernels::StepResult r = counted.run(0, std::span(ids).first(1), in.view());
+      EXPECT_EQ(r.light_heads, n == 0 ? 0u : 4u) << "step " << n;
+    }
+    for (std::uint64_t j = 0; j < 12; ++j) {
+      StepBatch in(codec.layout(), 3, 2, 1100 + j);
+      StepBatch copy = in;
+      kernels::StepPolicy at = measured;
+      const std::uint64_t numbers[] = {5 + j, j, j};
+      at.steps = numbers;
+      std::vector<std::byte*> pages;
+      for (auto& page : expected) pages.push_back(page.data());
+      ASSERT_TRUE(kernels::fused_step(codec, 0, pages, copy.view(), {}, at).ok());
+      const kernels::StepResult r = counted.run(0, ids, in.view());
+      const std::size_t light = (j == 0 ? 0u : 8u) + (j == 11 ? 0u : 4u);
+      EXPECT_EQ(r.light_heads, light) << "joint step " << j;
+    }
+    EXPECT_EQ(counted.steps(ids[0], 0), 17u);
+    EXPECT_EQ(counted.steps(ids[2], 0), 12u);
+    EXPECT_EQ(counted.steps(ids[2], 1), 0u);
     for (std::uint32_t b = 0; b < 3; ++b) {
       const auto page = arena.page(slots[b]);
       ASSERT_EQ(std::memcmp(page.data(), expected[b].data(), page.size()), 0) << "request " << b;

@@ -386,5 +386,70 @@ TEST(FusedStep, LightStepsRunBetweenFullFitsAndCountThemselves) {
   }
 }
 
+// Per-request step numbers (StepPolicy::steps): each request of one call is light or full
+// by its own number, its bytes those of a call that numbers it alone; a list of the
+// wrong length is refused before anything is written. measured_step_policy is light
+// only for stepquant6 of variant full.
+TEST(FusedStep, EachRequestIsLightOrFullByItsOwnStepNumber) {
+  const auto plan = testing::make_plan(
+      Arch::gdn, 1, 4, 32, 32, 6,
+      [](std::size_t u) { return static_cast<std::uint8_t>(u % 3 == 0 ? 8 : 6); },
+      testing::random_impact(18));
+  const PageCodec codec(testing::plan_layout(plan, CodecId::stepquant6));
+  StepPolicy policy = measured_step_policy(codec.layout().codec);
+  ASSERT_EQ(policy.mode, StepMode::light);
+  ASSERT_EQ(policy.full_every, 16u);
+  ASSERT_EQ(policy.light.fit, LightFit::no_refit);
+
+  auto pages = initial_pages(codec, 3, 500);
+  const auto before = pages;
+  const std::uint64_t numbers[] = {16, 3, 33};  // full, light, light
+  policy.steps = numbers;
+  StepBatch in(codec.layout(), 3, 4, 510);
+  StepBatch copy = in;
+  const StepResult r = fused_step(codec, 0, pointers(pages), in.view(), {}, policy);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.light_heads, 8u);
+  for (std::uint32_t b = 0; b < 3; ++b) {
+    std::vector<std::byte> alone = before[b];
+    std::byte* page = alone.data();
+    StepBatch one(codec.layout(), 1, 4, 0);
+    const std::size_t q = codec.layout().num_heads * codec.layout().key_dim;
+    const std::size_t v = codec.layout().num_heads * codec.layout().value_dim;
+    const std::size_t h = codec.layout().num_heads;
+    std::copy_n(copy.q.begin() + b * q, q, one.q.begin());
+    std::copy_n(copy.k.begin() + b * q, q, one.k.begin());
+    std::copy_n(copy.v.begin() + b * v, v, one.v.begin());
+    std::copy_n(copy.log_decay.begin() + b * h, h, one.log_decay.begin());
+    std::copy_n(copy.beta.begin() + b * h, h, one.beta.begin());
+    StepPolicy single = policy;
+    single.steps = {};
+    single.step = numbers[b];
+    ASSERT_TRUE(fused_step(codec, 0, {&page, 1}, one.view(), {}, single).ok());
+    EXPECT_EQ(testing::first_difference(alone, pages[b]), -1) << "request " << b;
+  }
+
+  const std::uint64_t two[] = {1, 2};
+  policy.steps = two;
+  auto untouched = pages;
+  StepBatch bad(codec.layout(), 3, 4, 520);
+  try {
+    (void)fused_step(codec, 0, pointers(untouched), bad.view(), {}, policy);
+    ADD_FAILURE() << "two step numbers for three requests were accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("policy.steps"), std::string::npos) << e.what();
+  }
+  for (std::uint32_t b = 0; b < 3; ++b) EXPECT_EQ(untouched[b], pages[b]);
+
+  CodecSpec other;
+  for (const CodecId id : {CodecId::fp32, CodecId::int8, CodecId::stepquant4, CodecId::dsq6}) {
+    other.id = id;
+    EXPECT_EQ(measured_step_policy(other).mode, StepMode::full) << to_string(id);
+  }
+  other.id = CodecId::stepquant6;
+  other.variant = StepQuantVariant::no_refit;
+  EXPECT_EQ(measured_step_policy(other).mode, StepMode::full);
+}
+
 }  // namespace
 }  // namespace statepool::kernels

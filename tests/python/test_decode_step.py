@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import statepool
-from conftest import small_layout
+from conftest import small_layout, uniform_plan
 
 L, H, K, V = 2, 3, 16, 24
 
@@ -90,3 +90,34 @@ def test_compressed_pages_and_rejected_heads(conn):
         arena.close()  # the step keeps the arena mapped
     del step
     slot.free()
+
+
+def test_stepquant6_steps_light_between_full_fits_by_default(conn):
+    """The measured mode: a full fit at a page's first step and every 16th, light steps
+    between (layer 0 has one pivot head, which is never light); a mode argument overrides."""
+    fields = dict(num_layers=L, num_heads=H, key_dim=K, value_dim=V)
+    info = conn.register_layout(small_layout(statepool.CodecId.stepquant6,
+                                             plan=uniform_plan(fields, 6), name="step-sq6"))
+    arena = conn.open_arena(info, 4)
+    slots = conn.allocate(arena, 2)
+    step = statepool.DecodeStep(arena, threads=1)
+    assert step.default_mode == statepool.StepMode.light
+    out = np.zeros((2, H, V), np.float32)
+    light = []
+    for t in range(17):
+        q, k, v, g, beta = inputs(2, statepool.Arch.gdn, 300 + t)
+        result = step.run(0, slots, q, k, v, g, beta, out)
+        assert result.ok and result.fallback_heads == 0
+        light.append(result.light_heads)
+    assert light == [0] + [2 * (H - 1)] * 15 + [0]
+    assert step.steps(slots[0], 0) == 17 and step.steps(slots[1].id, 1) == 0
+    q, k, v, g, beta = inputs(2, statepool.Arch.gdn, 400)
+    assert step.run(0, slots, q, k, v, g, beta, out, mode=statepool.StepMode.full).light_heads == 0
+    assert step.run(0, slots, q, k, v, g, beta, out,
+                    mode=statepool.StepMode.light, full_every=0).light_heads == 2 * (H - 1)
+    int8 = statepool.DecodeStep(conn.open_arena(conn.register_layout(
+        small_layout(statepool.CodecId.int8, name="step-int8-mode")), 2), threads=1)
+    assert int8.default_mode == statepool.StepMode.full
+    del step, int8
+    conn.free(slots)
+

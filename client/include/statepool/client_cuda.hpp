@@ -109,8 +109,12 @@ class DeviceDecodeStep {
   /// Enqueues one step of `layer` on `stream`. Throws std::invalid_argument for what the
   /// host can check (the layer, qk_heads, null pointers, a head too large for the
   /// device's shared memory), Error(internal) when the launch fails. Slots are checked on
-  /// the device (kStepBadSlot, kStepDuplicateSlot). `policy`: the step mode, as
-  /// DecodeStep::run's (a light step launches the kernel with cuda::light_step_view).
+  /// the device (kStepBadSlot, kStepDuplicateSlot). `policy`: the step mode, the full fit
+  /// by default. A light policy makes the whole launch light or full by policy.step (the
+  /// caller's count; a light step launches the kernel with cuda::light_step_view);
+  /// per-request numbers (policy.steps) are refused with std::invalid_argument: the
+  /// device keeps no count of its pages' steps yet, which is why the default here is not
+  /// DecodeStep's measured mode.
   void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream,
            const kernels::StepPolicy& policy = {}) const;
 

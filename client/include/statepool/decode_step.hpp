@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "statepool/client.hpp"
 #include "statepool/kernels/fused_step.hpp"
@@ -56,14 +57,27 @@ class DecodeStep {
   DecodeStep& operator=(const DecodeStep&) = delete;
 
   /// One step of `layer` for the requests whose pages are `slots` (in batch order:
-  /// inputs.batch == slots.size()). Throws std::invalid_argument when the inputs do not
-  /// fit the layout (nothing is written), std::out_of_range for a slot outside the arena,
+  /// inputs.batch == slots.size()), in the arena codec's measured step mode
+  /// (default_policy()). Throws std::invalid_argument when the inputs do not fit the
+  /// layout (nothing is written), std::out_of_range for a slot outside the arena,
   /// std::invalid_argument when a slot appears twice. Non-finite new states are reported
-  /// in the result, not thrown (fused_step.hpp). `policy`: the step mode (the full fit by
-  /// default; docs/client.md, "Step modes").
+  /// in the result, not thrown (fused_step.hpp).
   kernels::StepResult run(std::uint32_t layer, std::span<const SlotId> slots,
-                          const kernels::StepInputs& inputs,
-                          const kernels::StepPolicy& policy = {});
+                          const kernels::StepInputs& inputs);
+  /// The same with the step mode `policy` (docs/client.md, "Step modes"). The step numbers
+  /// of a light policy are `policy.steps` when it has them (one per slot), otherwise this
+  /// object's count of each slot's steps of `layer` (policy.step is not read), so that
+  /// every page gets the full fit at least every full_every of its steps however the
+  /// engine batches them.
+  kernels::StepResult run(std::uint32_t layer, std::span<const SlotId> slots,
+                          const kernels::StepInputs& inputs, const kernels::StepPolicy& policy);
+
+  /// kernels::measured_step_policy of the arena's codec: for stepquant6 light steps with a
+  /// full fit every 16 steps of a page, for every other codec the full fit.
+  [[nodiscard]] const kernels::StepPolicy& default_policy() const noexcept { return default_; }
+  /// Steps of `layer` this object has run on `slot` (0 for a slot or layer it does not
+  /// have).
+  [[nodiscard]] std::uint64_t steps(SlotId slot, std::uint32_t layer) const noexcept;
 
   /// Threads a call uses, the caller's included.
   [[nodiscard]] unsigned threads() const noexcept;
@@ -73,6 +87,10 @@ class DecodeStep {
   const Arena* arena_;
   const kernels::PageCodec* codec_;
   std::unique_ptr<support::WorkerPool> workers_;  // null: the calling thread only
+  kernels::StepPolicy default_;
+  /// [slot][layer]: steps run, the step numbers of light policies. Calls on disjoint
+  /// slots touch disjoint entries.
+  std::vector<std::uint64_t> steps_;
 };
 
 }  // namespace statepool::client

@@ -52,18 +52,37 @@ struct StepPolicy {
   /// light: the steps whose number is a multiple of full_every run the full fit (16, the
   /// measured choice for stepquant6); 0: only a head that falls back does.
   std::uint32_t full_every = 16;
-  /// light: the step number of the call's pages (the caller's count: one number for the
-  /// whole batch until the page format carries a counter per page, issue 47).
+  /// light: the step number of every request of the call, unless `steps` is given.
   std::uint64_t step = 0;
+  /// light: each request's own step number, in batch order (size batch), or empty. What
+  /// the numbers must guarantee is only that a page never has more than full_every - 1
+  /// light steps in a row; client::DecodeStep counts them per slot and layer itself.
+  std::span<const std::uint64_t> steps;
   LightOptions light;
 };
 
-/// Whether `policy` makes this step a light one: light mode, and a step number that is
-/// not a multiple of full_every (any number when full_every is 0).
-[[nodiscard]] constexpr bool is_light_step(const StepPolicy& policy) noexcept {
-  return policy.mode == StepMode::light &&
-         (policy.full_every == 0 || policy.step % policy.full_every != 0);
+/// Whether `policy` makes the step of a request numbered `step` a light one: light mode,
+/// and a number that is not a multiple of full_every (any number when full_every is 0).
+[[nodiscard]] constexpr bool is_light_step(const StepPolicy& policy, std::uint64_t step) noexcept {
+  return policy.mode == StepMode::light && (policy.full_every == 0 || step % policy.full_every != 0);
 }
+
+/// The same for the call's number `policy.step` (every request, when `steps` is empty).
+[[nodiscard]] constexpr bool is_light_step(const StepPolicy& policy) noexcept {
+  return is_light_step(policy, policy.step);
+}
+
+/// The same for request `request` of the call: its entry of `steps`, or `step`.
+[[nodiscard]] constexpr bool is_light_request(const StepPolicy& policy,
+                                              std::size_t request) noexcept {
+  return is_light_step(policy, policy.steps.empty() ? policy.step : policy.steps[request]);
+}
+
+/// The measured step mode of `codec` (docs/codecs.md, "Step modes"): light steps without
+/// the refit and a full fit every 16 steps for stepquant6 pages of variant `full`; the
+/// full fit every step for every other codec (stepquant4 included: its long-lived heads
+/// need the refit). What client::DecodeStep runs unless told otherwise.
+[[nodiscard]] StepPolicy measured_step_policy(const CodecSpec& codec) noexcept;
 
 struct StepInputs {
   std::uint32_t batch = 0;
@@ -110,7 +129,8 @@ void check_step(const PageCodec& codec, std::uint32_t layer, std::span<std::byte
 /// One step of layer `layer` for every request of `in` (checked by check_step first).
 /// The work items are the batch * num_heads (request, head) pairs; with `parallel` they
 /// are split over its threads, otherwise they run on this thread. `policy`: how the heads
-/// are re-encoded (the full fit by default).
+/// are re-encoded (the full fit by default); std::invalid_argument when its `steps` is
+/// neither empty nor one number per request.
 StepResult fused_step(const PageCodec& codec, std::uint32_t layer,
                       std::span<std::byte* const> pages, const StepInputs& in,
                       const ParallelFor& parallel = {}, const StepPolicy& policy = {});
