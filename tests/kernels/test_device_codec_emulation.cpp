@@ -556,6 +556,38 @@ TEST(DeviceCodecEmulationBatch, NaNScalesDecodeToOneNaNOnBothSides) {
   }
 }
 
+// The other half of the decoder's NaN rule (docs/codecs.md, "NaN and the decoder"): a
+// stored fp16 value, a pivot row's, is widened exactly, sign, payload and quiet bit kept,
+// on both sides; a signalling fp16 NaN stays signalling.
+TEST(DeviceCodecEmulationBatch, PivotNaNsWidenExactlyOnBothSides) {
+  const StateLayout layout = plan_layout(testing::kda_plan4(20), CodecId::stepquant4);
+  const PageCodec cpu(layout);
+  ASSERT_EQ(cpu.head_offset(0, 0), 0u);
+  std::vector<std::byte> page(cpu.page_bytes());
+  {
+    std::vector<float> state(cpu.staged_bytes(DType::f32) / sizeof(float), 0.25f);
+    cpu.encode(std::as_bytes(std::span(state)), DType::f32, page);
+  }
+  // Head 0 rows 2 4 6 8 P 6 4 2 at V = 20: the pivot row 4 starts at byte 106.
+  const std::uint16_t halves[] = {0x7D00, 0x7E00, 0xFD01, 0xFFFF, 0x7C01};
+  const std::uint32_t widened[] = {0x7FA00000u, 0x7FC00000u, 0xFFA02000u, 0xFFFFE000u,
+                                   0x7F802000u};
+  for (std::size_t n = 0; n < 5; ++n) std::memcpy(page.data() + 106 + 2 * n, &halves[n], 2);
+  const PageFormatTables tables(cpu, DType::f32);
+  std::vector<std::byte> want(cpu.staged_bytes(DType::f32));
+  cpu.decode(page, DType::f32, want);
+  std::vector<std::byte> back(want.size(), std::byte{0x3C});
+  const void* in = page.data();
+  void* out = back.data();
+  cuda::emulate_decode_pages(tables.view(), &in, &out, 1, 3);
+  EXPECT_EQ(first_difference(back, want), -1);
+  for (std::size_t n = 0; n < 5; ++n) {
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, want.data() + 4 * (4 * 20 + n), 4);
+    EXPECT_EQ(bits, widened[n]) << "half " << std::hex << halves[n];
+  }
+}
+
 // --- the tables and the view checks --------------------------------------------------------
 
 TEST(DeviceCodecEmulationTables, TablesFollowThePageCodec) {

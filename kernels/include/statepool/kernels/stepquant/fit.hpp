@@ -21,8 +21,9 @@
 //      e_i = 1/(r_i q_i) and a_i = 1/(r_i g_i) (both products exact).
 //   2. c_j = fp16(max_i (|x_ij| e_i)) over non-pivot rows; 0 when the column is zero (or
 //      every row is a pivot). Per column b_j = 1/c_j.
-//   3. t = (x_ij a_i) b_j; z_ij = clamp(round_half_even(t), -L, L), or at 2 bits the
-//      four-level z_ij = 2u - 3, u = clamp(round_half_even((t + 3) * 0.5), 0, 3).
+//   3. t = (x_ij a_i) b_j; z_ij = clamp(round_half_even(t), -L_{b_i}, L_{b_i}) (the row
+//      width's bound, also on KDA's grid), or at 2 bits the four-level z_ij = 2u - 3,
+//      u = clamp(round_half_even((t + 3) * 0.5), 0, 3).
 //   4. Refit (not DSQ): over non-pivot rows in row order, v = r_i g_i z_ij (exact),
 //      t = (w_i w_i) v, N_j += t x_ij, D_j += t v; c_j = fp16(N_j / D_j) when D_j > 0 and
 //      the quotient is finite, > 0 and does not round to 0, else c_j keeps its value.
@@ -126,8 +127,9 @@ CarriedStats fit_head_carried(Arch arch, std::span<const float> head, std::uint3
 void reconstruct(Arch arch, const HeadFit& fit, std::span<const std::uint8_t> row_widths,
                  std::span<float> out);
 
-/// The DSQ baseline fit: r_i = fp16(sqrt(mean_j |x_ij|)), c_j = fp16(max_i |x_ij / r_i| /
-/// qmax), uniform width, no impact, no refit. Kind dual_axis (reconstruct with any arch
+/// The DSQ baseline fit: steps 1-3 of the fit above with w_i = 1, q_i = L_bits, g_i = 1
+/// (r_i = fp16(sqrt(S_j |x_ij| / V)) by the lane sum, c_j = fp16(max_i (|x_ij| e_i))),
+/// uniform width, no impact, no refit. Kind dual_axis (reconstruct with any arch
 /// and `bits` for every row). bits is 4 or 6 (2 and 8 are accepted too).
 void fit_head_dsq(std::span<const float> head, std::uint32_t key_dim, std::uint32_t value_dim,
                   std::uint32_t bits, HeadFit& out);
