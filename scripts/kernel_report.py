@@ -118,6 +118,15 @@ OPERATIONS = [
     ("stepquant6 step", "step_kernel<stepquant>",
      {"dual-decode": 1, "step": 1, "dual-rows": 1, "dual-columns": 1, "dual-refit": 1,
       "dual-codes": 1}, 0.75 + 4 / 128, 0.75 + 4 / 128, 8.0),
+    # A light step (StepMode::light, docs/codecs.md "Step modes") is the same kernel with the
+    # no_refit page format: the full step's paths without the refit.
+    ("stepquant6 light step", "step_kernel<stepquant>",
+     {"dual-decode": 1, "step": 1, "dual-rows": 1, "dual-columns": 1, "dual-codes": 1},
+     0.75 + 4 / 128, 0.75 + 4 / 128, 8.0),
+    # A 4-bit GDN head is coarse: two refit rounds (fit_math.hpp's refit_rounds).
+    ("stepquant4 step", "step_kernel<stepquant>",
+     {"dual-decode": 1, "step": 1, "dual-rows": 1, "dual-columns": 1, "dual-refit": 2,
+      "dual-codes": 1}, 0.5 + 4 / 128, 0.5 + 4 / 128, 8.0),
     ("non-finite scan", "find_non_finite_kernel<StagedF32>", {"nonfinite-scan": 1}, 4.0, 0.0, 8.0),
     ("kivi4 KV encode", "kv_encode_kernel<LoadBf16, unsigned short>", {"kivi-encode": 1}, 2.0,
      20 / 32, 4.0),
@@ -436,10 +445,10 @@ def main() -> int:
                 print(f"   {kernel}: " + ", ".join(f"{p} {v:.1f}" for p, v in sorted(mine.items())))
     if estimates:
         print(f"== roofline (f32 staged state, K=V={K}, ideal issue)")
-        print(f"   {'operation':18s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "
+        print(f"   {'operation':21s} {'card':14s} {'instr/value':>11s} {'bytes/value':>11s} "
               f"{'limiter':>8s} {'x copy':>7s}")
         for e in estimates:
-            print(f"   {e['operation']:18s} {e['card']:14s} {e['per_value']:11.1f} "
+            print(f"   {e['operation']:21s} {e['card']:14s} {e['per_value']:11.1f} "
                   f"{e['bytes']:11.2f} {e['limiter']:>8s} {e['of_copy']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:

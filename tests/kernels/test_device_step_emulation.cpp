@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -60,6 +62,15 @@ TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
           a.v[std::size_t{1} * l.num_heads * l.value_dim] = std::numeric_limits<float>::infinity();
           b.v = a.v;
         }
+        // Request 2's first q head +Inf: its readouts are +-Inf or NaN while its states
+        // stay finite, so those heads are stored (the device's per-column check looks at
+        // the readout first, then at the column).
+        const bool overflow = step == 0 && layer == 0;
+        if (overflow) {
+          std::fill_n(a.q.begin() + std::size_t{2} * qk * l.key_dim, l.key_dim,
+                    std::numeric_limits<float>::infinity());
+          b.q = a.q;
+        }
         std::vector<std::byte*> pages;
         for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
         const StepResult expected = fused_step(codec, layer, pages, a.view());
@@ -92,6 +103,12 @@ TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
           count += r == cuda::kStepNotFinite ? 1 : 0;
         }
         EXPECT_EQ(count, expected.rejected_heads);
+        if (overflow) {
+          EXPECT_EQ(expected.rejected_heads, 0u);
+          EXPECT_TRUE(std::any_of(a.out.begin(), a.out.end(),
+                                  [](float o) { return !std::isfinite(o); }))
+              << "no readout is non-finite: the test does not reach the column check";
+        }
         if (expected.rejected_heads > 0) {
           EXPECT_EQ(rejected[std::size_t{expected.first_rejected_request} * l.num_heads +
                              expected.first_rejected_head],

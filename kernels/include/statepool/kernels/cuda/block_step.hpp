@@ -168,29 +168,70 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   t.sync();
 
   const float beta = s.beta[item];
+  // The per-row constants four rows at a time (one 16-byte shared load for four values)
+  // when K is a multiple of 4; the same operations in the same order either way.
+  const bool rows4 = K % 4 == 0 && detail::aligned16(decay);  // the same for every rank
   for (std::uint32_t j = t.rank(); j < V; j += t.size()) {
     float* column = state + j;  // S_ij at column[i V]: K V < 2^24
     float u = 0.0f;
-    // kernel-report: step 1 x4
-    STATEPOOL_UNROLL_BY(4)
-    for (std::uint32_t i = 0; i < K; ++i) {
-      float& x = column[i * V];
-      x *= decay[i];
-      u += x * key[i];
+    if (rows4) {
+      // kernel-report: step 4 x2
+      STATEPOOL_UNROLL_BY(2)
+      for (std::uint32_t i = 0; i < K; i += 4) {
+        const detail::Words4 d = detail::load16(decay + i);
+        const detail::Words4 k4 = detail::load16(key + i);
+        STATEPOOL_UNROLL
+        for (std::uint32_t n = 0; n < 4; ++n) {
+          float& x = column[(i + n) * V];
+          x *= bits_float(d.w[n]);
+          u += x * bits_float(k4.w[n]);
+        }
+      }
+    } else {
+      // kernel-report: step-any-k 1 x4 fallback
+      STATEPOOL_UNROLL_BY(4)
+      for (std::uint32_t i = 0; i < K; ++i) {
+        float& x = column[i * V];
+        x *= decay[i];
+        u += x * key[i];
+      }
     }
     u = beta * (s.v[item * V + j] - u);
     float o = 0.0f;
-    bool finite = true;
-    // kernel-report: step 1 x4
-    STATEPOOL_UNROLL_BY(4)
-    for (std::uint32_t i = 0; i < K; ++i) {
-      float& x = column[i * V];
-      x += key[i] * u;
-      o += x * query[i];
-      finite = finite && !is_non_finite_bits(float_bits(x));
+    if (rows4) {
+      // kernel-report: step 4 x2
+      STATEPOOL_UNROLL_BY(2)
+      for (std::uint32_t i = 0; i < K; i += 4) {
+        const detail::Words4 k4 = detail::load16(key + i);
+        const detail::Words4 q4 = detail::load16(query + i);
+        STATEPOOL_UNROLL
+        for (std::uint32_t n = 0; n < 4; ++n) {
+          float& x = column[(i + n) * V];
+          x += bits_float(k4.w[n]) * u;
+          o += x * bits_float(q4.w[n]);
+        }
+      }
+    } else {
+      // kernel-report: step-any-k 1 x4 fallback
+      STATEPOOL_UNROLL_BY(4)
+      for (std::uint32_t i = 0; i < K; ++i) {
+        float& x = column[i * V];
+        x += key[i] * u;
+        o += x * query[i];
+      }
     }
     s.out[item * V + j] = o;
-    if (!finite) t.atomic_min(flag, j);
+    // A NaN or +-Inf in the column makes its term q_i x_i NaN or +-Inf (0 Inf is NaN), and
+    // a sum that takes such a term stays NaN or +-Inf, so a finite o proves the column
+    // finite. A non-finite o (the column's, or q's, or an overflow of finite terms) is
+    // rare: the column is then checked value by value.
+    if (is_non_finite_bits(float_bits(o))) {
+      bool finite = true;
+      for (std::uint32_t i = 0; i < K; ++i) {
+        finite = finite && !is_non_finite_bits(float_bits(column[i * V]));
+      }
+      if (!finite) t.atomic_min(flag, j);
+    }
   }
   t.sync();
   const bool finite = *flag == kAllFinite;  // the same for every rank after the barrier
