@@ -91,6 +91,10 @@ ROOT_ALLOWED = {"socket-dir": {"CHOWN"}}  # init container name -> capabilities 
 GRACE_MARGIN_S = 5
 POD_KINDS = {"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "Pod"}
 SOCKET_PATH_MAX = 107
+# An option whose value comes from a Secret (through $(VAR) of a secretKeyRef) is checked
+# as this placeholder, and run through --print-config with the flag's stand-in below.
+SECRET_MARK = "<secret "
+SECRET_STAND_INS = {"snapshot-remote": "redis://from-a-secret.invalid:6379"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,6 +249,17 @@ def literal_env(container):
     return {e["name"]: e.get("value", "") for e in container.get("env") or [] if "valueFrom" not in e}
 
 
+def secret_env(container):
+    """Variables from a Secret's key, as a placeholder naming it (their value is not in the
+    manifests)."""
+    result = {}
+    for e in container.get("env") or []:
+        ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            result[e["name"]] = f"{SECRET_MARK}{ref.get('name')}/{ref.get('key')}>"
+    return result
+
+
 def effective(container, spec, field):
     value = (container.get("securityContext") or {}).get(field)
     return value if value is not None else (spec.get("securityContext") or {}).get(field)
@@ -294,9 +309,11 @@ class Daemon:
         self.field, self.container = field, container
         self.where = f"{overlay.name}: {name_of(doc)} container {container.get('name')}"
         self.env = literal_env(container)
-        argv = [expand_env(a, self.env) for a in container.get("args") or []]
+        self.secret_env = secret_env(container)
+        expand = dict(self.env, **self.secret_env)
+        argv = [expand_env(a, expand) for a in container.get("args") or []]
         command = container.get("command") or []
-        argv = [expand_env(a, self.env) for a in command[1:]] + argv
+        argv = [expand_env(a, expand) for a in command[1:]] + argv
         self.argv = argv
         self.args, self.problems = parse_daemon_argv(argv)
         for a in argv:
@@ -447,7 +464,8 @@ def check_volumes(ov, doc, meta, spec):
             ov.err(where, f"volume {name} is not mounted by any container")
         cm = v.get("configMap")
         if cm is not None and not cm.get("optional") and ov.configmap_data(cm["name"]) is None \
-                and ov.expect.get("kind") != "example":
+                and ov.expect.get("kind") != "example" \
+                and cm["name"] not in ov.expect.get("external_configmaps", ()):
             ov.err(where, f"volume {name}: ConfigMap {cm['name']} is not in the output")
 
 
@@ -827,7 +845,16 @@ def check_charts(ov, ctx):
 def check_namespaces(ov):
     namespaces = ov.of_kind("Namespace")
     kind = ov.expect.get("kind")
-    if kind in ("gpu", "cpu"):
+    release = ov.expect.get("release_namespace")
+    if release is not None:
+        # A Helm release: the namespace exists before the release (Helm stores the release
+        # there), so the chart brings no Namespace object and puts everything in it.
+        if namespaces:
+            ov.err(ov.name, "has a Namespace object: a chart installs into the release's namespace")
+        for d in ov.docs:
+            if d["metadata"].get("namespace") != release:
+                ov.err(ov.name, f"{name_of(d)} is not in the release namespace {release}")
+    elif kind in ("gpu", "cpu"):
         if len(namespaces) != 1:
             ov.err(ov.name, f"{len(namespaces)} Namespace objects (want 1)")
             return
@@ -850,8 +877,9 @@ def check_overlay_shape(ov, ctx, daemons):
     daemonsets = [d for d in daemons if d.doc["kind"] == "DaemonSet"]
     if kind == "gpu":
         devices = sorted(getattr(d, "gpu", -1) for d in cuda)
-        if devices != list(range(ctx.gpus)):
-            ov.err(ov.name, f"cuda daemons for devices {devices}; want 0 ... {ctx.gpus - 1} once each")
+        want = sorted(ov.expect.get("gpus", range(ctx.gpus)))
+        if devices != want:
+            ov.err(ov.name, f"cuda daemons for devices {devices}; want {want} once each")
         if host or len(daemonsets) != len(daemons):
             ov.err(ov.name, "has daemons that are not per-GPU DaemonSets")
         for d in cuda:
@@ -973,8 +1001,17 @@ def validate_flags(overlays, ctx):
             for i, d in enumerate(ov.daemons()):
                 argv = []
                 for key, value in d.args.items():
+                    if SECRET_MARK in value:
+                        if key not in SECRET_STAND_INS:
+                            errors.append(f"{d.where}: --{key} from a Secret has no stand-in "
+                                          "for --print-config (SECRET_STAND_INS)")
+                            continue
+                        value = SECRET_STAND_INS[key]
+                    if key == "plan-dir":  # the pod's mounted ConfigMap: an empty stand-in
+                        value = os.path.join(tmp, "plans")
+                        os.makedirs(value, exist_ok=True)
                     if key == "config" and d.config_text is not None:
-                        path = os.path.join(tmp, f"{ov.name}-{i}.conf")
+                        path = os.path.join(tmp, f"{len(os.listdir(tmp))}.conf")
                         with open(path, "w", encoding="utf-8") as f:
                             f.write(d.config_text)
                         value = path
