@@ -106,6 +106,12 @@ kernels::cuda::DevicePageFormat format_on_device(const Arena& arena, kernels::DT
   return kernels::cuda::DevicePageFormat(arena.codec(), dtype);
 }
 
+/// Zeroed step counts of the arena's pages on its device, whatever device is current.
+kernels::cuda::DeviceStepCounts counts_on_device(const Arena& arena) {
+  const kernels::cuda::DeviceGuard on(arena.memory().device);
+  return {arena.page_count(), static_cast<std::uint32_t>(arena.codec().head_count())};
+}
+
 }  // namespace
 
 DeviceDecoder::DeviceDecoder(const Arena& arena, kernels::DType staged_dtype) try
@@ -126,9 +132,17 @@ void DeviceDecoder::decode(SlotId slot, void* staged, cudaStream_t stream) const
 }
 
 DeviceDecodeStep::DeviceDecodeStep(const Arena& arena) try
-    : arena_(&checked(arena)), format_(format_on_device(arena, kernels::DType::f32)) {
+    : arena_(&checked(arena)),
+      format_(format_on_device(arena, kernels::DType::f32)),
+      default_(kernels::measured_step_policy(arena.codec().layout().codec)),
+      counts_(counts_on_device(arena)) {
 } catch (const std::runtime_error& e) {
   throw Error(Status::internal, std::string("DeviceDecodeStep: ") + e.what());
+}
+
+void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in,
+                           cudaStream_t stream) const {
+  run(layer, in, stream, default_);
 }
 
 void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in, cudaStream_t stream,
@@ -140,7 +154,7 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in, cuda
   if (!policy.steps.empty()) {
     throw std::invalid_argument(
         "DeviceDecodeStep::run: per-request step numbers (StepPolicy::steps) are a host step "
-        "feature; a device launch is light or full as a whole, by StepPolicy::step");
+        "feature; the device numbers each page's steps itself");
   }
   const std::uint32_t qk = in.qk_heads == 0 ? l.num_heads : in.qk_heads;
   if (in.batch == 0) return;
@@ -170,11 +184,13 @@ void DeviceDecodeStep::run(std::uint32_t layer, const DeviceStepInputs& in, cuda
                                   .page_stride = arena_->page_stride(),
                                   .page_count = arena_->page_count(),
                                   .slots = in.slots,
-                                  .rejected = in.rejected};
-  const kernels::cuda::PageFormatView view = kernels::is_light_step(policy)
-                                                  ? kernels::cuda::light_step_view(format_.view())
-                                                  : format_.view();
-  if (const cudaError_t status = kernels::cuda::fused_step_pages(view, s, stream);
+                                  .rejected = in.rejected,
+                                  .step_counts = counts_.data(),
+                                  // full: every step is a multiple of 1, counted all the same
+                                  .full_every = policy.mode == kernels::StepMode::light
+                                                    ? policy.full_every
+                                                    : 1u};
+  if (const cudaError_t status = kernels::cuda::fused_step_pages(format_.view(), s, stream);
       status != cudaSuccess) {
     fail("fused_step_pages", status);
   }

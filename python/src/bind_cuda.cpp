@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "bindings.hpp"
 #include "gil.hpp"
@@ -425,7 +427,7 @@ a module built with CUDA (HAVE_CUDA).)doc")
              const py::object& q, const py::object& k, const py::object& v,
              const py::object& log_decay, const py::object& beta, const py::object& out,
              const py::object& rejected, std::uint32_t qk_heads, std::uintptr_t stream,
-             kernels::StepMode mode, std::uint32_t full_every, std::uint64_t step) {
+             std::optional<kernels::StepMode> mode, std::uint32_t full_every) {
 #if STATEPOOL_HAVE_CUDA
             const kernels::StateLayout& l = h.arena->codec().layout();
             if (const std::string problem = kernels::step_problem(l, layer, qk_heads);
@@ -470,22 +472,21 @@ a module built with CUDA (HAVE_CUDA).)doc")
                 .beta = static_cast<const float*>(bb.data()),
                 .out = static_cast<float*>(bo.data()),
                 .rejected = br ? static_cast<std::uint8_t*>(br->data()) : nullptr};
-            kernels::StepPolicy policy = step_policy(mode, full_every);
-            policy.step = step;
+            const kernels::StepPolicy policy =
+                mode ? step_policy(*mode, full_every) : h.step->default_policy();
             ReleaseGil release;
             h.step->run(layer, in, as_stream(stream), policy);
 #else
             (void)h, (void)layer, (void)slots, (void)q, (void)k, (void)v, (void)log_decay,
                 (void)beta, (void)out, (void)rejected, (void)qk_heads, (void)stream, (void)mode,
-                (void)full_every, (void)step;
+                (void)full_every;
             no_cuda("DeviceDecodeStep.run");
 #endif
           },
           py::arg("layer"), py::arg("slots"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("log_decay"), py::arg("beta"), py::arg("out"), py::kw_only(),
           py::arg("rejected") = py::none(), py::arg("qk_heads") = 0, py::arg("stream") = 0,
-          py::arg("mode") = kernels::StepMode::full, py::arg("full_every") = 16,
-          py::arg("step") = 0, R"doc(
+          py::arg("mode") = py::none(), py::arg("full_every") = 16, R"doc(
 Enqueues one step of ``layer`` on CUDA stream ``stream`` (an int handle, 0 the legacy default
 stream) for the requests whose pages are ``slots``: a device array of int32 (or uint32) slot
 ids, one per request, distinct. Every other buffer is C-contiguous float32 device memory on
@@ -495,9 +496,9 @@ the arena's device (CUDA tensors, or __cuda_array_interface__): q and k [batch][
 uint8 device array [batch][H], written with 0 (stored), 1 (a non-finite new state: the head
 kept its bytes), 2 (a slot outside the arena: nothing touched) or 3 (an earlier request
 of the batch has the slot: only the first is stepped). ``qk_heads`` 0 means H. ``mode``:
-StepMode.full (the default) or StepMode.light, which makes the whole launch light unless
-``step``, the caller's count of this layer's launches, is a multiple of ``full_every``
-(the device keeps no count per page: give each layer's batch one launch per token).
+None for the codec's measured mode (StepMode.light for stepquant6), or a StepMode; the
+device counts each page's steps of each layer itself, and a light step is one whose count
+is not a multiple of ``full_every``.
 ValueError/TypeError for what the host can check (the layer, a size or type that does not
 fit, host memory), before anything is launched. Returns without waiting.)doc");
 }

@@ -2305,7 +2305,7 @@ class DeviceDecodeStep:
         """
         Uploads the page format's tables to the arena's device. ValueError for an arena that is not device memory mapped here or has no page format.
         """
-    def run(self, layer: int, slots: typing.Any, q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, rejected: typing.Any = None, qk_heads: int = 0, stream: int = 0, mode: StepMode = StepMode.full, full_every: int = 16, step: int = 0) -> None:
+    def run(self, layer: int, slots: typing.Any, q: typing.Any, k: typing.Any, v: typing.Any, log_decay: typing.Any, beta: typing.Any, out: typing.Any, *, rejected: typing.Any = None, qk_heads: int = 0, stream: int = 0, mode: StepMode | None = None, full_every: int = 16) -> None:
         """
         Enqueues one step of ``layer`` on CUDA stream ``stream`` (an int handle, 0 the legacy default
         stream) for the requests whose pages are ``slots``: a device array of int32 (or uint32) slot
@@ -2316,9 +2316,9 @@ class DeviceDecodeStep:
         uint8 device array [batch][H], written with 0 (stored), 1 (a non-finite new state: the head
         kept its bytes), 2 (a slot outside the arena: nothing touched) or 3 (an earlier request
         of the batch has the slot: only the first is stepped). ``qk_heads`` 0 means H. ``mode``:
-        StepMode.full (the default) or StepMode.light, which makes the whole launch light unless
-        ``step``, the caller's count of this layer's launches, is a multiple of ``full_every``
-        (the device keeps no count per page: give each layer's batch one launch per token).
+        None for the codec's measured mode (StepMode.light for stepquant6), or a StepMode; the
+        device counts each page's steps of each layer itself, and a light step is one whose count
+        is not a multiple of ``full_every``.
         ValueError/TypeError for what the host can check (the layer, a size or type that does not
         fit, host memory), before anything is launched. Returns without waiting.
         """

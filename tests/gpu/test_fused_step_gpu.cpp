@@ -60,6 +60,11 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
   ASSERT_TRUE(arena.ok() && slots.ok());
   STATEPOOL_CUDA_OK(arena.upload(cpu));
   STATEPOOL_CUDA_OK(slots.upload(bytes_of(kSlotOf)));
+  // The light mode's counts on the device (StepView::step_counts): every (page, layer,
+  // head) starts at 0, so at step t each request's number is t.
+  DeviceBuffer counts(std::size_t{kSlots} * codec.head_count() * sizeof(std::uint32_t));
+  ASSERT_TRUE(counts.ok());
+  STATEPOOL_CUDA_OK(counts.fill(0));
 
   for (std::uint32_t step = 0; step < 2; ++step) {
     for (std::uint32_t layer = 0; layer < l.num_layers; ++layer) {
@@ -82,7 +87,7 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
       StepPolicy policy;
       policy.mode = StepMode::light;
       policy.full_every = 2;
-      policy.step = step;  // 0: the full fit, 1: a light step
+      policy.step = step;  // 0: the full fit, 1: a light step (the device counts it)
       const StepResult expected = fused_step(codec, layer, pages, in.view(), {}, policy);
 
       const cuda::StepView s{.layer = layer,
@@ -99,10 +104,10 @@ TEST_P(FusedStepGpu, EqualsTheCpuFusedStepBitForBit) {
                              .page_stride = stride,
                              .page_count = kSlots,
                              .slots = static_cast<const std::uint32_t*>(slots.get()),
-                             .rejected = static_cast<std::uint8_t*>(rejected.get())};
-      const cuda::PageFormatView view =
-          is_light_step(policy) ? cuda::light_step_view(format.view()) : format.view();
-      STATEPOOL_CUDA_OK(cuda::fused_step_pages(view, s, nullptr));
+                             .rejected = static_cast<std::uint8_t*>(rejected.get()),
+                             .step_counts = static_cast<std::uint32_t*>(counts.get()),
+                             .full_every = policy.full_every};
+      STATEPOOL_CUDA_OK(cuda::fused_step_pages(format.view(), s, nullptr));
       STATEPOOL_CUDA_OK(cudaDeviceSynchronize());
 
       std::vector<std::byte> device_pages, device_out, device_rejected;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "statepool/kernels/cuda/block_step.hpp"
@@ -119,28 +120,42 @@ TEST_P(DeviceStepEmulation, EqualsTheCpuFusedStep) {
   }
 }
 
-// A light step (StepMode::light): the host launches the same kernel with
-// cuda::light_step_view's format, and the pages equal the CPU's light step, bit for bit.
-TEST_P(DeviceStepEmulation, LightStepEqualsTheCpuLightStep) {
+// Light steps (StepMode::light) numbered on the device: the kernel reads each (page,
+// layer, head)'s count (StepView::step_counts), encodes with light_step_view's format
+// unless the count is a multiple of full_every, and counts the step. Whatever the batches
+// (slot 0 also steps alone), the pages equal the CPU's step with each request's own
+// number, bit for bit, and the counts are the steps each page had.
+TEST_P(DeviceStepEmulation, LightStepsCountedOnTheDeviceEqualTheCpuLightSteps) {
   const PageCodec codec(GetParam().layout);
   const StateLayout& l = codec.layout();
   const cuda::PageFormatTables tables(codec, DType::f32);
   const std::size_t stride = codec.page_bytes();
   auto cpu = arena(codec, stride);
   auto device = cpu;
+  std::vector<std::uint32_t> counts(std::size_t{kSlots} * codec.head_count(), 0);
+  std::uint64_t cpu_counts[kSlots] = {};
   StepPolicy policy;
   policy.mode = StepMode::light;
-  for (std::uint32_t step = 0; step < 3; ++step) {
-    policy.full_every = 2;
-    policy.step = step;  // 0 and 2 full, 1 light
-    StepBatch a(l, kBatch, l.num_heads, 500 + step);
+  policy.full_every = 3;
+  for (std::uint32_t call = 0; call < 7; ++call) {
+    const bool alone = call % 2 == 1;  // slot 0 alone, else slots 3, 0, 4
+    const std::uint32_t one[] = {0};
+    const std::span<const std::uint32_t> slots =
+        alone ? std::span<const std::uint32_t>(one) : std::span<const std::uint32_t>(kSlotOf);
+    const auto batch = static_cast<std::uint32_t>(slots.size());
+    StepBatch a(l, batch, l.num_heads, 500 + call);
     StepBatch b = a;
     std::vector<std::byte*> pages;
-    for (const std::uint32_t slot : kSlotOf) pages.push_back(cpu.data() + slot * stride);
+    std::vector<std::uint64_t> numbers;
+    for (const std::uint32_t slot : slots) {
+      pages.push_back(cpu.data() + slot * stride);
+      numbers.push_back(cpu_counts[slot]++);
+    }
+    policy.steps = numbers;
     const StepResult expected = fused_step(codec, 0, pages, a.view(), {}, policy);
     ASSERT_TRUE(expected.ok());
     const cuda::StepView s{.num_heads = l.num_heads,
-                           .batch = kBatch,
+                           .batch = batch,
                            .qk_heads = l.num_heads,
                            .q = b.q.data(),
                            .k = b.k.data(),
@@ -151,14 +166,20 @@ TEST_P(DeviceStepEmulation, LightStepEqualsTheCpuLightStep) {
                            .pages = reinterpret_cast<std::uint8_t*>(device.data()),
                            .page_stride = stride,
                            .page_count = kSlots,
-                           .slots = kSlotOf,
-                           .rejected = nullptr};
-    const cuda::PageFormatView view =
-        is_light_step(policy) ? cuda::light_step_view(tables.view()) : tables.view();
-    cuda::emulate_fused_step(view, s, 3);
+                           .slots = slots.data(),
+                           .rejected = nullptr,
+                           .step_counts = counts.data(),
+                           .full_every = policy.full_every};
+    cuda::emulate_fused_step(tables.view(), s, 3);
     ASSERT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0)
-        << "outputs, step " << step;
-    ASSERT_EQ(testing::first_difference(cpu, device), -1) << "pages, step " << step;
+        << "outputs, call " << call;
+    ASSERT_EQ(testing::first_difference(cpu, device), -1) << "pages, call " << call;
+  }
+  for (std::uint32_t slot = 0; slot < kSlots; ++slot) {
+    for (std::size_t head = 0; head < codec.head_count(); ++head) {
+      const std::uint64_t want = head < l.num_heads ? cpu_counts[slot] : 0;  // layer 0 only
+      EXPECT_EQ(counts[slot * codec.head_count() + head], want) << "slot " << slot << " head " << head;
+    }
   }
 }
 

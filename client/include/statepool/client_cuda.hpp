@@ -102,25 +102,34 @@ struct DeviceStepInputs {
 /// Bit for bit the host step (client::DecodeStep, kernels::fused_step).
 class DeviceDecodeStep {
  public:
-  /// Uploads the page format's tables to the arena's device. Throws std::logic_error for
-  /// an arena without device memory or codec, Error(internal) for a CUDA failure.
+  /// Uploads the page format's tables to the arena's device and makes the step counts of
+  /// its pages (zero). Throws std::logic_error for an arena without device memory or
+  /// codec, Error(internal) for a CUDA failure.
   explicit DeviceDecodeStep(const Arena& arena);
 
-  /// Enqueues one step of `layer` on `stream`. Throws std::invalid_argument for what the
-  /// host can check (the layer, qk_heads, null pointers, a head too large for the
+  /// Enqueues one step of `layer` on `stream`, in the arena codec's measured step mode
+  /// (default_policy(); docs/client.md, "Step modes"). Throws std::invalid_argument for
+  /// what the host can check (the layer, qk_heads, null pointers, a head too large for the
   /// device's shared memory), Error(internal) when the launch fails. Slots are checked on
-  /// the device (kStepBadSlot, kStepDuplicateSlot). `policy`: the step mode, the full fit
-  /// by default. A light policy makes the whole launch light or full by policy.step (the
-  /// caller's count; a light step launches the kernel with cuda::light_step_view);
-  /// per-request numbers (policy.steps) are refused with std::invalid_argument: the
-  /// device keeps no count of its pages' steps yet, which is why the default here is not
-  /// DecodeStep's measured mode.
+  /// the device (kStepBadSlot, kStepDuplicateSlot).
+  void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream) const;
+  /// The same with the step mode `policy`. A light policy's steps are numbered on the
+  /// device, per page, layer and head (kernels::cuda::DeviceStepCounts, counted by every
+  /// launch of this object, full or light): a page gets the full fit at its first step under this
+  /// DeviceDecodeStep and every full_every-th after it, however the engine batches.
+  /// policy.step is not read; per-request numbers (policy.steps) are refused with
+  /// std::invalid_argument.
   void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream,
-           const kernels::StepPolicy& policy = {}) const;
+           const kernels::StepPolicy& policy) const;
+
+  /// kernels::measured_step_policy of the arena's codec (light for stepquant6).
+  [[nodiscard]] const kernels::StepPolicy& default_policy() const noexcept { return default_; }
 
  private:
   const Arena* arena_;
   kernels::cuda::DevicePageFormat format_;
+  kernels::StepPolicy default_;
+  kernels::cuda::DeviceStepCounts counts_;
 };
 
 }  // namespace statepool::client

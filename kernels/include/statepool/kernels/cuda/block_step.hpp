@@ -56,6 +56,15 @@ struct StepView {
   /// (3) where an earlier request of the batch has the same slot (nothing touched, no
   /// output written).
   std::uint8_t* rejected = nullptr;
+  /// The step mode's count (kernels::StepMode::light), or null: every block encodes with
+  /// the launch's format. Otherwise [page_count][head_count] counts of the steps each
+  /// (page, layer, head) has had, read before the block writes anything and incremented
+  /// after it (stored or not): a block whose count is a multiple of full_every (never when
+  /// full_every is 0) encodes with the launch's format, every other with
+  /// light_step_view's; the counts are the caller's memory (DeviceStepCounts), never a
+  /// page's.
+  std::uint32_t* step_counts = nullptr;
+  std::uint32_t full_every = 0;
 };
 
 inline constexpr std::uint8_t kStepStored = 0;
@@ -149,6 +158,11 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     if (t.rank() == 0 && s.rejected != nullptr) s.rejected[item] = kStepDuplicateSlot;
     return;
   }
+  // The mode of this (page, layer, head)'s step, from its count (every rank reads it here;
+  // rank 0 increments it at the end, after the barriers between).
+  std::uint32_t* count =
+      s.step_counts == nullptr ? nullptr : s.step_counts + std::uint64_t{slot} * f.head_count + head;
+  const bool light = count != nullptr && (s.full_every == 0 || *count % s.full_every != 0);
   // The decay's place (encode_scratch_floats(f) >= decode_scratch_floats(f)) is free
   // until the decode is done.
   decode_head<detail::StagedScratch, Family>(t, f, page, &values, head, decay);
@@ -238,7 +252,14 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   if (t.rank() == 0 && s.rejected != nullptr) {
     s.rejected[item] = finite ? kStepStored : kStepNotFinite;
   }
-  if (finite) encode_head<detail::StagedScratch, Family>(t, f, &values, page, head, decay);
+  if (finite) {
+    if (light) {
+      encode_head<detail::StagedScratch, Family>(t, light_step_view(f), &values, page, head, decay);
+    } else {
+      encode_head<detail::StagedScratch, Family>(t, f, &values, page, head, decay);
+    }
+  }
+  if (count != nullptr && t.rank() == 0) *count += 1;
 }
 
 }  // namespace statepool::kernels::cuda

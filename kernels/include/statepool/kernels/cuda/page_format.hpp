@@ -62,7 +62,7 @@ struct PageFormatView {
 /// variant, whose heads have the same layouts (decoding is the same) and whose encode is
 /// the fit without the refit; any other view as it is. The host picks it per launch, so
 /// the kernel has one code path for both modes.
-inline PageFormatView light_step_view(PageFormatView f) noexcept {
+STATEPOOL_HD inline PageFormatView light_step_view(PageFormatView f) noexcept {
   if ((f.codec == CodecId::stepquant4 || f.codec == CodecId::stepquant6) &&
       f.variant == StepQuantVariant::full) {
     f.variant = StepQuantVariant::no_refit;

@@ -23,6 +23,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "statepool/kernels/cuda/block_step.hpp"
 #include "statepool/kernels/cuda/page_format.hpp"
 
@@ -36,6 +38,25 @@ inline constexpr unsigned kStepBlock = 128;
 /// own static shared memory. False when the device cannot be queried. (K = V = 128 needs
 /// 66 KiB; an H100/H200 allows 227 KiB per block, an A100 163 KiB.)
 [[nodiscard]] bool step_fits_device(const PageFormatView& view) noexcept;
+
+/// The step counts of an arena's pages for StepView::step_counts (the light step mode):
+/// page_count x head_count zeroed uint32 on the current device, owned.
+class DeviceStepCounts {
+ public:
+  /// cudaMalloc + cudaMemset (synchronous). Throws std::runtime_error naming the CUDA
+  /// error, std::invalid_argument for a size of 0 or one that overflows.
+  DeviceStepCounts(std::uint32_t page_count, std::uint32_t head_count);
+  ~DeviceStepCounts();
+  DeviceStepCounts(DeviceStepCounts&& other) noexcept;
+  DeviceStepCounts& operator=(DeviceStepCounts&& other) noexcept;
+  DeviceStepCounts(const DeviceStepCounts&) = delete;
+  DeviceStepCounts& operator=(const DeviceStepCounts&) = delete;
+
+  [[nodiscard]] std::uint32_t* data() const noexcept { return counts_; }
+
+ private:
+  std::uint32_t* counts_ = nullptr;
+};
 
 /// One step of layer step.layer for step.batch requests (see block_step.hpp's StepView).
 /// `view` is a DevicePageFormat's view of the arena's layout (any staged dtype).
