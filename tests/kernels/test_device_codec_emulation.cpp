@@ -516,6 +516,20 @@ TEST(DeviceCodecEmulationBatch, LargeConvStateSpansSeveralBlocks) {
   EXPECT_EQ(first_difference(back, want), -1);
 }
 
+// The CPU's decode of `page` (f32), checked equal to the emulated device's.
+std::vector<std::byte> decoded_on_both_sides(const PageCodec& cpu,
+                                             const std::vector<std::byte>& page) {
+  const PageFormatTables tables(cpu, DType::f32);
+  std::vector<std::byte> want(cpu.staged_bytes(DType::f32));
+  cpu.decode(page, DType::f32, want);
+  std::vector<std::byte> back(want.size(), std::byte{0x3C});
+  const void* in = page.data();
+  void* out = back.data();
+  cuda::emulate_decode_pages(tables.view(), &in, &out, 1, 3);
+  EXPECT_EQ(first_difference(back, want), -1);
+  return want;
+}
+
 // Hostile page bytes whose row and column scales are both NaN, with different payloads:
 // which payload a product keeps depends on the order the compiler gives its operands, so
 // the dual-axis reconstruction writes the one quiet NaN 0x7FC00000 on both sides (found
@@ -538,14 +552,7 @@ TEST(DeviceCodecEmulationBatch, NaNScalesDecodeToOneNaNOnBothSides) {
       const auto nan = static_cast<std::uint16_t>(0x7C00u | (rng() & 0x83FFu) | 1u);
       std::memcpy(page.data() + at, &nan, 2);
     }
-    const PageFormatTables tables(cpu, DType::f32);
-    std::vector<std::byte> want(cpu.staged_bytes(DType::f32));
-    cpu.decode(page, DType::f32, want);
-    std::vector<std::byte> back(want.size(), std::byte{0x3C});
-    const void* in = page.data();
-    void* out = back.data();
-    cuda::emulate_decode_pages(tables.view(), &in, &out, 1, 3);
-    EXPECT_EQ(first_difference(back, want), -1);
+    const std::vector<std::byte> want = decoded_on_both_sides(cpu, page);
     std::size_t canonical = 0;
     for (std::size_t k = 0; k + 3 < want.size(); k += 4) {
       std::uint32_t bits = 0;
@@ -573,14 +580,7 @@ TEST(DeviceCodecEmulationBatch, PivotNaNsWidenExactlyOnBothSides) {
   const std::uint32_t widened[] = {0x7FA00000u, 0x7FC00000u, 0xFFA02000u, 0xFFFFE000u,
                                    0x7F802000u};
   for (std::size_t n = 0; n < 5; ++n) std::memcpy(page.data() + 106 + 2 * n, &halves[n], 2);
-  const PageFormatTables tables(cpu, DType::f32);
-  std::vector<std::byte> want(cpu.staged_bytes(DType::f32));
-  cpu.decode(page, DType::f32, want);
-  std::vector<std::byte> back(want.size(), std::byte{0x3C});
-  const void* in = page.data();
-  void* out = back.data();
-  cuda::emulate_decode_pages(tables.view(), &in, &out, 1, 3);
-  EXPECT_EQ(first_difference(back, want), -1);
+  const std::vector<std::byte> want = decoded_on_both_sides(cpu, page);
   for (std::size_t n = 0; n < 5; ++n) {
     std::uint32_t bits = 0;
     std::memcpy(&bits, want.data() + 4 * (4 * 20 + n), 4);

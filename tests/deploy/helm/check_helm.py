@@ -178,11 +178,6 @@ def main():
             errors.append(f"{name}: NOTES.txt does not name the socket and the readiness check")
     errors += checker.run_checks(overlays, {}, ctx)
     errors += checker.validate_flags(overlays, ctx)
-    for ov in overlays.values():
-        kinds = {}
-        for d in ov.docs:
-            kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-        print(f"{ov.name}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
 
     # The same daemon options as the Kustomize overlays for the same settings.
     kubectl_ok = os.path.isfile(args.kubectl) and os.access(args.kubectl, os.X_OK)
@@ -212,14 +207,7 @@ def main():
     else:
         ctx.notes.append(f"note: no kubectl >= 1.21 at {args.kubectl}: the chart was not "
                          "compared with the Kustomize overlays")
-    for note in ctx.notes:
-        print(note)
-    if errors:
-        print(f"FAILED: {len(errors)} problems")
-        print("\n".join(errors))
-        return 1
-    print("all invariants hold")
-    return 0
+    return checker.report(overlays.values(), ctx, errors)
 
 
 if __name__ == "__main__":

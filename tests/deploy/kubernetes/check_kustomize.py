@@ -1220,6 +1220,23 @@ def load_gpus(deploy):
     return module.GPUS
 
 
+def report(rendered, ctx, errors):
+    """Prints what each rendering holds, the notes and the verdict; the exit status."""
+    for ov in rendered:
+        kinds = {}
+        for d in ov.docs:
+            kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+        print(f"{ov.name}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
+    for note in ctx.notes:
+        print(note)
+    if errors:
+        print(f"FAILED: {len(errors)} problems")
+        print("\n".join(errors))
+        return 1
+    print("all invariants hold")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kubectl", default="/usr/bin/kubectl")
@@ -1271,19 +1288,7 @@ def main():
 
     errors += run_checks(overlays, examples, ctx)
     errors += validate_flags(overlays, ctx)
-    for ov in list(overlays.values()) + list(examples.values()):
-        kinds = {}
-        for d in ov.docs:
-            kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
-        print(f"{ov.name}: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())))
-    for note in ctx.notes:
-        print(note)
-    if errors:
-        print(f"FAILED: {len(errors)} problems")
-        print("\n".join(errors))
-        return 1
-    print("all invariants hold")
-    return 0
+    return report(list(overlays.values()) + list(examples.values()), ctx, errors)
 
 
 if __name__ == "__main__":
