@@ -75,8 +75,8 @@ class DecodeStep {
   /// kernels::measured_step_policy of the arena's codec: for stepquant6 light steps with a
   /// full fit every 16 steps of a page, for every other codec the full fit.
   [[nodiscard]] const kernels::StepPolicy& default_policy() const noexcept { return default_; }
-  /// Steps of `layer` this object has run on `slot` (0 for a slot or layer it does not
-  /// have).
+  /// Steps of `layer` this object has run on `slot`, modulo 2^32 (0 for a slot or layer it
+  /// does not have).
   [[nodiscard]] std::uint64_t steps(SlotId slot, std::uint32_t layer) const noexcept;
 
   /// Threads a call uses, the caller's included.
@@ -88,9 +88,9 @@ class DecodeStep {
   const kernels::PageCodec* codec_;
   std::unique_ptr<support::WorkerPool> workers_;  // null: the calling thread only
   kernels::StepPolicy default_;
-  /// [slot][layer]: steps run, the step numbers of light policies. Calls on disjoint
-  /// slots touch disjoint entries.
-  std::vector<std::uint64_t> steps_;
+  /// [slot][layer]: steps run, the step numbers of light policies (modulo 2^32, a multiple
+  /// of any power-of-two full_every). Calls on disjoint slots touch disjoint entries.
+  std::vector<std::uint32_t> steps_;
 };
 
 }  // namespace statepool::client
