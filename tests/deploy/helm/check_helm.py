@@ -58,6 +58,7 @@ BAD_VALUES = [
     ({"cpu": {"poolCapacity": "lots"}}, "/cpu/poolCapacity"),
     ({"daemon": {"apiAddress": "0.0.0.0:9465"}}, "/daemon/apiAddress"),
     ({"gpu": {"indices": [0, 0]}}, "/gpu/indices"),
+    ({"updateStrategy": "Never"}, "/updateStrategy"),
 ]
 LINT_SEVERITY = {0: "unknown", 1: "info", 2: "warning", 3: "error"}
 
