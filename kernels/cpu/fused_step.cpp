@@ -1,9 +1,10 @@
 // The fused decode step on the host (fused_step.hpp): per (request, head), the codec's
 // decode_head into a per-thread FP32 scratch head, step_head (the AVX2/baseline clones of
 // step_internal.hpp), and the codec's encode_head_checked (encode_head_light on a light
-// step of StepMode::light) into a scratch copy of the head's bytes, which replaces the page's bytes only when the new state is finite. fp32
-// pages skip the second scratch: the FP32 scratch is checked, then copied into the page
-// (an fp32 head is exactly K V floats, no padding).
+// step of StepMode::light, decided per request: StepPolicy::steps) into a scratch copy of
+// the head's bytes, which replaces the page's bytes only when the new state is finite.
+// fp32 pages skip the second scratch: the FP32 scratch is checked, then copied into the
+// page (an fp32 head is exactly K V floats, no padding).
 
 #include "statepool/kernels/fused_step.hpp"
 

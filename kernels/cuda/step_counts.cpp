@@ -22,8 +22,8 @@ DeviceStepCounts::DeviceStepCounts(std::uint32_t page_count, std::uint32_t head_
   }
   const std::size_t bytes = count * sizeof(std::uint32_t);
   void* memory = nullptr;
-  check(cudaMalloc(&memory, bytes), "DeviceStepCounts: cudaMalloc(" + std::to_string(bytes) + " bytes)",
-        -1);
+  check(cudaMalloc(&memory, bytes),
+        "DeviceStepCounts: cudaMalloc(" + std::to_string(bytes) + " bytes)", -1);
   if (const cudaError_t status = cudaMemset(memory, 0, bytes); status != cudaSuccess) {
     report_release_failure("cudaFree (DeviceStepCounts)", -1, cudaFree(memory));
     check(status, "DeviceStepCounts: cudaMemset(" + std::to_string(bytes) + " bytes)", -1);

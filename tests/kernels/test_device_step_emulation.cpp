@@ -178,7 +178,8 @@ TEST_P(DeviceStepEmulation, LightStepsCountedOnTheDeviceEqualTheCpuLightSteps) {
   for (std::uint32_t slot = 0; slot < kSlots; ++slot) {
     for (std::size_t head = 0; head < codec.head_count(); ++head) {
       const std::uint64_t want = head < l.num_heads ? cpu_counts[slot] : 0;  // layer 0 only
-      EXPECT_EQ(counts[slot * codec.head_count() + head], want) << "slot " << slot << " head " << head;
+      EXPECT_EQ(counts[slot * codec.head_count() + head], want)
+          << "slot " << slot << " head " << head;
     }
   }
 }

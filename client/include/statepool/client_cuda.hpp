@@ -115,8 +115,9 @@ class DeviceDecodeStep {
   void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream) const;
   /// The same with the step mode `policy`. A light policy's steps are numbered on the
   /// device, per page, layer and head (kernels::cuda::DeviceStepCounts, counted by every
-  /// launch of this object, full or light): a page gets the full fit at its first step under this
-  /// DeviceDecodeStep and every full_every-th after it, however the engine batches.
+  /// launch of this object, full or light): a page gets the full fit at its first step
+  /// under this DeviceDecodeStep and every full_every-th after it, however the engine
+  /// batches.
   /// policy.step is not read; per-request numbers (policy.steps) are refused with
   /// std::invalid_argument.
   void run(std::uint32_t layer, const DeviceStepInputs& inputs, cudaStream_t stream,

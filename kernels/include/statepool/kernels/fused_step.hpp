@@ -64,7 +64,8 @@ struct StepPolicy {
 /// Whether `policy` makes the step of a request numbered `step` a light one: light mode,
 /// and a number that is not a multiple of full_every (any number when full_every is 0).
 [[nodiscard]] constexpr bool is_light_step(const StepPolicy& policy, std::uint64_t step) noexcept {
-  return policy.mode == StepMode::light && (policy.full_every == 0 || step % policy.full_every != 0);
+  return policy.mode == StepMode::light &&
+         (policy.full_every == 0 || step % policy.full_every != 0);
 }
 
 /// The same for the call's number `policy.step` (every request, when `steps` is empty).

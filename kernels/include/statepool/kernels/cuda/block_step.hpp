@@ -160,8 +160,9 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
   }
   // The mode of this (page, layer, head)'s step, from its count (every rank reads it here;
   // rank 0 increments it at the end, after the barriers between).
-  std::uint32_t* count =
-      s.step_counts == nullptr ? nullptr : s.step_counts + std::uint64_t{slot} * f.head_count + head;
+  std::uint32_t* count = s.step_counts == nullptr
+                              ? nullptr
+                              : s.step_counts + std::uint64_t{slot} * f.head_count + head;
   const bool light = count != nullptr && (s.full_every == 0 || *count % s.full_every != 0);
   // The decay's place (encode_scratch_floats(f) >= decode_scratch_floats(f)) is free
   // until the decode is done.
