@@ -8,6 +8,8 @@ the venv of scripts/helm-venv) and checked by the Kustomize tree's checker
   charts/statepool/examples/), and its objects pass every invariant of the checker, its
   daemons' command lines `statepoold --print-config` (--statepoold);
 - NOTES.txt names the socket and how to check readiness;
+- on a cluster without the Prometheus Operator's CRDs the chart installs without its
+  ServiceMonitor and PrometheusRule, and NOTES.txt says so;
 - bad values are refused by values.schema.json, naming the key;
 - with kubectl (1.21 or later), the chart and the Kustomize overlays give each daemon the
   same effective options and tenants for the same settings.
@@ -140,6 +142,7 @@ def main():
         cases[name] = {"values": values, "namespace": case.get("namespace", "statepool")}
     for i, (values, _) in enumerate(BAD_VALUES):
         cases[f"bad-{i}"] = {"values": values}
+    cases["no-operator"] = {"values": None, "without": ["monitoring.coreos.com/v1"]}
 
     out = render(python, args.chart, cases)
 
@@ -160,6 +163,17 @@ def main():
             errors.append(f"bad values {values}: the refusal does not name {must_name}: "
                           f"{result['error']}")
     print(f"schema: {len(BAD_VALUES)} bad values refused, each naming its key")
+
+    bare = out.pop("no-operator")
+    if "error" in bare:
+        errors.append(f"without the Prometheus Operator: helm install failed: {bare['error']}")
+    else:
+        kinds = [d["kind"] for d in yaml.safe_load_all(bare["manifest"]) if d is not None]
+        if "ServiceMonitor" in kinds or "PrometheusRule" in kinds or "DaemonSet" not in kinds:
+            errors.append(f"without the Prometheus Operator the chart renders {sorted(set(kinds))}")
+        if "no ServiceMonitor" not in bare.get("notes", ""):
+            errors.append("without the Prometheus Operator NOTES.txt does not say what was left out")
+        print("without the Prometheus Operator: installs, no ServiceMonitor or PrometheusRule")
 
     ctx = checker.Context(ROOT / "charts", checker.load_gpus(ROOT / "deploy" / "kubernetes"),
                           args.statepoold)

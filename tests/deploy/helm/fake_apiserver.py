@@ -23,6 +23,7 @@ VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     store: dict  # path -> object, set on the server's handler class
+    served: dict  # the group/versions served (RESOURCES, or part of it)
 
     def log_message(self, *args):  # quiet
         pass
@@ -52,15 +53,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             groups = [{"name": gv.split("/")[0],
                        "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
                        "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]}}
-                      for gv in RESOURCES if "/" in gv]
+                      for gv in self.served if "/" in gv]
             return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
         for prefix in ("/api/", "/apis/"):
             gv = path[len(prefix):] if path.startswith(prefix) else None
-            if gv in RESOURCES:
+            if gv in self.served:
                 return self._send(200, {
                     "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv,
                     "resources": [{"name": r, "singularName": k.lower(), "namespaced": ns,
-                                   "kind": k, "verbs": VERBS} for r, k, ns in RESOURCES[gv]]})
+                                   "kind": k, "verbs": VERBS} for r, k, ns in self.served[gv]]})
         if path in self.store:
             return self._send(200, self.store[path])
         return self._not_found()
@@ -90,7 +91,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class Server:
     def __init__(self):
-        handler = type("Handler", (_Handler,), {"store": {}})
+        handler = type("Handler", (_Handler,), {"store": {}, "served": dict(RESOURCES)})
         self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._handler = handler
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
@@ -99,6 +100,11 @@ class Server:
 
     def reset(self):
         self._handler.store.clear()
+        self._handler.served = dict(RESOURCES)
+
+    def without(self, group_version):
+        """Stops serving an API group/version (a cluster without that CRD)."""
+        self._handler.served.pop(group_version, None)
 
     def write_kubeconfig(self, path, namespace):
         with open(path, "w", encoding="utf-8") as f:

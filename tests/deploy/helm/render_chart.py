@@ -7,7 +7,8 @@ has no `helm template` call.
 
   HELM_DRIVER=memory python render_chart.py CHART CASES.json OUT.json
 
-CASES.json: {"case name": {"values": {...} or null, "namespace": "ns"}}. OUT.json: per case
+CASES.json: {"case name": {"values": {...} or null, "namespace": "ns", "without": [API
+group/versions the cluster does not serve]}}. OUT.json: per case
 {"manifest": text, "notes": text} or {"error": message}, and "lint": Helm's lint result of
 the chart with its own values.
 """
@@ -35,6 +36,8 @@ def main() -> int:
     with fake_apiserver.serve() as server, tempfile.TemporaryDirectory() as tmp:
         for name, case in cases.items():
             namespace = case.get("namespace", "statepool")
+            for group_version in case.get("without", []):
+                server.without(group_version)
             kubeconfig = os.path.join(tmp, "kubeconfig")
             server.write_kubeconfig(kubeconfig, namespace)
             config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=kubeconfig)
