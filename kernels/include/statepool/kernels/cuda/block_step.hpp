@@ -254,11 +254,9 @@ STATEPOOL_HD void step_block(const Team& t, const PageFormatView& f, const StepV
     s.rejected[item] = finite ? kStepStored : kStepNotFinite;
   }
   if (finite) {
-    if (light) {
-      encode_head<detail::StagedScratch, Family>(t, light_step_view(f), &values, page, head, decay);
-    } else {
-      encode_head<detail::StagedScratch, Family>(t, f, &values, page, head, decay);
-    }
+    // One call site (the encode is most of the kernel's code): the format picks the fit.
+    const PageFormatView encoding = light ? light_step_view(f) : f;
+    encode_head<detail::StagedScratch, Family>(t, encoding, &values, page, head, decay);
   }
   if (count != nullptr && t.rank() == 0) *count += 1;
 }
