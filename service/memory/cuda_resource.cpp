@@ -38,6 +38,12 @@ class CudaAllocation final : public Allocation {
   Memory memory_;
 };
 
+/// Memory another daemon allocated: this process's mapping and the descriptor it sends on.
+struct AdoptedVmm {
+  kernels::cuda::ImportedVmm mapping;
+  support::UniqueFd fd;
+};
+
 }  // namespace
 
 CudaResource::CudaResource(int device) : device_(device) {
@@ -114,6 +120,36 @@ std::shared_ptr<Allocation> CudaResource::do_allocate(std::size_t bytes, std::st
     throw;
   } catch (const std::exception& e) {
     throw StatusError(Status::internal, "cuda memory for " + what() + ": " + e.what());
+  }
+}
+
+std::shared_ptr<Allocation> CudaResource::do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                                   std::string_view label, HandleKind handle) {
+  if (handle != HandleKind::cuda_vmm_fd) {
+    return MemoryResource::do_adopt(std::move(fd), bytes, label, handle);
+  }
+  const auto what = [&] {
+    return "'" + std::string(label) + "' (" + support::format_bytes(bytes) + ")";
+  };
+  try {
+    kernels::cuda::ImportedVmm mapping(fd.get(), bytes, device_);
+    AllocationInfo info;
+    info.bytes = mapping.size();
+    info.data = mapping.data();
+    info.fd = fd.get();
+    info.where.space = MemorySpace::device;
+    info.where.device = device_;
+    info.where.device_uuid = info_.uuid;
+    info.where.handle_kind = handle;
+    info.where.granularity = granularity_;
+    return std::make_shared<CudaAllocation<AdoptedVmm>>(
+        info, AdoptedVmm{std::move(mapping), std::move(fd)});
+  } catch (const std::bad_alloc&) {
+    throw;
+  } catch (const std::exception& e) {
+    // The descriptor is input: whatever the driver refuses is a refusal of it.
+    throw StatusError(Status::invalid_argument,
+                      "cuda memory to take over " + what() + ": " + e.what());
   }
 }
 

@@ -72,6 +72,11 @@ class CudaResource final : public MemoryResource {
  private:
   std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
                                           HandleKind handle) override;
+  /// cuda_vmm_fd only: imports the exported allocation (cuMemImportFromShareableHandle)
+  /// and maps it on this device; the descriptor stays open for clients. Legacy IPC
+  /// handles cannot move to another process's ownership: the default refusal.
+  std::shared_ptr<Allocation> do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                       std::string_view label, HandleKind handle) override;
 
   int device_;
   kernels::cuda::DeviceInfo info_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -63,6 +64,30 @@ class HostMemfdAllocation final : public Allocation {
   UniqueFd fd_;  // closed after the unmap above (either order is valid)
 };
 
+/// Maps the sealed memfd `fd` of `bytes` bytes and returns it as an allocation that owns
+/// the mapping and the descriptor.
+std::shared_ptr<Allocation> map_memfd(UniqueFd fd, std::size_t bytes, const std::string& name,
+                                      std::size_t granularity) {
+  void* addr =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  if (addr == MAP_FAILED) throw_os_error("mmap", name, bytes, errno);
+
+  AllocationInfo info;
+  info.data = static_cast<std::byte*>(addr);
+  info.bytes = bytes;
+  info.where.space = MemorySpace::host;
+  info.where.device = -1;
+  info.where.handle_kind = HandleKind::memfd;
+  info.where.granularity = granularity;
+  info.fd = fd.get();
+  try {
+    return std::make_shared<HostMemfdAllocation>(info, std::move(fd));
+  } catch (...) {
+    ::munmap(addr, bytes);  // fd is still ours if make_shared threw before taking it
+    throw;
+  }
+}
+
 }  // namespace
 
 std::span<const HandleKind> HostMemfdResource::handle_kinds() const noexcept {
@@ -96,24 +121,33 @@ std::shared_ptr<Allocation> HostMemfdResource::do_allocate(std::size_t bytes,
     throw_os_error("fcntl(F_ADD_SEALS)", name, bytes, errno);
   }
 
-  void* addr =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
-  if (addr == MAP_FAILED) throw_os_error("mmap", name, bytes, errno);
+  return map_memfd(std::move(fd), bytes, name, granularity());
+}
 
-  AllocationInfo info;
-  info.data = static_cast<std::byte*>(addr);
-  info.bytes = bytes;
-  info.where.space = MemorySpace::host;
-  info.where.device = -1;
-  info.where.handle_kind = HandleKind::memfd;
-  info.where.granularity = granularity();
-  info.fd = fd.get();
-  try {
-    return std::make_shared<HostMemfdAllocation>(info, std::move(fd));
-  } catch (...) {
-    ::munmap(addr, bytes);  // fd is still ours if make_shared threw before taking it
-    throw;
+std::shared_ptr<Allocation> HostMemfdResource::do_adopt(UniqueFd fd, std::size_t bytes,
+                                                        std::string_view label, HandleKind) {
+  const auto refuse = [&](const std::string& why) {
+    return StatusError(Status::invalid_argument,
+                       "host memory '" + std::string(label) + "' to take over: " + why);
+  };
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw refuse(std::string("fstat: ") + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) throw refuse("the descriptor is not a memfd");
+  if (st.st_size < 0 || static_cast<std::uint64_t>(st.st_size) != bytes) {
+    throw refuse("it is " + std::to_string(st.st_size) + " bytes, " + std::to_string(bytes) +
+                 " expected");
   }
+  // Only a memfd sealed as ours are (do_allocate) cannot shrink under the mapping: a file
+  // that could would turn a peer's ftruncate into this process's SIGBUS.
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) throw refuse("the descriptor is not a memfd (F_GET_SEALS refused)");
+  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    throw refuse("the memfd is not sealed against shrinking and growing");
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    throw refuse("the memfd is sealed against writes");
+  }
+  return map_memfd(std::move(fd), bytes, memfd_name(label), granularity());
 }
 
 }  // namespace statepool::service

@@ -8,7 +8,8 @@
 // is populated then too (MAP_POPULATE): the first write into a page costs no fault (a
 // put into an arena's fresh pages ran 4x slower than into reused ones). The memfd is sealed
 // against shrinking and growing before it is shared: a client holding the descriptor
-// cannot truncate memory under the daemon. Descriptors are close-on-exec.
+// cannot truncate memory under the daemon. Descriptors are close-on-exec. A successor
+// daemon takes the memfds over (adopt()).
 //
 // Thread-safety: allocate() may be called concurrently.
 
@@ -28,6 +29,10 @@ class HostMemfdResource final : public MemoryResource {
  private:
   std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
                                           HandleKind handle) override;
+  /// A memfd of exactly `bytes` bytes, sealed against shrinking and growing as
+  /// do_allocate() seals its own, and not against writes.
+  std::shared_ptr<Allocation> do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                       std::string_view label, HandleKind handle) override;
 };
 
 }  // namespace statepool::service

@@ -50,24 +50,35 @@ bool LimitingResource::try_charge(std::uint64_t bytes) noexcept {
   }
 }
 
-std::shared_ptr<Allocation> LimitingResource::do_allocate(std::size_t bytes, std::string_view label,
-                                                       HandleKind handle) {
+template <class Upstream>
+std::shared_ptr<Allocation> LimitingResource::charged(std::size_t bytes, Upstream&& upstream) {
   if (!try_charge(bytes)) {
     throw LimitExceeded(status_, text_.subject + " exceeded: " + support::format_bytes(used()) +
                                      " " + text_.held + " + " + support::format_bytes(bytes) +
                                      " requested > " + support::format_bytes(limit_) +
                                      text_.suffix);
   }
-  std::shared_ptr<Allocation> upstream;
+  std::shared_ptr<Allocation> memory;
   try {
-    upstream = this->upstream().allocate(bytes, label, handle);
-    return std::make_shared<ChargedAllocation<State>>(std::move(upstream), state_, bytes);
+    memory = upstream();
+    return std::make_shared<ChargedAllocation<State>>(std::move(memory), state_, bytes);
   } catch (...) {
     // Released upstream memory (if make_shared failed) must not be charged either.
-    upstream.reset();
+    memory.reset();
     state_->used.fetch_sub(bytes);
     throw;
   }
+}
+
+std::shared_ptr<Allocation> LimitingResource::do_allocate(std::size_t bytes, std::string_view label,
+                                                          HandleKind handle) {
+  return charged(bytes, [&] { return this->upstream().allocate(bytes, label, handle); });
+}
+
+std::shared_ptr<Allocation> LimitingResource::do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                                       std::string_view label, HandleKind handle) {
+  return charged(bytes,
+                 [&] { return this->upstream().adopt(std::move(fd), bytes, label, handle); });
 }
 
 }  // namespace statepool::service

@@ -62,6 +62,12 @@ class LimitingResource final : public ResourceAdaptor {
   };
   std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
                                           HandleKind handle) override;
+  std::shared_ptr<Allocation> do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                       std::string_view label, HandleKind handle) override;
+  /// Charges `bytes`, then takes the upstream's allocation from `upstream()` (allocate or
+  /// adopt); nothing stays charged when either throws.
+  template <class Upstream>
+  std::shared_ptr<Allocation> charged(std::size_t bytes, Upstream&& upstream);
   /// Adds `bytes` to used if the result stays within the limit.
   [[nodiscard]] bool try_charge(std::uint64_t bytes) noexcept;
 

@@ -54,4 +54,30 @@ std::shared_ptr<Allocation> MemoryResource::allocate(std::size_t bytes, std::str
   return do_allocate(allocation_size(bytes), label, kind);
 }
 
+std::shared_ptr<Allocation> MemoryResource::adopt(support::UniqueFd fd, std::size_t bytes,
+                                                  std::string_view label, HandleKind handle) {
+  const auto refuse = [&](const std::string& why) {
+    return StatusError(Status::invalid_argument,
+                       std::string(name()) + " memory '" + std::string(label) + "': " + why);
+  };
+  if (!fd) throw refuse("no descriptor to take over");
+  if (bytes == 0) throw refuse("cannot take over 0 bytes");
+  if (allocation_size(bytes) != bytes) {
+    throw refuse(std::to_string(bytes) + " bytes is not a multiple of the " +
+                 std::to_string(granularity()) + "-byte granularity");
+  }
+  if (!shares_as(handle)) {
+    throw refuse(std::string("cannot take over memory shared as ") + kernels::to_string(handle) +
+                 " (this backend offers " + handle_kind_list(*this) + ")");
+  }
+  return do_adopt(std::move(fd), bytes, label, handle);
+}
+
+std::shared_ptr<Allocation> MemoryResource::do_adopt(support::UniqueFd, std::size_t,
+                                                     std::string_view label, HandleKind handle) {
+  throw StatusError(Status::invalid_argument,
+                    std::string("the ") + std::string(name()) + " backend cannot take over '" +
+                        std::string(label) + "' shared as " + kernels::to_string(handle));
+}
+
 }  // namespace statepool::service

@@ -31,6 +31,7 @@
 #include <string_view>
 
 #include "statepool/kernels/memory.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {
 
@@ -105,10 +106,27 @@ class MemoryResource {
   [[nodiscard]] std::shared_ptr<Allocation> allocate(std::size_t bytes, std::string_view label,
                                                      std::optional<HandleKind> handle = {});
 
+  /// Takes over memory that another process (the daemon this one replaces, docs/
+  /// operations.md) allocated from the same kind of resource and shared as `handle`:
+  /// `fd` is its descriptor, received with SCM_RIGHTS, and `bytes` its size. The memory
+  /// is then an allocation of this resource as if allocate() had made it (adaptors charge
+  /// and count it; its bytes are whatever the other process left there). The descriptor
+  /// is input: one that is not such memory, or of another size, is refused with
+  /// StatusError(invalid_argument) naming `label`; a handle kind that cannot move
+  /// between processes (cuda_ipc) likewise. A failed call closes `fd` and charges nothing.
+  [[nodiscard]] std::shared_ptr<Allocation> adopt(support::UniqueFd fd, std::size_t bytes,
+                                                  std::string_view label, HandleKind handle);
+
  private:
   /// `bytes` is rounded and positive, `handle` one of handle_kinds().
   virtual std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
                                                   HandleKind handle) = 0;
+
+ protected:
+  /// `fd` is valid, `bytes` positive and a multiple of granularity(), `handle` one of
+  /// handle_kinds(). The default refuses: the resource cannot take memory over.
+  virtual std::shared_ptr<Allocation> do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                               std::string_view label, HandleKind handle);
 };
 
 /// An allocation made through an adaptor: the upstream's allocation plus whatever the

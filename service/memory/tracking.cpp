@@ -35,18 +35,18 @@ MemoryUsage TrackingResource::usage() const noexcept {
   return out;
 }
 
-std::shared_ptr<Allocation> TrackingResource::do_allocate(std::size_t bytes, std::string_view label,
-                                                       HandleKind handle) {
-  std::shared_ptr<Allocation> upstream;
+template <class Upstream>
+std::shared_ptr<Allocation> TrackingResource::tracked(Upstream&& upstream) {
+  std::shared_ptr<Allocation> memory;
   try {
-    upstream = this->upstream().allocate(bytes, label, handle);
+    memory = upstream();
   } catch (...) {
     counters_->failures_total.fetch_add(1);
     throw;
   }
   // Constructed before counting: if make_shared throws, the upstream memory is released
   // and nothing was counted.
-  auto tracked = std::make_shared<TrackedAllocation<Counters>>(std::move(upstream), counters_);
+  auto tracked = std::make_shared<TrackedAllocation<Counters>>(std::move(memory), counters_);
   const std::uint64_t size = tracked->size();
   counters_->live_allocations.fetch_add(1);
   const std::uint64_t live = counters_->live_bytes.fetch_add(size) + size;
@@ -56,6 +56,16 @@ std::shared_ptr<Allocation> TrackingResource::do_allocate(std::size_t bytes, std
   while (live > peak && !counters_->peak_bytes.compare_exchange_weak(peak, live)) {
   }
   return tracked;
+}
+
+std::shared_ptr<Allocation> TrackingResource::do_allocate(std::size_t bytes, std::string_view label,
+                                                          HandleKind handle) {
+  return tracked([&] { return this->upstream().allocate(bytes, label, handle); });
+}
+
+std::shared_ptr<Allocation> TrackingResource::do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                                       std::string_view label, HandleKind handle) {
+  return tracked([&] { return this->upstream().adopt(std::move(fd), bytes, label, handle); });
 }
 
 }  // namespace statepool::service

@@ -41,6 +41,11 @@ class TrackingResource final : public ResourceAdaptor {
   };
   std::shared_ptr<Allocation> do_allocate(std::size_t bytes, std::string_view label,
                                           HandleKind handle) override;
+  std::shared_ptr<Allocation> do_adopt(support::UniqueFd fd, std::size_t bytes,
+                                       std::string_view label, HandleKind handle) override;
+  /// Counts the allocation `upstream()` returns (allocate or adopt), or its failure.
+  template <class Upstream>
+  std::shared_ptr<Allocation> tracked(Upstream&& upstream);
 
   std::shared_ptr<Counters> counters_;
 };

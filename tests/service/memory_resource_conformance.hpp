@@ -32,6 +32,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
@@ -43,6 +44,7 @@
 
 #include "memory/resource.hpp"
 #include "statepool/support/status.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {
 namespace {  // included once per test executable
@@ -193,12 +195,79 @@ TYPED_TEST_P(MemoryResourceConformance, ConcurrentAllocationsAreDistinctAndIndep
   EXPECT_EQ(addresses.size(), got.size());
 }
 
+// A successor daemon takes an arena's memory over from its descriptor (the hand-over,
+// docs/operations.md): the same bytes, both ways, and nothing leaked once both go.
+TYPED_TEST_P(MemoryResourceConformance, AdoptTakesOverTheSameMemoryFromItsDescriptor) {
+  MemoryResource& r = this->resource();
+  const std::size_t fds = open_fds();
+  for (const HandleKind kind : r.handle_kinds()) {
+    SCOPED_TRACE(kernels::to_string(kind));
+    auto a = r.allocate(1 << 20, "conformance-adopt", kind);
+    if (!a->info().where.handle_is_fd()) {
+      // Legacy IPC handles cannot change owners: refused, whatever the descriptor.
+      try {
+        (void)r.adopt(support::duplicate(0), a->size(), "conformance-adopt-ipc", kind);
+        FAIL() << "expected StatusError(invalid_argument)";
+      } catch (const StatusError& e) {
+        EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+      }
+      continue;
+    }
+    this->traits().fill(*a, std::byte{0x3c});
+    auto b = r.adopt(support::duplicate(a->info().fd), a->size(), "conformance-adopted", kind);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->size(), a->size());
+    EXPECT_EQ(b->info().where.space, a->info().where.space);
+    EXPECT_EQ(b->info().where.handle_kind, kind);
+    EXPECT_GE(b->info().fd, 0);
+    EXPECT_TRUE(this->traits().all(*b, std::byte{0x3c})) << "the adopted memory has other bytes";
+    this->traits().fill(*b, std::byte{0x77});
+    EXPECT_TRUE(this->traits().all(*a, std::byte{0x77})) << "the adopted memory is a copy";
+    a.reset();  // the first owner goes (the old daemon exits): the bytes stay
+    EXPECT_TRUE(this->traits().all(*b, std::byte{0x77}));
+  }
+  EXPECT_EQ(open_fds(), fds);
+}
+
+TYPED_TEST_P(MemoryResourceConformance, AdoptRefusesWhatIsNotItsMemoryAndClosesIt) {
+  MemoryResource& r = this->resource();
+  const auto a = r.allocate(1 << 20, "conformance-adopt-bad");
+  const HandleKind kind = a->info().where.handle_kind;
+  const std::size_t fds = open_fds();
+  const auto refused = [&](support::UniqueFd fd, std::size_t bytes, const char* what) {
+    SCOPED_TRACE(what);
+    try {
+      (void)r.adopt(std::move(fd), bytes, "conformance-adopt-bad", kind);
+      ADD_FAILURE() << "expected StatusError(invalid_argument)";
+    } catch (const StatusError& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("conformance-adopt-bad"), std::string::npos) << e.what();
+    }
+  };
+  refused(support::UniqueFd(), a->size(), "no descriptor");
+  if (a->info().where.handle_is_fd()) {
+    refused(support::duplicate(a->info().fd), 0, "zero bytes");
+    refused(support::duplicate(a->info().fd), a->size() + r.granularity(), "too long");
+    if (r.granularity() > 1) {
+      refused(support::duplicate(a->info().fd), a->size() - 1, "not a granularity multiple");
+    }
+  }
+  int ends[2];
+  ASSERT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+  support::UniqueFd write_end(ends[1]);
+  refused(support::UniqueFd(ends[0]), a->size(), "a pipe");
+  write_end.reset();
+  EXPECT_EQ(open_fds(), fds) << "a refused descriptor was not closed";
+}
+
 REGISTER_TYPED_TEST_SUITE_P(MemoryResourceConformance, AllocatesZeroedMemoryDescribedByTheResource,
                             HandleIsACloseOnExecDescriptorWhenItIsOne,
                             ASecondProcessSeesTheSameBytes,
                             ExhaustionIsACleanPoolExhaustedThatLeaksNothing,
                             ZeroBytesIsInvalidArgument, ReleaseReturnsTheMemoryAndItsDescriptor,
-                            ConcurrentAllocationsAreDistinctAndIndependent);
+                            ConcurrentAllocationsAreDistinctAndIndependent,
+                            AdoptTakesOverTheSameMemoryFromItsDescriptor,
+                            AdoptRefusesWhatIsNotItsMemoryAndClosesIt);
 
 }  // namespace
 }  // namespace statepool::service

@@ -168,6 +168,34 @@ TEST(HostMemfdResource, DescriptorIsSealedAgainstResizing) {
   a->host_bytes()[8191] = std::byte{1};  // still mapped and writable
 }
 
+// A successor takes over only a memfd sealed as the daemon seals its own: one a peer
+// could shrink would be a SIGBUS waiting in the successor, one sealed against writes
+// cannot hold pages.
+TEST(HostMemfdResource, AdoptRefusesAnUnsealedOrWriteSealedMemfd) {
+  HostMemfdResource host;
+  const auto refusal = [&](int flags, int seals) -> std::string {
+    support::UniqueFd fd(::memfd_create("test-adopt", MFD_CLOEXEC | flags));
+    EXPECT_TRUE(fd.valid());
+    EXPECT_EQ(::ftruncate(fd.get(), 8192), 0);
+    if (seals != 0) {
+      EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+    }
+    try {
+      (void)host.adopt(std::move(fd), 8192, "test-adopt", HandleKind::memfd);
+    } catch (const StatusError& e) {
+      EXPECT_EQ(e.status(), Status::invalid_argument);
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(refusal(0, 0).find("not sealed"), std::string::npos) << refusal(0, 0);
+  EXPECT_NE(refusal(MFD_ALLOW_SEALING, F_SEAL_SHRINK).find("not sealed"), std::string::npos);
+  EXPECT_NE(refusal(MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
+                .find("sealed against writes"),
+            std::string::npos);
+  EXPECT_EQ(refusal(MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_GROW), "accepted");
+}
+
 TEST(HostMemfdResource, LongOrOddLabelsAreAccepted) {
   HostMemfdResource host;
   std::string label(1000, 'x');
@@ -291,6 +319,32 @@ TEST(LimitingResource, AnUpstreamFailureChargesNothing) {
     EXPECT_EQ(std::string(e.what()), "flaky: no memory today");
   }
   EXPECT_EQ(limit.used(), 0u);
+}
+
+// Memory taken over counts against a limit as memory allocated does: a successor with a
+// smaller quota refuses the arena (and closes its descriptor) instead of passing it.
+TEST(LimitingResource, AdoptedMemoryIsChargedAndRefusedPastTheLimit) {
+  HostMemfdResource host;
+  LimitingResource quota(host, 3 * 4096, Status::quota_exceeded, LimitText{"tenant 'a' quota"});
+  const auto first = host.allocate(2 * 4096, "test-old-arena");
+  const auto second = host.allocate(2 * 4096, "test-old-arena-2");
+  {
+    const auto adopted =
+        quota.adopt(support::duplicate(first->info().fd), first->size(), "a", HandleKind::memfd);
+    EXPECT_EQ(quota.used(), 2u * 4096);
+    const std::size_t fds = open_fds();
+    try {
+      (void)quota.adopt(support::duplicate(second->info().fd), second->size(), "b",
+                        HandleKind::memfd);
+      FAIL() << "expected quota_exceeded";
+    } catch (const StatusError& e) {
+      EXPECT_EQ(e.status(), Status::quota_exceeded);
+      EXPECT_NE(std::string(e.what()).find("tenant 'a' quota exceeded"), std::string::npos);
+    }
+    EXPECT_EQ(open_fds(), fds);
+    EXPECT_EQ(quota.used(), 2u * 4096);
+  }
+  EXPECT_EQ(quota.used(), 0u);
 }
 
 TEST(LimitingResource, ZeroMeansUnlimitedButCounted) {
