@@ -74,6 +74,21 @@ Arena& ArenaTable::add(const Key& key, std::unique_ptr<Arena> arena) {
   }
 }
 
+Arena& ArenaTable::restore(const Key& key, std::unique_ptr<Arena> arena) {
+  const ArenaId id = arena->id;
+  STATEPOOL_EXPECTS(id != 0 && id < next_id_ && (arenas_.empty() || id > arenas_.rbegin()->first),
+                    Status::internal, "arena table: restored id out of order");
+  std::vector<ArenaId>& ids = index_[key];
+  try {
+    ids.push_back(id);
+    return *arenas_.emplace(id, std::move(arena)).first->second;
+  } catch (...) {
+    if (!ids.empty() && ids.back() == id) ids.pop_back();
+    if (ids.empty()) index_.erase(key);
+    throw;
+  }
+}
+
 std::unique_ptr<Arena> ArenaTable::remove(ArenaId id) noexcept {
   const auto it = arenas_.find(id);
   if (it == arenas_.end()) return nullptr;

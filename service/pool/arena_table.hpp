@@ -75,6 +75,13 @@ class ArenaTable {
   /// Ends a creation: takes the new arena (its id is assigned here) and returns it.
   /// Strong guarantee: on std::bad_alloc nothing changes (the key stays reserved).
   Arena& add(const Key& key, std::unique_ptr<Arena> arena);
+  /// Adds an arena taken over from another process under its own id (arena->id, above
+  /// every id in the table and below next_id()). Strong guarantee.
+  Arena& restore(const Key& key, std::unique_ptr<Arena> arena);
+  /// The id the next add() gives.
+  [[nodiscard]] ArenaId next_id() const noexcept { return next_id_; }
+  /// Ids are never used twice, also across a hand-over: the predecessor's next id.
+  void set_next_id(ArenaId id) noexcept { next_id_ = id; }
   /// Takes arena `id` out of the table and hands it to the caller (nullptr: no such arena).
   std::unique_ptr<Arena> remove(ArenaId id) noexcept;
 

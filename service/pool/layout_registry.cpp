@@ -124,6 +124,17 @@ std::shared_ptr<const kernels::stepquant::Plan> LayoutRegistry::plan(
   return it->second;
 }
 
+std::size_t LayoutRegistry::layout_count() const {
+  const std::lock_guard lock(mutex_);
+  return layouts_.size();
+}
+
+void LayoutRegistry::restore_added(std::size_t tenant, std::uint32_t layouts, std::uint32_t plans) {
+  const std::lock_guard lock(mutex_);
+  if (layouts != 0) layouts_added_[tenant] = layouts;
+  if (plans != 0) plans_added_[tenant] = plans;
+}
+
 std::vector<PlanInfo> LayoutRegistry::plans() const {
   const std::lock_guard lock(mutex_);
   std::vector<PlanInfo> out;

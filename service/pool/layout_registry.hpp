@@ -60,6 +60,11 @@ class LayoutRegistry {
   /// The plan with this digest. Throws not_found naming how to install one.
   [[nodiscard]] std::shared_ptr<const kernels::stepquant::Plan> plan(std::string_view digest) const;
   [[nodiscard]] std::vector<PlanInfo> plans() const;
+  /// Layouts registered (ids 1..layout_count()).
+  [[nodiscard]] std::size_t layout_count() const;
+  /// What `tenant` had added in the process this one took over from (its limits go on
+  /// being charged for them).
+  void restore_added(std::size_t tenant, std::uint32_t layouts, std::uint32_t plans);
 
  private:
   [[nodiscard]] LayoutId find_locked(const kernels::StateLayout& layout) const noexcept;

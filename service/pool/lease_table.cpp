@@ -23,6 +23,33 @@ Lease& LeaseTable::create(std::size_t tenant, std::string token) {
   }
 }
 
+Lease& LeaseTable::restore(LeaseId id, std::size_t tenant, std::string token,
+                           Clock::time_point deadline) {
+  STATEPOOL_EXPECTS(id != 0 && id < next_id_ && !leases_.contains(id), Status::internal,
+                    "lease table: restored id in use or out of range");
+  Lease lease;
+  lease.id = id;
+  lease.tenant = tenant;
+  lease.token = token;
+  lease.attached = false;
+  lease.deadline = deadline;
+  const auto [tok, inserted] = tokens_.emplace(std::move(token), id);
+  if (!inserted) throw StatusError(Status::internal, "lease token already in use");
+  try {
+    attached_.try_emplace(tenant, 0);
+    const auto [due, fresh] = deadlines_.emplace(deadline, id);
+    try {
+      return leases_.emplace(id, std::move(lease)).first->second;
+    } catch (...) {
+      deadlines_.erase(due);
+      throw;
+    }
+  } catch (...) {
+    tokens_.erase(tok);
+    throw;
+  }
+}
+
 Lease* LeaseTable::find(LeaseId id) noexcept {
   const auto it = leases_.find(id);
   return it == leases_.end() ? nullptr : &it->second;

@@ -45,6 +45,13 @@ class LeaseTable {
  public:
   /// A new attached lease with a fresh id; `token` must not be in use. Strong guarantee.
   Lease& create(std::size_t tenant, std::string token);
+  /// An orphaned lease taken over from another process, under its own id (above every id
+  /// in the table, below next_id()) until `deadline`; `token` must not be in use. Strong
+  /// guarantee.
+  Lease& restore(LeaseId id, std::size_t tenant, std::string token, Clock::time_point deadline);
+  /// The id the next create() gives; set_next_id(): the predecessor's.
+  [[nodiscard]] LeaseId next_id() const noexcept { return next_id_; }
+  void set_next_id(LeaseId id) noexcept { next_id_ = id; }
   /// nullptr when unknown.
   [[nodiscard]] Lease* find(LeaseId id) noexcept;
   [[nodiscard]] const Lease* find(LeaseId id) const noexcept;

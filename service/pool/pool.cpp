@@ -545,6 +545,10 @@ std::vector<std::string> Pool::check() const {
   std::unique_lock lock(mutex_);
   // Memory of an arena being created is charged before the arena is in the table.
   created_.wait(lock, [&] { return !arenas_.any_creating(); });
+  return check_locked();
+}
+
+std::vector<std::string> Pool::check_locked() const {
   std::vector<std::string> problems;
   const auto report = [&](std::string line) { problems.push_back(std::move(line)); };
 

@@ -38,6 +38,7 @@
 #include "pool/ids.hpp"
 #include "pool/layout_registry.hpp"
 #include "pool/lease_table.hpp"
+#include "pool/pool_state.hpp"
 #include "pool/snapshot_table.hpp"
 #include "statepool/kernels/kv.hpp"
 #include "statepool/kernels/page.hpp"
@@ -469,6 +470,33 @@ class Pool {
                                                        std::span<const SnapshotKey> keys,
                                                        bool lower_tiers, bool stop_at_miss);
 
+  // --- hand-over (pool_state.cpp, docs/operations.md) ------------------------------
+  /// Everything a successor needs (pool_state.hpp), as it is now. Attached leases are
+  /// saved orphaned with the whole grace period (their clients reconnect to the
+  /// successor); leases without slots and snapshots being published are left out (those
+  /// pages are saved free). Waits for arena creations in progress. Call it once the server
+  /// takes no more requests and those in flight have ended: the memory stays shared, so
+  /// what is written after it is seen by both processes, but table changes are not.
+  [[nodiscard]] PoolState save_state() const;
+  /// Takes over what a predecessor saved: adopts each arena's memory from its descriptor
+  /// (charged to its tenant's quota and to the capacity, as open_arena charges), then
+  /// rebuilds the tables under the same ids; leases are orphaned until `now` + what was
+  /// left of their grace period. `state` is input: every inconsistency is refused with
+  /// StatusError(invalid_argument) naming the entry (a tenant this daemon does not
+  /// configure, a page two owners claim, a descriptor that is not such memory, ...); a quota
+  /// or capacity too small for the arenas is the limit's refusal. The pool must be new
+  /// (no layouts, arenas or leases; the operator's plans may be installed). When it
+  /// throws, destroy the pool: it may hold some of the state's layouts and plans, but no
+  /// arena, lease or snapshot, and no memory is charged.
+  struct RestoreReport {
+    std::uint32_t arenas = 0;
+    std::uint64_t bytes = 0;  ///< of their memory
+    std::uint64_t pages = 0;  ///< used: leased and snapshot pages
+    std::uint32_t leases = 0;
+    std::uint32_t snapshots = 0;
+  };
+  RestoreReport restore_state(const PoolState& state, Clock::time_point now);
+
   // --- accounting ----------------------------------------------------------------
   [[nodiscard]] PoolStats stats() const;
   /// Cross-checks every allocator, owner table, lease, byte counter and memory adaptor.
@@ -521,6 +549,8 @@ class Pool {
                       const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
                       std::shared_ptr<const SnapshotTierHold> below, Clock::time_point now);
   [[nodiscard]] std::vector<std::string> check_snapshots() const;
+  /// check() without its lock and wait: the caller holds mutex_ and no arena is being made.
+  [[nodiscard]] std::vector<std::string> check_locked() const;
   /// invalid_argument for an empty prefix or one longer than kMaxSnapshotPrefixBytes.
   static void expect_key(const SnapshotKey& key);
   // SnapshotCopy's ends.

@@ -10,6 +10,18 @@ SlotAllocator::SlotAllocator(std::uint32_t capacity)
   for (std::uint32_t i = capacity; i > 0; --i) free_.push_back(i - 1);
 }
 
+SlotAllocator::SlotAllocator(const std::vector<bool>& allocated)
+    : capacity_(static_cast<std::uint32_t>(allocated.size())), state_(allocated.size(), kFree) {
+  free_.reserve(capacity_);
+  for (std::uint32_t i = capacity_; i > 0; --i) {
+    if (allocated[i - 1]) {
+      state_[i - 1] = kAllocated;
+    } else {
+      free_.push_back(i - 1);
+    }
+  }
+}
+
 bool SlotAllocator::allocate(Slot& out) noexcept {
   if (free_.empty()) return false;
   out = free_.back();

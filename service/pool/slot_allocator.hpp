@@ -28,6 +28,10 @@ class SlotAllocator {
 
   /// Throws std::bad_alloc only.
   explicit SlotAllocator(std::uint32_t capacity);
+  /// An allocator whose slot i is allocated where `allocated[i]` (a pool taken over,
+  /// pool_state.cpp); the free slots are handed out lowest first. `allocated.size()` must
+  /// fit in 32 bits. Throws std::bad_alloc only.
+  explicit SlotAllocator(const std::vector<bool>& allocated);
 
   [[nodiscard]] std::uint32_t capacity() const noexcept { return capacity_; }
   [[nodiscard]] std::uint32_t used() const noexcept { return capacity_ - available(); }

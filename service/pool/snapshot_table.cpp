@@ -89,6 +89,37 @@ const Snapshot& SnapshotTable::put(Snapshot entry, Clock::time_point now) {
   return slot->second;
 }
 
+const Snapshot& SnapshotTable::restore(Snapshot entry) {
+  entry.id = next_id_;
+  entry.visible = true;
+  entry.erased = false;
+  entry.busy = 0;
+  Key key{entry.space, entry.prefix, entry.position, entry.layout};
+  STATEPOOL_EXPECTS(!index_.contains(key), Status::invalid_argument,
+                    "two snapshots under one key and layout");
+  const auto [slot, inserted] = entries_.emplace(entry.id, std::move(entry));
+  STATEPOOL_EXPECTS(inserted, Status::internal, "snapshot table: id in use");
+  Snapshot& s = slot->second;
+  try {
+    index_.emplace(std::move(key), s.id);
+    try {
+      if (s.pinned) {
+        ++pinned_[s.tenant];
+      } else {
+        list(s);
+      }
+    } catch (...) {
+      index_.erase(Key{s.space, s.prefix, s.position, s.layout});
+      throw;
+    }
+  } catch (...) {
+    entries_.erase(slot);
+    throw;
+  }
+  ++next_id_;
+  return s;
+}
+
 std::optional<Snapshot> SnapshotTable::commit(SnapshotId id) {
   Snapshot& s = entry(id);
   --s.busy;

@@ -117,6 +117,10 @@ class SnapshotTable {
   /// Adds a busy, invisible entry for a page the caller has allocated. The key must not
   /// be in the index. Strong guarantee.
   const Snapshot& put(Snapshot entry, Clock::time_point now);
+  /// Adds a visible entry taken over from another process, as the most recently used one
+  /// (restore them least recently used first), with its pin, hits and times. The key must
+  /// not be in the index (else StatusError(invalid_argument)). Strong guarantee.
+  const Snapshot& restore(Snapshot entry);
   /// The writer is done: the entry becomes visible (unless erased meanwhile). Returns the
   /// entry when it is gone (erased meanwhile): its pages are then the caller's to free.
   std::optional<Snapshot> commit(SnapshotId id);
