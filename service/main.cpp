@@ -3,8 +3,10 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -14,6 +16,7 @@
 #include "pool/pool.hpp"
 #include "server/server.hpp"
 #include "server/systemd.hpp"
+#include "server/takeover.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
@@ -31,8 +34,8 @@ int main(int argc, char** argv) {
   using namespace statepool::service;
   // Before any thread exists: SIGTERM/SIGINT stay blocked in every thread and are taken by
   // Server::run (sigtimedwait), so no signal can kill the daemon half-way through a drain.
-  const sigset_t drain_signals = Server::drain_signals();
-  pthread_sigmask(SIG_BLOCK, &drain_signals, nullptr);
+  const sigset_t handled_signals = Server::handled_signals();
+  pthread_sigmask(SIG_BLOCK, &handled_signals, nullptr);
   ParsedArgs args;
   try {
     args = parse_args(argc, argv);
@@ -123,7 +126,25 @@ int main(int argc, char** argv) {
     Metrics metrics(pool, protocol_labels(), &staging_memory, tiers.get(),
                     backend.executor_memory.get());
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
-    server.bind();
+    // SIGUSR2 starts the binary installed where this one was started from (an upgrade
+    // replaces that file), with the same arguments.
+    {
+      std::vector<std::string> successor(argv, argv + argc);
+      std::error_code ec;
+      const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+      if (!ec) successor[0] = exe.string();
+      server.set_successor(std::move(successor));
+    }
+    if (config.take_over) {
+      TakenOver taken = take_over(config, pool);
+      server.set_generation(taken.meta.generation + 1);
+      metrics.set_generation(taken.meta.generation + 1);
+      metrics.taken_over(taken.report, std::chrono::duration<double>(taken.took).count());
+      server.bind_handed_over(std::move(taken.listeners));
+      confirm(taken);
+    } else {
+      server.bind();
+    }
     if (!config.metrics_address.empty()) {
       const auto host = config.metrics_address.substr(0, config.metrics_address.rfind(':'));
       LOG_INFO("metrics", "serving http://", host, ":", server.metrics_port(), "/metrics");
@@ -148,6 +169,10 @@ int main(int argc, char** argv) {
                   left.live_bytes, " bytes in ", left.live_allocations, " allocations");
         executor_leaked = true;
       }
+    }
+    if (server.handed_over()) {
+      LOG_INFO("server", "handed over to the successor; exiting");
+      return problems.empty() && !executor_leaked ? 0 : 1;
     }
     LOG_INFO("server", "stopped",
              forced > 0 ? statepool::support::cat(" (", forced,

@@ -164,15 +164,25 @@ Exit run_program(const std::vector<std::string>& program_argv, const std::string
 }
 
 Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
-  socket_ = dir_.file("statepool.sock");
+  const Daemon* predecessor = options.take_over_from;
+  socket_ = predecessor != nullptr ? predecessor->socket_path() : dir_.file("statepool.sock");
   std::vector<std::string> argv = {daemon_path(), "--socket", socket_};
-  if (options.metrics) {
+  if (predecessor != nullptr) {
+    argv.emplace_back("--take-over");
+    metrics_port_ = predecessor->metrics_port();
+    api_port_ = predecessor->api_port();
+  }
+  if (metrics_port_ != 0) {
+    argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});
+  } else if (options.metrics) {
     metrics_port_ = free_tcp_port();
     argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});
   } else {
     argv.insert(argv.end(), {"--metrics-address", "off"});
   }
-  if (options.api) {
+  if (api_port_ != 0) {
+    argv.insert(argv.end(), {"--api-address", "127.0.0.1:" + std::to_string(api_port_)});
+  } else if (options.api) {
     api_port_ = free_tcp_port();
     argv.insert(argv.end(), {"--api-address", "127.0.0.1:" + std::to_string(api_port_)});
   } else {
@@ -199,8 +209,13 @@ Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
   if (rc != 0)
     throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
 
-  const bool ready =
-      eventually([&] { return !running() || can_connect(socket_); }, std::chrono::seconds(20));
+  const bool ready = eventually(
+      [&] {
+        if (!running()) return true;
+        if (predecessor != nullptr) return log().find("ready on") != std::string::npos;
+        return can_connect(socket_);
+      },
+      std::chrono::seconds(predecessor != nullptr ? 60 : 20));
   if (!ready || !running()) {
     stop(SIGKILL, std::chrono::seconds(5));
     throw DaemonError(log());  // dir_ (and the log file) go with the half-built object

@@ -74,7 +74,8 @@ class Table {
 
 /// Human-readable stats: a summary, then one table of arenas and one of tenants.
 inline void print_stats(std::ostream& out, const client::Stats& s) {
-  out << "uptime " << format_fixed(s.uptime_seconds, 1) << " s, " << s.clients_connected
+  out << "generation " << s.generation << ", uptime " << format_fixed(s.uptime_seconds, 1)
+      << " s, " << s.clients_connected
       << " client(s) connected, leases " << s.leases_active << " active / " << s.leases_orphaned
       << " orphaned, " << s.pages_reclaimed_total << " page(s) reclaimed\n";
   const double used_pct = s.pool_capacity_bytes == 0

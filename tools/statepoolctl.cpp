@@ -329,6 +329,7 @@ boost::json::object stats_json(const statepool::client::Stats& s) {
                             {"compression_ratio", json_ratio(t.compression_ratio())}});
   }
   return {{"uptime_seconds", json_number(s.uptime_seconds)},
+          {"generation", s.generation},
           {"clients_connected", s.clients_connected},
           {"leases_active", s.leases_active},
           {"leases_orphaned", s.leases_orphaned},

@@ -85,6 +85,7 @@ Stats stats_of(const wire::StatsReply* r) {
   out.pool_capacity_bytes = r->pool_capacity_bytes();
   out.pool_reserved_bytes = r->pool_reserved_bytes();
   out.uptime_seconds = r->uptime_seconds();
+  out.generation = r->generation();
   return out;
 }
 

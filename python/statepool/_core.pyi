@@ -817,6 +817,11 @@ class Stats:
         Connections open now.
         """
     @property
+    def generation(self) -> int:
+        """
+        Hand-overs since the pool was created: 0 for a daemon that started fresh, its predecessor's + 1 for one that took the pool over.
+        """
+    @property
     def leases_active(self) -> int:
         """
         Leases held by a live connection.

@@ -69,6 +69,11 @@ struct Config {
   std::chrono::milliseconds snapshot_remote_timeout{250};  ///< connect and each command
   std::chrono::seconds snapshot_remote_ttl{0};             ///< expiry of remote values; 0 = none
   std::string plan_dir;  ///< every *.spqp file in it is loaded too
+  /// The hand-over (docs/operations.md, "Upgrade without losing state"): the socket on
+  /// which this daemon hands its pool to a successor, and on which a successor started
+  /// with --take-over asks for it. Default: --socket with ".handover" appended.
+  std::string handover_socket;
+  bool take_over = false;  ///< --take-over: start with the pool of the daemon now serving
 };
 
 /// Outcome of parsing argv: either a configuration to run, or text to print and an exit

@@ -17,7 +17,11 @@ using support::format_bytes;
 std::string describe(const Config& config) {
   std::ostringstream out;
   out << "socket " << config.socket_path << " (mode " << std::oct << config.socket_mode << std::dec
-      << (config.socket_group.empty() ? "" : ", group " + config.socket_group) << ")\n"
+      << (config.socket_group.empty() ? "" : ", group " + config.socket_group)
+      << "), hand-over socket "
+      << (config.handover_socket.empty() ? "none (--socket too long for the default)"
+                                         : config.handover_socket)
+      << (config.take_over ? " (taking over the running daemon's pool)" : "") << "\n"
       << "backend " << config.backend
       << (config.backend == "cuda" ? " (device " + std::to_string(config.device) + ")" : "")
       << ", pool capacity "

@@ -62,6 +62,12 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "socket file permission bits (octal)")
       ("socket-group", po::value<std::string>(&config.socket_group),
        "group that owns the socket file")
+      ("take-over", po::bool_switch(&config.take_over),
+       "start by taking over the pool, clients and socket of the statepoold serving --socket "
+       "(an upgrade or a restart without losing a parked state; docs/operations.md)")
+      ("handover-socket", po::value<std::string>(&config.handover_socket),
+       "socket on which the daemon hands its pool to a successor started with --take-over; "
+       "default: the --socket path with .handover appended")
       ("allow-uids", po::value<std::string>(&raw.allow_uids),
        "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
       ("max-connections", po::value<std::uint64_t>(&raw.max_connections)->default_value(256),

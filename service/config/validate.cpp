@@ -97,6 +97,22 @@ void RawOptions::validate(Config& config) const {
                       " bytes; a Unix socket path must be under " +
                       std::to_string(sizeof(sockaddr_un{}.sun_path)) + ")");
   }
+  if (config.handover_socket.empty()) {
+    // The default; none (no hand-over) when the socket's path leaves no room for it.
+    const std::string fallback = config.socket_path + ".handover";
+    if (fallback.size() < sizeof(sockaddr_un{}.sun_path)) config.handover_socket = fallback;
+  } else if (config.handover_socket.size() >= sizeof(sockaddr_un{}.sun_path) ||
+             config.handover_socket.front() == '@' ||
+             config.handover_socket == config.socket_path) {
+    throw ConfigError(
+        "--handover-socket '" + config.handover_socket + "' must be a filesystem path under " +
+        std::to_string(sizeof(sockaddr_un{}.sun_path)) + " bytes, other than --socket");
+  }
+  if (config.take_over && config.handover_socket.empty()) {
+    throw ConfigError(
+        "--take-over needs a --handover-socket (the --socket path is too long for "
+        "the default, --socket with .handover appended)");
+  }
   {
     const std::string mode = trim(socket_mode);
     if (mode.empty() || mode.size() > 4 ||

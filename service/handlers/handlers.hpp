@@ -80,6 +80,8 @@ struct ServerContext {
   std::function<MemoryResource&(const std::string& tenant)> tenant_staging;
   /// The prefix-state store's tiers below the pool; null when none is configured.
   SnapshotTiers* tiers = nullptr;
+  /// Hand-overs since the pool was created (Server::set_generation, before serving).
+  std::uint64_t generation = 0;
 };
 
 /// Staging buffers one connection may hold at once: each holds a descriptor in the

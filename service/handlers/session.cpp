@@ -117,7 +117,7 @@ void handle(Call& call, const wire::Stats& /*in*/) {
   call.reply<wire::Stats>(wire::CreateStatsReply(
       b, b.CreateVector(arenas), b.CreateVector(tenants), s.clients_connected(),
       stats.leases_active, stats.leases_orphaned, stats.pages_reclaimed_total, stats.capacity_bytes,
-      stats.reserved_bytes, uptime));
+      stats.reserved_bytes, uptime, s.generation));
 }
 
 }  // namespace statepool::service

@@ -1,6 +1,9 @@
 #include "http/server.hpp"
 
+#include <sys/socket.h>
+
 #include <array>
+#include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <tuple>
@@ -60,7 +63,7 @@ HttpServer::~HttpServer() {
   acceptor_.close(ignored);
 }
 
-void HttpServer::listen() {
+void HttpServer::listen(support::UniqueFd handed_over) {
   boost::system::error_code ec;
   const auto fail = [&](const std::string& why) {
     std::string hint;
@@ -80,6 +83,27 @@ void HttpServer::listen() {
   const asio::ip::address ip = asio::ip::make_address(where.host, ec);
   if (ec) throw fail(ec.message());
   const tcp::endpoint endpoint(ip, where.port);
+  if (handed_over) {
+    sockaddr_storage bound{};
+    socklen_t length = sizeof bound;
+    if (::getsockname(handed_over.get(), reinterpret_cast<sockaddr*>(&bound), &length) == 0) {
+      tcp::endpoint at;
+      if (length <= at.capacity()) {
+        std::memcpy(at.data(), &bound, length);
+        at.resize(length);
+        if (at.address() == ip && (where.port == 0 || at.port() == where.port)) {
+          acceptor_.assign(at.protocol(), handed_over.get(), ec);
+          if (!ec) {
+            (void)handed_over.release();
+            port_ = at.port();
+            return;
+          }
+        }
+      }
+    }
+    handed_over.reset();  // another address than configured now: bound anew below
+    ec.clear();
+  }
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(endpoint, ec);

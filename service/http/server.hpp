@@ -29,6 +29,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "statepool/support/log.hpp"
+#include "statepool/support/unique_fd.hpp"
 
 namespace statepool::service {
 
@@ -77,8 +78,12 @@ class HttpServer {
   HttpServer& operator=(const HttpServer&) = delete;
 
   /// Opens, binds and listens. Throws std::runtime_error ("cannot listen on HOST:PORT for
-  /// --api-address: ...", with a hint when the port is taken).
-  void listen();
+  /// --api-address: ...", with a hint when the port is taken). `handed_over`: a listening
+  /// socket a predecessor daemon passed (the hand-over), served instead when it listens on
+  /// the configured address (else closed, and the address bound anew).
+  void listen(support::UniqueFd handed_over = {});
+  /// The listening socket (for a hand-over to a successor); -1 before listen().
+  [[nodiscard]] int native_handle() noexcept { return acceptor_.native_handle(); }
   /// Spawns the accept loop on the io_context (after listen()).
   void start();
   /// Closes the acceptor; connections being served are left to the io_context. Replies

@@ -405,7 +405,27 @@ struct Metrics::Impl {
                      .Name("statepool_draining")
                      .Help("1 while the daemon drains before exiting, else 0.")
                      .Register(*registry)
-                     .Add({})) {
+                     .Add({})),
+        generation(prometheus::BuildGauge()
+                       .Name("statepool_generation")
+                       .Help("Hand-overs since the pool was created: 0 for a daemon that "
+                             "started fresh, its predecessor's + 1 for one that took over.")
+                       .Register(*registry)
+                       .Add({})),
+        takeover_seconds(prometheus::BuildGauge()
+                             .Name("statepool_takeover_seconds")
+                             .Help("How long this daemon took to take the pool over from its "
+                                   "predecessor (0: it started fresh).")
+                             .Register(*registry)
+                             .Add({})),
+        taken(prometheus::BuildGauge()
+                  .Name("statepool_taken_over")
+                  .Help("What this daemon took over from its predecessor at start, by what: "
+                        "arenas, bytes, pages (in use), leases, snapshots.")
+                  .Register(*registry)) {
+    for (const char* what : {"arenas", "bytes", "pages", "leases", "snapshots"}) {
+      taken_by.push_back(&taken.Add({{"what", what}}));
+    }
     prometheus::BuildGauge()
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
@@ -442,6 +462,10 @@ struct Metrics::Impl {
   prometheus::Gauge& request_buffers;
   prometheus::Gauge& clients;
   prometheus::Gauge& draining;
+  prometheus::Gauge& generation;
+  prometheus::Gauge& takeover_seconds;
+  prometheus::Family<prometheus::Gauge>& taken;
+  std::vector<prometheus::Gauge*> taken_by;  // arenas, bytes, pages, leases, snapshots
   std::vector<prometheus::Counter*> request_counters;  // by wire type number
   std::vector<prometheus::Histogram*> request_latency;
   std::mutex mutex;
@@ -482,6 +506,18 @@ void Metrics::client_disconnected() {
 }
 void Metrics::set_draining(bool draining) {
   impl_->draining.Set(draining ? 1.0 : 0.0);
+}
+
+void Metrics::set_generation(std::uint64_t generation) {
+  impl_->generation.Set(static_cast<double>(generation));
+}
+
+void Metrics::taken_over(const Pool::RestoreReport& report, double seconds) {
+  impl_->takeover_seconds.Set(seconds);
+  const double values[] = {static_cast<double>(report.arenas), static_cast<double>(report.bytes),
+                           static_cast<double>(report.pages), static_cast<double>(report.leases),
+                           static_cast<double>(report.snapshots)};
+  for (std::size_t i = 0; i < std::size(values); ++i) impl_->taken_by[i]->Set(values[i]);
 }
 
 std::string Metrics::render() const {

@@ -67,6 +67,10 @@ class Metrics {
   void client_connected();
   void client_disconnected();
   void set_draining(bool draining);
+  /// The daemon's generation (0: started fresh; a successor's is its predecessor's + 1),
+  /// and, for a successor, what it took over and how long that took.
+  void set_generation(std::uint64_t generation);
+  void taken_over(const Pool::RestoreReport& report, double seconds);
 
   /// The text exposition format of everything, as /metrics serves it
   /// (http/metrics_endpoint.hpp).

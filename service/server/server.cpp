@@ -83,7 +83,8 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
       control_(asio::make_strand(io_)),
       acceptor_(control_),
       reclaim_timer_(control_),
-      drain_timer_(control_) {
+      drain_timer_(control_),
+      handover_acceptor_(control_) {
   for (unsigned i = 1; i < config_.threads; ++i)
     loops_.push_back(std::make_unique<asio::io_context>(1));
   for (const TenantConfig& t : pool_.config().tenants) {
@@ -96,10 +97,10 @@ Server::Server(const Config& config, Pool& pool, Metrics* metrics, MemoryResourc
 }
 
 Server::~Server() {
-  if (owns_socket_file_) {
-    std::error_code ignored;
-    std::filesystem::remove(config_.socket_path, ignored);
-  }
+  if (handover_thread_.joinable()) handover_thread_.join();
+  std::error_code ignored;
+  if (owns_socket_file_) std::filesystem::remove(config_.socket_path, ignored);
+  if (owns_handover_file_) std::filesystem::remove(config_.handover_socket, ignored);
 }
 
 void Server::bind() {
@@ -115,22 +116,21 @@ void Server::bind() {
     LOG_INFO("server", "serving the socket systemd passed for ", config_.socket_path,
              " (socket activation: its mode and group are the socket unit's)");
   } else {
-    bind_socket_file();
+    bind_socket_file(acceptor_, config_.socket_path, "--socket");
+  }
+  if (!config_.handover_socket.empty()) {
+    bind_socket_file(handover_acceptor_, config_.handover_socket, "--handover-socket");
+    owns_handover_file_ = true;
+    boost::system::error_code bec;
+    handover_acceptor_.listen(4, bec);
+    if (bec) {
+      throw std::runtime_error("cannot listen on " + config_.handover_socket + ": " +
+                               bec.message());
+    }
   }
   // The HTTP listeners come before the Unix socket: once a client can connect to the
   // socket (the daemon looks ready), the API and the metrics are there too.
-  if (!config_.api_address.empty()) {
-    api_service_ = std::make_unique<HttpApi>(config_, pool_);
-    api_ = std::make_unique<HttpServer>(io_, config_.api_address, "--api-address",
-                                        config_.io_timeout, *api_service_, draining_);
-    api_->listen();
-  }
-  if (metrics_ != nullptr && !config_.metrics_address.empty()) {
-    metrics_service_ = std::make_unique<MetricsEndpoint>(*metrics_);
-    metrics_http_ = std::make_unique<HttpServer>(io_, config_.metrics_address, "--metrics-address",
-                                                 config_.io_timeout, *metrics_service_, draining_);
-    metrics_http_->listen();
-  }
+  bind_http({}, {});
   // Kept for the moment the process runs out of descriptors: closing it makes room to
   // accept one connection and tell it so (accept_loop).
   spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -152,9 +152,25 @@ void Server::bind() {
   }
 }
 
-void Server::bind_socket_file() {
+void Server::bind_http(support::UniqueFd api, support::UniqueFd metrics) {
+  if (!config_.api_address.empty()) {
+    api_service_ = std::make_unique<HttpApi>(config_, pool_);
+    api_ = std::make_unique<HttpServer>(io_, config_.api_address, "--api-address",
+                                        config_.io_timeout, *api_service_, draining_);
+    api_->listen(std::move(api));
+  }
+  if (metrics_ != nullptr && !config_.metrics_address.empty()) {
+    metrics_service_ = std::make_unique<MetricsEndpoint>(*metrics_);
+    metrics_http_ = std::make_unique<HttpServer>(io_, config_.metrics_address, "--metrics-address",
+                                                 config_.io_timeout, *metrics_service_, draining_);
+    metrics_http_->listen(std::move(metrics));
+  }
+}
+
+void Server::bind_socket_file(local::acceptor& acceptor, const std::string& socket_path,
+                              const char* flag) {
   namespace fs = std::filesystem;
-  const fs::path path(config_.socket_path);
+  const fs::path path(socket_path);
   std::error_code ec;
   if (path.has_parent_path() && !fs::exists(path.parent_path(), ec)) {
     fs::create_directories(path.parent_path(), ec);
@@ -164,25 +180,24 @@ void Server::bind_socket_file() {
     }
   }
   if (fs::exists(fs::symlink_status(path, ec))) {
-    if (socket_is_live(config_.socket_path)) {
-      throw std::runtime_error("another daemon is already serving " + config_.socket_path +
-                               " (stop it, or pass a different --socket)");
+    if (socket_is_live(socket_path)) {
+      throw std::runtime_error("another daemon is already serving " + socket_path +
+                               " (stop it, or pass a different " + flag + ")");
     }
     if (!fs::is_socket(fs::symlink_status(path, ec))) {
-      throw std::runtime_error(config_.socket_path +
-                               " exists and is not a socket; refusing to replace it");
+      throw std::runtime_error(socket_path + " exists and is not a socket; refusing to replace it");
     }
-    LOG_INFO("server", "removing stale socket ", config_.socket_path);
+    LOG_INFO("server", "removing stale socket ", socket_path);
     fs::remove(path, ec);
   }
   // Create the socket file with no permissions for others until chmod in bind().
   const mode_t old_mask = ::umask(0177);
   boost::system::error_code bec;
-  acceptor_.open(local(), bec);
-  if (!bec) acceptor_.bind(local::endpoint(config_.socket_path), bec);
+  acceptor.open(local(), bec);
+  if (!bec) acceptor.bind(local::endpoint(socket_path), bec);
   ::umask(old_mask);
-  if (bec) throw std::runtime_error("cannot bind " + config_.socket_path + ": " + bec.message());
-  owns_socket_file_ = true;
+  if (bec) throw std::runtime_error("cannot bind " + socket_path + ": " + bec.message());
+  if (&acceptor == &acceptor_) owns_socket_file_ = true;
 }
 
 std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
@@ -209,11 +224,12 @@ std::uint64_t Server::prepare_descriptor_limit(const Config& config) {
                                          : static_cast<std::uint64_t>(limit.rlim_cur);
 }
 
-sigset_t Server::drain_signals() noexcept {
+sigset_t Server::handled_signals() noexcept {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR2);
   return set;
 }
 
@@ -230,6 +246,7 @@ std::size_t Server::run() {
   if (api_) api_->start();
   if (metrics_http_) metrics_http_->start();
   asio::co_spawn(control_, reclaim_loop(), asio::detached);
+  if (handover_acceptor_.is_open()) asio::co_spawn(control_, handover_loop(), asio::detached);
 
   // SIGTERM/SIGINT are blocked in every thread (main blocks them before starting any) and
   // taken here with sigtimedwait: a signal arriving at any moment, also a second one while
@@ -237,11 +254,13 @@ std::size_t Server::run() {
   // the daemon with the default action.
   std::atomic<bool> stopped{false};
   std::thread signal_waiter([this, &stopped] {
-    const sigset_t set = drain_signals();
+    const sigset_t set = handled_signals();
     while (!stopped.load()) {
       const timespec tick{0, 50'000'000};
       const int signal = ::sigtimedwait(&set, nullptr, &tick);
-      if (signal == SIGTERM || signal == SIGINT) {
+      if (signal == SIGUSR2) {
+        start_successor();
+      } else if (signal == SIGTERM || signal == SIGINT) {
         if (draining_.load())
           LOG_INFO("server", signal == SIGTERM ? "SIGTERM" : "SIGINT", " while draining: ignored");
         drain(signal == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -266,6 +285,7 @@ std::size_t Server::run() {
   workers_.wait_idle();
   stopped.store(true);
   signal_waiter.join();
+  if (handover_thread_.joinable()) handover_thread_.join();
   return forced_closes_;
 }
 
@@ -274,6 +294,13 @@ void Server::drain(const std::string& why) {
 }
 
 void Server::begin_drain(const std::string& why) {
+  if (handing_over_) {
+    // Paused for a successor: if it takes over, this process exits anyway; if not, the
+    // drain begins then (end_handover).
+    LOG_INFO("server", why, " during a hand-over: draining if the hand-over fails");
+    deferred_drain_ = why;
+    return;
+  }
   if (draining_.exchange(true)) return;
   if (metrics_ != nullptr) metrics_->set_draining(true);
   // A Type=notify unit is stopping from here on; the drain and the exit check may outlast
@@ -296,6 +323,11 @@ void Server::begin_drain(const std::string& why) {
   reclaim_timer_.cancel();
   // Idle connections are closed by stop_accepting(), once the listener is closed: a
   // client that sees EOF and reconnects at once must find it closed, not be served.
+  arm_drain_timer();
+  finish_if_drained();
+}
+
+void Server::arm_drain_timer() {
   drain_timer_.expires_after(config_.drain_timeout);
   drain_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
@@ -308,7 +340,6 @@ void Server::begin_drain(const std::string& why) {
       }
     }
   });
-  finish_if_drained();
 }
 
 void Server::session_ended(std::uint64_t id) {
@@ -322,6 +353,10 @@ void Server::session_ended(std::uint64_t id) {
 }
 
 void Server::finish_if_drained() {
+  if (handing_over_) {
+    check_paused();
+    return;
+  }
   if (!draining_.load() || !accepting_stopped_ || sessions_live_.load() != 0) return;
   drain_timer_.cancel();
   LOG_INFO("server", "drained: all connections closed");
@@ -424,7 +459,11 @@ asio::awaitable<void> Server::accept_loop() {
     start_session(std::move(socket));
   }
   accept_loop_done_ = true;
-  if (draining_.load()) stop_accepting();  // else begin_drain calls it
+  if (handing_over_) {
+    check_paused();  // the listener stays open: its backlog is the successor's
+  } else if (draining_.load()) {
+    stop_accepting();  // else begin_drain calls it
+  }
 }
 
 void Server::stop_accepting() {

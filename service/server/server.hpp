@@ -13,15 +13,26 @@
 // HTTP API stops accepting at the start of the drain; HTTP connections still open when
 // the last session ends are cut.
 //
+// Hand-over (server/handover.cpp, docs/operations.md "Upgrade without losing state"): a
+// successor started with --take-over connects to the hand-over socket; this server then
+// stops accepting (connections wait in the listen backlog, for the successor), lets every
+// session finish its request and closes them (their clients reconnect with their lease
+// tokens), and sends the pool's state with the memory and the listening sockets. When the
+// successor says it serves, run() returns (handed_over()); when it refuses or fails, this
+// server serves on as before.
+//
 // Thread-safety: run() is called once; drain() may be called from any thread.
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 
 #include <csignal>
 
@@ -65,10 +76,31 @@ class Server {
   /// listens on --api-address and --metrics-address (with `metrics`) unless they are off.
   /// Throws std::runtime_error with an actionable message.
   void bind();
+  /// The listening sockets a successor takes over (server/takeover.hpp): the Unix socket,
+  /// the hand-over socket, and the HTTP listeners when the predecessor had them.
+  struct Listeners {
+    support::UniqueFd socket;
+    support::UniqueFd handover;
+    support::UniqueFd api;
+    support::UniqueFd metrics;
+  };
+  /// bind() for a successor: serves `listeners` instead of binding anew (an HTTP listener
+  /// that was not handed over, or listens on another port than configured, is bound as
+  /// bind() binds it). The socket files are this server's from now on.
+  void bind_handed_over(Listeners listeners);
+  /// True when run() ended because a successor took over (then the socket files stay).
+  [[nodiscard]] bool handed_over() const noexcept { return handed_over_.load(); }
+  /// The daemon's generation: 0 for a daemon that started fresh, one more than its
+  /// predecessor's for one that took over. Set before run().
+  void set_generation(std::uint64_t generation) noexcept {
+    generation_ = generation;
+    context_.generation = generation;
+  }
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   /// Serves until drained, then waits for the executor and the workers to finish what
   /// they had (nothing they run refers to the server afterwards). Returns the number of
   /// sessions that had to be closed forcibly.
-  /// SIGTERM and SIGINT (drain_signals()) must be blocked in every thread of the process
+  /// SIGTERM, SIGINT and SIGUSR2 (handled_signals()) must be blocked in every thread of the process
   /// before any thread is started (pthread_sigmask in main); run() takes them with
   /// sigtimedwait on a thread of its own and drains.
   std::size_t run();
@@ -83,8 +115,13 @@ class Server {
   /// the deadline finishing on the workers, the exit check): asked of systemd with
   /// STOPPING=1 (server/systemd.hpp).
   static constexpr std::chrono::seconds kStopMargin{30};
-  /// The signals that drain the daemon: SIGTERM and SIGINT.
-  [[nodiscard]] static sigset_t drain_signals() noexcept;
+  /// The signals the daemon takes on a thread of its own: SIGTERM and SIGINT drain it,
+  /// SIGUSR2 starts a successor that takes the pool over (set_successor()).
+  [[nodiscard]] static sigset_t handled_signals() noexcept;
+  /// What SIGUSR2 starts: `argv` (argv[0] the binary's path as installed, so that an
+  /// upgraded binary is the one started), to which --take-over is added. Empty: SIGUSR2
+  /// is logged and ignored. Set before run().
+  void set_successor(std::vector<std::string> argv) { successor_argv_ = std::move(argv); }
   /// Starts draining; safe from any thread, idempotent.
   void drain(const std::string& why);
 
@@ -96,8 +133,28 @@ class Server {
   [[nodiscard]] std::uint16_t metrics_port() const noexcept;
 
  private:
-  /// Binds a new socket file at --socket, replacing a stale one (not yet listening).
-  void bind_socket_file();
+  /// Binds a new socket file at `path` on `acceptor`, replacing a stale one (not yet
+  /// listening); `flag` names the option in errors.
+  void bind_socket_file(boost::asio::local::stream_protocol::acceptor& acceptor,
+                        const std::string& path, const char* flag);
+  /// The HTTP listeners of bind(); `api` and `metrics`: handed-over sockets, or invalid.
+  void bind_http(support::UniqueFd api, support::UniqueFd metrics);
+  // The hand-over (server/handover.cpp).
+  /// What begin_handover() answers the hand-over thread: a refusal, or the listening
+  /// sockets to send once every session has ended.
+  struct Pause {
+    std::string refusal;
+    std::vector<std::pair<std::string, int>> listeners;  // borrowed
+  };
+  boost::asio::awaitable<void> handover_loop();
+  /// The conversation with one successor, on a thread of its own.
+  void hand_over(support::UniqueFd peer);
+  void begin_handover(std::shared_ptr<std::promise<Pause>> paused);  // on control_
+  /// The sessions have ended: hands the listeners to the waiting hand-over thread.
+  void check_paused();                                   // on control_
+  void end_handover(bool done, const std::string& why);  // on control_
+  /// SIGUSR2: spawns the successor (set_successor()), which asks for the pool.
+  void start_successor();
   boost::asio::awaitable<void> accept_loop();
   /// The loop the next accepted connection runs on (on control_).
   boost::asio::any_io_executor next_session_executor();
@@ -113,6 +170,8 @@ class Server {
   void stop_accepting();
   boost::asio::awaitable<void> reclaim_loop();
   void begin_drain(const std::string& why);  // on the io_context
+  /// Closes the sessions still busy when --drain-timeout has passed (on control_).
+  void arm_drain_timer();
   void session_ended(std::uint64_t id);
   void finish_if_drained();
 
@@ -168,6 +227,17 @@ class Server {
   std::uint64_t descriptor_refusals_ = 0;
   std::chrono::steady_clock::time_point descriptor_warned_{};
   std::size_t forced_closes_ = 0;
+  // The hand-over: its listener (on control_), the conversation's thread, and its state.
+  boost::asio::local::stream_protocol::acceptor handover_acceptor_;
+  bool owns_handover_file_ = false;
+  std::thread handover_thread_;
+  std::atomic<bool> handover_busy_{false};       // a conversation runs (any thread)
+  bool handing_over_ = false;                    // on control_: paused for a successor
+  std::shared_ptr<std::promise<Pause>> paused_;  // on control_: until check_paused()
+  std::string deferred_drain_;                   // on control_: a drain asked for meanwhile
+  std::atomic<bool> handed_over_{false};
+  std::uint64_t generation_ = 0;
+  std::vector<std::string> successor_argv_;
 };
 
 }  // namespace statepool::service

@@ -20,6 +20,16 @@ bool notify(const std::string& state) noexcept {
   return sent > 0;
 }
 
+bool notify_and_wait(const std::string& state) noexcept {
+  if (!notify(state)) return false;
+  const int waited = ::sd_notify_barrier(0, 5'000'000);
+  if (waited < 0) {
+    LOG_WARN("server", "the service manager did not confirm ", state.substr(0, state.find('\n')),
+             ": ", std::strerror(-waited));
+  }
+  return waited >= 0;
+}
+
 int passed_socket(const std::string& path) {
   // unset_environment = 1: nothing the daemon starts inherits LISTEN_FDS.
   const int count = ::sd_listen_fds(1);

@@ -21,6 +21,9 @@ namespace statepool::service::systemd {
 /// manager. Returns whether one received it; a failure to send is logged at WARN, never
 /// thrown.
 bool notify(const std::string& state) noexcept;
+/// notify(), then waits (at most 5 s, sd_notify_barrier(3)) until the service manager has
+/// processed it: for MAINPID= before this process exits (the hand-over).
+bool notify_and_wait(const std::string& state) noexcept;
 
 /// The listening Unix stream socket that a socket unit passed for `path`, or -1 when the
 /// daemon was started without one. The descriptor is the caller's from then on. Throws

@@ -3,6 +3,7 @@
 - Type=notify: READY=1 arrives only once the daemon's socket accepts connections, and
   STOPPING=1 (with EXTEND_TIMEOUT_USEC covering the drain) when SIGTERM starts the drain.
 - The probes /healthz and /readyz on the metrics listener follow the same states.
+- Reload (SIGUSR2): a successor takes the pool over and becomes the main PID.
 - Socket activation: a listening socket passed as systemd does it (systemd-socket-activate
   from Debian's systemd package) is served, left in place at exit, and one bound to
   another path than --socket is refused with a message.
@@ -10,6 +11,7 @@
 Run by ctest (tests/deploy/CMakeLists.txt) with STATEPOOLD and STATEPOOLCTL set.
 """
 
+import ctypes
 import os
 import shutil
 import signal
@@ -119,6 +121,51 @@ def test_ready_once_listening_and_stopping_when_draining(workdir):
             daemon.kill()
             daemon.wait()
         listener.close()
+
+
+def test_reload_hands_the_pool_and_the_main_pid_to_a_successor(workdir):
+    """ExecReload= sends SIGUSR2: the daemon starts the installed binary with --take-over,
+    hands the pool over, tells systemd MAINPID= of the successor (waiting until systemd
+    has it: sd_notify_barrier) and exits 0; the successor says READY=1 and serves."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_CHILD_SUBREAPER = 36
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0  # to reap the successor
+    listener = NotifyListener(workdir)
+    sock = os.path.join(workdir, "statepool.sock")
+    env = dict(os.environ, NOTIFY_SOCKET=listener.path)
+    log = open(os.path.join(workdir, "daemon.log"), "w+")
+    daemon = subprocess.Popen(daemon_args(sock, free_port()), env=env, stderr=log)
+    successor = None
+    try:
+        assert listener.receive(timeout=60).get("READY") == "1"
+        daemon.send_signal(signal.SIGUSR2)
+        main_pid = None
+        while True:
+            message = listener.receive(timeout=60)
+            if "MAINPID" in message:
+                main_pid = int(message["MAINPID"])
+            if message.get("READY") == "1":
+                break
+        assert main_pid is not None and main_pid != daemon.pid
+        successor = main_pid
+        assert daemon.wait(timeout=60) == 0
+        assert ping(sock).returncode == 0
+        log.seek(0)
+        text = log.read()
+        assert "SIGUSR2: started the successor" in text, text
+        assert f"(pid {successor})" in text, text
+        assert "took over generation 0's pool" in text, text
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if successor is not None:
+            os.kill(successor, signal.SIGTERM)
+            _, status = os.waitpid(successor, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        listener.close()
+        log.close()
 
 
 def test_probes_refuse_other_methods_and_need_no_token(workdir):

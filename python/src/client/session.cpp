@@ -105,7 +105,10 @@ ConnectionClass bind_session(py::module_& m) {
       .def_readonly("pool_reserved_bytes", &client::Stats::pool_reserved_bytes,
                     "Bytes of the pool held by arenas.")
       .def_readonly("uptime_seconds", &client::Stats::uptime_seconds,
-                    "Seconds since the daemon started.");
+                    "Seconds since the daemon started.")
+      .def_readonly("generation", &client::Stats::generation,
+                    "Hand-overs since the pool was created: 0 for a daemon that started "
+                    "fresh, its predecessor's + 1 for one that took the pool over.");
 
   // --- connection ------------------------------------------------------------------------
   ConnectionClass connection(m, "Connection", R"doc(

@@ -109,6 +109,9 @@ struct Stats {
   std::uint64_t pool_capacity_bytes = 0;
   std::uint64_t pool_reserved_bytes = 0;
   double uptime_seconds = 0.0;
+  /// Hand-overs since the pool was created: 0 for a daemon that started fresh (and from
+  /// daemons that do not say), its predecessor's + 1 for one that took the pool over.
+  std::uint64_t generation = 0;
 };
 
 /// A capacity plan to ask the daemon for (PlanCapacity, docs/capacity.md). Fields left

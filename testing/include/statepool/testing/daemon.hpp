@@ -39,6 +39,10 @@ struct DaemonOptions {
   /// When set, the daemon runs with this descriptor limit, soft and hard (prlimit(1)
   /// from util-linux starts it).
   unsigned descriptor_limit = 0;
+  /// A successor (--take-over) of this running daemon: the same socket, hand-over socket
+  /// and TCP ports; ready once its log says it serves ("ready on"), which it says only
+  /// after taking the pool over.
+  const class Daemon* take_over_from = nullptr;
 };
 
 class Daemon {

@@ -1,0 +1,39 @@
+#pragma once
+// The successor's side of a hand-over (server.hpp, handover/transfer.hpp): a statepoold
+// started with --take-over asks the one serving --socket for its pool, receives the state
+// image, the arenas' memory and the listening sockets, and restores its (new, empty) pool
+// from them before it serves. Its verdict tells the predecessor to exit (ok) or to serve
+// on (anything else).
+
+#include <chrono>
+#include <string>
+
+#include "config/config.hpp"
+#include "handover/image.hpp"
+#include "pool/pool.hpp"
+#include "server/server.hpp"
+#include "statepool/support/unique_fd.hpp"
+
+namespace statepool::service {
+
+struct TakenOver {
+  support::UniqueFd peer;  ///< the conversation, for the verdict
+  Server::Listeners listeners;
+  Pool::RestoreReport report;
+  handover::ImageMeta meta;  ///< the predecessor's (its generation: ours is one more)
+  std::uint64_t image_bytes = 0;
+  std::chrono::milliseconds took{0};  ///< from the request to a restored pool
+};
+
+/// Takes the pool over from the daemon serving config.handover_socket into `pool` (new:
+/// the operator's plans may be installed). Throws std::runtime_error naming what failed;
+/// once the predecessor has paused, a refusal with that reason is sent back to it (it
+/// serves on) before the throw.
+[[nodiscard]] TakenOver take_over(const Config& config, Pool& pool);
+
+/// Tells the predecessor that this daemon serves now, and waits for its last word: it
+/// exits. Throws std::runtime_error when that word does not come (the predecessor gave up
+/// waiting and serves on): this process must not serve then.
+void confirm(TakenOver& taken);
+
+}  // namespace statepool::service
