@@ -5,21 +5,34 @@
 // hit. A successor that refuses leaves the old daemon serving, with nothing lost.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "handover/image.hpp"
+#include "handover/transfer.hpp"
+#include "memory/host_memfd.hpp"
+#include "pool/pool.hpp"
 #include "statepool/client.hpp"
 #include "statepool/synthetic/random.hpp"
 #include "statepool/testing/client_options.hpp"
 #include "statepool/testing/gtest/daemon_process.hpp"
+#include "statepool/testing/temp_dir.hpp"
 
 namespace client = statepool::client;
 namespace kernels = statepool::kernels;
@@ -236,4 +249,228 @@ TEST(HandOver, Sigusr2StartsTheInstalledBinaryAsTheSuccessor) {
   ASSERT_EQ(::waitpid(successor, &status, 0), successor);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << old.log();
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
+
+// --- what arrives is input, on both sides ------------------------------------------------
+
+namespace {
+
+namespace handover = statepool::service::handover;
+namespace service = statepool::service;
+using std::chrono::steady_clock;
+
+/// A Unix listening socket at `path`.
+statepool::support::UniqueFd listen_at(const std::string& path) {
+  statepool::support::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::listen(fd.get(), 4), 0);
+  return fd;
+}
+
+/// A real pool's state, as a predecessor would send it: its image and its arena's memory.
+struct SentState {
+  std::shared_ptr<service::Pool> pool;
+  std::vector<std::byte> image;
+  std::vector<int> arena_fds;
+};
+
+SentState a_real_state() {
+  SentState out;
+  service::PoolConfig config;
+  config.capacity_bytes = 64ull << 20;
+  out.pool =
+      std::make_shared<service::Pool>(config, std::make_shared<service::HostMemfdResource>());
+  const auto layout = out.pool->register_layout(layout_of(kernels::CodecId::int8));
+  const auto arena = out.pool->open_arena("", layout, 8);
+  const auto lease = out.pool->attach_lease("", "");
+  (void)out.pool->allocate(lease.id, arena.id, 2);
+  const service::PoolState state = out.pool->save_state();
+  out.image = handover::encode_image(state, {0, "test", "host", -1});
+  for (const auto& a : state.arenas) out.arena_fds.push_back(a.fd);
+  return out;
+}
+
+/// Plays the running daemon for a real `statepoold --take-over`: sends what `send` sends
+/// on the hand-over connection, returns the successor's verdict and its exit.
+struct Played {
+  std::string verdict;
+  statepool::testing::Exit exit;
+};
+
+Played play_predecessor(const std::function<void(int peer, int listener)>& send) {
+  statepool::testing::TempDir dir;
+  const std::string socket = dir.file("statepool.sock");
+  const auto listener = listen_at(socket);
+  const auto handover_listener = listen_at(socket + ".handover");
+  Played out;
+  std::thread successor([&] {
+    out.exit =
+        statepool::testing::run_daemon({"--socket", socket, "--take-over", "--metrics-address",
+                                        "off", "--api-address", "off", "--workers", "1"},
+                                       dir.path());
+  });
+  pollfd ready{handover_listener.get(), POLLIN, 0};
+  if (::poll(&ready, 1, 30000) == 1) {
+    statepool::support::UniqueFd peer(
+        ::accept4(handover_listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    try {
+      const auto request = handover::receive_message(peer.get(), 64, steady_clock::now() + 10s);
+      EXPECT_EQ(request.kind, handover::MessageKind::request);
+      send(peer.get(), listener.get());
+      const auto verdict = handover::receive_message(peer.get(), 4096, steady_clock::now() + 30s);
+      out.verdict.assign(reinterpret_cast<const char*>(verdict.body.data()), verdict.body.size());
+    } catch (const handover::HandoverError& e) {
+      out.verdict = std::string("(no verdict: ") + e.what() + ")";
+    }
+  }
+  successor.join();
+  return out;
+}
+
+}  // namespace
+
+// A successor checks everything it is sent, and refuses (exit 1, the reason sent back and
+// logged) whatever does not hold: the image's checksums and version, each descriptor.
+TEST(HandOver, ASuccessorRefusesACorruptImageOrDescriptorSetAndSaysWhy) {
+  const SentState state = a_real_state();
+  const auto send = [&](int peer, std::vector<handover::NamedFd> fds,
+                        std::vector<std::byte> image) {
+    handover::send_state(peer, fds, image, steady_clock::now() + 10s);
+  };
+  const auto good_fds = [&](int listener) {
+    return std::vector<handover::NamedFd>{{"listener", listener},
+                                          {"arena 1", state.arena_fds.at(0)}};
+  };
+  statepool::support::UniqueFd small(::memfd_create("small", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::ftruncate(small.get(), 4096), 0);
+  ASSERT_EQ(::fcntl(small.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
+  statepool::support::UniqueFd pipe_read(pipe_ends[0]);
+  statepool::support::UniqueFd pipe_write(pipe_ends[1]);
+
+  struct Case {
+    const char* name;
+    std::function<void(int, int)> play;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"a flipped payload byte",
+       [&](int peer, int listener) {
+         auto image = state.image;
+         image[image.size() / 2] ^= std::byte{0x10};
+         send(peer, good_fds(listener), image);
+       },
+       "payload checksum mismatch"},
+      {"a newer image version",
+       [&](int peer, int listener) {
+         const std::vector<std::byte> payload(state.image.begin() + 32, state.image.end());
+         send(peer, good_fds(listener), handover::wrap_payload(payload, 2));
+       },
+       "version 2, this statepoold reads version 1 only"},
+      {"no memory for an arena",
+       [&](int peer, int listener) {
+         send(peer, {{"listener", listener}}, state.image);
+       },
+       "no memory for arena 1"},
+      {"a pipe for an arena's memory",
+       [&](int peer, int listener) {
+         send(peer, {{"listener", listener}, {"arena 1", pipe_read.get()}}, state.image);
+       },
+       "not a memfd"},
+      {"another memfd for an arena's memory",
+       [&](int peer, int listener) {
+         send(peer, {{"listener", listener}, {"arena 1", small.get()}}, state.image);
+       },
+       "4096 bytes"},
+      {"no listening socket",
+       [&](int peer, int) {
+         send(peer, {{"arena 1", state.arena_fds.at(0)}}, state.image);
+       },
+       "no listening socket"},
+      {"a descriptor nobody asked for",
+       [&](int peer, int listener) {
+         auto fds = good_fds(listener);
+         fds.push_back({"surprise", pipe_read.get()});
+         send(peer, fds, state.image);
+       },
+       "unknown descriptor 'surprise'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Played played = play_predecessor(c.play);
+    EXPECT_NE(played.verdict.find(c.says), std::string::npos) << played.verdict;
+    EXPECT_EQ(played.exit.code, 1) << played.exit.stderr_text;
+    EXPECT_NE(played.exit.stderr_text.find("the running statepoold serves on"), std::string::npos)
+        << played.exit.stderr_text;
+  }
+}
+
+// The running daemon treats a successor's messages as input: garbage, a version it does not
+// write, a successor that vanishes or refuses; each time it serves on with every parked
+// state, and says why in its log.
+TEST(HandOver, ThePredecessorServesOnWhateverASuccessorSends) {
+  DaemonProcess old({"--grace-period", "60s"}, DaemonOptions{});
+  const Parked parked = park(old, 2);
+  const std::string path = old.socket_path() + ".handover";
+  const auto request = [](std::uint32_t version) {
+    std::vector<std::byte> body(4);
+    for (std::size_t i = 0; i < 4; ++i) body[i] = static_cast<std::byte>(version >> (8 * i));
+    return body;
+  };
+  {
+    SCOPED_TRACE("garbage");
+    auto peer = handover::connect(path);
+    const std::string junk = "hello there, give me your memory";
+    ASSERT_EQ(::write(peer.get(), junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+    peer.reset();
+    ASSERT_TRUE(
+        eventually([&] { return old.log().find("does not speak") != std::string::npos; }, 10s))
+        << old.log();
+  }
+  {
+    SCOPED_TRACE("a version it does not write");
+    auto peer = handover::connect(path);
+    handover::send_message(peer.get(), handover::MessageKind::request, request(2), {},
+                           steady_clock::now() + 5s);
+    const auto refusal = handover::receive_message(peer.get(), 4096, steady_clock::now() + 10s);
+    EXPECT_EQ(refusal.kind, handover::MessageKind::refusal);
+    ASSERT_TRUE(eventually(
+        [&] { return old.log().find("reads hand-over images of version 2") != std::string::npos; },
+        10s))
+        << old.log();
+  }
+  for (const char* ending : {"vanishes", "refuses"}) {
+    SCOPED_TRACE(ending);
+    auto peer = handover::connect(path);
+    handover::send_message(peer.get(), handover::MessageKind::request,
+                           request(handover::kImageVersion), {}, steady_clock::now() + 5s);
+    const auto received =
+        handover::receive_state(peer.get(), 64, 1 << 20, steady_clock::now() + 30s);
+    EXPECT_FALSE(received.image.empty());
+    if (std::string(ending) == "refuses") {
+      handover::send_text(peer.get(), handover::MessageKind::verdict, "not today",
+                          steady_clock::now() + 5s);
+    }
+    peer.reset();
+    ASSERT_TRUE(eventually(
+        [&] {
+          const std::string log = old.log();
+          std::size_t count = 0;
+          for (auto at = log.find("serving on after the failed hand-over"); at != std::string::npos;
+               at = log.find("serving on after the failed hand-over", at + 1)) {
+            ++count;
+          }
+          return count == (std::string(ending) == "refuses" ? 2u : 1u);
+        },
+        10s))
+        << old.log();
+  }
+  EXPECT_NE(old.log().find("the successor refused: not today"), std::string::npos) << old.log();
+  ASSERT_TRUE(old.running());
+  resume(old, parked, 2);
+  EXPECT_EQ(old.stop(SIGTERM, 20s), 0) << old.log();
 }
