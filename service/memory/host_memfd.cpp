@@ -65,11 +65,11 @@ class HostMemfdAllocation final : public Allocation {
 };
 
 /// Maps the sealed memfd `fd` of `bytes` bytes and returns it as an allocation that owns
-/// the mapping and the descriptor.
+/// the mapping and the descriptor; `populate`: with its page tables filled now.
 std::shared_ptr<Allocation> map_memfd(UniqueFd fd, std::size_t bytes, const std::string& name,
-                                      std::size_t granularity) {
-  void* addr =
-      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+                                      std::size_t granularity, bool populate) {
+  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void* addr = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, fd.get(), 0);
   if (addr == MAP_FAILED) throw_os_error("mmap", name, bytes, errno);
 
   AllocationInfo info;
@@ -121,7 +121,7 @@ std::shared_ptr<Allocation> HostMemfdResource::do_allocate(std::size_t bytes,
     throw_os_error("fcntl(F_ADD_SEALS)", name, bytes, errno);
   }
 
-  return map_memfd(std::move(fd), bytes, name, granularity());
+  return map_memfd(std::move(fd), bytes, name, granularity(), true);
 }
 
 std::shared_ptr<Allocation> HostMemfdResource::do_adopt(UniqueFd fd, std::size_t bytes,
@@ -147,7 +147,9 @@ std::shared_ptr<Allocation> HostMemfdResource::do_adopt(UniqueFd fd, std::size_t
   if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
     throw refuse("the memfd is sealed against writes");
   }
-  return map_memfd(std::move(fd), bytes, memfd_name(label), granularity());
+  // Not populated: its pages are committed already (a first touch is a minor fault), and
+  // filling a large pool's page tables here would lengthen a hand-over's pause.
+  return map_memfd(std::move(fd), bytes, memfd_name(label), granularity(), false);
 }
 
 }  // namespace statepool::service
