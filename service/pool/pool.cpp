@@ -73,7 +73,8 @@ Pool::Pool(PoolConfig config, std::shared_ptr<MemoryResource> memory)
         tenant.snapshot_namespace.empty() ? tenant.name : tenant.snapshot_namespace;
     auto known = std::find(spaces_.begin(), spaces_.end(), space);
     if (known == spaces_.end()) known = spaces_.insert(spaces_.end(), space);
-    Tenant t{&tenant,
+    Tenant t{{},
+             &tenant,
              std::make_unique<LimitingResource>(
                  capacity_, tenant.quota_bytes, Status::quota_exceeded,
                  LimitText{"tenant " + quoted(tenant.name) + " quota", "reserved", " quota"})};

@@ -507,19 +507,11 @@ class Pool {
   [[nodiscard]] std::vector<std::string> check() const;
 
  private:
-  struct Tenant {
+  // The snapshot counters (TenantUsage) are under mutex_.
+  struct Tenant : SnapshotCounters {
     const TenantConfig* config = nullptr;     // into config_.tenants (never resized)
     std::unique_ptr<LimitingResource> quota;  // over capacity_
     std::size_t space = 0;                    // snapshot namespace (index into spaces_)
-    // Snapshot counters (TenantUsage), under mutex_.
-    std::uint64_t hits = 0;
-    std::uint64_t misses = 0;
-    std::uint64_t puts_created = 0;
-    std::uint64_t puts_existing = 0;
-    std::uint64_t evictions = 0;
-    std::uint64_t demotions = 0;
-    std::uint64_t hits_host = 0;
-    std::uint64_t hits_remote = 0;
   };
 
   [[nodiscard]] std::size_t tenant_index(std::string_view name) const;

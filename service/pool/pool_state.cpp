@@ -55,25 +55,18 @@ PoolState Pool::save_state() const {
     out.layouts.push_back(std::move(layout));
   }
   for (std::size_t t = 0; t < tenants_.size(); ++t) {
-    const Tenant& tenant = tenants_[t];
-    out.tenants.push_back({tenant.config->name, registry_.layouts_added(t),
-                           registry_.plans_added(t), 0, 0, 0, 0, 0, 0, 0, 0});
+    PoolStateTenant saved;
+    saved.name = tenants_[t].config->name;
+    saved.layouts_added = registry_.layouts_added(t);
+    saved.plans_added = registry_.plans_added(t);
+    out.tenants.push_back(std::move(saved));
   }
 
   std::unique_lock lock(mutex_);
   created_.wait(lock, [&] { return !arenas_.any_creating(); });
   const Clock::time_point now = Clock::now();
   for (std::size_t t = 0; t < tenants_.size(); ++t) {
-    const Tenant& tenant = tenants_[t];
-    PoolStateTenant& saved = out.tenants[t];
-    saved.hits = tenant.hits;
-    saved.misses = tenant.misses;
-    saved.puts_created = tenant.puts_created;
-    saved.puts_existing = tenant.puts_existing;
-    saved.evictions = tenant.evictions;
-    saved.demotions = tenant.demotions;
-    saved.hits_host = tenant.hits_host;
-    saved.hits_remote = tenant.hits_remote;
+    static_cast<SnapshotCounters&>(out.tenants[t]) = tenants_[t];
   }
   std::map<ArenaId, std::size_t> arena_at;  // id -> index in out.arenas
   for (const auto& [id, arena] : arenas_.all()) {
@@ -357,17 +350,8 @@ Pool::RestoreReport Pool::restore_state(const PoolState& state, Clock::time_poin
            (problems.size() > 3 ? " (and " + std::to_string(problems.size() - 3) + " more)" : ""));
   }
   pages_reclaimed_total_ = state.pages_reclaimed_total;
-  for (std::size_t t = 0; t < state.tenants.size(); ++t) {
-    Tenant& tenant = tenants_[tenant_of(state.tenants[t].name, "")];
-    const PoolStateTenant& saved = state.tenants[t];
-    tenant.hits = saved.hits;
-    tenant.misses = saved.misses;
-    tenant.puts_created = saved.puts_created;
-    tenant.puts_existing = saved.puts_existing;
-    tenant.evictions = saved.evictions;
-    tenant.demotions = saved.demotions;
-    tenant.hits_host = saved.hits_host;
-    tenant.hits_remote = saved.hits_remote;
+  for (const PoolStateTenant& saved : state.tenants) {
+    static_cast<SnapshotCounters&>(tenants_[tenant_of(saved.name, "")]) = saved;
   }
   return report;
 }

@@ -87,10 +87,8 @@ struct PoolStateSnapshot {
   bool held_below = false;
 };
 
-struct PoolStateTenant {
-  std::string name;
-  std::uint32_t layouts_added = 0;  ///< registry entries the tenant's limits are charged
-  std::uint32_t plans_added = 0;
+/// A tenant's snapshot counters since the pool was created (TenantUsage reports them).
+struct SnapshotCounters {
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
   std::uint64_t puts_created = 0;
@@ -99,6 +97,12 @@ struct PoolStateTenant {
   std::uint64_t demotions = 0;
   std::uint64_t hits_host = 0;
   std::uint64_t hits_remote = 0;
+};
+
+struct PoolStateTenant : SnapshotCounters {
+  std::string name;
+  std::uint32_t layouts_added = 0;  ///< registry entries the tenant's limits are charged
+  std::uint32_t plans_added = 0;
 };
 
 struct PoolState {

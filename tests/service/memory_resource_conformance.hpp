@@ -29,7 +29,6 @@
 //
 // The functions may be static; the suite calls them through the traits object.
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -45,21 +44,12 @@
 #include "memory/resource.hpp"
 #include "statepool/support/status.hpp"
 #include "statepool/support/unique_fd.hpp"
+#include "statepool/testing/fds.hpp"
 
 namespace statepool::service {
 namespace {  // included once per test executable
 
-/// Open descriptors of this process.
-inline std::size_t open_fds() {
-  std::size_t count = 0;
-  if (DIR* dir = ::opendir("/proc/self/fd")) {
-    while (const dirent* entry = ::readdir(dir)) {
-      if (entry->d_name[0] != '.') ++count;
-    }
-    ::closedir(dir);
-  }
-  return count - 1;  // the directory stream's own descriptor
-}
+using testing::open_fd_count;
 
 template <class Traits>
 class MemoryResourceConformance : public ::testing::Test {
@@ -117,7 +107,7 @@ TYPED_TEST_P(MemoryResourceConformance, ASecondProcessSeesTheSameBytes) {
 
 TYPED_TEST_P(MemoryResourceConformance, ExhaustionIsACleanPoolExhaustedThatLeaksNothing) {
   MemoryResource& r = this->resource();
-  const std::size_t fds = open_fds();
+  const std::size_t fds = open_fd_count();
   {
     [[maybe_unused]] const auto guard = this->traits().refuse();  // RAII; may be null
     try {
@@ -128,7 +118,7 @@ TYPED_TEST_P(MemoryResourceConformance, ExhaustionIsACleanPoolExhaustedThatLeaks
       EXPECT_NE(std::string(e.what()), "") << "the message says what was refused";
     }
   }
-  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(open_fd_count(), fds);
   // And the resource still works afterwards.
   EXPECT_NE(r.allocate(4096, "conformance-after"), nullptr);
 }
@@ -145,20 +135,20 @@ TYPED_TEST_P(MemoryResourceConformance, ZeroBytesIsInvalidArgument) {
 
 TYPED_TEST_P(MemoryResourceConformance, ReleaseReturnsTheMemoryAndItsDescriptor) {
   MemoryResource& r = this->resource();
-  const std::size_t fds = open_fds();
+  const std::size_t fds = open_fd_count();
   int fd = -1;
   {
     auto a = r.allocate(1 << 20, "conformance-release");
     fd = a->info().fd;
     if (a->info().where.handle_is_fd()) {
-      EXPECT_GT(open_fds(), fds);
+      EXPECT_GT(open_fd_count(), fds);
     }
     // A second holder keeps it alive (what an executor does while it works).
     auto holder = a;
     a.reset();
     EXPECT_TRUE(this->traits().all(*holder, std::byte{0}));
   }
-  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(open_fd_count(), fds);
   if (fd >= 0) {
     errno = 0;
     EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
@@ -166,7 +156,7 @@ TYPED_TEST_P(MemoryResourceConformance, ReleaseReturnsTheMemoryAndItsDescriptor)
   }
   // Many cycles leave nothing behind.
   for (int i = 0; i < 200; ++i) (void)r.allocate(4096, "conformance-cycle");
-  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(open_fd_count(), fds);
 }
 
 TYPED_TEST_P(MemoryResourceConformance, ConcurrentAllocationsAreDistinctAndIndependent) {
@@ -199,7 +189,7 @@ TYPED_TEST_P(MemoryResourceConformance, ConcurrentAllocationsAreDistinctAndIndep
 // docs/operations.md): the same bytes, both ways, and nothing leaked once both go.
 TYPED_TEST_P(MemoryResourceConformance, AdoptTakesOverTheSameMemoryFromItsDescriptor) {
   MemoryResource& r = this->resource();
-  const std::size_t fds = open_fds();
+  const std::size_t fds = open_fd_count();
   for (const HandleKind kind : r.handle_kinds()) {
     SCOPED_TRACE(kernels::to_string(kind));
     auto a = r.allocate(1 << 20, "conformance-adopt", kind);
@@ -226,14 +216,14 @@ TYPED_TEST_P(MemoryResourceConformance, AdoptTakesOverTheSameMemoryFromItsDescri
     a.reset();  // the first owner goes (the old daemon exits): the bytes stay
     EXPECT_TRUE(this->traits().all(*b, std::byte{0x77}));
   }
-  EXPECT_EQ(open_fds(), fds);
+  EXPECT_EQ(open_fd_count(), fds);
 }
 
 TYPED_TEST_P(MemoryResourceConformance, AdoptRefusesWhatIsNotItsMemoryAndClosesIt) {
   MemoryResource& r = this->resource();
   const auto a = r.allocate(1 << 20, "conformance-adopt-bad");
   const HandleKind kind = a->info().where.handle_kind;
-  const std::size_t fds = open_fds();
+  const std::size_t fds = open_fd_count();
   const auto refused = [&](support::UniqueFd fd, std::size_t bytes, const char* what) {
     SCOPED_TRACE(what);
     try {
@@ -257,7 +247,7 @@ TYPED_TEST_P(MemoryResourceConformance, AdoptRefusesWhatIsNotItsMemoryAndClosesI
   support::UniqueFd write_end(ends[1]);
   refused(support::UniqueFd(ends[0]), a->size(), "a pipe");
   write_end.reset();
-  EXPECT_EQ(open_fds(), fds) << "a refused descriptor was not closed";
+  EXPECT_EQ(open_fd_count(), fds) << "a refused descriptor was not closed";
 }
 
 REGISTER_TYPED_TEST_SUITE_P(MemoryResourceConformance, AllocatesZeroedMemoryDescribedByTheResource,

@@ -163,8 +163,8 @@ PoolState sample_state() {
   pinned.idle = 1ms;
   state.snapshots = {plain, hybrid, pinned};
 
-  PoolStateTenant alice{"alice", 2, 1, 10, 11, 12, 13, 14, 15, 16, 17};
-  PoolStateTenant bob{"bob", 1, 0, 20, 21, 22, 23, 24, 25, 26, 27};
+  PoolStateTenant alice{{10, 11, 12, 13, 14, 15, 16, 17}, "alice", 2, 1};
+  PoolStateTenant bob{{20, 21, 22, 23, 24, 25, 26, 27}, "bob", 1, 0};
   state.tenants = {alice, bob};
   state.next_arena = 5;
   state.next_lease = 9;

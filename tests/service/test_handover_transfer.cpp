@@ -2,7 +2,6 @@
 // with more descriptors than one message carries arrives whole and in order; and what
 // arrives is input, so a peer that sends garbage, too much, descriptors where none belong,
 // or nothing at all gets a HandoverError naming it, and no descriptor leaks.
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -18,6 +17,7 @@
 
 #include "handover/transfer.hpp"
 #include "statepool/support/fd_passing.hpp"
+#include "statepool/testing/fds.hpp"
 
 namespace statepool::service::handover {
 namespace {
@@ -25,15 +25,6 @@ namespace {
 using namespace std::chrono_literals;
 using std::chrono::steady_clock;
 using ::testing::HasSubstr;
-
-std::size_t open_fds() {
-  std::size_t count = 0;
-  if (DIR* dir = ::opendir("/proc/self/fd")) {
-    while (const dirent* entry = ::readdir(dir)) count += entry->d_name[0] != '.' ? 1 : 0;
-    ::closedir(dir);
-  }
-  return count - 1;
-}
 
 struct Pair {
   support::UniqueFd a;
@@ -94,7 +85,7 @@ TEST(HandoverTransfer, ARefusalCarriesThePredecessorsReason) {
 }
 
 TEST(HandoverTransfer, WhatIsNotAMessageIsRefusedAndLeaksNoDescriptor) {
-  const std::size_t fds = open_fds();
+  const std::size_t fds = testing::open_fd_count();
   {
     Pair pair;
     const std::string junk = "GET / HTTP/1.1\r\n\r\n";
@@ -154,7 +145,7 @@ TEST(HandoverTransfer, WhatIsNotAMessageIsRefusedAndLeaksNoDescriptor) {
     EXPECT_THAT(error_of([&] { (void)receive_state(pair.b.get(), 4, 1024, soon()); }),
                 HasSubstr("more than 4 descriptors offered"));
   }
-  EXPECT_EQ(open_fds(), fds) << "a descriptor that arrived was not closed";
+  EXPECT_EQ(testing::open_fd_count(), fds) << "a descriptor that arrived was not closed";
 }
 
 TEST(HandoverTransfer, SilenceAndAClosedPeerEndWithAClearError) {

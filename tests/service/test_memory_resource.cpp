@@ -230,7 +230,7 @@ TEST(HostMemfdResource, OutOfDescriptorsIsPoolExhausted) {
   struct rlimit saved {};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
   struct rlimit limited = saved;
-  limited.rlim_cur = open_fds() + 1;  // one more descriptor, then EMFILE
+  limited.rlim_cur = open_fd_count() + 1;  // one more descriptor, then EMFILE
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &limited), 0);
   std::vector<std::shared_ptr<Allocation>> held;
   std::exception_ptr refusal;
@@ -332,7 +332,7 @@ TEST(LimitingResource, AdoptedMemoryIsChargedAndRefusedPastTheLimit) {
     const auto adopted =
         quota.adopt(support::duplicate(first->info().fd), first->size(), "a", HandleKind::memfd);
     EXPECT_EQ(quota.used(), 2u * 4096);
-    const std::size_t fds = open_fds();
+    const std::size_t fds = open_fd_count();
     try {
       (void)quota.adopt(support::duplicate(second->info().fd), second->size(), "b",
                         HandleKind::memfd);
@@ -341,7 +341,7 @@ TEST(LimitingResource, AdoptedMemoryIsChargedAndRefusedPastTheLimit) {
       EXPECT_EQ(e.status(), Status::quota_exceeded);
       EXPECT_NE(std::string(e.what()).find("tenant 'a' quota exceeded"), std::string::npos);
     }
-    EXPECT_EQ(open_fds(), fds);
+    EXPECT_EQ(open_fd_count(), fds);
     EXPECT_EQ(quota.used(), 2u * 4096);
   }
   EXPECT_EQ(quota.used(), 0u);

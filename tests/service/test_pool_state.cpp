@@ -2,7 +2,6 @@
 // arenas' memory from their descriptors and the tables under the same ids, so a client
 // that resumes its lease finds its slots and bytes unchanged and its snapshots hit; and a
 // state that does not add up is refused whole, leaving nothing held.
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "statepool/kernels/kv.hpp"
+#include "statepool/testing/fds.hpp"
 #include "statepool/testing/gtest/pool.hpp"
 
 namespace statepool::service {
@@ -23,15 +23,6 @@ using testing::join;
 using testing::make_pool;
 using testing::small_layout;
 using testing::tenant;
-
-std::size_t open_fds() {
-  std::size_t count = 0;
-  if (DIR* dir = ::opendir("/proc/self/fd")) {
-    while (const dirent* entry = ::readdir(dir)) count += entry->d_name[0] != '.' ? 1 : 0;
-    ::closedir(dir);
-  }
-  return count - 1;
-}
 
 void fill(const PageRef& page, std::uint8_t value) {
   std::memset(page.bytes.data(), value, page.bytes.size());
@@ -270,7 +261,7 @@ TEST_F(PoolHandOver, AnInconsistentStateIsRefusedWholeAndLeavesNothingHeld) {
       {"a quota too small for the arenas", [](PoolState&) {}, "quota exceeded",
        Status::quota_exceeded},
   };
-  const std::size_t fds = open_fds();
+  const std::size_t fds = testing::open_fd_count();
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     PoolState spoiled = good;
@@ -288,7 +279,7 @@ TEST_F(PoolHandOver, AnInconsistentStateIsRefusedWholeAndLeavesNothingHeld) {
     EXPECT_EQ(stats.leases_orphaned, 0u);
     EXPECT_EQ(stats.memory.live_bytes, 0u);
     next.reset();
-    EXPECT_EQ(open_fds(), fds) << "a descriptor of the image stayed open";
+    EXPECT_EQ(testing::open_fd_count(), fds) << "a descriptor of the image stayed open";
   }
   // The good state still restores (nothing above changed the predecessor).
   EXPECT_EQ(successor()->restore_state(good, Clock::now()).arenas, 3u);

@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "statepool/testing/fds.hpp"
 #include "statepool/protocol/convert.hpp"
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/fd_passing.hpp"
@@ -239,15 +240,5 @@ class FakeDaemon {
   int listener_ = -1;
   std::thread thread_;
 };
-
-/// Open descriptors of this process (entries of /proc/self/fd, minus the one used to
-/// list them).
-inline std::size_t open_fd_count() {
-  std::size_t n = 0;
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    ++n;
-  }
-  return n - 1;
-}
 
 }  // namespace statepool::testing
