@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
       metrics.taken_over(taken.report, std::chrono::duration<double>(taken.took).count());
       server.bind_handed_over(std::move(taken.listeners));
       confirm(taken);
+      server.own_socket_files();
     } else {
       server.bind();
     }

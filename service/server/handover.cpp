@@ -66,13 +66,11 @@ void Server::bind_handed_over(Listeners listeners) {
   acceptor_.assign(local(), listeners.socket.get(), ec);
   if (ec) throw std::runtime_error("cannot serve the handed-over socket: " + ec.message());
   (void)listeners.socket.release();
-  owns_socket_file_ = true;
   if (listeners.handover) {
     handover_acceptor_.assign(local(), listeners.handover.get(), ec);
     if (ec)
       throw std::runtime_error("cannot serve the handed-over hand-over socket: " + ec.message());
     (void)listeners.handover.release();
-    owns_handover_file_ = !config_.handover_socket.empty();
   }
   bind_http(std::move(listeners.api), std::move(listeners.metrics));
   spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -269,6 +267,11 @@ void Server::end_handover(bool done, const std::string& why) {
   asio::co_spawn(control_, accept_loop(), asio::detached);
   asio::co_spawn(control_, reclaim_loop(), asio::detached);
   if (!deferred_drain_.empty()) begin_drain(std::exchange(deferred_drain_, {}));
+}
+
+void Server::own_socket_files() noexcept {
+  owns_socket_file_ = true;
+  owns_handover_file_ = handover_acceptor_.is_open() && !config_.handover_socket.empty();
 }
 
 void Server::start_successor() {

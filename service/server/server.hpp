@@ -86,8 +86,11 @@ class Server {
   };
   /// bind() for a successor: serves `listeners` instead of binding anew (an HTTP listener
   /// that was not handed over, or listens on another port than configured, is bound as
-  /// bind() binds it). The socket files are this server's from now on.
+  /// bind() binds it). The socket files stay the predecessor's until own_socket_files():
+  /// a successor that fails before its predecessor lets go must not remove them.
   void bind_handed_over(Listeners listeners);
+  /// The socket files are this server's: removed when it exits (not after a hand-over).
+  void own_socket_files() noexcept;
   /// True when run() ended because a successor took over (then the socket files stay).
   [[nodiscard]] bool handed_over() const noexcept { return handed_over_.load(); }
   /// The daemon's generation: 0 for a daemon that started fresh, one more than its

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -298,6 +299,7 @@ SentState a_real_state() {
 struct Played {
   std::string verdict;
   statepool::testing::Exit exit;
+  bool socket_files_left = false;  ///< both socket files still there after the successor
 };
 
 Played play_predecessor(const std::function<void(int peer, int listener)>& send) {
@@ -327,6 +329,8 @@ Played play_predecessor(const std::function<void(int peer, int listener)>& send)
     }
   }
   successor.join();
+  out.socket_files_left =
+      std::filesystem::exists(socket) && std::filesystem::exists(socket + ".handover");
   return out;
 }
 
@@ -406,7 +410,18 @@ TEST(HandOver, ASuccessorRefusesACorruptImageOrDescriptorSetAndSaysWhy) {
     EXPECT_EQ(played.exit.code, 1) << played.exit.stderr_text;
     EXPECT_NE(played.exit.stderr_text.find("the running statepoold serves on"), std::string::npos)
         << played.exit.stderr_text;
+    EXPECT_TRUE(played.socket_files_left);
   }
+  // A predecessor that goes away after the successor's "ok", without its last word (it
+  // gave up waiting and serves on): the successor must not serve, nor take the socket
+  // files with it.
+  const Played unanswered = play_predecessor(
+      [&](int peer, int listener) { send(peer, good_fds(listener), state.image); });
+  EXPECT_EQ(unanswered.verdict, "ok");
+  EXPECT_EQ(unanswered.exit.code, 1) << unanswered.exit.stderr_text;
+  EXPECT_EQ(unanswered.exit.stderr_text.find("ready on"), std::string::npos)
+      << unanswered.exit.stderr_text;
+  EXPECT_TRUE(unanswered.socket_files_left);
 }
 
 // The running daemon treats a successor's messages as input: garbage, a version it does not
