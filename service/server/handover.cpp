@@ -66,6 +66,7 @@ void Server::bind_handed_over(Listeners listeners) {
   acceptor_.assign(local(), listeners.socket.get(), ec);
   if (ec) throw std::runtime_error("cannot serve the handed-over socket: " + ec.message());
   (void)listeners.socket.release();
+  socket_unit_ = listeners.socket_unit;
   if (listeners.handover) {
     handover_acceptor_.assign(local(), listeners.handover.get(), ec);
     if (ec)
@@ -241,7 +242,8 @@ void Server::check_paused() {
   }
   drain_timer_.cancel();
   Pause pause;
-  pause.listeners.emplace_back("listener", acceptor_.native_handle());
+  pause.listeners.emplace_back(socket_unit_ ? "listener of a socket unit" : "listener",
+                               acceptor_.native_handle());
   pause.listeners.emplace_back("handover", handover_acceptor_.native_handle());
   if (api_) pause.listeners.emplace_back("api", api_->native_handle());
   if (metrics_http_) pause.listeners.emplace_back("metrics", metrics_http_->native_handle());
@@ -270,7 +272,7 @@ void Server::end_handover(bool done, const std::string& why) {
 }
 
 void Server::own_socket_files() noexcept {
-  owns_socket_file_ = true;
+  owns_socket_file_ = !socket_unit_;
   owns_handover_file_ = handover_acceptor_.is_open() && !config_.handover_socket.empty();
 }
 

@@ -115,6 +115,7 @@ void Server::bind() {
     }
     LOG_INFO("server", "serving the socket systemd passed for ", config_.socket_path,
              " (socket activation: its mode and group are the socket unit's)");
+    socket_unit_ = true;
   } else {
     bind_socket_file(acceptor_, config_.socket_path, "--socket");
   }

@@ -83,6 +83,9 @@ class Server {
     support::UniqueFd handover;
     support::UniqueFd api;
     support::UniqueFd metrics;
+    /// `socket` is a systemd socket unit's (socket activation): its file is the unit's,
+    /// never removed by the daemon.
+    bool socket_unit = false;
   };
   /// bind() for a successor: serves `listeners` instead of binding anew (an HTTP listener
   /// that was not handed over, or listens on another port than configured, is bound as
@@ -226,6 +229,7 @@ class Server {
   bool accepting_stopped_ = false;  // on control_: stop_accepting() has run
   bool accept_loop_done_ = false;   // on control_: accept_loop() has returned
   bool owns_socket_file_ = false;   // removed at exit: not a socket unit's
+  bool socket_unit_ = false;        // the socket is a systemd socket unit's
   support::UniqueFd spare_fd_;      // on control_: see refuse_for_descriptors()
   std::uint64_t descriptor_refusals_ = 0;
   std::chrono::steady_clock::time_point descriptor_warned_{};

@@ -84,6 +84,10 @@ TakenOver take_over(const Config& config, Pool& pool) {
       arena.fd = it->second.get();  // borrowed: restore_state takes its own copy
     }
     out.listeners.socket = take("listener");
+    if (!out.listeners.socket) {
+      out.listeners.socket = take("listener of a socket unit");
+      out.listeners.socket_unit = static_cast<bool>(out.listeners.socket);
+    }
     out.listeners.handover = take("handover");
     out.listeners.api = take("api");
     out.listeners.metrics = take("metrics");

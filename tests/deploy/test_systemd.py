@@ -262,3 +262,38 @@ def test_refuses_a_passed_socket_bound_elsewhere(workdir):
             daemon.kill()
             daemon.wait()
         log.close()
+
+
+def test_reload_under_socket_activation_leaves_the_socket_units_socket(workdir):
+    """A successor serves the socket unit's socket it was handed, and leaves its file in
+    place at exit, as the daemon that systemd passed it to does."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_CHILD_SUBREAPER = 36
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    sock = os.path.join(workdir, "statepool.sock")
+    daemon, log = activated(workdir, sock, sock)
+    successor = None
+    try:
+        assert ping(sock).returncode == 0
+        daemon.send_signal(signal.SIGUSR2)
+        assert daemon.wait(timeout=60) == 0
+        log.seek(0)
+        text = log.read()
+        marker = "SIGUSR2: started the successor "
+        assert marker in text, text
+        successor = int(text[text.index("(pid ", text.index(marker)) + 5:].split(")")[0])
+        assert ping(sock).returncode == 0
+        os.kill(successor, signal.SIGTERM)
+        _, status = os.waitpid(successor, 0)
+        successor = None
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.path.exists(sock)  # the socket unit's: left for the next start
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if successor is not None:
+            os.kill(successor, signal.SIGKILL)
+            os.waitpid(successor, 0)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        log.close()
