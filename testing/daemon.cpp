@@ -17,6 +17,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "statepool/testing/service_manager.hpp"
+
 extern char** environ;
 
 namespace statepool::testing {
@@ -131,6 +133,25 @@ std::string daemon_path() {
   return moved != nullptr && *moved != '\0' ? moved : STATEPOOL_DAEMON_PATH;
 }
 
+/// Starts argv with this process's environment and descriptors (those without FD_CLOEXEC),
+/// stdout to /dev/null, stderr to `log_path`.
+pid_t spawn_inheriting(std::vector<std::string> argv, const std::string& log_path) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
+  return pid;
+}
+
 }  // namespace
 
 Exit run_daemon(const std::vector<std::string>& args, const std::string& dir) {
@@ -195,19 +216,12 @@ Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
     argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nofile=" + limit + ":" + limit, "--"});
   }
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
   const std::string log_path = dir_.file("daemon.log");
-  posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const int rc = ::posix_spawn(&pid_, argv[0].c_str(), &actions, nullptr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
-    throw std::runtime_error(std::string("posix_spawn statepoold: ") + std::strerror(rc));
+  if (options.service_manager != nullptr) {
+    pid_ = spawn_with_fds(argv, *options.service_manager, "/dev/null", log_path);
+  } else {
+    pid_ = spawn_inheriting(argv, log_path);
+  }
 
   const bool ready = eventually(
       [&] {

@@ -43,6 +43,11 @@ struct DaemonOptions {
   /// and TCP ports; ready once its log says it serves ("ready on"), which it says only
   /// after taking the pool over.
   const class Daemon* take_over_from = nullptr;
+  /// Started as systemd starts a unit's main process (spawn_with_fds(),
+  /// service_manager.hpp): NOTIFY_SOCKET is this manager's socket, and the descriptors in
+  /// its store are passed as 3, 4, ... with LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID.
+  /// Without one the daemon inherits this process's environment as it is.
+  const class ServiceManager* service_manager = nullptr;
 };
 
 class Daemon {
@@ -71,6 +76,8 @@ class Daemon {
 
   /// Sends `signal` and waits up to `timeout` for the exit. Returns the exit code, or -1
   /// when it did not exit in time (it is then killed), or 128+N when killed by signal N.
+  /// stop(SIGKILL, ...) is `kill -9` (a crash: no drain, nothing written at exit), and
+  /// returns 137.
   int stop(int signal, std::chrono::milliseconds timeout);
 
  private:
