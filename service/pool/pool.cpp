@@ -105,12 +105,14 @@ RegistryOwner Pool::owner(std::size_t tenant, std::uint32_t TenantLimits::*limit
 }
 
 LayoutId Pool::register_layout(std::string_view tenant_name, const kernels::StateLayout& layout) {
+  const CountChange change{changes_};
   const std::size_t tenant = tenant_index(tenant_name);
   return registry_.register_layout(layout, owner(tenant, &TenantLimits::max_layouts));
 }
 
 PlanInfo Pool::install_plan(std::string_view tenant_name,
                             std::shared_ptr<const kernels::stepquant::Plan> plan) {
+  const CountChange change{changes_};
   const std::size_t tenant = tenant_index(tenant_name);
   return registry_.install_plan(std::move(plan), owner(tenant, &TenantLimits::max_plans));
 }
@@ -188,6 +190,7 @@ ArenaInfo Pool::info(const Arena& arena) const {
 
 ArenaInfo Pool::open_arena(std::string_view tenant_name, LayoutId layout_id, std::uint32_t pages,
                            std::optional<HandleKind> handle, LeaseId opener) {
+  const CountChange change{changes_};
   const std::size_t tenant = tenant_index(tenant_name);
   const auto codec = registry_.layout(layout_id);  // not_found
   const ArenaTable::Key key{tenant, layout_id};
@@ -264,6 +267,7 @@ ArenaInfo Pool::arena(std::string_view tenant_name, ArenaId id) const {
 }
 
 ClosedArena Pool::close_arena(std::string_view tenant_name, ArenaId id, LeaseId requester) {
+  const CountChange change{changes_};
   const std::size_t tenant = tenant_index(tenant_name);
   std::unique_ptr<Arena> closed;  // destroyed (its memory released) after the lock
   ClosedArena out;
@@ -333,6 +337,7 @@ LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view tok
 
 LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view token,
                               Clock::time_point now) {
+  const CountChange change{changes_};
   // Drawn before taking the lock: getrandom may block early at boot.
   std::string fresh = make_lease_token();
   const std::size_t tenant = tenant_index(tenant_name);
@@ -366,6 +371,7 @@ LeaseGrant Pool::attach_lease(std::string_view tenant_name, std::string_view tok
 }
 
 void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
+  const CountChange change{changes_};
   const std::lock_guard lock(mutex_);
   Lease* lease = leases_.find(lease_id);
   if (lease == nullptr || !lease->attached) return;
@@ -389,7 +395,10 @@ void Pool::detach_lease(LeaseId lease_id, Clock::time_point now) {
 std::uint64_t Pool::reclaim_expired(Clock::time_point now) {
   const std::lock_guard lock(mutex_);
   std::uint64_t freed = 0;
-  while (const auto id = leases_.first_expired(now)) freed += drop_lease(*id);
+  while (const auto id = leases_.first_expired(now)) {
+    freed += drop_lease(*id);
+    changes_.fetch_add(1, std::memory_order_release);  // under the lock: save_state waits
+  }
   pages_reclaimed_total_ += freed;
   return freed;
 }
@@ -402,6 +411,7 @@ std::optional<Clock::time_point> Pool::next_deadline() const {
 // --- slots ---------------------------------------------------------------------------
 
 std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint32_t count) {
+  const CountChange change{changes_};
   const std::lock_guard lock(mutex_);
   Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);
@@ -448,6 +458,7 @@ std::vector<SlotId> Pool::allocate(LeaseId lease_id, ArenaId arena_id, std::uint
 }
 
 std::uint32_t Pool::free(LeaseId lease_id, ArenaId arena_id, std::span<const SlotId> slots) {
+  const CountChange change{changes_};
   const std::lock_guard lock(mutex_);
   Lease& lease = leases_.attached(lease_id);
   Arena& arena = arena_for_tenant(lease.tenant, arena_id);

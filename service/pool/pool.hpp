@@ -18,6 +18,7 @@
 // outside the lock; that is safe because a slot belongs to one lease and a lease to at
 // most one connection, whose requests run one at a time.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -497,6 +498,15 @@ class Pool {
   };
   RestoreReport restore_state(const PoolState& state, Clock::time_point now);
 
+  /// How many changes a successor would need have been made (layouts, plans, arenas,
+  /// leases, pages, snapshots and pins; not hits and last uses). Each call that may make
+  /// one counts it after its locks are released, so save_state() called after reading a
+  /// value sees every change that value counts: the crash journal
+  /// (server/crash_journal.hpp) saves the state again only when this has moved.
+  [[nodiscard]] std::uint64_t changes() const noexcept {
+    return changes_.load(std::memory_order_acquire);
+  }
+
   // --- accounting ----------------------------------------------------------------
   [[nodiscard]] PoolStats stats() const;
   /// Cross-checks every allocator, owner table, lease, byte counter and memory adaptor.
@@ -549,6 +559,13 @@ class Pool {
   friend class SnapshotCopy;
   void end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept;
 
+  /// Declared first in a call that may change the state: counts it when the call returns
+  /// or throws, after every lock of the call is released (changes()).
+  struct CountChange {
+    std::atomic<std::uint64_t>& count;
+    ~CountChange() { count.fetch_add(1, std::memory_order_release); }
+  };
+
   PoolConfig config_;
   std::shared_ptr<MemoryResource> memory_;
   TrackingResource tracking_;  // over memory_
@@ -563,6 +580,7 @@ class Pool {
   SnapshotTable snapshots_;
   std::vector<std::string> spaces_;  // snapshot namespace names (never change)
   std::uint64_t pages_reclaimed_total_ = 0;
+  std::atomic<std::uint64_t> changes_{0};
 };
 
 }  // namespace statepool::service

@@ -29,6 +29,7 @@ SnapshotLookup Pool::lookup_snapshots(LeaseId lease_id, ArenaId arena_id,
 
 std::vector<SnapshotPutOutcome> Pool::put_snapshots(LeaseId lease_id, ArenaId arena_id,
                                                     std::vector<SnapshotPutRequest> entries) {
+  const CountChange change{changes_};
   for (const SnapshotPutRequest& entry : entries) expect_key(entry.key);
   const Clock::time_point now = Clock::now();
   const std::lock_guard lock(mutex_);

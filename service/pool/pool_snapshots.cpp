@@ -107,6 +107,7 @@ SnapshotCopy Pool::snapshot_copy(const Snapshot& s, const Arena* other, SlotId s
 }
 
 void Pool::end_snapshot_copy(SnapshotId id, bool write, bool ok) noexcept {
+  const CountChange change{changes_};
   const std::lock_guard lock(mutex_);
   if (!write) {
     free_snapshot_pages(snapshots_.release(id));
@@ -148,6 +149,7 @@ std::uint64_t expect_kv(const std::optional<kernels::KvBlocks>& kv) {
 SnapshotPut Pool::put_snapshot(LeaseId lease_id, ArenaId arena_id, SlotId slot,
                                const SnapshotKey& key, const std::optional<kernels::KvBlocks>& kv,
                                std::shared_ptr<const SnapshotTierHold> below) {
+  const CountChange change{changes_};
   expect_key(key);
   (void)expect_kv(kv);
   const Clock::time_point now = Clock::now();
@@ -162,6 +164,7 @@ SnapshotPut Pool::import_snapshot(std::string_view tenant_name, std::string_view
                                   const SnapshotKey& key,
                                   const std::optional<kernels::KvBlocks>& kv,
                                   std::shared_ptr<const SnapshotTierHold> below) {
+  const CountChange change{changes_};
   expect_key(key);
   const std::uint64_t kv_bytes = expect_kv(kv);
   const std::size_t tenant = tenant_index(tenant_name);
@@ -321,6 +324,7 @@ SnapshotGet Pool::export_snapshot(std::string_view tenant_name, const SnapshotKe
 
 std::uint32_t Pool::delete_snapshot(std::string_view tenant_name, const SnapshotKey& key,
                                     std::vector<std::string>* layout_digests) {
+  const CountChange change{changes_};
   expect_key(key);
   const std::size_t tenant = tenant_index(tenant_name);
   const std::lock_guard lock(mutex_);
@@ -353,6 +357,7 @@ void Pool::count_lower_tier_lookup(std::string_view tenant_name, std::string_vie
 
 std::uint32_t Pool::pin_snapshot(std::string_view tenant_name, const SnapshotKey& key,
                                  bool pinned) {
+  const CountChange change{changes_};
   expect_key(key);
   const std::size_t tenant = tenant_index(tenant_name);
   const std::lock_guard lock(mutex_);

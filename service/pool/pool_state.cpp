@@ -121,6 +121,7 @@ PoolState Pool::save_state() const {
 // --- restore -------------------------------------------------------------------------
 
 Pool::RestoreReport Pool::restore_state(const PoolState& state, Clock::time_point now) {
+  const CountChange change{changes_};
   {
     const std::lock_guard lock(mutex_);
     expect(arenas_.size() == 0 && !arenas_.any_creating() && leases_.all().empty() &&
