@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "memory/tracking.hpp"
 #include "metrics/metrics.hpp"
 #include "pool/pool.hpp"
+#include "server/crash_journal.hpp"
 #include "server/server.hpp"
 #include "server/systemd.hpp"
 #include "server/takeover.hpp"
@@ -117,12 +119,35 @@ int main(int argc, char** argv) {
       LOG_INFO("pool", "capacity ", statepool::support::format_bytes(pool_config.capacity_bytes),
                " (", config.capacity_fraction * 100, "% of the device's free memory)");
     }
-    Pool pool(pool_config, backend.memory);
-    for (std::size_t i = 0; i < plans.size(); ++i) {
-      const PlanInfo info = pool.install_plan(plans[i]);
-      LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
-               " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
+    std::optional<Pool> pool_storage;
+    const auto new_pool = [&](bool log) {
+      pool_storage.reset();
+      pool_storage.emplace(pool_config, backend.memory);
+      for (std::size_t i = 0; i < plans.size(); ++i) {
+        const PlanInfo info = pool_storage->install_plan(plans[i]);
+        if (!log) continue;
+        LOG_INFO("pool", "plan ", info.digest, " from ", config.plan_files[i], ": ", info.units,
+                 " units, ", info.pivots, " pivots, ", info.average_bits, " bits on average");
+      }
+    };
+    new_pool(true);
+    // What systemd passed: a socket unit's socket, and what a crashed predecessor kept in
+    // the descriptor store (server/crash_journal.hpp), recovered before anything serves.
+    std::vector<systemd::PassedFd> passed;
+    if (!config.take_over) passed = systemd::passed_fds();
+    statepool::support::UniqueFd passed_socket = systemd::passed_socket(config.socket_path, passed);
+    std::optional<Recovered> recovered;
+    if (has_crash_state(passed)) {
+      bool spoiled = false;
+      recovered = recover(*pool_storage, passed, spoiled);
+      if (spoiled) new_pool(false);
     }
+    for (const systemd::PassedFd& unknown : passed) {
+      LOG_WARN("server", "systemd passed a descriptor named '", unknown.name,
+               "' that statepoold does not use; closing it");
+    }
+    passed.clear();
+    Pool& pool = *pool_storage;
     Metrics metrics(pool, protocol_labels(), &staging_memory, tiers.get(),
                     backend.executor_memory.get());
     Server server(config, pool, &metrics, staging_memory, workers, *backend.executor, tiers.get());
@@ -135,16 +160,73 @@ int main(int argc, char** argv) {
       if (!ec) successor[0] = exe.string();
       server.set_successor(std::move(successor));
     }
+    std::optional<KeptJournal> kept_journal;
+    std::uint64_t generation = 0;
     if (config.take_over) {
       TakenOver taken = take_over(config, pool);
-      server.set_generation(taken.meta.generation + 1);
-      metrics.set_generation(taken.meta.generation + 1);
+      generation = taken.meta.generation + 1;
       metrics.taken_over(taken.report, std::chrono::duration<double>(taken.took).count());
       server.bind_handed_over(std::move(taken.listeners));
       confirm(taken);
       server.own_socket_files();
+      if (taken.journal) {
+        try {
+          KeptJournal kept{
+              handover::Journal::open(std::move(taken.journal)), taken.journal_name, {}};
+          for (const PoolStateArena& arena : pool.save_state().arenas) {
+            kept.stored_arenas.insert(arena.id);
+          }
+          kept_journal = std::move(kept);
+        } catch (const handover::JournalError& e) {
+          LOG_WARN("journal", "the predecessor's crash journal ", taken.journal_name,
+                   " cannot be continued (", e.what(), "); starting a new one");
+        }
+      }
     } else {
-      server.bind();
+      if (recovered) {
+        for (const std::string& line : recovered->dropped) LOG_WARN("recovery", "dropped ", line);
+        if (recovered->journal) {
+          generation = recovered->meta.generation + 1;
+          LOG_INFO("recovery", "recovered generation ", recovered->meta.generation,
+                   "'s pool from its crash journal (", recovered->journal->name, ", write ",
+                   recovered->sequence, ", ", recovered->age.count(),
+                   " ms old): ", recovered->report.arenas, " arenas (",
+                   statepool::support::format_bytes(recovered->report.bytes), "), ",
+                   recovered->report.pages, " pages in use, ", recovered->report.leases,
+                   " leases, ", recovered->report.snapshots, " snapshots; ",
+                   recovered->dropped_leases, " leases dropped");
+          metrics.recovered(recovered->report, recovered->dropped_leases);
+          kept_journal = std::move(recovered->journal);
+        } else {
+          LOG_ERROR("recovery",
+                    "a crashed statepoold left state in the descriptor store, but nothing "
+                    "could be recovered (see the lines above); starting with an empty pool");
+        }
+      }
+      server.bind(std::move(passed_socket));
+    }
+    server.set_generation(generation);
+    metrics.set_generation(generation);
+    // The crash journal: only where a service manager keeps descriptors, and memory that
+    // outlives a process (legacy CUDA IPC handles do not).
+    std::unique_ptr<CrashJournal> crash_journal;
+    if (config.crash_journal_interval.count() > 0 && systemd::has_service_manager()) {
+      if (backend.memory->handle_kinds().front() == statepool::kernels::HandleKind::cuda_ipc) {
+        LOG_WARN("journal", "no crash journal: legacy CUDA IPC memory does not outlive a crash");
+      } else {
+        handover::ImageMeta meta;
+        meta.generation = generation;
+        meta.daemon_version = "statepoold";
+        meta.backend = std::string(pool.backend_name());
+        meta.device = pool.memory().device();
+        try {
+          crash_journal = std::make_unique<CrashJournal>(
+              pool, &metrics, meta, config.crash_journal_interval, std::move(kept_journal));
+          server.set_crash_journal(crash_journal.get());
+        } catch (const handover::JournalError& e) {
+          LOG_ERROR("journal", "no crash journal: ", e.what());
+        }
+      }
     }
     if (!config.metrics_address.empty()) {
       const auto host = config.metrics_address.substr(0, config.metrics_address.rfind(':'));
@@ -158,6 +240,10 @@ int main(int argc, char** argv) {
     // After the socket listens: a connect() from a unit ordered after ours succeeds.
     systemd::notify("READY=1\nSTATUS=serving " + config.socket_path);
     const std::size_t forced = server.run();  // every operation has completed
+    // A clean stop leaves nothing to recover; after a hand-over the journal is the
+    // successor's.
+    if (crash_journal) crash_journal->stop(/*forget=*/!server.handed_over());
+    server.set_crash_journal(nullptr);
     const auto problems = pool.check();
     for (const auto& p : problems) LOG_ERROR("pool", "consistency check at exit: ", p);
     // The executor gives back its own device memory (tables, scratch) when it stops.

@@ -73,6 +73,9 @@ struct Config {
   /// which this daemon hands its pool to a successor, and on which a successor started
   /// with --take-over asks for it. Default: --socket with ".handover" appended.
   std::string handover_socket;
+  /// --crash-journal-interval: under systemd, the crash journal's longest delay after a
+  /// change (server/crash_journal.hpp); 0 (off): no journal.
+  std::chrono::milliseconds crash_journal_interval{20};
   bool take_over = false;  ///< --take-over: start with the pool of the daemon now serving
 };
 

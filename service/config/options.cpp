@@ -68,6 +68,11 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
       ("handover-socket", po::value<std::string>(&config.handover_socket),
        "socket on which the daemon hands its pool to a successor started with --take-over; "
        "default: the --socket path with .handover appended")
+      ("crash-journal-interval",
+       po::value<std::string>(&raw.crash_journal_interval)->default_value("20ms"),
+       "under systemd: how often at most the pool's state is written to the crash journal "
+       "kept in the unit's descriptor store (a crash loses at most this much; "
+       "docs/operations.md); 'off' keeps no journal")
       ("allow-uids", po::value<std::string>(&raw.allow_uids),
        "comma-separated peer uids allowed to connect (SO_PEERCRED); default any")
       ("max-connections", po::value<std::uint64_t>(&raw.max_connections)->default_value(256),

@@ -168,6 +168,14 @@ void RawOptions::validate(Config& config) const {
   config.io_timeout = parse_duration(io_timeout, "--io-timeout");
   if (config.io_timeout.count() < 10) throw ConfigError("--io-timeout must be at least 10ms");
   config.drain_timeout = parse_duration(drain_timeout, "--drain-timeout");
+  if (crash_journal_interval == "off") {
+    config.crash_journal_interval = std::chrono::milliseconds(0);
+  } else {
+    config.crash_journal_interval =
+        parse_duration(crash_journal_interval, "--crash-journal-interval");
+    if (config.crash_journal_interval.count() < 1 || config.crash_journal_interval.count() > 60000)
+      throw ConfigError("--crash-journal-interval must be between 1ms and 60s, or off");
+  }
   config.snapshot_host_capacity = parse_size(snapshot_host, "--snapshot-host-capacity");
   config.snapshot_remote_timeout = parse_duration(snapshot_timeout, "--snapshot-remote-timeout");
   if (config.snapshot_remote_timeout.count() < 1 || config.snapshot_remote_timeout.count() > 60000)

@@ -408,8 +408,9 @@ struct Metrics::Impl {
                      .Add({})),
         generation(prometheus::BuildGauge()
                        .Name("statepool_generation")
-                       .Help("Hand-overs since the pool was created: 0 for a daemon that "
-                             "started fresh, its predecessor's + 1 for one that took over.")
+                       .Help("Hand-overs and crash recoveries since the pool was created: 0 "
+                             "for a daemon that started fresh, its predecessor's + 1 for one "
+                             "that took over or recovered after a crash.")
                        .Register(*registry)
                        .Add({})),
         takeover_seconds(prometheus::BuildGauge()
@@ -422,10 +423,30 @@ struct Metrics::Impl {
                   .Name("statepool_taken_over")
                   .Help("What this daemon took over from its predecessor at start, by what: "
                         "arenas, bytes, pages (in use), leases, snapshots.")
-                  .Register(*registry)) {
+                  .Register(*registry)),
+        recovered_family(prometheus::BuildGauge()
+                             .Name("statepool_recovered")
+                             .Help("What this daemon recovered from the crash journal at start, "
+                                   "by what: arenas, bytes, pages (in use), leases, snapshots, "
+                                   "dropped_leases (lost with their arena, or their grace "
+                                   "period ended while no daemon ran).")
+                             .Register(*registry)),
+        journal_writes(prometheus::BuildCounter()
+                           .Name("statepool_journal_writes_total")
+                           .Help("Writes of the crash journal (the pool's image, kept in "
+                                 "systemd's descriptor store).")
+                           .Register(*registry)
+                           .Add({})),
+        journal_image_bytes(prometheus::BuildGauge()
+                                .Name("statepool_journal_image_bytes")
+                                .Help("Size of the image the crash journal's last write held.")
+                                .Register(*registry)
+                                .Add({})) {
     for (const char* what : {"arenas", "bytes", "pages", "leases", "snapshots"}) {
       taken_by.push_back(&taken.Add({{"what", what}}));
+      recovered_by.push_back(&recovered_family.Add({{"what", what}}));
     }
+    recovered_by.push_back(&recovered_family.Add({{"what", "dropped_leases"}}));
     prometheus::BuildGauge()
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
@@ -466,6 +487,10 @@ struct Metrics::Impl {
   prometheus::Gauge& takeover_seconds;
   prometheus::Family<prometheus::Gauge>& taken;
   std::vector<prometheus::Gauge*> taken_by;  // arenas, bytes, pages, leases, snapshots
+  prometheus::Family<prometheus::Gauge>& recovered_family;
+  std::vector<prometheus::Gauge*> recovered_by;  // as taken_by, then dropped_leases
+  prometheus::Counter& journal_writes;
+  prometheus::Gauge& journal_image_bytes;
   std::vector<prometheus::Counter*> request_counters;  // by wire type number
   std::vector<prometheus::Histogram*> request_latency;
   std::mutex mutex;
@@ -518,6 +543,19 @@ void Metrics::taken_over(const Pool::RestoreReport& report, double seconds) {
                            static_cast<double>(report.pages), static_cast<double>(report.leases),
                            static_cast<double>(report.snapshots)};
   for (std::size_t i = 0; i < std::size(values); ++i) impl_->taken_by[i]->Set(values[i]);
+}
+
+void Metrics::recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases) {
+  const double values[] = {
+      static_cast<double>(report.arenas),    static_cast<double>(report.bytes),
+      static_cast<double>(report.pages),     static_cast<double>(report.leases),
+      static_cast<double>(report.snapshots), static_cast<double>(dropped_leases)};
+  for (std::size_t i = 0; i < std::size(values); ++i) impl_->recovered_by[i]->Set(values[i]);
+}
+
+void Metrics::journal_written(std::uint64_t bytes) {
+  impl_->journal_writes.Increment();
+  impl_->journal_image_bytes.Set(static_cast<double>(bytes));
 }
 
 std::string Metrics::render() const {

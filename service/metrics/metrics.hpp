@@ -71,6 +71,11 @@ class Metrics {
   /// and, for a successor, what it took over and how long that took.
   void set_generation(std::uint64_t generation);
   void taken_over(const Pool::RestoreReport& report, double seconds);
+  /// What a daemon restarted after a crash recovered from the crash journal, and the
+  /// leases it dropped (server/crash_journal.hpp).
+  void recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases);
+  /// The crash journal was written with an image of `bytes` bytes.
+  void journal_written(std::uint64_t bytes);
 
   /// The text exposition format of everything, as /metrics serves it
   /// (http/metrics_endpoint.hpp).

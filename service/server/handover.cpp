@@ -30,6 +30,7 @@
 #include "handover/image.hpp"
 #include "handover/transfer.hpp"
 #include "http/server.hpp"
+#include "server/crash_journal.hpp"
 #include "server/server.hpp"
 #include "server/session.hpp"
 #include "server/systemd.hpp"
@@ -150,6 +151,9 @@ void Server::hand_over(support::UniqueFd peer) {
       return;
     }
     paused = true;
+    // The successor continues the journal (the store keeps it under the same name).
+    std::pair<int, std::string> journal{-1, {}};
+    if (crash_journal_ != nullptr) journal = crash_journal_->pause();
     const auto saved_at = steady_clock::now();
     const PoolState state = pool_.save_state();
     for (const PoolStateArena& arena : state.arenas) {
@@ -170,6 +174,7 @@ void Server::hand_over(support::UniqueFd peer) {
     const std::vector<std::byte> image = handover::encode_image(state, meta);
     std::vector<handover::NamedFd> fds;
     for (const auto& [name, fd] : pause.listeners) fds.push_back({name, fd});
+    if (journal.first >= 0) fds.push_back({"journal " + journal.second, journal.first});
     std::uint64_t pages = 0;
     for (const PoolStateArena& arena : state.arenas) {
       fds.push_back({"arena " + std::to_string(arena.id), arena.fd});
@@ -203,6 +208,7 @@ void Server::hand_over(support::UniqueFd peer) {
   } catch (const std::exception& e) {
     LOG_ERROR("handover", "hand-over failed: ", e.what(), paused ? "; serving on" : "");
     if (paused) {
+      if (crash_journal_ != nullptr) crash_journal_->resume();
       const std::string why = e.what();
       asio::post(control_, [this, why] { end_handover(false, why); });
     } else {

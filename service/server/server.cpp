@@ -103,18 +103,17 @@ Server::~Server() {
   if (owns_handover_file_) std::filesystem::remove(config_.handover_socket, ignored);
 }
 
-void Server::bind() {
-  const int passed = systemd::passed_socket(config_.socket_path);
-  if (passed >= 0) {
+void Server::bind(support::UniqueFd passed) {
+  if (passed) {
     boost::system::error_code bec;
-    acceptor_.assign(local(), passed, bec);
+    acceptor_.assign(local(), passed.get(), bec);
     if (bec) {
-      ::close(passed);
       throw std::runtime_error("cannot serve the socket systemd passed for " + config_.socket_path +
                                ": " + bec.message());
     }
     LOG_INFO("server", "serving the socket systemd passed for ", config_.socket_path,
              " (socket activation: its mode and group are the socket unit's)");
+    (void)passed.release();  // the acceptor's now
     socket_unit_ = true;
   } else {
     bind_socket_file(acceptor_, config_.socket_path, "--socket");
@@ -135,7 +134,7 @@ void Server::bind() {
   // Kept for the moment the process runs out of descriptors: closing it makes room to
   // accept one connection and tell it so (accept_loop).
   spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (passed >= 0) return;  // systemd listens, with the socket unit's mode and group
+  if (socket_unit_) return;  // systemd listens, with the socket unit's mode and group
   boost::system::error_code bec;
   acceptor_.listen(asio::socket_base::max_listen_connections, bec);
   if (bec)

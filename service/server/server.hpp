@@ -52,6 +52,7 @@
 namespace statepool::service {
 
 class Session;
+class CrashJournal;
 class HttpApi;
 class HttpServer;
 class MetricsEndpoint;
@@ -75,7 +76,7 @@ class Server {
   /// daemon, or serves the one a systemd socket unit passed (server/systemd.hpp); and
   /// listens on --api-address and --metrics-address (with `metrics`) unless they are off.
   /// Throws std::runtime_error with an actionable message.
-  void bind();
+  void bind(support::UniqueFd passed_socket = {});
   /// The listening sockets a successor takes over (server/takeover.hpp): the Unix socket,
   /// the hand-over socket, and the HTTP listeners when the predecessor had them.
   struct Listeners {
@@ -103,6 +104,8 @@ class Server {
     context_.generation = generation;
   }
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  /// The crash journal a hand-over pauses and passes to the successor (null: none).
+  void set_crash_journal(CrashJournal* journal) noexcept { crash_journal_ = journal; }
   /// Serves until drained, then waits for the executor and the workers to finish what
   /// they had (nothing they run refers to the server afterwards). Returns the number of
   /// sessions that had to be closed forcibly.
@@ -244,6 +247,7 @@ class Server {
   std::string deferred_drain_;                   // on control_: a drain asked for meanwhile
   std::atomic<bool> handed_over_{false};
   std::uint64_t generation_ = 0;
+  CrashJournal* crash_journal_ = nullptr;
   std::vector<std::string> successor_argv_;
 };
 

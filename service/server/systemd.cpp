@@ -1,8 +1,10 @@
 #include "server/systemd.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <systemd/sd-daemon.h>
 
@@ -30,32 +32,77 @@ bool notify_and_wait(const std::string& state) noexcept {
   return waited >= 0;
 }
 
-int passed_socket(const std::string& path) {
+bool has_service_manager() noexcept {
+  const char* socket = std::getenv("NOTIFY_SOCKET");
+  return socket != nullptr && *socket != '\0';
+}
+
+std::vector<PassedFd> passed_fds() {
+  char** names = nullptr;
   // unset_environment = 1: nothing the daemon starts inherits LISTEN_FDS.
-  const int count = ::sd_listen_fds(1);
+  const int count = ::sd_listen_fds_with_names(1, &names);
   if (count < 0) {
-    throw std::runtime_error(std::string("cannot read the sockets systemd passed (LISTEN_FDS): ") +
+    throw std::runtime_error(std::string("cannot read the descriptors systemd passed "
+                                         "(LISTEN_FDS, LISTEN_FDNAMES): ") +
                              std::strerror(-count));
   }
-  if (count == 0) return -1;
-  if (count > 1) {
-    throw std::runtime_error(support::cat(
-        "systemd passed ", count,
-        " sockets; statepoold serves one: give its socket unit a single ListenStream=", path));
+  std::vector<PassedFd> out;
+  for (int i = 0; i < count; ++i) {
+    PassedFd passed;
+    passed.fd.reset(SD_LISTEN_FDS_START + i);
+    // Passed descriptors are inherited without O_CLOEXEC; a successor gets its own.
+    (void)::fcntl(passed.fd.get(), F_SETFD, FD_CLOEXEC);
+    passed.name = names != nullptr && names[i] != nullptr ? names[i] : "unknown";
+    out.push_back(std::move(passed));
   }
-  const int fd = SD_LISTEN_FDS_START;
-  // Listening (1), stream, bound to path (length 0: a NUL-terminated path).
-  const int match = ::sd_is_socket_unix(fd, SOCK_STREAM, 1, path.c_str(), 0);
-  if (match < 0) {
-    throw std::runtime_error(std::string("cannot inspect the socket systemd passed: ") +
-                             std::strerror(-match));
+  if (names != nullptr) {
+    for (int i = 0; i < count; ++i) std::free(names[i]);
+    std::free(names);
   }
-  if (match == 0) {
-    throw std::runtime_error(
-        "the socket systemd passed is not a listening Unix stream socket bound to " + path +
-        ": the socket unit's ListenStream= must be the daemon's --socket");
+  return out;
+}
+
+support::UniqueFd passed_socket(const std::string& path, std::vector<PassedFd>& passed) {
+  support::UniqueFd socket;
+  for (auto it = passed.begin(); it != passed.end();) {
+    if (::sd_is_socket(it->fd.get(), AF_UNSPEC, 0, -1) <= 0) {
+      ++it;
+      continue;
+    }
+    if (socket) {
+      throw std::runtime_error(
+          "systemd passed more than one socket; statepoold serves one: give its socket unit a "
+          "single ListenStream=" +
+          path);
+    }
+    // Listening (1), stream, bound to path (length 0: a NUL-terminated path).
+    const int match = ::sd_is_socket_unix(it->fd.get(), SOCK_STREAM, 1, path.c_str(), 0);
+    if (match < 0) {
+      throw std::runtime_error(std::string("cannot inspect the socket systemd passed: ") +
+                               std::strerror(-match));
+    }
+    if (match == 0) {
+      throw std::runtime_error("the socket systemd passed ('" + it->name +
+                               "') is not a listening Unix stream socket bound to " + path +
+                               ": the socket unit's ListenStream= must be the daemon's --socket");
+    }
+    socket = std::move(it->fd);
+    it = passed.erase(it);
   }
-  return fd;
+  return socket;
+}
+
+bool store_fd(const std::string& name, int fd) noexcept {
+  const std::string state = "FDSTORE=1\nFDNAME=" + name;
+  const int sent = ::sd_pid_notify_with_fds(0, 0, state.c_str(), &fd, 1);
+  if (sent < 0) {
+    LOG_WARN("server", "cannot store ", name, " with the service manager: ", std::strerror(-sent));
+  }
+  return sent > 0;
+}
+
+bool remove_stored_fd(const std::string& name) noexcept {
+  return notify("FDSTOREREMOVE=1\nFDNAME=" + name);
 }
 
 }  // namespace statepool::service::systemd

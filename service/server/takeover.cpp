@@ -92,6 +92,14 @@ TakenOver take_over(const Config& config, Pool& pool) {
     out.listeners.api = take("api");
     out.listeners.metrics = take("metrics");
     if (!out.listeners.socket) throw refuse_back("no listening socket was handed over");
+    for (auto it = fds.begin(); it != fds.end(); ++it) {
+      if (it->first.rfind("journal ", 0) == 0) {
+        out.journal_name = it->first.substr(8);
+        out.journal = std::move(it->second);
+        fds.erase(it);
+        break;
+      }
+    }
     for (const auto& [name, fd] : fds) {
       if (name.rfind("arena ", 0) != 0) throw refuse_back("unknown descriptor '" + name + "'");
     }

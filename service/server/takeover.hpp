@@ -19,6 +19,10 @@ namespace statepool::service {
 struct TakenOver {
   support::UniqueFd peer;  ///< the conversation, for the verdict
   Server::Listeners listeners;
+  /// The predecessor's crash journal (server/crash_journal.hpp) and its name in the
+  /// service manager's store, when it kept one: this daemon continues it.
+  support::UniqueFd journal;
+  std::string journal_name;
   Pool::RestoreReport report;
   handover::ImageMeta meta;  ///< the predecessor's (its generation: ours is one more)
   std::uint64_t image_bytes = 0;

@@ -52,12 +52,32 @@ class NotifyListener:
         self.path = os.path.join(directory, "notify")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
+        self.store = []
 
     def receive(self, timeout):
-        """One notification as a dict of its assignments."""
-        self.sock.settimeout(timeout)
-        data = self.sock.recv(4096).decode()
-        return dict(line.split("=", 1) for line in data.splitlines() if "=" in line)
+        """The next notification that is not about the descriptor store, as a dict of its
+        assignments. Store messages (the crash journal's: FDSTORE=1, FDSTOREREMOVE=1) are
+        kept in self.store, a list of (assignments, [fds, closed]) in arrival order."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+            data, fds, _, _ = socket.recv_fds(self.sock, 4096, 16)
+            for fd in fds:
+                os.close(fd)
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines()
+                          if "=" in line)
+            if "FDSTORE" in fields or "FDSTOREREMOVE" in fields:
+                self.store.append((fields, len(fds)))
+                continue
+            return fields
+
+    def collect(self, timeout):
+        """Reads the store messages that remain, until none comes for `timeout` seconds."""
+        try:
+            while True:
+                self.receive(timeout)
+        except TimeoutError:
+            pass
 
     def close(self):
         self.sock.close()
@@ -116,6 +136,13 @@ def test_ready_once_listening_and_stopping_when_draining(workdir):
         busy.close()
         assert daemon.wait(timeout=60) == 0, daemon.stderr.read()
         assert not os.path.exists(sock)  # the daemon's own socket file is removed
+        # The crash journal went into the descriptor store with its memfd, and the clean
+        # stop took it out again: nothing is left to recover.
+        listener.collect(timeout=0.5)
+        stored = [(f["FDNAME"], fds) for f, fds in listener.store if f.get("FDSTORE") == "1"]
+        removed = [f["FDNAME"] for f, _ in listener.store if f.get("FDSTOREREMOVE") == "1"]
+        assert ("statepool-journal-0", 1) in stored, listener.store
+        assert removed and removed[-1] == "statepool-journal-0", listener.store
     finally:
         if daemon.poll() is None:
             daemon.kill()
