@@ -254,3 +254,37 @@ TEST(CrashRecovery, ACleanStopLeavesNothingInTheStore) {
   EXPECT_TRUE(eventually([&] { return manager.stored_count() == 0; }, 5s))
       << "left in the store after a clean stop";
 }
+
+TEST(CrashRecovery, ASuccessorContinuesTheJournalAndIsRecoveredAfterItsOwnCrash) {
+  TempDir dir("/tmp/statepool-sm");
+  ServiceManager manager(dir.path());
+  DaemonProcess old(kArgs, under(manager));
+  std::vector<Parked> parked;
+  for (int i = 0; i < 4; ++i) parked.push_back(park(old, i));
+  wait_for_journal(manager, 4, 4);
+  const std::string journal = journal_name(manager);
+
+  DaemonOptions options = under(manager);
+  options.take_over_from = &old;
+  auto successor = std::make_unique<DaemonProcess>(kArgs, options);
+  EXPECT_TRUE(eventually([&] { return !old.running(); }, 20s)) << old.log();
+  EXPECT_EQ(old.stop(SIGKILL, 1s), 0) << old.log();
+  parked.push_back(park(*successor, 4));
+  wait_for_journal(manager, 5, 5);
+  // The same journal, written by the successor; the predecessor's exit removed nothing.
+  EXPECT_EQ(journal_name(manager), journal);
+  std::size_t journals = 0;
+  for (const std::string& name : manager.stored_names()) {
+    journals += name.rfind("statepool-journal-", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(journals, 1u);
+  EXPECT_EQ(successor->stop(SIGKILL, 5s), 128 + SIGKILL);
+  successor.reset();
+
+  DaemonProcess restarted(kArgs, under(manager));
+  const std::string log = restarted.log();
+  EXPECT_NE(log.find("recovered generation 1's pool from its crash journal"), std::string::npos)
+      << log;
+  EXPECT_EQ(metric(restarted.metrics_port(), "statepool_generation"), "2");
+  for (int i = 0; i < 5; ++i) resume(restarted, parked[i], i);
+}
