@@ -137,10 +137,14 @@ int main(int argc, char** argv) {
     if (!config.take_over) passed = systemd::passed_fds();
     statepool::support::UniqueFd passed_socket = systemd::passed_socket(config.socket_path, passed);
     std::optional<Recovered> recovered;
+    std::chrono::milliseconds recovery_took{0};
     if (has_crash_state(passed)) {
+      const auto started = std::chrono::steady_clock::now();
       bool spoiled = false;
       recovered = recover(*pool_storage, passed, spoiled);
       if (spoiled) new_pool(false);
+      recovery_took = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - started);
     }
     for (const systemd::PassedFd& unknown : passed) {
       LOG_WARN("server", "systemd passed a descriptor named '", unknown.name,
@@ -194,7 +198,8 @@ int main(int argc, char** argv) {
                    statepool::support::format_bytes(recovered->report.bytes), "), ",
                    recovered->report.pages, " pages in use, ", recovered->report.leases,
                    " leases, ", recovered->report.snapshots, " snapshots; ",
-                   recovered->dropped_leases, " leases dropped");
+                   recovered->dropped_leases, " leases dropped; ", recovery_took.count(),
+                   " ms");
           metrics.recovered(recovered->report, recovered->dropped_leases);
           kept_journal = std::move(recovered->journal);
         } else {

@@ -441,7 +441,13 @@ struct Metrics::Impl {
                                 .Name("statepool_journal_image_bytes")
                                 .Help("Size of the image the crash journal's last write held.")
                                 .Register(*registry)
-                                .Add({})) {
+                                .Add({})),
+        journal_write_seconds(prometheus::BuildGauge()
+                                  .Name("statepool_journal_write_seconds")
+                                  .Help("How long the crash journal's last write took: saving "
+                                        "the pool's state, encoding it and writing it.")
+                                  .Register(*registry)
+                                  .Add({})) {
     for (const char* what : {"arenas", "bytes", "pages", "leases", "snapshots"}) {
       taken_by.push_back(&taken.Add({{"what", what}}));
       recovered_by.push_back(&recovered_family.Add({{"what", what}}));
@@ -491,6 +497,7 @@ struct Metrics::Impl {
   std::vector<prometheus::Gauge*> recovered_by;  // as taken_by, then dropped_leases
   prometheus::Counter& journal_writes;
   prometheus::Gauge& journal_image_bytes;
+  prometheus::Gauge& journal_write_seconds;
   std::vector<prometheus::Counter*> request_counters;  // by wire type number
   std::vector<prometheus::Histogram*> request_latency;
   std::mutex mutex;
@@ -553,9 +560,10 @@ void Metrics::recovered(const Pool::RestoreReport& report, std::uint32_t dropped
   for (std::size_t i = 0; i < std::size(values); ++i) impl_->recovered_by[i]->Set(values[i]);
 }
 
-void Metrics::journal_written(std::uint64_t bytes) {
+void Metrics::journal_written(std::uint64_t bytes, double seconds) {
   impl_->journal_writes.Increment();
   impl_->journal_image_bytes.Set(static_cast<double>(bytes));
+  impl_->journal_write_seconds.Set(seconds);
 }
 
 std::string Metrics::render() const {

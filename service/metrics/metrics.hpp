@@ -74,8 +74,9 @@ class Metrics {
   /// What a daemon restarted after a crash recovered from the crash journal, and the
   /// leases it dropped (server/crash_journal.hpp).
   void recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases);
-  /// The crash journal was written with an image of `bytes` bytes.
-  void journal_written(std::uint64_t bytes);
+  /// The crash journal was written with an image of `bytes` bytes, in `seconds` (the
+  /// save, the encoding and the write).
+  void journal_written(std::uint64_t bytes, double seconds);
 
   /// The text exposition format of everything, as /metrics serves it
   /// (http/metrics_endpoint.hpp).

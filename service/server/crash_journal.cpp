@@ -126,6 +126,7 @@ void CrashJournal::run() {
 
 void CrashJournal::write_once() {
   const std::uint64_t changes = pool_.changes();  // before the save: it covers at least these
+  const auto started = steady_clock::now();
   try {
     const PoolState state = pool_.save_state();
     std::set<ArenaId> named;
@@ -176,7 +177,10 @@ void CrashJournal::write_once() {
       const std::lock_guard lock(mutex_);
       ++writes_;
     }
-    if (metrics_ != nullptr) metrics_->journal_written(image.size());
+    if (metrics_ != nullptr) {
+      metrics_->journal_written(
+          image.size(), std::chrono::duration<double>(steady_clock::now() - started).count());
+    }
   } catch (const std::exception& e) {
     // Retried at the next interval; said once, not every interval.
     if (last_error_ != e.what()) {
