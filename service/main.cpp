@@ -131,10 +131,18 @@ int main(int argc, char** argv) {
       }
     };
     new_pool(true);
+    // --take-over: the running daemon's pool (none with --take-over=if-running when no
+    // daemon runs). The predecessor waits paused until confirm() below.
+    std::optional<TakenOver> taken;
+    if (config.take_over) taken = take_over(config, *pool_storage);
     // What systemd passed: a socket unit's socket, and what a crashed predecessor kept in
     // the descriptor store (server/crash_journal.hpp), recovered before anything serves.
-    std::vector<systemd::PassedFd> passed;
-    if (!config.take_over) passed = systemd::passed_fds();
+    std::vector<systemd::PassedFd> passed = systemd::passed_fds();
+    if (taken && !passed.empty()) {
+      LOG_INFO("server", "the pool was taken over: closing the ", passed.size(),
+               " descriptors systemd passed (its store keeps them)");
+      passed.clear();
+    }
     statepool::support::UniqueFd passed_socket = systemd::passed_socket(config.socket_path, passed);
     std::optional<Recovered> recovered;
     std::chrono::milliseconds recovery_took{0};
@@ -166,23 +174,22 @@ int main(int argc, char** argv) {
     }
     std::optional<KeptJournal> kept_journal;
     std::uint64_t generation = 0;
-    if (config.take_over) {
-      TakenOver taken = take_over(config, pool);
-      generation = taken.meta.generation + 1;
-      metrics.taken_over(taken.report, std::chrono::duration<double>(taken.took).count());
-      server.bind_handed_over(std::move(taken.listeners));
-      confirm(taken);
+    if (taken) {
+      generation = taken->meta.generation + 1;
+      metrics.taken_over(taken->report, std::chrono::duration<double>(taken->took).count());
+      server.bind_handed_over(std::move(taken->listeners));
+      confirm(*taken);
       server.own_socket_files();
-      if (taken.journal) {
+      if (taken->journal) {
         try {
           KeptJournal kept{
-              handover::Journal::open(std::move(taken.journal)), taken.journal_name, {}};
+              handover::Journal::open(std::move(taken->journal)), taken->journal_name, {}};
           for (const PoolStateArena& arena : pool.save_state().arenas) {
             kept.stored_arenas.insert(arena.id);
           }
           kept_journal = std::move(kept);
         } catch (const handover::JournalError& e) {
-          LOG_WARN("journal", "the predecessor's crash journal ", taken.journal_name,
+          LOG_WARN("journal", "the predecessor's crash journal ", taken->journal_name,
                    " cannot be continued (", e.what(), "); starting a new one");
         }
       }
@@ -198,8 +205,7 @@ int main(int argc, char** argv) {
                    statepool::support::format_bytes(recovered->report.bytes), "), ",
                    recovered->report.pages, " pages in use, ", recovered->report.leases,
                    " leases, ", recovered->report.snapshots, " snapshots; ",
-                   recovered->dropped_leases, " leases dropped; ", recovery_took.count(),
-                   " ms");
+                   recovered->dropped_leases, " leases dropped; ", recovery_took.count(), " ms");
           metrics.recovered(recovered->report, recovered->dropped_leases);
           kept_journal = std::move(recovered->journal);
         } else {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -189,9 +190,15 @@ Daemon::Daemon(std::vector<std::string> args, DaemonOptions options) {
   socket_ = predecessor != nullptr ? predecessor->socket_path() : dir_.file("statepool.sock");
   std::vector<std::string> argv = {daemon_path(), "--socket", socket_};
   if (predecessor != nullptr) {
-    argv.emplace_back("--take-over");
-    metrics_port_ = predecessor->metrics_port();
-    api_port_ = predecessor->api_port();
+    // --take-over, unless `args` say which (--take-over=if-running).
+    if (std::none_of(args.begin(), args.end(),
+                     [](const std::string& a) { return a.rfind("--take-over", 0) == 0; })) {
+      argv.emplace_back("--take-over");
+    }
+    if (!options.own_ports) {
+      metrics_port_ = predecessor->metrics_port();
+      api_port_ = predecessor->api_port();
+    }
   }
   if (metrics_port_ != 0) {
     argv.insert(argv.end(), {"--metrics-address", "127.0.0.1:" + std::to_string(metrics_port_)});

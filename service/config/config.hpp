@@ -77,6 +77,11 @@ struct Config {
   /// change (server/crash_journal.hpp); 0 (off): no journal.
   std::chrono::milliseconds crash_journal_interval{20};
   bool take_over = false;  ///< --take-over: start with the pool of the daemon now serving
+  /// --take-over=if-running: start fresh when no daemon listens on the hand-over socket.
+  bool take_over_if_running = false;
+  /// --after-handover=wait: a daemon that handed over keeps its HTTP listeners (they are
+  /// not handed over), answers /readyz 503, and exits at SIGTERM (Kubernetes).
+  bool wait_after_handover = false;
 };
 
 /// Outcome of parsing argv: either a configuration to run, or text to print and an exit

@@ -58,7 +58,8 @@ void resolve_limits(const TenantLimits& defaults, const Overrides& overrides,
 struct RawOptions {
   std::string socket_mode, pool_capacity, grace, max_frame, max_staging, io_timeout, drain_timeout,
       log_level, allow_uids, hello_timeout, staging_capacity, tenant_staging, snapshot_host,
-      snapshot_timeout, snapshot_ttl, max_batch_bytes, crash_journal_interval;
+      snapshot_timeout, snapshot_ttl, max_batch_bytes, crash_journal_interval, take_over,
+      after_handover;
   std::vector<std::string> tenant_flags;
   std::uint64_t arena_pages = 0, max_arena_pages = 0, max_connections = 0, threads = 0, workers = 0,
                 max_unattached = 0, tenant_layouts = 0, tenant_plans = 0, tenant_arenas = 0,

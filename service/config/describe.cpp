@@ -21,7 +21,10 @@ std::string describe(const Config& config) {
       << "), hand-over socket "
       << (config.handover_socket.empty() ? "none (--socket too long for the default)"
                                          : config.handover_socket)
-      << (config.take_over ? " (taking over the running daemon's pool)" : "") << "\n"
+      << (config.take_over_if_running ? " (taking over the running daemon's pool, if one runs)"
+          : config.take_over          ? " (taking over the running daemon's pool)"
+                                      : "")
+      << (config.wait_after_handover ? "; after a hand-over it waits for SIGTERM" : "") << "\n"
       << "backend " << config.backend
       << (config.backend == "cuda" ? " (device " + std::to_string(config.device) + ")" : "")
       << ", pool capacity "

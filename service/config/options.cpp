@@ -62,9 +62,13 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
        "socket file permission bits (octal)")
       ("socket-group", po::value<std::string>(&config.socket_group),
        "group that owns the socket file")
-      ("take-over", po::bool_switch(&config.take_over),
+      ("take-over", po::value<std::string>(&raw.take_over)->implicit_value("required"),
        "start by taking over the pool, clients and socket of the statepoold serving --socket "
-       "(an upgrade or a restart without losing a parked state; docs/operations.md)")
+       "(an upgrade or a restart without losing a parked state; docs/operations.md); "
+       "--take-over=if-running starts fresh when no statepoold serves there (Kubernetes)")
+      ("after-handover", po::value<std::string>(&raw.after_handover)->default_value("exit"),
+       "after handing the pool to a successor: 'exit' (systemd), or 'wait' for SIGTERM "
+       "keeping the HTTP listeners (/readyz 503), so that a Kubernetes pod does not restart")
       ("handover-socket", po::value<std::string>(&config.handover_socket),
        "socket on which the daemon hands its pool to a successor started with --take-over; "
        "default: the --socket path with .handover appended")

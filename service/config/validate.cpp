@@ -108,6 +108,26 @@ void RawOptions::validate(Config& config) const {
         "--handover-socket '" + config.handover_socket + "' must be a filesystem path under " +
         std::to_string(sizeof(sockaddr_un{}.sun_path)) + " bytes, other than --socket");
   }
+  if (const std::string value = trim(take_over); value.empty() || value == "no" ||
+                                                  value == "false" || value == "off") {
+    config.take_over = false;
+  } else if (value == "required" || value == "yes" || value == "true") {
+    config.take_over = true;
+  } else if (value == "if-running") {
+    config.take_over = true;
+    config.take_over_if_running = true;
+  } else {
+    throw ConfigError("--take-over=" + value +
+                      ": --take-over takes over or fails; --take-over=if-running starts fresh "
+                      "when no statepoold runs");
+  }
+  if (const std::string value = trim(after_handover); value == "exit") {
+    config.wait_after_handover = false;
+  } else if (value == "wait") {
+    config.wait_after_handover = true;
+  } else {
+    throw ConfigError("--after-handover '" + value + "' must be exit or wait");
+  }
   if (config.take_over && config.handover_socket.empty()) {
     throw ConfigError(
         "--take-over needs a --handover-socket (the --socket path is too long for "

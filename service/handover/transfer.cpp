@@ -205,8 +205,12 @@ support::UniqueFd connect(const std::string& path) {
   support::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) throw HandoverError(std::string("socket: ") + support::errno_text(errno));
   if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    throw HandoverError("no statepoold hands over on " + path + " (" + support::errno_text(errno) +
-                        "): is one running with this --socket / --handover-socket?");
+    const int err = errno;
+    const std::string what = "no statepoold hands over on " + path + " (" +
+                             support::errno_text(err) +
+                             "): is one running with this --socket / --handover-socket?";
+    if (err == ENOENT || err == ECONNREFUSED) throw NoPredecessor(what);
+    throw HandoverError(what);
   }
   return fd;
 }

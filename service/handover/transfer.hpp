@@ -38,6 +38,13 @@ class HandoverError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// connect(): nothing listens on the hand-over socket (no such file, or the connection
+/// was refused): no daemon runs there to take over from.
+class NoPredecessor : public HandoverError {
+ public:
+  using HandoverError::HandoverError;
+};
+
 enum class MessageKind : std::uint16_t {
   request = 1,
   descriptors = 2,

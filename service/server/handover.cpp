@@ -251,8 +251,12 @@ void Server::check_paused() {
   pause.listeners.emplace_back(socket_unit_ ? "listener of a socket unit" : "listener",
                                acceptor_.native_handle());
   pause.listeners.emplace_back("handover", handover_acceptor_.native_handle());
-  if (api_) pause.listeners.emplace_back("api", api_->native_handle());
-  if (metrics_http_) pause.listeners.emplace_back("metrics", metrics_http_->native_handle());
+  // Waiting after the hand-over (Kubernetes), this daemon keeps its HTTP listeners: they
+  // are in its own network namespace, and its probes must answer until it is deleted.
+  if (!config_.wait_after_handover) {
+    if (api_) pause.listeners.emplace_back("api", api_->native_handle());
+    if (metrics_http_) pause.listeners.emplace_back("metrics", metrics_http_->native_handle());
+  }
   std::exchange(paused_, nullptr)->set_value(std::move(pause));
 }
 
@@ -262,7 +266,17 @@ void Server::end_handover(bool done, const std::string& why) {
     handed_over_.store(true);
     owns_socket_file_ = false;  // the successor's now
     owns_handover_file_ = false;
-    io_.stop();
+    if (!config_.wait_after_handover) {
+      io_.stop();
+      return;
+    }
+    // --after-handover=wait: the probes answer (/readyz 503) until SIGTERM ends the process.
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    handover_acceptor_.close(ignored);
+    LOG_INFO("handover",
+             "waiting for SIGTERM (--after-handover wait): /healthz answers 200, /readyz 503");
+    systemd::notify("STATUS=handed over to a successor; waiting for SIGTERM");
     return;
   }
   LOG_WARN("handover", "serving on after the failed hand-over (", why, ")");
@@ -291,10 +305,10 @@ void Server::start_successor() {
     LOG_WARN("handover", "SIGUSR2 ignored: a hand-over or a drain is under way");
     return;
   }
+  // Whatever --take-over this daemon was started with, its successor must take over.
   std::vector<std::string> argv = successor_argv_;
-  if (std::find(argv.begin(), argv.end(), "--take-over") == argv.end()) {
-    argv.emplace_back("--take-over");
-  }
+  std::erase_if(argv, [](const std::string& arg) { return arg.rfind("--take-over", 0) == 0; });
+  argv.emplace_back("--take-over");
   std::vector<char*> cargv;
   for (std::string& arg : argv) cargv.push_back(arg.data());
   cargv.push_back(nullptr);

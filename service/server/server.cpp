@@ -294,6 +294,12 @@ void Server::drain(const std::string& why) {
 }
 
 void Server::begin_drain(const std::string& why) {
+  if (handed_over_.load()) {
+    // Waiting after a hand-over (--after-handover wait): nothing is left to drain.
+    LOG_INFO("server", why, " after the hand-over: exiting");
+    io_.stop();
+    return;
+  }
   if (handing_over_) {
     // Paused for a successor: if it takes over, this process exits anyway; if not, the
     // drain begins then (end_handover).

@@ -21,11 +21,18 @@ constexpr std::uint64_t kMaxImageBytes = 1ull << 30;
 
 }  // namespace
 
-TakenOver take_over(const Config& config, Pool& pool) {
+std::optional<TakenOver> take_over(const Config& config, Pool& pool) {
   const auto started = steady_clock::now();
   TakenOver out;
   try {
     out.peer = handover::connect(config.handover_socket);
+  } catch (const handover::NoPredecessor& e) {
+    if (config.take_over_if_running) {
+      LOG_INFO("handover", "no statepoold runs on ", config.handover_socket,
+               " (--take-over=if-running): starting with an empty pool");
+      return std::nullopt;
+    }
+    throw std::runtime_error(std::string("--take-over: ") + e.what());
   } catch (const handover::HandoverError& e) {
     throw std::runtime_error(std::string("--take-over: ") + e.what());
   }

@@ -6,6 +6,7 @@
 // on (anything else).
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "config/config.hpp"
@@ -32,8 +33,9 @@ struct TakenOver {
 /// Takes the pool over from the daemon serving config.handover_socket into `pool` (new:
 /// the operator's plans may be installed). Throws std::runtime_error naming what failed;
 /// once the predecessor has paused, a refusal with that reason is sent back to it (it
-/// serves on) before the throw.
-[[nodiscard]] TakenOver take_over(const Config& config, Pool& pool);
+/// serves on) before the throw. With config.take_over_if_running, returns nothing when no
+/// daemon listens on the hand-over socket (this one then starts fresh).
+[[nodiscard]] std::optional<TakenOver> take_over(const Config& config, Pool& pool);
 
 /// Tells the predecessor that this daemon serves now, and waits for its last word: it
 /// exits. Throws std::runtime_error when that word does not come (the predecessor gave up

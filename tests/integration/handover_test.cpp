@@ -144,6 +144,48 @@ TEST(HandOver, ARefusedHandOverLeavesTheOldDaemonServingEverything) {
   EXPECT_EQ(old.stop(SIGTERM, 20s), 0) << old.log();
 }
 
+// Kubernetes (docs/operations.md §12.3): the new pod's daemon takes the pool over when the
+// old pod's runs (--take-over=if-running), and starts fresh when none does; the old one
+// keeps its probes (its HTTP listeners are in its own pod's network) until the DaemonSet
+// deletes its pod (--after-handover=wait), and removes nothing on its way out.
+TEST(HandOver, IfRunningStartsFreshWhenNoDaemonRuns) {
+  DaemonProcess fresh({"--take-over=if-running"}, DaemonOptions{});
+  EXPECT_NE(fresh.log().find("(--take-over=if-running): starting with an empty pool"),
+            std::string::npos)
+      << fresh.log();
+  auto conn = client::Connection::connect(client_options(fresh));
+  EXPECT_FALSE(conn.lease_resumed());
+  EXPECT_EQ(fresh.stop(SIGTERM, 20s), 0) << fresh.log();
+}
+
+TEST(HandOver, AWaitingPredecessorAnswersItsProbesUntilSigterm) {
+  const std::vector<std::string> args = {"--grace-period", "60s", "--take-over=if-running",
+                                         "--after-handover=wait"};
+  DaemonProcess old(args, DaemonOptions{true, false});
+  const Parked parked = park(old, 0);
+  DaemonOptions options{true, false};
+  options.take_over_from = &old;
+  options.own_ports = true;
+  DaemonProcess next(args, options);
+  ASSERT_NE(next.metrics_port(), old.metrics_port());
+  EXPECT_TRUE(
+      eventually([&] { return old.log().find("waiting for SIGTERM") != std::string::npos; }, 10s))
+      << old.log();
+  // The old daemon lives on for its probes: alive, not ready.
+  ASSERT_TRUE(old.running()) << old.log();
+  EXPECT_EQ(statepool::testing::http_get(old.metrics_port(), "/healthz"), "ok\n");
+  EXPECT_EQ(statepool::testing::http_request(old.metrics_port(), "GET", "/readyz").status, 503);
+  EXPECT_EQ(statepool::testing::http_get(next.metrics_port(), "/readyz"), "ready\n");
+  resume(next, parked, 0);
+  // Deleting the old pod: SIGTERM ends it at once, leaving the socket files to the successor.
+  EXPECT_EQ(old.stop(SIGTERM, 20s), 0) << old.log();
+  EXPECT_NE(old.log().find("SIGTERM after the hand-over: exiting"), std::string::npos) << old.log();
+  EXPECT_TRUE(std::filesystem::exists(next.socket_path()));
+  auto conn = client::Connection::connect(client_options(next));
+  EXPECT_EQ(conn.pin_snapshot({parked.snapshot, 64}), parked.pinned ? 0u : 1u);
+  EXPECT_EQ(next.stop(SIGTERM, 20s), 0) << next.log();
+}
+
 // SIGUSR2 (systemd's ExecReload=): the daemon starts the binary installed where it was
 // started from, with its own arguments and --take-over, and hands the pool to it.
 TEST(HandOver, Sigusr2StartsTheInstalledBinaryAsTheSuccessor) {

@@ -43,6 +43,9 @@ struct DaemonOptions {
   /// and TCP ports; ready once its log says it serves ("ready on"), which it says only
   /// after taking the pool over.
   const class Daemon* take_over_from = nullptr;
+  /// With take_over_from: the successor gets TCP ports of its own (as `metrics` and `api`
+  /// say) instead of its predecessor's, which keeps them (--after-handover=wait).
+  bool own_ports = false;
   /// Started as systemd starts a unit's main process (spawn_with_fds(),
   /// service_manager.hpp): NOTIFY_SOCKET is this manager's socket, and the descriptors in
   /// its store are passed as 3, 4, ... with LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID.
