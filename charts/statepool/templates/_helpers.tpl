@@ -96,6 +96,11 @@ socketVolume, configVolume, sidecar (bool).
     - --metrics-address=0.0.0.0:{{ $v.daemon.metricsPort }}
     - --api-address={{ $v.daemon.apiAddress }}
     - --drain-timeout={{ $v.daemon.drainTimeout }}
+    {{- if not .sidecar }}
+    # The rolling update's hand-over (docs/operations.md §12.3).
+    - --take-over=if-running
+    - --after-handover=wait
+    {{- end }}
     - --backend={{ .backend }}
     - --pool-capacity={{ .pool }}
     - --staging-capacity={{ .staging }}

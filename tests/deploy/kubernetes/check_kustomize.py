@@ -84,8 +84,9 @@ DEFAULTS = {
     "staging-capacity": "16GiB",
     "snapshot-host-capacity": "0",
     "workers": "0",
+    "after-handover": "exit",
 }
-FLAGS_WITHOUT_VALUE = {"help", "version", "print-config"}
+FLAGS_WITHOUT_VALUE = {"help", "version", "print-config", "take-over"}
 REPEATABLE = {"tenant", "plan"}
 ROOT_ALLOWED = {"socket-dir": {"CHOWN"}}  # init container name -> capabilities it may add
 GRACE_MARGIN_S = 5
@@ -717,9 +718,23 @@ def check_daemonset_extras(ov, d):
     w, spec, doc = d.where, d.spec, d.doc
     strategy = doc["spec"].get("updateStrategy") or {}
     if strategy.get("type", "RollingUpdate") == "RollingUpdate":
-        surge = (strategy.get("rollingUpdate") or {}).get("maxSurge", 0)
+        rolling = strategy.get("rollingUpdate") or {}
+        surge = rolling.get("maxSurge", 0)
         if surge not in (0, "0", "0%"):
-            ov.err(w, f"maxSurge {surge}: two daemons on one socket (the second exits 1)")
+            # Two daemons on one socket are the hand-over (docs/operations.md §12.3): the
+            # new one must take the pool over, and the old one must wait for its deletion.
+            if d.args.get("take-over") != "if-running":
+                ov.err(w, f"maxSurge {surge} without --take-over=if-running: the second daemon "
+                          "on the socket exits 1")
+            if d.opts.get("after-handover") != "wait":
+                ov.err(w, f"maxSurge {surge} without --after-handover=wait: the old daemon "
+                          "exits after the hand-over and the kubelet restarts it")
+            if rolling.get("maxUnavailable", 1) not in (0, "0", "0%"):
+                ov.err(w, f"maxSurge {surge} with maxUnavailable "
+                          f"{rolling.get('maxUnavailable', 1)}: the old pod may go before the "
+                          "new one has taken its pool over")
+        elif d.args.get("take-over") is not None and d.args.get("take-over") != "if-running":
+            ov.err(w, "--take-over without =if-running: the node's first daemon exits 1")
     if d.socket_mount is not None:
         for field, c in all_containers(spec):
             if field == "initContainers" and c.get("name") in ROOT_ALLOWED:
@@ -1160,6 +1175,15 @@ MUTATIONS = [
     ("API off loopback without a token", "cpu",
      lambda ov: _set_arg(_container(_daemonset(ov, "statepoold-host"), "statepoold"), "api-address", "0.0.0.0:9465"),
      "api-token-file"),
+    ("a rolling hand-over without --take-over", "cpu",
+     lambda ov: _container(_daemonset(ov, "statepoold-host"), "statepoold")["args"].remove("--take-over=if-running"),
+     "without --take-over=if-running"),
+    ("a rolling hand-over whose old daemon exits", "gpu",
+     lambda ov: _set_arg(_container(_daemonset(ov, "statepoold-gpu2"), "statepoold"), "after-handover", "exit"),
+     "without --after-handover=wait"),
+    ("a rolling hand-over that may leave a node without a daemon", "cpu",
+     lambda ov: _daemonset(ov, "statepoold-host")["spec"]["updateStrategy"]["rollingUpdate"].update(maxUnavailable=1),
+     "with maxUnavailable 1"),
     ("a flag given twice", "gpu",
      lambda ov: _container(_daemonset(ov, "statepoold-gpu0"), "statepoold")["args"].append("--backend=cuda"),
      "given twice"),
