@@ -109,11 +109,6 @@ void CrashJournal::resume() {
   if (!stopped_ && !thread_.joinable()) start();
 }
 
-std::uint64_t CrashJournal::writes() const noexcept {
-  const std::lock_guard lock(mutex_);
-  return writes_;
-}
-
 void CrashJournal::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
@@ -172,10 +167,6 @@ void CrashJournal::write_once() {
     if (!last_error_.empty()) {
       LOG_INFO("journal", "the crash journal is written again");
       last_error_.clear();
-    }
-    {
-      const std::lock_guard lock(mutex_);
-      ++writes_;
     }
     if (metrics_ != nullptr) {
       metrics_->journal_written(

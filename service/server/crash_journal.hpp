@@ -78,9 +78,6 @@ class CrashJournal {
   [[nodiscard]] std::pair<int, std::string> pause();
   void resume();
 
-  /// Journal writes so far (for tests and logs).
-  [[nodiscard]] std::uint64_t writes() const noexcept;
-
  private:
   void run();
   void write_once();
@@ -103,7 +100,6 @@ class CrashJournal {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
-  std::uint64_t writes_ = 0;
   std::thread thread_;
 };
 
