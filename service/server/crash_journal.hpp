@@ -97,7 +97,7 @@ class CrashJournal {
 
   std::mutex control_;    ///< serializes stop, pause and resume (main and the hand-over thread)
   bool stopped_ = false;  ///< by stop(): resume() starts nothing
-  mutable std::mutex mutex_;
+  std::mutex mutex_;  ///< guards stopping_ (the writer waits on wake_)
   std::condition_variable wake_;
   bool stopping_ = false;
   std::thread thread_;
