@@ -22,6 +22,7 @@
 #include "statepool/kernels/stepquant/plan.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
+#include "statepool/support/version.hpp"
 #include "statepool/support/worker_pool.hpp"
 #include "store/redis_store.hpp"
 #include "store/tiers.hpp"
@@ -227,7 +228,7 @@ int main(int argc, char** argv) {
       } else {
         handover::ImageMeta meta;
         meta.generation = generation;
-        meta.daemon_version = "statepoold";
+        meta.daemon_version = std::string("statepoold ") + statepool::support::version();
         meta.backend = std::string(pool.backend_name());
         meta.device = pool.memory().device();
         try {

@@ -4,6 +4,7 @@
 #include "config/config_internal.hpp"
 
 #include "statepool/support/size.hpp"
+#include "statepool/support/version.hpp"
 
 #include <fstream>
 #include <sstream>
@@ -17,8 +18,6 @@ namespace po = boost::program_options;
 using namespace config_detail;
 
 namespace {
-
-constexpr const char* kVersion = "statepoold 0.1.0";
 
 std::string usage_text(const po::options_description& options) {
   std::ostringstream out;
@@ -186,7 +185,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     }
     if (vm.count("version") != 0U) {
       result.exit_now = true;
-      result.output = std::string(kVersion) + "\n";
+      result.output = std::string("statepoold ") + support::version() + "\n";
       return result;
     }
     if (vm.count("config") != 0U) {

@@ -10,11 +10,10 @@
 #include "statepool/protocol/frame.hpp"
 #include "statepool/support/log.hpp"
 #include "statepool/support/status.hpp"
+#include "statepool/support/version.hpp"
 
 namespace statepool::service {
 namespace {
-
-constexpr const char* kServerName = "statepoold 0.1.0";
 
 std::string str(const flatbuffers::String* s) {
   return s == nullptr ? std::string() : s->str();
@@ -62,9 +61,9 @@ void handle(Call& call, const wire::Hello& in) {
   auto& b = call.builder();
   call.reply<wire::Hello>(wire::CreateHelloReply(
       b, c.version, b.CreateString(grant.token), grant.resumed, grant.slots,
-      b.CreateString(kServerName), static_cast<std::uint32_t>(s.config.pool.grace_period.count()),
-      s.config.max_frame_bytes, c.version >= 2 ? s.config.max_batch_keys : 0,
-      c.version >= 2 ? s.config.max_batch_bytes : 0));
+      b.CreateString(std::string("statepoold ") + support::version()),
+      static_cast<std::uint32_t>(s.config.pool.grace_period.count()), s.config.max_frame_bytes,
+      c.version >= 2 ? s.config.max_batch_keys : 0, c.version >= 2 ? s.config.max_batch_bytes : 0));
 }
 
 void handle(Call& call, const wire::Ping& /*in*/) {

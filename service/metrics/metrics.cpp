@@ -17,6 +17,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include "statepool/support/version.hpp"
 #include "store/tiers.hpp"
 
 namespace statepool::service {
@@ -457,7 +458,7 @@ struct Metrics::Impl {
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
         .Register(*registry)
-        .Add({{"version", "0.1.0"}, {"protocol", std::to_string(protocol.version)}})
+        .Add({{"version", support::version()}, {"protocol", std::to_string(protocol.version)}})
         .Set(1);
     for (const char* reason : kRefusalReasons) {
       refused_counters.push_back(&refused.Add({{"reason", reason}}));

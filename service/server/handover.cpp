@@ -35,6 +35,7 @@
 #include "server/session.hpp"
 #include "server/systemd.hpp"
 #include "statepool/support/log.hpp"
+#include "statepool/support/version.hpp"
 
 namespace statepool::service {
 
@@ -168,7 +169,7 @@ void Server::hand_over(support::UniqueFd peer) {
     }
     handover::ImageMeta meta;
     meta.generation = generation_;
-    meta.daemon_version = "statepoold";
+    meta.daemon_version = std::string("statepoold ") + statepool::support::version();
     meta.backend = std::string(pool_.backend_name());
     meta.device = pool_.memory().device();
     const std::vector<std::byte> image = handover::encode_image(state, meta);
