@@ -319,12 +319,17 @@ void Journal::write(std::span<const std::byte> image) {
   // Invalidate the target's record before its image changes, so that a write cut short
   // always reads as a torn record (and is reported), never as an old record over a half-
   // written image that only the image checksum would catch.
+  //
+  // The journal's reader is a later process, after this one has died: what it finds is
+  // every store this process executed, which a CPU retires in program order. So only the
+  // compiler must keep the order, and a signal fence (a compiler barrier; ThreadSanitizer
+  // builds refuse atomic_thread_fence) does that without a hardware fence.
   const auto crc_word = record_crc_word(record);
   crc_word.store(~crc_word.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
 
   if (!image.empty()) std::memcpy(slot_data(target), image.data(), image.size());
-  std::atomic_thread_fence(std::memory_order_release);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
 
   std::array<std::byte, kJournalRecordBytes> fields{};
   store<std::uint64_t>(fields.data() + kJournalSequenceField, sequence);

@@ -31,8 +31,9 @@
 //
 // A write goes to the slot that does not hold the newest valid record: that slot's record
 // checksum is inverted first (the slot reads as torn from then on), then the image is
-// copied in, then (after a release fence) the record with the next sequence is written,
-// its checksum last. The newest complete image is never touched, so a write cut short
+// copied in, then the record with the next sequence is written, its checksum last (in
+// that order: compiler barriers keep the program order, which is what a process reading
+// the journal after this one died sees). The newest complete image is never touched, so a write cut short
 // leaves a record whose checksum fails (reported as "torn: record checksum mismatch (a
 // write cut short)"), and the reader uses the other slot. The image checksum catches
 // what the record checksum cannot: an image changed under a valid record.
