@@ -1,4 +1,5 @@
 #include "statepool/protocol/frame.hpp"
+#include "statepool/support/byte_fields.hpp"
 
 #include <bit>
 #include <cstring>
@@ -9,16 +10,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "statepool assumes a little-endian host (x86-64, aarch64)");
 
-template <class T>
-void store(std::byte* dst, T value) noexcept {
-  std::memcpy(dst, &value, sizeof(T));
-}
-template <class T>
-T load(const std::byte* src) noexcept {
-  T value;
-  std::memcpy(&value, src, sizeof(T));
-  return value;
-}
+using support::load_field;
+using support::store_field;
 
 flatbuffers::Verifier::Options verifier_options() noexcept {
   flatbuffers::Verifier::Options options;
@@ -46,21 +39,21 @@ const char* to_string(FrameError error) noexcept {
 
 std::array<std::byte, kHeaderBytes> encode_header(const FrameHeader& header) noexcept {
   std::array<std::byte, kHeaderBytes> out{};
-  store(out.data() + 0, header.magic);
-  store(out.data() + 4, header.version);
-  store(out.data() + 6, static_cast<std::uint16_t>(header.type));
-  store(out.data() + 8, header.flags);
-  store(out.data() + 12, header.length);
+  store_field(out.data() + 0, header.magic);
+  store_field(out.data() + 4, header.version);
+  store_field(out.data() + 6, static_cast<std::uint16_t>(header.type));
+  store_field(out.data() + 8, header.flags);
+  store_field(out.data() + 12, header.length);
   return out;
 }
 
 FrameHeader decode_header(std::span<const std::byte, kHeaderBytes> bytes) noexcept {
   FrameHeader header;
-  header.magic = load<std::uint32_t>(bytes.data() + 0);
-  header.version = load<std::uint16_t>(bytes.data() + 4);
-  header.type = static_cast<FrameType>(load<std::uint16_t>(bytes.data() + 6));
-  header.flags = load<std::uint32_t>(bytes.data() + 8);
-  header.length = load<std::uint32_t>(bytes.data() + 12);
+  header.magic = load_field<std::uint32_t>(bytes.data() + 0);
+  header.version = load_field<std::uint16_t>(bytes.data() + 4);
+  header.type = static_cast<FrameType>(load_field<std::uint16_t>(bytes.data() + 6));
+  header.flags = load_field<std::uint32_t>(bytes.data() + 8);
+  header.length = load_field<std::uint32_t>(bytes.data() + 12);
   return header;
 }
 

@@ -21,6 +21,7 @@
 #include "statepool/kernels/memory.hpp"
 #include "statepool/kernels/snapshot.hpp"
 #include "statepool/kernels/stepquant/plan.hpp"
+#include "statepool/support/byte_fields.hpp"
 
 namespace statepool::service::handover {
 namespace {
@@ -70,16 +71,8 @@ static_assert(sizeof kMagic == kImageVersionOffset);
 
 using Crc32c = boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true>;
 
-template <class T>
-void store(std::byte* dst, T value) noexcept {
-  std::memcpy(dst, &value, sizeof(T));
-}
-template <class T>
-T load(const std::byte* src) noexcept {
-  T value;
-  std::memcpy(&value, src, sizeof(T));
-  return value;
-}
+using support::load_field;
+using support::store_field;
 
 // --- encoding ---------------------------------------------------------------------------
 
@@ -504,11 +497,11 @@ std::vector<std::byte> wrap_payload(std::span<const std::byte> payload, std::uin
   std::vector<std::byte> image(kImageHeaderBytes + payload.size());
   std::byte* head = image.data();
   std::memcpy(head, kMagic, sizeof kMagic);
-  store(head + kImageVersionOffset, version);
-  store(head + kImageFlagsOffset, std::uint32_t{0});
-  store(head + kImageLengthOffset, std::uint64_t{payload.size()});
-  store(head + kImagePayloadCrcOffset, image_crc32c(payload));
-  store(head + kImageHeaderCrcOffset, image_crc32c({head, kImageHeaderCrcOffset}));
+  store_field(head + kImageVersionOffset, version);
+  store_field(head + kImageFlagsOffset, std::uint32_t{0});
+  store_field(head + kImageLengthOffset, std::uint64_t{payload.size()});
+  store_field(head + kImagePayloadCrcOffset, image_crc32c(payload));
+  store_field(head + kImageHeaderCrcOffset, image_crc32c({head, kImageHeaderCrcOffset}));
   if (!payload.empty()) std::memcpy(head + kImageHeaderBytes, payload.data(), payload.size());
   return image;
 }
@@ -573,21 +566,21 @@ DecodedImage decode_image(std::span<const std::byte> bytes) {
     throw ImageError("bad magic (not a statepool hand-over image)");
   }
   // Before the header's checksum: another version's header may be laid out differently.
-  if (const auto version = load<std::uint32_t>(head + kImageVersionOffset);
+  if (const auto version = load_field<std::uint32_t>(head + kImageVersionOffset);
       version != kImageVersion) {
     throw ImageError("version " + std::to_string(version) + ", this statepoold reads version " +
                      std::to_string(kImageVersion) + " only");
   }
-  if (load<std::uint32_t>(head + kImageHeaderCrcOffset) !=
+  if (load_field<std::uint32_t>(head + kImageHeaderCrcOffset) !=
       image_crc32c(bytes.first(kImageHeaderCrcOffset))) {
     throw ImageError("header checksum mismatch");
   }
-  if (const auto flags = load<std::uint32_t>(head + kImageFlagsOffset); flags != 0) {
+  if (const auto flags = load_field<std::uint32_t>(head + kImageFlagsOffset); flags != 0) {
     char buf[16];
     std::snprintf(buf, sizeof buf, "0x%x", flags);
     throw ImageError(std::string("unknown flags ") + buf + " (this version defines none)");
   }
-  const auto length = load<std::uint64_t>(head + kImageLengthOffset);
+  const auto length = load_field<std::uint64_t>(head + kImageLengthOffset);
   const std::size_t received = bytes.size() - kImageHeaderBytes;
   if (length > kMaxImagePayloadBytes) {
     throw ImageError("payload length " + std::to_string(length) + " exceeds the limit of " +
@@ -598,7 +591,7 @@ DecodedImage decode_image(std::span<const std::byte> bytes) {
                      std::to_string(received) + " bytes received");
   }
   const auto payload = bytes.subspan(kImageHeaderBytes);
-  if (load<std::uint32_t>(head + kImagePayloadCrcOffset) != image_crc32c(payload)) {
+  if (load_field<std::uint32_t>(head + kImagePayloadCrcOffset) != image_crc32c(payload)) {
     throw ImageError("payload checksum mismatch");
   }
 
@@ -620,6 +613,12 @@ DecodedImage decode_image(std::span<const std::byte> bytes) {
     throw ImageError("malformed (FlatBuffers verifier)");
   }
   return read_image(*wire::GetImage(data));
+}
+
+std::string backend_mismatch(const ImageMeta& meta, std::string_view backend, int device) {
+  if (meta.backend == backend && (device < 0 || meta.device == device)) return {};
+  return "backend " + meta.backend + " device " + std::to_string(meta.device) +
+         ", this one's backend " + std::string(backend) + " device " + std::to_string(device);
 }
 
 }  // namespace statepool::service::handover

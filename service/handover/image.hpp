@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pool/pool_state.hpp"
@@ -103,6 +104,12 @@ struct DecodedImage {
 /// a field ("arena 3: handle kind 9 unknown", "plan 2: <from_bytes' message>",
 /// "layout 4: <kernels::validate's message>", "layout 4: plan digest 'abc' unknown").
 [[nodiscard]] DecodedImage decode_image(std::span<const std::byte> bytes);
+
+/// Empty when a pool that `meta`'s daemon wrote may be restored by a daemon on `backend`
+/// (its --backend) and CUDA `device` (-1: host memory, any device matches), else what
+/// differs: "backend cuda device 1, this one's backend host device -1".
+[[nodiscard]] std::string backend_mismatch(const ImageMeta& meta, std::string_view backend,
+                                           int device);
 
 /// CRC-32C of `bytes`, as the header holds it.
 [[nodiscard]] std::uint32_t image_crc32c(std::span<const std::byte> bytes) noexcept;

@@ -18,7 +18,9 @@
 #include <string>
 #include <utility>
 
+#include "statepool/support/byte_fields.hpp"
 #include "statepool/support/errno_text.hpp"
+#include "statepool/support/file_type.hpp"
 
 namespace statepool::service::handover {
 namespace {
@@ -39,16 +41,8 @@ static_assert((kJournalRecordOffsets[0] + kJournalRecordCrcField) % 4 == 0 &&
               (kJournalRecordOffsets[1] + kJournalRecordCrcField) % 4 == 0);
 constexpr std::uint64_t kMaxJournalBytes = kJournalHeaderBytes + 2 * kMaxJournalSlotBytes;
 
-template <class T>
-void store(std::byte* dst, T value) noexcept {
-  std::memcpy(dst, &value, sizeof(T));
-}
-template <class T>
-T load(const std::byte* src) noexcept {
-  T value;
-  std::memcpy(&value, src, sizeof(T));
-  return value;
-}
+using support::load_field;
+using support::store_field;
 
 [[noreturn]] void throw_os_error(const std::string& call, int err) {
   throw JournalError(call + ": " + errno_text(err));
@@ -59,15 +53,6 @@ std::uint64_t realtime_ns() noexcept {
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000u +
          static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-const char* file_type(mode_t mode) noexcept {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  return "not a regular file";
 }
 
 std::byte* map(int fd, std::size_t bytes) {
@@ -107,15 +92,15 @@ Examined examine(const std::byte* base, int slot, std::size_t slot_bytes) {
     return e;
   }
   const std::uint32_t crc = image_crc32c({bytes.data(), kJournalRecordCrcField});
-  if (crc != load<std::uint32_t>(bytes.data() + kJournalRecordCrcField)) {
+  if (crc != load_field<std::uint32_t>(bytes.data() + kJournalRecordCrcField)) {
     e.problem = name + " is torn: record checksum mismatch (a write cut short)";
     return e;
   }
   Record r;
-  r.sequence = load<std::uint64_t>(bytes.data() + kJournalSequenceField);
-  r.length = load<std::uint64_t>(bytes.data() + kJournalLengthField);
-  r.payload_crc = load<std::uint32_t>(bytes.data() + kJournalPayloadCrcField);
-  r.written_at = load<std::uint64_t>(bytes.data() + kJournalWrittenAtField);
+  r.sequence = load_field<std::uint64_t>(bytes.data() + kJournalSequenceField);
+  r.length = load_field<std::uint64_t>(bytes.data() + kJournalLengthField);
+  r.payload_crc = load_field<std::uint32_t>(bytes.data() + kJournalPayloadCrcField);
+  r.written_at = load_field<std::uint64_t>(bytes.data() + kJournalWrittenAtField);
   if (r.sequence == 0) {
     e.problem = name + " is corrupt: sequence 0 under a valid record checksum";
     return e;
@@ -232,8 +217,8 @@ Journal Journal::create(std::size_t capacity_bytes) {
   journal.slot_bytes_ = capacity_bytes;
   // A new memfd reads as zeros: both records say "never written".
   std::memcpy(base, kMagic, sizeof kMagic);
-  store<std::uint32_t>(base + kJournalVersionOffset, kJournalVersion);
-  store<std::uint64_t>(base + kJournalSlotSizeOffset, capacity_bytes);
+  store_field<std::uint32_t>(base + kJournalVersionOffset, kJournalVersion);
+  store_field<std::uint64_t>(base + kJournalSlotSizeOffset, capacity_bytes);
   return journal;
 }
 
@@ -242,8 +227,8 @@ Journal Journal::open(UniqueFd fd) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw_os_error("fstat of the journal descriptor", errno);
   if (!S_ISREG(st.st_mode)) {
-    throw JournalError(std::string("the journal descriptor is ") + file_type(st.st_mode) +
-                       ", not a memfd");
+    throw JournalError(std::string("the journal descriptor is ") +
+                       support::file_type_text(st.st_mode) + ", not a memfd");
   }
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0) {
@@ -283,13 +268,13 @@ Journal Journal::open(UniqueFd fd) {
   if (std::memcmp(base, kMagic, sizeof kMagic) != 0) {
     throw JournalError("the journal memfd has a bad magic: not a statepool journal");
   }
-  if (const auto version = load<std::uint32_t>(base + kJournalVersionOffset);
+  if (const auto version = load_field<std::uint32_t>(base + kJournalVersionOffset);
       version != kJournalVersion) {
     throw JournalError("the journal has layout version " + std::to_string(version) +
                        ", this statepoold reads version " + std::to_string(kJournalVersion) +
                        " only");
   }
-  const auto slot = load<std::uint64_t>(base + kJournalSlotSizeOffset);
+  const auto slot = load_field<std::uint64_t>(base + kJournalSlotSizeOffset);
   if (slot == 0 || slot > kMaxJournalSlotBytes) {
     throw JournalError("the journal's slot size " + std::to_string(slot) +
                        " is out of range (1 to " + std::to_string(kMaxJournalSlotBytes) + ")");
@@ -332,10 +317,10 @@ void Journal::write(std::span<const std::byte> image) {
   std::atomic_signal_fence(std::memory_order_seq_cst);
 
   std::array<std::byte, kJournalRecordBytes> fields{};
-  store<std::uint64_t>(fields.data() + kJournalSequenceField, sequence);
-  store<std::uint64_t>(fields.data() + kJournalLengthField, image.size());
-  store<std::uint32_t>(fields.data() + kJournalPayloadCrcField, image_crc32c(image));
-  store<std::uint64_t>(fields.data() + kJournalWrittenAtField, realtime_ns());
+  store_field<std::uint64_t>(fields.data() + kJournalSequenceField, sequence);
+  store_field<std::uint64_t>(fields.data() + kJournalLengthField, image.size());
+  store_field<std::uint32_t>(fields.data() + kJournalPayloadCrcField, image_crc32c(image));
+  store_field<std::uint64_t>(fields.data() + kJournalWrittenAtField, realtime_ns());
   std::memcpy(record, fields.data(), kJournalRecordCrcField);
   // The checksum last: the record is valid only once everything before it is in place.
   crc_word.store(image_crc32c({fields.data(), kJournalRecordCrcField}), std::memory_order_release);

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "statepool/support/errno_text.hpp"
+#include "statepool/support/file_type.hpp"
 #include "statepool/support/status.hpp"
 
 namespace statepool::service {
@@ -173,16 +174,6 @@ void unregister_guard(int index) noexcept {
 
 // --- map() ---------------------------------------------------------------------------------
 
-const char* file_type(mode_t mode) noexcept {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a pipe";
-  if (S_ISSOCK(mode)) return "a socket";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISLNK(mode)) return "a symbolic link";
-  return "not a regular file";
-}
-
 }  // namespace
 
 ClientMemory::ClientMemory(Key, const AllocationInfo& info, std::size_t mapped_bytes,
@@ -222,7 +213,7 @@ std::shared_ptr<ClientMemory> ClientMemory::map(support::UniqueFd fd, std::uint6
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw refuse(std::string("fstat: ") + errno_text(errno));
   if (!S_ISREG(st.st_mode)) {
-    throw refuse(std::string("the descriptor is ") + file_type(st.st_mode) +
+    throw refuse(std::string("the descriptor is ") + support::file_type_text(st.st_mode) +
                  ", not a regular file (a memfd)");
   }
   if ((flags & O_ACCMODE) == O_RDONLY) {

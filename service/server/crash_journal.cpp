@@ -259,12 +259,10 @@ Recovered recover(Pool& pool, std::vector<systemd::PassedFd>& passed, bool& pool
     return recover_nothing(out.journal->name + ": " + e.what());
   }
   out.meta = image.meta;
-  if (image.meta.backend != pool.backend_name() ||
-      (pool.memory().device() >= 0 && image.meta.device != pool.memory().device())) {
-    return recover_nothing("the crashed daemon's pool was on backend " + image.meta.backend +
-                           " device " + std::to_string(image.meta.device) + ", this one's is on " +
-                           std::string(pool.backend_name()) + " device " +
-                           std::to_string(pool.memory().device()));
+  if (const std::string differs =
+          handover::backend_mismatch(image.meta, pool.backend_name(), pool.memory().device());
+      !differs.empty()) {
+    return recover_nothing("the crashed daemon's pool was on " + differs);
   }
 
   PoolState& state = image.state;

@@ -65,12 +65,10 @@ std::optional<TakenOver> take_over(const Config& config, Pool& pool) {
   try {
     handover::DecodedImage image = handover::decode_image(received.image);
     out.meta = image.meta;
-    if (image.meta.backend != pool.backend_name() ||
-        (pool.memory().device() >= 0 && image.meta.device != pool.memory().device())) {
-      throw refuse_back("the running statepoold's pool is on backend " + image.meta.backend +
-                        " device " + std::to_string(image.meta.device) + ", this one's on " +
-                        std::string(pool.backend_name()) + " device " +
-                        std::to_string(pool.memory().device()));
+    if (const std::string differs =
+            handover::backend_mismatch(image.meta, pool.backend_name(), pool.memory().device());
+        !differs.empty()) {
+      throw refuse_back("the running statepoold's pool is on " + differs);
     }
     std::map<std::string, support::UniqueFd, std::less<>> fds;
     for (auto& [name, fd] : received.fds) {
