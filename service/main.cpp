@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
     }
     std::optional<KeptJournal> kept_journal;
     std::uint64_t generation = 0;
+    std::uint64_t first_journal_index = recovered ? recovered->next_journal_index : 0;
     if (taken) {
       generation = taken->meta.generation + 1;
       metrics.taken_over(taken->report, std::chrono::duration<double>(taken->took).count());
@@ -182,16 +183,14 @@ int main(int argc, char** argv) {
       confirm(*taken);
       server.own_socket_files();
       if (taken->journal) {
+        // Its arenas are stored again at the first write (the store keeps one copy).
         try {
-          KeptJournal kept{
+          kept_journal = KeptJournal{
               handover::Journal::open(std::move(taken->journal)), taken->journal_name, {}};
-          for (const PoolStateArena& arena : pool.save_state().arenas) {
-            kept.stored_arenas.insert(arena.id);
-          }
-          kept_journal = std::move(kept);
         } catch (const handover::JournalError& e) {
           LOG_WARN("journal", "the predecessor's crash journal ", taken->journal_name,
                    " cannot be continued (", e.what(), "); starting a new one");
+          systemd::remove_stored_fd(taken->journal_name);
         }
       }
     } else {
@@ -232,13 +231,31 @@ int main(int argc, char** argv) {
         meta.backend = std::string(pool.backend_name());
         meta.device = pool.memory().device();
         try {
-          crash_journal = std::make_unique<CrashJournal>(
-              pool, &metrics, meta, config.crash_journal_interval, std::move(kept_journal));
+          crash_journal =
+              std::make_unique<CrashJournal>(pool, &metrics, meta, config.crash_journal_interval,
+                                             std::move(kept_journal), first_journal_index);
           server.set_crash_journal(crash_journal.get());
         } catch (const handover::JournalError& e) {
           LOG_ERROR("journal", "no crash journal: ", e.what());
         }
       }
+    }
+    // A journal recovered or handed over that no writer continues would describe a pool
+    // that moves on without it: it and the memory stored beside it leave the store.
+    if (!crash_journal && kept_journal) {
+      LOG_WARN("journal", "not continuing the crash journal ", kept_journal->name,
+               ": it leaves the descriptor store");
+      for (const PoolStateArena& arena : pool.save_state().arenas) {
+        systemd::remove_stored_fd(std::string(kStoredArenaPrefix) + std::to_string(arena.id));
+      }
+      systemd::remove_stored_fd(kept_journal->name);
+      kept_journal.reset();
+    }
+    if (config.wait_after_handover && systemd::has_service_manager()) {
+      LOG_WARN("server",
+               "--after-handover=wait under a service manager: after a hand-over this process "
+               "waits for a SIGTERM that systemd (whose main process is then the successor) "
+               "does not send; use --after-handover=exit with systemd");
     }
     if (!config.metrics_address.empty()) {
       const auto host = config.metrics_address.substr(0, config.metrics_address.rfind(':'));

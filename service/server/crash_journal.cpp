@@ -29,10 +29,33 @@ std::string journal_name(std::uint64_t k) {
 std::optional<std::uint64_t> suffix_number(std::string_view name, std::string_view prefix) {
   if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return {};
   const std::string_view digits = name.substr(prefix.size());
+  if (digits.size() > 1 && digits.front() == '0') return {};  // as arena_name() writes it
   std::uint64_t value = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
   if (ec != std::errc() || end != digits.data() + digits.size()) return {};
   return value;
+}
+
+/// Takes the arenas `gone` out of `state`, with their snapshots and with every lease that
+/// holds a slot in one of them or is in `leases`; the slots those leases held elsewhere
+/// become free. Returns the leases taken out.
+std::set<LeaseId> drop_from_state(PoolState& state, const std::set<ArenaId>& gone,
+                                  std::set<LeaseId> leases) {
+  for (const PoolStateLease& lease : state.leases) {
+    for (const auto& [arena, slot] : lease.slots) {
+      if (gone.count(arena) != 0) leases.insert(lease.id);
+    }
+  }
+  std::erase_if(state.leases, [&](const PoolStateLease& l) { return leases.count(l.id) != 0; });
+  std::erase_if(state.arenas, [&](const PoolStateArena& a) { return gone.count(a.id) != 0; });
+  std::erase_if(state.snapshots,
+                [&](const PoolStateSnapshot& s) { return gone.count(s.arena) != 0; });
+  for (PoolStateArena& arena : state.arenas) {
+    for (LeaseId& owner : arena.owner) {
+      if (leases.count(owner) != 0) owner = 0;
+    }
+  }
+  return leases;
 }
 
 }  // namespace
@@ -40,7 +63,8 @@ std::optional<std::uint64_t> suffix_number(std::string_view name, std::string_vi
 // --- the writer ----------------------------------------------------------------------
 
 CrashJournal::CrashJournal(Pool& pool, Metrics* metrics, handover::ImageMeta meta,
-                           std::chrono::milliseconds interval, std::optional<KeptJournal> kept)
+                           std::chrono::milliseconds interval, std::optional<KeptJournal> kept,
+                           std::uint64_t first_index)
     : pool_(pool),
       metrics_(metrics),
       meta_(std::move(meta)),
@@ -53,9 +77,9 @@ CrashJournal::CrashJournal(Pool& pool, Metrics* metrics, handover::ImageMeta met
     LOG_INFO("journal", "continuing the crash journal ", name_, " (writes at most every ",
              interval_.count(), " ms)");
   } else {
+    // Above every journal the store was seen to hold: a recovery prefers the highest.
+    index_ = first_index;
     name_ = journal_name(index_);
-    // Whatever journal of that name a predecessor left goes first: the new one is empty.
-    systemd::remove_stored_fd(name_);
     systemd::store_fd(name_, journal_.fd());
     LOG_INFO("journal", "crash journal ", name_, " in the service manager's descriptor store ",
              "(writes at most every ", interval_.count(), " ms)");
@@ -123,18 +147,37 @@ void CrashJournal::write_once() {
   const std::uint64_t changes = pool_.changes();  // before the save: it covers at least these
   const auto started = steady_clock::now();
   try {
-    const PoolState state = pool_.save_state();
-    std::set<ArenaId> named;
+    PoolState state = pool_.save_state();
+    // Memory that cannot be kept in the store stays out of the journal, with the leases
+    // and snapshots in it (a crash loses those): legacy CUDA IPC arenas, and an arena the
+    // service manager was not sent (tried again at the next write).
+    std::set<ArenaId> left_out;
+    bool stored_new = false;
     for (const PoolStateArena& arena : state.arenas) {
       if (arena.fd < 0) {
-        throw std::runtime_error("arena " + std::to_string(arena.id) +
-                                 " is shared as legacy CUDA IPC handles, which outlive no "
-                                 "process: the journal cannot cover it");
+        if (ipc_arenas_.insert(arena.id).second) {
+          LOG_WARN("journal", "arena ", arena.id,
+                   " is shared as legacy CUDA IPC handles, which outlive no process: the crash "
+                   "journal leaves it out, and its states are lost in a crash");
+        }
+        left_out.insert(arena.id);
+      } else if (stored_.count(arena.id) == 0) {
+        if (systemd::store_fd(arena_name(arena.id), arena.fd)) {
+          stored_.insert(arena.id);
+          stored_new = true;
+        } else {
+          left_out.insert(arena.id);
+        }
       }
-      named.insert(arena.id);
-      // Stored before a journal names it: a recovered journal never lacks its memory.
-      if (stored_.insert(arena.id).second) systemd::store_fd(arena_name(arena.id), arena.fd);
     }
+    // A journal names an arena only once the service manager holds its memory: its
+    // messages are processed in order, and the barrier waits until they are.
+    if (stored_new && !systemd::barrier()) {
+      throw std::runtime_error("the service manager did not confirm the arenas' descriptors");
+    }
+    if (!left_out.empty()) (void)drop_from_state(state, left_out, {});
+    std::set<ArenaId> named;
+    for (const PoolStateArena& arena : state.arenas) named.insert(arena.id);
     const std::vector<std::byte> image = handover::encode_image(state, meta_);
     if (image.size() > journal_.slot_bytes()) {
       // A larger journal, stored before the smaller one goes: the store always holds one
@@ -143,7 +186,10 @@ void CrashJournal::write_once() {
           std::max(image.size() * 2, journal_.slot_bytes() * 2), handover::kMaxJournalSlotBytes));
       larger.write(image);
       const std::string larger_name = journal_name(index_ + 1);
-      systemd::store_fd(larger_name, larger.fd());
+      if (!systemd::store_fd(larger_name, larger.fd()) || !systemd::barrier()) {
+        throw std::runtime_error("the service manager did not take the larger journal " +
+                                 larger_name);
+      }
       systemd::remove_stored_fd(name_);
       LOG_INFO("journal", "the pool's image (", support::format_bytes(image.size()), ") outgrew ",
                name_, ": continuing in ", larger_name, " (slots of ",
@@ -229,12 +275,14 @@ Recovered recover(Pool& pool, std::vector<systemd::PassedFd>& passed, bool& pool
     return std::move(out);
   };
 
-  // The newest journal with a complete image; the others leave the store.
+  // The newest journal with a complete image; the others leave the store (by name: never
+  // the chosen one's, which a store that keeps duplicates may give twice).
+  if (!journals.empty()) out.next_journal_index = journals.begin()->first + 1;
   std::optional<handover::JournalRead> read;
   for (auto& [k, passed_journal] : journals) {
     const std::string name = passed_journal.name;
     if (out.journal) {
-      systemd::remove_stored_fd(name);
+      if (name != out.journal->name) systemd::remove_stored_fd(name);
       continue;
     }
     try {
@@ -266,8 +314,8 @@ Recovered recover(Pool& pool, std::vector<systemd::PassedFd>& passed, bool& pool
   }
 
   PoolState& state = image.state;
-  // Arenas without memory go, with every lease and snapshot in them.
-  std::set<LeaseId> gone_leases;
+  // Arenas without memory go, with every lease and snapshot in them; so do leases whose
+  // grace period ended while no daemon ran.
   std::set<ArenaId> gone_arenas;
   for (const PoolStateArena& arena : state.arenas) {
     if (arenas.count(arena.id) == 0) {
@@ -276,30 +324,19 @@ Recovered recover(Pool& pool, std::vector<systemd::PassedFd>& passed, bool& pool
                             ": its memory is not in the store; its leases and snapshots go");
     }
   }
-  // Leases whose grace period ended while no daemon ran.
+  std::set<LeaseId> expired;
   for (PoolStateLease& lease : state.leases) {
-    const bool lost = std::any_of(lease.slots.begin(), lease.slots.end(), [&](const auto& slot) {
-      return gone_arenas.count(slot.first) != 0;
-    });
-    if (lost) {
-      gone_leases.insert(lease.id);
-    } else if (lease.grace_left <= out.age) {
-      gone_leases.insert(lease.id);
+    if (lease.grace_left <= out.age) {
+      expired.insert(lease.id);
       out.dropped.push_back("lease " + std::to_string(lease.id) + " (tenant " + lease.tenant +
                             "): its grace period ended while the daemon was down");
     } else {
       lease.grace_left -= out.age;
     }
   }
-  out.dropped_leases = static_cast<std::uint32_t>(gone_leases.size());
-  std::erase_if(state.leases, [&](const PoolStateLease& l) { return gone_leases.count(l.id); });
-  std::erase_if(state.arenas, [&](const PoolStateArena& a) { return gone_arenas.count(a.id); });
-  std::erase_if(state.snapshots,
-                [&](const PoolStateSnapshot& s) { return gone_arenas.count(s.arena) != 0; });
+  out.dropped_leases =
+      static_cast<std::uint32_t>(drop_from_state(state, gone_arenas, std::move(expired)).size());
   for (PoolStateArena& arena : state.arenas) {
-    for (LeaseId& owner : arena.owner) {
-      if (gone_leases.count(owner) != 0) owner = 0;
-    }
     arena.fd = arenas.at(arena.id).get();  // borrowed: restore_state takes its own copy
   }
   // Memory the journal does not name: an arena created after its last write.

@@ -50,7 +50,8 @@ inline constexpr std::string_view kStoredArenaPrefix = "statepool-arena-";
 inline constexpr std::string_view kStoredJournalPrefix = "statepool-journal-";
 
 /// A journal that continues (recovered, or handed over by the predecessor), with its name
-/// in the store and the arenas stored beside it.
+/// in the store and the arenas known to be stored beside it (the others are stored again:
+/// the service manager keeps one copy of a file it holds already).
 struct KeptJournal {
   handover::Journal journal;
   std::string name;
@@ -61,9 +62,11 @@ class CrashJournal {
  public:
   /// Starts the writer for `pool` (`meta`: what the images say about this daemon), first
   /// writing soon after start. `kept`: a journal to continue; without one, a new journal
-  /// is made and stored. Throws handover::JournalError when a new journal cannot be made.
+  /// is made and stored as statepool-journal-`first_index` (above every journal the store
+  /// was seen to hold). Throws handover::JournalError when a new journal cannot be made.
   CrashJournal(Pool& pool, Metrics* metrics, handover::ImageMeta meta,
-               std::chrono::milliseconds interval, std::optional<KeptJournal> kept);
+               std::chrono::milliseconds interval, std::optional<KeptJournal> kept,
+               std::uint64_t first_index = 0);
   ~CrashJournal();  ///< stop(false) if still running
   CrashJournal(const CrashJournal&) = delete;
   CrashJournal& operator=(const CrashJournal&) = delete;
@@ -90,14 +93,15 @@ class CrashJournal {
   std::chrono::milliseconds interval_;
   handover::Journal journal_;
   std::string name_;
-  std::uint64_t index_ = 0;  ///< k of name_
-  std::set<ArenaId> stored_;
+  std::uint64_t index_ = 0;       ///< k of name_
+  std::set<ArenaId> stored_;      ///< arenas whose memory the service manager holds
+  std::set<ArenaId> ipc_arenas_;  ///< legacy IPC arenas already warned about
   std::uint64_t seen_changes_ = ~std::uint64_t{0};
   std::string last_error_;  ///< logged once until a write succeeds
 
   std::mutex control_;    ///< serializes stop, pause and resume (main and the hand-over thread)
   bool stopped_ = false;  ///< by stop(): resume() starts nothing
-  std::mutex mutex_;  ///< guards stopping_ (the writer waits on wake_)
+  std::mutex mutex_;      ///< guards stopping_ (the writer waits on wake_)
   std::condition_variable wake_;
   bool stopping_ = false;
   std::thread thread_;
@@ -112,6 +116,8 @@ struct Recovered {
   std::vector<std::string> dropped;  ///< one line each, for the log
   std::uint32_t dropped_leases = 0;
   std::optional<KeptJournal> journal;  ///< to continue; none when nothing was recovered
+  /// One above the highest journal index passed: a new journal's (CrashJournal).
+  std::uint64_t next_journal_index = 0;
 };
 
 /// Whether `passed` holds anything of a crashed daemon (names with the prefixes above).

@@ -267,7 +267,8 @@ void Server::end_handover(bool done, const std::string& why) {
     handed_over_.store(true);
     owns_socket_file_ = false;  // the successor's now
     owns_handover_file_ = false;
-    if (!config_.wait_after_handover) {
+    // A SIGTERM that came during the hand-over ends this process now, waiting or not.
+    if (!config_.wait_after_handover || !deferred_drain_.empty()) {
       io_.stop();
       return;
     }

@@ -23,11 +23,14 @@ bool notify(const std::string& state) noexcept {
 }
 
 bool notify_and_wait(const std::string& state) noexcept {
-  if (!notify(state)) return false;
+  return notify(state) && barrier();
+}
+
+bool barrier() noexcept {
   const int waited = ::sd_notify_barrier(0, 5'000'000);
   if (waited < 0) {
-    LOG_WARN("server", "the service manager did not confirm ", state.substr(0, state.find('\n')),
-             ": ", std::strerror(-waited));
+    LOG_WARN("server",
+             "the service manager did not confirm our notifications: ", std::strerror(-waited));
   }
   return waited >= 0;
 }

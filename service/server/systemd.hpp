@@ -31,6 +31,10 @@ bool notify(const std::string& state) noexcept;
 /// notify(), then waits (at most 5 s, sd_notify_barrier(3)) until the service manager has
 /// processed it: for MAINPID= before this process exits (the hand-over).
 bool notify_and_wait(const std::string& state) noexcept;
+/// Waits (at most 5 s, sd_notify_barrier(3)) until the service manager has processed every
+/// notification sent so far (FDSTORE=1 before a journal that relies on it). Returns
+/// whether it confirmed; a failure is logged at WARN.
+bool barrier() noexcept;
 
 /// Whether a service manager listens for notifications (NOTIFY_SOCKET is set).
 [[nodiscard]] bool has_service_manager() noexcept;

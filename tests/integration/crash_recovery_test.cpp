@@ -222,13 +222,13 @@ TEST(CrashRecovery, AJournalWithNoCompleteImageRecoversNothingAndReleasesTheMemo
 TEST(CrashRecovery, LeasesWhoseGraceEndedWhileNoDaemonRanAreDropped) {
   TempDir dir("/tmp/statepool-sm");
   ServiceManager manager(dir.path());
-  const std::vector<std::string> args = {"--grace-period", "1s", "--crash-journal-interval", "5ms"};
+  const std::vector<std::string> args = {"--grace-period", "3s", "--crash-journal-interval", "5ms"};
   auto crashed = std::make_unique<DaemonProcess>(args, under(manager));
   const Parked parked = park(*crashed, 0);
   wait_for_journal(manager, 1, 1);
   EXPECT_EQ(crashed->stop(SIGKILL, 5s), 128 + SIGKILL);
   crashed.reset();
-  std::this_thread::sleep_for(1500ms);  // longer than the grace period: no daemon runs
+  std::this_thread::sleep_for(3500ms);  // longer than the grace period: no daemon runs
 
   DaemonProcess restarted(args, under(manager));
   const std::string log = restarted.log();
@@ -267,6 +267,8 @@ TEST(CrashRecovery, ASuccessorContinuesTheJournalAndIsRecoveredAfterItsOwnCrash)
   DaemonOptions options = under(manager);
   options.take_over_from = &old;
   auto successor = std::make_unique<DaemonProcess>(kArgs, options);
+  EXPECT_NE(successor->log().find("continuing the crash journal " + journal), std::string::npos)
+      << successor->log();
   EXPECT_TRUE(eventually([&] { return !old.running(); }, 20s)) << old.log();
   EXPECT_EQ(old.stop(SIGKILL, 1s), 0) << old.log();
   parked.push_back(park(*successor, 4));
@@ -287,4 +289,25 @@ TEST(CrashRecovery, ASuccessorContinuesTheJournalAndIsRecoveredAfterItsOwnCrash)
       << log;
   EXPECT_EQ(metric(restarted.metrics_port(), "statepool_generation"), "2");
   for (int i = 0; i < 5; ++i) resume(restarted, parked[i], i);
+}
+
+TEST(CrashRecovery, ADaemonThatKeepsNoJournalRecoversAndEmptiesTheStore) {
+  TempDir dir("/tmp/statepool-sm");
+  ServiceManager manager(dir.path());
+  auto crashed = std::make_unique<DaemonProcess>(kArgs, under(manager));
+  const Parked parked = park(*crashed, 0);
+  wait_for_journal(manager, 1, 1);
+  EXPECT_EQ(crashed->stop(SIGKILL, 5s), 128 + SIGKILL);
+  crashed.reset();
+
+  // Restarted with the journal off: it recovers, but the store must not keep a journal
+  // that nobody writes any more (a later crash would restore it over newer pages).
+  std::vector<std::string> args = kArgs;
+  args.back() = "off";
+  DaemonProcess restarted(args, under(manager));
+  EXPECT_NE(restarted.log().find("not continuing the crash journal"), std::string::npos)
+      << restarted.log();
+  EXPECT_TRUE(eventually([&] { return manager.stored_count() == 0; }, 5s))
+      << "left in the store: " << manager.stored_names().size();
+  resume(restarted, parked, 0);
 }
