@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
         crashed.reset();
         Daemon restarted(daemon_args(args), options);
         crash.push_back(ms_since(start));
-        recovery_own.push_back(logged_ms(restarted.log(), "leases dropped; ", " ms\n"));
+        recovery_own.push_back(logged_ms(restarted.log(), "snapshots dropped; ", " ms\n"));
         expect_resumed(restarted, tokens, args);
       }
       {

@@ -205,8 +205,10 @@ int main(int argc, char** argv) {
                    statepool::support::format_bytes(recovered->report.bytes), "), ",
                    recovered->report.pages, " pages in use, ", recovered->report.leases,
                    " leases, ", recovered->report.snapshots, " snapshots; ",
-                   recovered->dropped_leases, " leases dropped; ", recovery_took.count(), " ms");
-          metrics.recovered(recovered->report, recovered->dropped_leases);
+                   recovered->dropped_leases, " leases and ", recovered->dropped_snapshots,
+                   " snapshots dropped; ", recovery_took.count(), " ms");
+          metrics.recovered(recovered->report, recovered->dropped_leases,
+                            recovered->dropped_snapshots);
           kept_journal = std::move(recovered->journal);
         } else {
           LOG_ERROR("recovery",

@@ -207,6 +207,7 @@ flatbuffers::Offset<wire::Snapshot> encode_snapshot(flatbuffers::FlatBufferBuild
   b.add_age_ms(s.age.count());
   b.add_idle_ms(s.idle.count());
   b.add_held_below(s.held_below);
+  if (s.pages_crc) b.add_pages_crc(*s.pages_crc);
   return b.Finish();
 }
 
@@ -424,6 +425,7 @@ PoolStateSnapshot read_snapshot(const wire::Snapshot& s, std::size_t index) {
   out.age = read_duration(s.age_ms(), name, "age_ms");
   out.idle = read_duration(s.idle_ms(), name, "idle_ms");
   out.held_below = s.held_below();
+  if (const auto crc = s.pages_crc(); crc.has_value()) out.pages_crc = *crc;
   return out;
 }
 

@@ -430,7 +430,8 @@ struct Metrics::Impl {
                              .Help("What this daemon recovered from the crash journal at start, "
                                    "by what: arenas, bytes, pages (in use), leases, snapshots, "
                                    "dropped_leases (lost with their arena, or their grace "
-                                   "period ended while no daemon ran).")
+                                   "period ended while no daemon ran), dropped_snapshots (their "
+                                   "pages changed after the journal's last write).")
                              .Register(*registry)),
         journal_writes(prometheus::BuildCounter()
                            .Name("statepool_journal_writes_total")
@@ -454,6 +455,7 @@ struct Metrics::Impl {
       recovered_by.push_back(&recovered_family.Add({{"what", what}}));
     }
     recovered_by.push_back(&recovered_family.Add({{"what", "dropped_leases"}}));
+    recovered_by.push_back(&recovered_family.Add({{"what", "dropped_snapshots"}}));
     prometheus::BuildGauge()
         .Name("statepool_build_info")
         .Help("Always 1; labels carry the daemon version and protocol version.")
@@ -553,11 +555,13 @@ void Metrics::taken_over(const Pool::RestoreReport& report, double seconds) {
   for (std::size_t i = 0; i < std::size(values); ++i) impl_->taken_by[i]->Set(values[i]);
 }
 
-void Metrics::recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases) {
+void Metrics::recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases,
+                        std::uint32_t dropped_snapshots) {
   const double values[] = {
       static_cast<double>(report.arenas),    static_cast<double>(report.bytes),
       static_cast<double>(report.pages),     static_cast<double>(report.leases),
-      static_cast<double>(report.snapshots), static_cast<double>(dropped_leases)};
+      static_cast<double>(report.snapshots), static_cast<double>(dropped_leases),
+      static_cast<double>(dropped_snapshots)};
   for (std::size_t i = 0; i < std::size(values); ++i) impl_->recovered_by[i]->Set(values[i]);
 }
 

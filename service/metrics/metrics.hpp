@@ -72,8 +72,9 @@ class Metrics {
   void set_generation(std::uint64_t generation);
   void taken_over(const Pool::RestoreReport& report, double seconds);
   /// What a daemon restarted after a crash recovered from the crash journal, and the
-  /// leases it dropped (server/crash_journal.hpp).
-  void recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases);
+  /// leases and snapshots it dropped (server/crash_journal.hpp).
+  void recovered(const Pool::RestoreReport& report, std::uint32_t dropped_leases,
+                 std::uint32_t dropped_snapshots);
   /// The crash journal was written with an image of `bytes` bytes, in `seconds` (the
   /// save, the encoding and the write).
   void journal_written(std::uint64_t bytes, double seconds);

@@ -92,7 +92,7 @@ PoolState Pool::save_state() const {
         {spaces_[s->space], s->prefix, s->position, s->layout, tenants_[s->tenant].config->name,
          s->arena, s->slot, s->kv, s->kv_pages, s->pinned, s->hits,
          duration_cast<milliseconds>(now - s->created), duration_cast<milliseconds>(now - s->used),
-         s->below != nullptr && s->below->held()});
+         s->below != nullptr && s->below->held(), std::nullopt});
   }
   std::vector<const Lease*> leases;
   for (const auto& [id, lease] : leases_.all()) {

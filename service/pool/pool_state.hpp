@@ -85,6 +85,11 @@ struct PoolStateSnapshot {
   /// Whether a tier below the pool held its value at save time (an eviction in the
   /// successor then counts as a demotion).
   bool held_below = false;
+  /// CRC-32C of its pages (the state slot, then kv_pages) as the crash journal's writer
+  /// read them (server/crash_journal.hpp); a recovery drops a snapshot whose pages no
+  /// longer match (evicted and reused after the journal's last write). Not saved by
+  /// save_state(), ignored by restore_state().
+  std::optional<std::uint32_t> pages_crc;
 };
 
 /// A tenant's snapshot counters since the pool was created (TenantUsage reports them).

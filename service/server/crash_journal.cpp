@@ -1,11 +1,17 @@
 #include "server/crash_journal.hpp"
 
+#include <sys/mman.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <charconv>
 #include <exception>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
+
+#include <boost/crc.hpp>
 
 #include "statepool/support/log.hpp"
 #include "statepool/support/size.hpp"
@@ -34,6 +40,28 @@ std::optional<std::uint64_t> suffix_number(std::string_view name, std::string_vi
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
   if (ec != std::errc() || end != digits.data() + digits.size()) return {};
   return value;
+}
+
+/// The CRC-32C of a snapshot's pages in `arena` (the bytes of its arena): its state slot,
+/// then its KV pages, a page stride each; none when a page lies outside. The pages may be
+/// rewritten while this reads them (the snapshot evicted since the state was saved, its
+/// pages reused): the checksum then matches no later bytes, and a recovery drops the
+/// snapshot, which is right for an evicted one (tests/tsan.supp names this function).
+std::optional<std::uint32_t> snapshot_pages_crc(std::span<const std::byte> arena,
+                                                std::size_t stride,
+                                                const PoolStateSnapshot& snapshot) {
+  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
+  const auto add = [&](SlotId slot) {
+    const std::size_t at = static_cast<std::size_t>(slot) * stride;
+    if (stride == 0 || slot >= arena.size() / stride) return false;
+    crc.process_bytes(arena.data() + at, stride);
+    return true;
+  };
+  if (!add(snapshot.slot)) return std::nullopt;
+  for (const SlotId page : snapshot.kv_pages) {
+    if (!add(page)) return std::nullopt;
+  }
+  return crc.checksum();
 }
 
 /// Takes the arenas `gone` out of `state`, with their snapshots and with every lease that
@@ -133,6 +161,33 @@ void CrashJournal::resume() {
   if (!stopped_ && !thread_.joinable()) start();
 }
 
+void CrashJournal::checksum_snapshots(PoolState& state) {
+  // A snapshot's pages do not change while it lives: each is read once, when it first
+  // appears in a journal (keyed by where it is and what it is).
+  std::map<SnapshotWhere, std::uint32_t> now;
+  for (PoolStateSnapshot& snapshot : state.snapshots) {
+    const SnapshotWhere where{snapshot.arena, snapshot.slot, snapshot.space, snapshot.prefix,
+                              snapshot.position};
+    if (const auto it = crcs_.find(where); it != crcs_.end()) {
+      snapshot.pages_crc = it->second;
+    } else {
+      const auto arena =
+          std::find_if(state.arenas.begin(), state.arenas.end(),
+                       [&](const PoolStateArena& a) { return a.id == snapshot.arena; });
+      // Device memory cannot be read here: such snapshots go unchecked, and a recovery
+      // drops them.
+      if (arena == state.arenas.end() || arena->memory == nullptr ||
+          arena->memory->info().where.space != kernels::MemorySpace::host) {
+        continue;
+      }
+      snapshot.pages_crc =
+          snapshot_pages_crc(arena->memory->host_bytes(), arena->page_stride, snapshot);
+    }
+    if (snapshot.pages_crc) now.emplace(where, *snapshot.pages_crc);
+  }
+  crcs_ = std::move(now);
+}
+
 void CrashJournal::run() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
@@ -178,6 +233,7 @@ void CrashJournal::write_once() {
     if (!left_out.empty()) (void)drop_from_state(state, left_out, {});
     std::set<ArenaId> named;
     for (const PoolStateArena& arena : state.arenas) named.insert(arena.id);
+    checksum_snapshots(state);
     const std::vector<std::byte> image = handover::encode_image(state, meta_);
     if (image.size() > journal_.slot_bytes()) {
       // A larger journal, stored before the smaller one goes: the store always holds one
@@ -229,6 +285,61 @@ void CrashJournal::write_once() {
 }
 
 // --- recovery ------------------------------------------------------------------------
+
+namespace {
+
+/// Drops the snapshots whose pages no longer hold what the journal's writer checksummed
+/// (evicted or deleted after its last write, the pages reused), and those it could not
+/// check (device memory), freeing their pages; one line each in `dropped`. Reads each
+/// arena's memory through its descriptor (`fd`), mapped read-only for the moment.
+std::uint32_t drop_changed_snapshots(PoolState& state, std::vector<std::string>& dropped) {
+  struct Mapped {
+    const std::byte* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::map<ArenaId, Mapped> mapped;
+  for (const PoolStateArena& arena : state.arenas) {
+    struct stat st {};
+    if (::fstat(arena.fd, &st) != 0 || st.st_size <= 0) continue;
+    const auto bytes = static_cast<std::size_t>(st.st_size);
+    void* at = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, arena.fd, 0);
+    if (at != MAP_FAILED) mapped[arena.id] = {static_cast<const std::byte*>(at), bytes};
+  }
+  std::uint32_t count = 0;
+  std::erase_if(state.snapshots, [&](const PoolStateSnapshot& snapshot) {
+    const auto it = mapped.find(snapshot.arena);
+    std::string why;
+    if (!snapshot.pages_crc || it == mapped.end()) {
+      why = "its pages could not be checked";
+    } else {
+      const auto crc = snapshot_pages_crc(
+          {it->second.data, it->second.bytes},
+          std::find_if(state.arenas.begin(), state.arenas.end(),
+                       [&](const PoolStateArena& a) { return a.id == snapshot.arena; })
+              ->page_stride,
+          snapshot);
+      if (crc == snapshot.pages_crc) return false;
+      why = "its pages changed after the journal's last write (evicted, and reused)";
+    }
+    dropped.push_back("snapshot at position " + std::to_string(snapshot.position) + " in arena " +
+                      std::to_string(snapshot.arena) + " slot " + std::to_string(snapshot.slot) +
+                      ": " + why);
+    for (PoolStateArena& arena : state.arenas) {
+      if (arena.id != snapshot.arena) continue;
+      const auto free_slot = [&](SlotId slot) {
+        if (slot < arena.owner.size() && arena.owner[slot] == kSnapshotOwner) arena.owner[slot] = 0;
+      };
+      free_slot(snapshot.slot);
+      for (const SlotId page : snapshot.kv_pages) free_slot(page);
+    }
+    ++count;
+    return true;
+  });
+  for (const auto& [id, m] : mapped) ::munmap(const_cast<std::byte*>(m.data), m.bytes);
+  return count;
+}
+
+}  // namespace
 
 bool has_crash_state(const std::vector<systemd::PassedFd>& passed) {
   return std::any_of(passed.begin(), passed.end(), [](const systemd::PassedFd& p) {
@@ -339,6 +450,7 @@ Recovered recover(Pool& pool, std::vector<systemd::PassedFd>& passed, bool& pool
   for (PoolStateArena& arena : state.arenas) {
     arena.fd = arenas.at(arena.id).get();  // borrowed: restore_state takes its own copy
   }
+  out.dropped_snapshots = drop_changed_snapshots(state, out.dropped);
   // Memory the journal does not name: an arena created after its last write.
   for (auto it = arenas.begin(); it != arenas.end();) {
     const bool named = std::any_of(state.arenas.begin(), state.arenas.end(),

@@ -31,11 +31,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "handover/image.hpp"
@@ -84,6 +86,9 @@ class CrashJournal {
  private:
   void run();
   void write_once();
+  /// Sets each snapshot's pages_crc (cached in crcs_), so that a recovery can tell a
+  /// snapshot whose pages were reused after the write.
+  void checksum_snapshots(PoolState& state);
   void start();
   void halt();  ///< stops and joins the writer thread
 
@@ -96,6 +101,8 @@ class CrashJournal {
   std::uint64_t index_ = 0;       ///< k of name_
   std::set<ArenaId> stored_;      ///< arenas whose memory the service manager holds
   std::set<ArenaId> ipc_arenas_;  ///< legacy IPC arenas already warned about
+  using SnapshotWhere = std::tuple<ArenaId, SlotId, std::string, std::string, std::uint64_t>;
+  std::map<SnapshotWhere, std::uint32_t> crcs_;  ///< the last write's snapshots' checksums
   std::uint64_t seen_changes_ = ~std::uint64_t{0};
   std::string last_error_;  ///< logged once until a write succeeds
 
@@ -115,7 +122,8 @@ struct Recovered {
   std::chrono::milliseconds age{0};  ///< of the journal's image when it was read
   std::vector<std::string> dropped;  ///< one line each, for the log
   std::uint32_t dropped_leases = 0;
-  std::optional<KeptJournal> journal;  ///< to continue; none when nothing was recovered
+  std::uint32_t dropped_snapshots = 0;  ///< whose pages changed after the last write
+  std::optional<KeptJournal> journal;   ///< to continue; none when nothing was recovered
   /// One above the highest journal index passed: a new journal's (CrashJournal).
   std::uint64_t next_journal_index = 0;
 };

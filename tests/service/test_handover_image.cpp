@@ -149,6 +149,7 @@ PoolState sample_state() {
   hybrid.age = 60000ms;
   hybrid.idle = 1000ms;
   hybrid.held_below = true;
+  hybrid.pages_crc = 0xC0FFEE01u;  // the crash journal's; the other snapshot has none
   PoolStateSnapshot pinned;
   pinned.space = "alice-ns";
   pinned.prefix = "system prompt";
@@ -252,6 +253,7 @@ void expect_same(const PoolState& a, const PoolState& b) {
     EXPECT_EQ(x.age, y.age);
     EXPECT_EQ(x.idle, y.idle);
     EXPECT_EQ(x.held_below, y.held_below);
+    EXPECT_EQ(x.pages_crc, y.pages_crc);
   }
   ASSERT_EQ(a.tenants.size(), b.tenants.size());
   for (std::size_t i = 0; i < a.tenants.size(); ++i) {
