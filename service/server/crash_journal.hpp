@@ -15,15 +15,19 @@
 // CrashJournal's thread saves the pool's state (Pool::save_state) when Pool::changes()
 // has moved, at most once per --crash-journal-interval, encodes it and writes it to the
 // journal: a crash loses the changes of at most that interval and one write. Arena
-// descriptors are stored before a journal that names them is written, and removed only
-// after a journal that no longer names them is written. It never runs on an I/O thread.
+// descriptors are stored (and confirmed: sd_notify_barrier) before a journal that names
+// them is written, and removed only after a journal that no longer names them is written.
+// Each snapshot's pages are checksummed once (the journal holds who owns a page, the
+// memfds hold its bytes as they are at the crash). It never runs on an I/O thread.
 //
 // recover() reads what was passed: the journal with the highest k that holds a complete
 // image (a torn newest slot falls back to the previous image; every other journal is
 // removed from the store), then restores the pool from it, dropping, with a line each for
 // the log: arenas whose memory is missing and the leases and snapshots in them, leases
-// whose grace period ended while the daemon was down (the journal's age counts), and
-// arena descriptors the journal does not name (created after its last write: released).
+// whose grace period ended while the daemon was down (the journal's age counts), arena
+// descriptors the journal does not name (created after its last write: released), and
+// snapshots whose pages no longer match their checksum (deleted or evicted after the last
+// write, the page reused; or never checked: device memory).
 //
 // Thread-safety: a CrashJournal is driven by one thread (main, the hand-over thread);
 // its writer thread is its own.
