@@ -114,6 +114,16 @@ DaemonOptions under(const ServiceManager& manager) {
 const std::vector<std::string> kArgs = {"--grace-period",           "60s", "--workers", "2",
                                         "--crash-journal-interval", "5ms"};
 
+/// A daemon under `manager` with one client's parked state (park(i)), journaled, then
+/// killed with SIGKILL: the store holds what the crashed daemon left.
+Parked park_and_crash(const ServiceManager& manager, const std::vector<std::string>& args, int i) {
+  DaemonProcess crashed(args, under(manager));
+  Parked parked = park(crashed, i);
+  wait_for_journal(manager, 1, 1);
+  EXPECT_EQ(crashed.stop(SIGKILL, 5s), 128 + SIGKILL);
+  return parked;
+}
+
 }  // namespace
 
 TEST(CrashRecovery, ParkedStatesComeBackAfterKillDashNine) {
@@ -188,11 +198,7 @@ TEST(CrashRecovery, ATornJournalIsDetectedAndThePreviousImageServes) {
 TEST(CrashRecovery, AJournalWithNoCompleteImageRecoversNothingAndReleasesTheMemory) {
   TempDir dir("/tmp/statepool-sm");
   ServiceManager manager(dir.path());
-  auto crashed = std::make_unique<DaemonProcess>(kArgs, under(manager));
-  const Parked parked = park(*crashed, 0);
-  wait_for_journal(manager, 1, 1);
-  EXPECT_EQ(crashed->stop(SIGKILL, 5s), 128 + SIGKILL);
-  crashed.reset();
+  const Parked parked = park_and_crash(manager, kArgs, 0);
   {
     const int fd = manager.stored_fd(journal_name(manager));
     for (const std::size_t record : handover::kJournalRecordOffsets) {
@@ -223,11 +229,7 @@ TEST(CrashRecovery, LeasesWhoseGraceEndedWhileNoDaemonRanAreDropped) {
   TempDir dir("/tmp/statepool-sm");
   ServiceManager manager(dir.path());
   const std::vector<std::string> args = {"--grace-period", "3s", "--crash-journal-interval", "5ms"};
-  auto crashed = std::make_unique<DaemonProcess>(args, under(manager));
-  const Parked parked = park(*crashed, 0);
-  wait_for_journal(manager, 1, 1);
-  EXPECT_EQ(crashed->stop(SIGKILL, 5s), 128 + SIGKILL);
-  crashed.reset();
+  const Parked parked = park_and_crash(manager, args, 0);
   std::this_thread::sleep_for(3500ms);  // longer than the grace period: no daemon runs
 
   DaemonProcess restarted(args, under(manager));
@@ -294,11 +296,7 @@ TEST(CrashRecovery, ASuccessorContinuesTheJournalAndIsRecoveredAfterItsOwnCrash)
 TEST(CrashRecovery, ADaemonThatKeepsNoJournalRecoversAndEmptiesTheStore) {
   TempDir dir("/tmp/statepool-sm");
   ServiceManager manager(dir.path());
-  auto crashed = std::make_unique<DaemonProcess>(kArgs, under(manager));
-  const Parked parked = park(*crashed, 0);
-  wait_for_journal(manager, 1, 1);
-  EXPECT_EQ(crashed->stop(SIGKILL, 5s), 128 + SIGKILL);
-  crashed.reset();
+  const Parked parked = park_and_crash(manager, kArgs, 0);
 
   // Restarted with the journal off: it recovers, but the store must not keep a journal
   // that nobody writes any more (a later crash would restore it over newer pages).
