@@ -18,8 +18,9 @@
 // stops accepting (connections wait in the listen backlog, for the successor), lets every
 // session finish its request and closes them (their clients reconnect with their lease
 // tokens), and sends the pool's state with the memory and the listening sockets. When the
-// successor says it serves, run() returns (handed_over()); when it refuses or fails, this
-// server serves on as before.
+// successor says it serves, run() returns (handed_over()), or, with --after-handover=wait,
+// keeps only its HTTP listeners (/readyz 503) and returns at SIGTERM; when it refuses or
+// fails, this server serves on as before.
 //
 // Thread-safety: run() is called once; drain() may be called from any thread.
 
