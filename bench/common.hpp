@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "statepool/kernels/fused_step.hpp"
@@ -160,19 +161,41 @@ inline StepLists parse_step_lists(const std::string& batches, const std::string&
   return {parse_batches(batches, "--batches"), parse_codecs(codecs, "--codecs")};
 }
 
-/// The step modes of --modes (full, light; docs/codecs.md "Step modes"), comma-separated.
-/// Throws std::invalid_argument naming an unknown mode.
-inline std::vector<kernels::StepMode> parse_step_modes(const std::string& list) {
-  std::vector<kernels::StepMode> modes;
+/// One step mode of --modes (docs/codecs.md, "Step modes"): `full`, the full fit every
+/// step; `light`, the light fit the measurement chose (no refit); `carried`, the carried
+/// column scales with fresh absmax row scales and no clamp trigger, which the measurement
+/// rejected (timed so that what it would have saved stands beside the light fit).
+struct BenchStepMode {
+  std::string name;
+  kernels::StepMode mode = kernels::StepMode::full;
+  kernels::LightOptions light;
+};
+
+/// The step modes of --modes, comma-separated. `carried`: only where the benchmark has a
+/// carried step (`with_carried`; the device has none). Throws std::invalid_argument naming
+/// an unknown or unavailable mode.
+inline std::vector<BenchStepMode> parse_step_modes(const std::string& list, bool with_carried) {
+  std::vector<BenchStepMode> modes;
   std::stringstream in(list);
-  for (std::string mode; std::getline(in, mode, ',');) {
-    if (mode == "full") {
-      modes.push_back(kernels::StepMode::full);
-    } else if (mode == "light") {
-      modes.push_back(kernels::StepMode::light);
-    } else {
-      throw std::invalid_argument("--modes: unknown mode '" + mode + "' (full, light)");
+  for (std::string name; std::getline(in, name, ',');) {
+    BenchStepMode m;
+    m.name = name;
+    if (name == "light" || name == "carried") {
+      m.mode = kernels::StepMode::light;
+    } else if (name != "full") {
+      throw std::invalid_argument("--modes: unknown mode '" + name + "' (full, light" +
+                                  (with_carried ? ", carried)" : ")"));
     }
+    if (name == "carried") {
+      if (!with_carried) {
+        throw std::invalid_argument(
+            "--modes: 'carried' has no device kernel (the carried column scales were "
+            "rejected by measurement: docs/codecs.md, \"Step modes\"); full, light");
+      }
+      m.light.fit = kernels::LightFit::carried;
+      m.light.rule = kernels::stepquant::RowRule::absmax;
+    }
+    modes.push_back(std::move(m));
   }
   if (modes.empty()) throw std::invalid_argument("--modes is empty");
   return modes;
@@ -180,8 +203,14 @@ inline std::vector<kernels::StepMode> parse_step_modes(const std::string& list) 
 
 /// The heading of a mode's tables when a run prints more than one mode or a light one;
 /// the light tables time light steps alone (the full fit runs on 1 step in `every`).
-inline void print_step_mode(kernels::StepMode mode, std::size_t modes, std::uint32_t every) {
-  if (mode == kernels::StepMode::light) {
+inline void print_step_mode(const BenchStepMode& mode, std::size_t modes, std::uint32_t every) {
+  if (mode.name == "carried") {
+    std::printf(
+        "\n== step mode carried: light steps with the page's column scales and fresh "
+        "absmax row scales, no clamp trigger (rejected by measurement); the full fit "
+        "runs on 1 step in %u\n",
+        every);
+  } else if (mode.mode == kernels::StepMode::light) {
     std::printf("\n== step mode light: light steps (the fit without the refit); the full fit "
                 "runs on 1 step in %u\n",
                 every);

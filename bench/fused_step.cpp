@@ -17,10 +17,12 @@
 // call must move (each page's layer read and written once, plus q, k, v, gates, beta and
 // outputs) per second, "x copy" = that rate over the rate at which a memcpy of the
 // batch's FP32 layer bytes moves bytes (read + write), with the same threads.
-// --modes full,light prints one table per step mode (docs/codecs.md, "Step modes"): the
-// light table times light steps alone (a step whose number is not a multiple of
-// --every); a page's mean over N steps is ((N - 1) light + full) / N. fp32, bf16 and int8
-// have no light form: their rows measure the same step in both tables.
+// --modes full,light,carried prints one table per step mode (docs/codecs.md, "Step
+// modes"): the light and carried tables time light steps alone (a step whose number is not
+// a multiple of --every; light: the measured light fit, without the refit; carried: the
+// page's column scales with fresh absmax row scales, the rejected plan); a page's mean over
+// N steps is ((N - 1) light + full) / N. fp32, bf16 and int8 have no light form: their
+// rows measure the same step in every table.
 
 #include <algorithm>
 #include <cstdio>
@@ -65,7 +67,7 @@ constexpr const char* kUsage =
     "  --batches LIST  comma-separated batch sizes (default 1,32,128,512)\n"
     "  --codecs LIST   comma-separated codecs, fp32 first for the x fp32 column\n"
     "                  (default fp32,bf16,int8,stepquant6,stepquant4)\n"
-    "  --modes LIST    step modes, one table each: full, light (default full)\n"
+    "  --modes LIST    step modes, one table each: full, light, carried (default full)\n"
     "  --every N       light mode: the full fit on every N-th step (default 16)\n"
     "  --iters N       timed calls per measurement, median reported (default 5)\n"
     "  --threads N     threads per call, the caller's included (default: every core)\n"
@@ -152,10 +154,10 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   statepool::bench::StepLists lists;
-  std::vector<statepool::kernels::StepMode> modes;
+  std::vector<statepool::bench::BenchStepMode> modes;
   try {
     lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
-    modes = statepool::bench::parse_step_modes(o.modes);
+    modes = statepool::bench::parse_step_modes(o.modes, true);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_fused_step", e.what(), kUsage);
   }
@@ -170,9 +172,10 @@ int main(int argc, char** argv) {
         "synthetic states (%u steps) and synthetic stepquant plans (unit impact)\n",
         threads, o.iters, o.steps);
 
-    for (const statepool::kernels::StepMode mode : modes) {
+    for (const statepool::bench::BenchStepMode& mode : modes) {
       statepool::kernels::StepPolicy policy;
-      policy.mode = mode;
+      policy.mode = mode.mode;
+      policy.light = mode.light;
       policy.full_every = o.every;
       policy.step = 1;  // a light step (never a multiple of --every)
       statepool::bench::print_step_mode(mode, modes.size(), o.every);

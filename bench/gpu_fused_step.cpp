@@ -161,10 +161,10 @@ int main(int argc, char** argv) {
   Options o;
   if (const auto exit_status = parse(argc, argv, o)) return *exit_status;
   statepool::bench::StepLists lists;
-  std::vector<statepool::kernels::StepMode> modes;
+  std::vector<statepool::bench::BenchStepMode> modes;
   try {
     lists = statepool::bench::parse_step_lists(o.batches, o.codecs);
-    modes = statepool::bench::parse_step_modes(o.modes);
+    modes = statepool::bench::parse_step_modes(o.modes, false);
   } catch (const std::invalid_argument& e) {
     return statepool::tools::report_usage_error("bench_gpu_fused_step", e.what(), kUsage);
   }
@@ -183,13 +183,13 @@ int main(int argc, char** argv) {
         "fused step on %s, one layer per launch, K = V = 128; median of %u launches; "
         "synthetic states and synthetic stepquant plans (unit impact)\n",
         prop.name, o.iters);
-    for (const statepool::kernels::StepMode mode : modes) {
+    for (const statepool::bench::BenchStepMode& mode : modes) {
       statepool::bench::print_step_mode(mode, modes.size(), o.every);
       statepool::bench::print_step_tables(
           lists.batches, lists.codecs, "us", "copy",
           [&](std::size_t bytes) { return copy_rate(bytes, o, stream); },
           [&](const statepool::bench::StepShape& shape, CodecId id, std::uint32_t batch) {
-            return measure(shape, id, batch, o, mode, stream);
+            return measure(shape, id, batch, o, mode.mode, stream);
           });
     }
     (void)cudaStreamDestroy(stream);
