@@ -108,6 +108,7 @@ struct Drift {
   double output_error_slow = 0.0;  // long-lived heads
   double output_error_fast = 0.0;  // short-lived heads
   double state_error = 0.0;        // final state
+  double light_share = -1.0;       // fused steps: head steps that had a light fit; else < 0
 };
 
 // Runs the evaluation stream; codec == nullptr is the FP32 reference. Returns outputs
@@ -137,8 +138,9 @@ void run(const kn::PageCodec* codec, std::vector<float>& outputs, std::vector<fl
 
 // The evaluation stream through the fused step (decode, step, encode in one call per
 // token, as a serving engine runs it) with `policy`: the step mode.
-void run_stepped(const kn::PageCodec& codec, const kn::StepPolicy& policy,
-                 std::vector<float>& outputs, std::vector<float>& state) {
+// Returns the share of head steps that had a light fit.
+double run_stepped(const kn::PageCodec& codec, const kn::StepPolicy& policy,
+                   std::vector<float>& outputs, std::vector<float>& state) {
   SyntheticSource source(options(kEvalTokens, 12));
   TokenBlock block;
   source.generate(0, kEvalTokens, block);
@@ -148,6 +150,7 @@ void run_stepped(const kn::PageCodec& codec, const kn::StepPolicy& policy,
   codec.encode(std::as_bytes(std::span<const float>(state)), kn::DType::f32, page);
   std::byte* pages[] = {page.data()};
   const std::size_t hk = std::size_t{kHeads} * kDim;
+  std::uint64_t light = 0;
   for (std::uint64_t t = 0; t < kEvalTokens; ++t) {
     kn::StepInputs in;
     in.batch = 1;
@@ -162,8 +165,10 @@ void run_stepped(const kn::PageCodec& codec, const kn::StepPolicy& policy,
     const kn::StepResult r = kn::fused_step(codec, 0, pages, in, {}, at);
     if (!r.ok()) throw std::runtime_error("the fused step rejected a head at token " +
                                           std::to_string(t));
+    light += r.light_heads;
   }
   codec.decode(page, kn::DType::f32, std::as_writable_bytes(std::span<float>(state)));
+  return static_cast<double>(light) / static_cast<double>(kEvalTokens * kHeads);
 }
 
 Drift compare(const std::string& name, std::size_t page_bytes, const std::vector<float>& out,
@@ -208,18 +213,25 @@ Drift measure_stepped(const std::string& name, const kn::PageCodec& codec,
                       const std::vector<float>& ref_state) {
   std::vector<float> out;
   std::vector<float> state;
-  run_stepped(codec, policy, out, state);
-  return compare(name, codec.page_bytes(), out, state, ref_out, ref_state);
+  const double light_share = run_stepped(codec, policy, out, state);
+  Drift d = compare(name, codec.page_bytes(), out, state, ref_out, ref_state);
+  d.light_share = light_share;
+  return d;
 }
 
 std::string describe(const Drift& d) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "%-22s page %6zu B: output drift %.4e (slow heads %.4e, fast %.4e), final state "
+                "%-29s page %6zu B: output drift %.4e (slow heads %.4e, fast %.4e), final state "
                 "%.4e",
                 d.name.c_str(), d.page_bytes, d.output_error, d.output_error_slow,
                 d.output_error_fast, d.state_error);
-  return buf;
+  std::string text = buf;
+  if (d.light_share >= 0.0) {
+    std::snprintf(buf, sizeof buf, ", light %5.1f%%", 100.0 * d.light_share);
+    text += buf;
+  }
+  return text;
 }
 
 /// The plan's head widths, "8s 4f ...": s for a slow head, f for a fast one.
@@ -336,9 +348,13 @@ TEST(Drift, StepQuant4DriftsLessThanInt6WhereHeadsLiveLong) {
 }
 
 // The step modes (issue 47, docs/codecs.md "Step modes"): the fused step with the full
-// fit every step against the light fits, over the same 4096 tokens, at 6 and 4 bits. The
-// chosen setting (stepquant6, the fit without the refit between full fits every 16
-// steps) must drift at most 1.5x as much as the full fit; the others are printed.
+// fit every step against the light fits, over the same 4096 tokens, at 6 and 4 bits, for
+// full-fit periods N = 2, 4, 16, 64 and never: the fit without the refit, the carried
+// column scales with absmax or row-impact row scales (and the latter with the clamp
+// trigger of 5%), and the grown column scales, each with the share of head steps that had
+// a light fit (the rest fell back or were full-fit steps). The chosen setting (stepquant6,
+// the fit without the refit between full fits every 16 steps) must drift at most 1.5x as
+// much as the full fit; the others are printed.
 TEST(Drift, StepModesOverALongRecurrence) {
   std::vector<float> ref_out;
   std::vector<float> ref_state;
@@ -353,14 +369,28 @@ TEST(Drift, StepModesOverALongRecurrence) {
     const std::string name(kn::to_string(id));
     const Drift full = measure_stepped(name + " full", codec, {}, ref_out, ref_state);
     table += describe(full) + "\n";
-    for (const std::uint32_t n : {4u, 16u, 64u, 0u}) {
-      for (const auto& [label, fit] : {std::pair{"norefit", kn::LightFit::no_refit},
-                                       std::pair{"absmax", kn::LightFit::carried},
-                                       std::pair{"grown", kn::LightFit::grown}}) {
+    struct Variant {
+      const char* label;
+      kn::LightOptions light;
+    };
+    const auto carried = [](sq::RowRule rule, float clamp_fraction) {
+      return kn::LightOptions{kn::LightFit::carried, rule, clamp_fraction};
+    };
+    const Variant variants[] = {
+        {"norefit", {kn::LightFit::no_refit, sq::RowRule::absmax, 1.0f}},
+        {"absmax", carried(sq::RowRule::absmax, 1.0f)},
+        {"impact", carried(sq::RowRule::impact, 1.0f)},
+        {"impact+clamp", carried(sq::RowRule::impact, 0.05f)},
+        {"grown", {kn::LightFit::grown, sq::RowRule::absmax, 1.0f}},
+    };
+    for (const std::uint32_t n : {2u, 4u, 16u, 64u, 0u}) {
+      for (const Variant& v : variants) {
+        const std::string label = v.label;
+        const kn::LightFit fit = v.light.fit;
         kn::StepPolicy policy;
         policy.mode = kn::StepMode::light;
         policy.full_every = n;
-        policy.light.fit = fit;
+        policy.light = v.light;
         const Drift d = measure_stepped(
             name + " N=" + (n == 0 ? std::string("inf") : std::to_string(n)) + " " + label,
             codec, policy, ref_out, ref_state);
@@ -372,6 +402,7 @@ TEST(Drift, StepModesOverALongRecurrence) {
           EXPECT_LE(d.output_error, 1.5 * full.output_error) << describe(d);
           EXPECT_LE(d.state_error, 1.5 * full.state_error) << describe(d);
           EXPECT_GT(d.output_error, 0.0);
+          EXPECT_DOUBLE_EQ(d.light_share, 15.0 / 16.0);  // steps 0, 16, 32, ... full
         }
       }
     }
