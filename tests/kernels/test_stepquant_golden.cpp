@@ -70,11 +70,15 @@ struct GoldenCase {
   StateLayout layout;
   std::vector<float> values;
   std::vector<std::uint8_t> bytes;
+  // Carried cases (kind carried_absmax / carried_impact): the light step's fit of
+  // `values`, with the column scales of the full fit of `previous`.
+  std::vector<float> previous;
+  stepquant::RowRule rule = stepquant::RowRule::absmax;
 };
 
 std::vector<GoldenCase> load_cases() {
   const json::value doc = json::parse(testing::read_bytes(kGolden));
-  EXPECT_EQ(doc.at("format").as_string(), "statepool-stepquant-golden-3");
+  EXPECT_EQ(doc.at("format").as_string(), "statepool-stepquant-golden-4");
   std::vector<GoldenCase> out;
   for (const json::value& v : doc.at("cases").as_array()) {
     const json::object& c = v.as_object();
@@ -92,6 +96,15 @@ std::vector<GoldenCase> load_cases() {
       for (std::uint32_t j = 0; j < V; ++j) g.values.push_back(golden_value(seed, K, V, i, j));
     }
     g.bytes = from_hex(json::value_to<std::string>(c.at("bytes")));
+    if (kind.starts_with("carried")) {
+      const auto previous_seed = json::value_to<std::uint64_t>(c.at("previous_seed"));
+      for (std::uint32_t i = 0; i < K; ++i) {
+        for (std::uint32_t j = 0; j < V; ++j) {
+          g.previous.push_back(golden_value(previous_seed, K, V, i, j));
+        }
+      }
+      g.rule = kind == "carried_impact" ? stepquant::RowRule::impact : stepquant::RowRule::absmax;
+    }
     if (kind == "dsq") {
       g.layout = testing::plan_layout(testing::uniform_plan(arch, 1, 1, K, V, 6), id);
       g.layout.plan = nullptr;
@@ -115,6 +128,7 @@ TEST(StepQuantGolden, CpuCodecWritesTheSpecificationsBytes) {
   const std::vector<GoldenCase> cases = load_cases();
   ASSERT_GE(cases.size(), 10u);
   for (const GoldenCase& g : cases) {
+    if (!g.previous.empty()) continue;  // a light step's bytes: below
     SCOPED_TRACE(g.name);
     const auto codec = make_codec(g.layout);
     ASSERT_EQ(codec->head_bytes(0, 0), g.bytes.size());
@@ -128,6 +142,7 @@ TEST(StepQuantGolden, CpuCodecWritesTheSpecificationsBytes) {
 
 TEST(StepQuantGolden, DeviceBlockBodiesWriteTheSpecificationsBytes) {
   for (const GoldenCase& g : load_cases()) {
+    if (!g.previous.empty()) continue;  // the carried fit has no device form
     SCOPED_TRACE(g.name);
     const PageCodec page(g.layout);
     const cuda::PageFormatTables tables(page, DType::f32);
@@ -145,6 +160,33 @@ TEST(StepQuantGolden, DeviceBlockBodiesWriteTheSpecificationsBytes) {
       }
     }
   }
+}
+
+// The carried light fit (LightFit::carried, docs/codecs.md "Step modes"; rejected as the
+// step's mode by measurement but still a light fit a caller can pick): the codec's light
+// encode of the head, reading the column scales from the bytes of the previous head's full
+// fit, writes the specification's bytes, by either row rule.
+TEST(StepQuantGolden, CarriedLightFitWritesTheSpecificationsBytes) {
+  std::size_t carried = 0;
+  for (const GoldenCase& g : load_cases()) {
+    if (g.previous.empty()) continue;
+    ++carried;
+    SCOPED_TRACE(g.name);
+    const auto codec = make_codec(g.layout);
+    ASSERT_EQ(codec->head_bytes(0, 0), g.bytes.size());
+    std::vector<std::byte> previous(g.bytes.size());
+    codec->encode_head(0, 0, g.previous, previous);
+    LightOptions options;
+    options.fit = LightFit::carried;
+    options.rule = g.rule;
+    std::vector<std::byte> got(g.bytes.size(), std::byte{0xA5});
+    ASSERT_EQ(codec->encode_head_light(0, 0, g.values, previous, got, options, {}),
+              LightEncode::light);
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      ASSERT_EQ(std::to_integer<unsigned>(got[k]), g.bytes[k]) << "byte " << k;
+    }
+  }
+  EXPECT_GE(carried, 4u);
 }
 
 }  // namespace

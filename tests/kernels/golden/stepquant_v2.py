@@ -174,6 +174,40 @@ def dual_fit(x, widths, w, grid8: bool, refit: bool):
     return r, c, z
 
 
+def carried_fit(x, widths, w, grid8: bool, cols, rule: str):
+    """The carried light fit (docs/codecs.md, "Step modes"): the previous fit's column
+    scales kept (b_j = 1/c_j; a c_j that is not > 0 or whose b_j is not finite is not
+    usable and is stored as 0, b_j = 0), fresh row scales by the absmax rule r_i =
+    fp16(max_j (|x_ij| b_j) / q_i) or by step 1 (rule "impact"), 0 -> 1 as in step 1
+    (0 in a 2-bit row), codes as in step 3 (clamping)."""
+    k_dim, v_dim = len(x), len(x[0])
+    b, c = [], []
+    for cj in cols:
+        with np.errstate(over="ignore"):
+            bj = recip(F32(cj)) if F32(cj) > 0 else F32(0.0)
+        usable = bj > 0 and np.isfinite(bj)
+        b.append(bj if usable else F32(0.0))
+        c.append(F32(cj) if usable else F32(0.0))
+    r = [F32(0.0)] * k_dim
+    z = []
+    for i in range(k_dim):
+        if widths[i] == PIVOT:
+            z.append([0] * v_dim)
+            continue
+        g = grid_factor(widths[i]) if grid8 else 1
+        q = level_max(widths[i]) * g
+        if rule == "absmax":
+            m = max(F32(abs(F32(v)) * b[j]) for j, v in enumerate(x[i]))
+            ri = fp16(F32(m / F32(q)))
+        else:
+            s = lane_sum([abs(F32(v)) for v in x[i]])
+            ri = fp16(np.sqrt(F32(s / F32(F32(v_dim) * F32(w[i])))))
+        r[i] = ri if ri > 0 else F32(0.0 if widths[i] == 2 else 1.0)
+        a = recip(F32(r[i] * F32(g)))
+        z.append([level(F32(F32(F32(v) * a) * b[j]), widths[i]) for j, v in enumerate(x[i])])
+    return r, c, z
+
+
 def absmax_fit(x, widths):
     """temporal_only: s_i = fp16(absmax_i / L_b), z = the level of x (1 / s_i)."""
     rows = []
@@ -225,8 +259,22 @@ def head_bytes(case) -> bytes:
     x = [[value(case["seed"], k_dim, v_dim, i, j) for j in range(v_dim)] for i in range(k_dim)]
     widths = case["widths"]
     kind = case["kind"]
-    w = [impact(i) for i in range(k_dim)] if kind in ("stepquant", "no_refit") else [1.0] * k_dim
+    weighted = kind in ("stepquant", "no_refit") or kind.startswith("carried")
+    w = [impact(i) for i in range(k_dim)] if weighted else [1.0] * k_dim
     kda = case["arch"] == "kda"
+    if kind.startswith("carried"):
+        # The light step's head after a full fit of the head of seed previous_seed.
+        seed = case["previous_seed"]
+        previous = [[value(seed, k_dim, v_dim, i, j) for j in range(v_dim)]
+                    for i in range(k_dim)]
+        _, cols, _ = dual_fit(previous, widths, w, grid8=kda, refit=True)
+        r, c, z = carried_fit(x, widths, w, kda, cols, kind.removeprefix("carried_"))
+        out = halves(r) + halves(c)
+        if not kda:
+            return pad4(out + packed([v for row in z for v in row], widths[0]))
+        for i in range(k_dim):
+            out += halves(x[i]) if widths[i] == PIVOT else packed(z[i], widths[i])
+        return pad4(out)
     if kind == "temporal_only":
         rows = absmax_fit(x, widths)
         out = halves([s for s, _ in rows])
@@ -272,6 +320,12 @@ CASES = [
     ("dsq4_19x23", "gdn", "dsq4", "dsq", 19, 23, [4]),
     ("dsq6_7x5", "gdn", "dsq6", "dsq", 7, 5, [6]),
     ("gdn6_1x1", "gdn", "stepquant6", "stepquant", 1, 1, [6]),
+    # The carried light fit (LightFit::carried), after a full fit of the head of seed + 100.
+    ("gdn6_carried_absmax_20x28", "gdn", "stepquant6", "carried_absmax", 20, 28, [6]),
+    ("gdn4_carried_impact_12x40", "gdn", "stepquant4", "carried_impact", 12, 40, [4]),
+    ("gdn2_carried_absmax_6x11", "gdn", "stepquant4", "carried_absmax", 6, 11, [2]),
+    ("kda4_carried_absmax_9x33", "kda", "stepquant4", "carried_absmax", 9, 33, None),
+    ("kda6_carried_impact_13x7", "kda", "stepquant6", "carried_impact", 13, 7, None),
 ]
 
 
@@ -285,17 +339,22 @@ def cases() -> list[dict]:
             widths = widths * k_dim
         case = {"name": name, "arch": arch, "codec": codec, "kind": kind, "seed": seed,
                 "key_dim": k_dim, "value_dim": v_dim, "widths": widths}
+        if kind.startswith("carried"):
+            case["previous_seed"] = seed + 100
         case["bytes"] = head_bytes(case).hex()
         out.append(case)
     return out
 
 
 def document() -> dict:
-    return {"format": "statepool-stepquant-golden-3",
+    return {"format": "statepool-stepquant-golden-4",
             "spec": "docs/codecs.md, format 2 (four-level 2-bit units); written by "
                     "tests/kernels/golden/stepquant_v2.py",
-            "impact": "w_i = 2^((i mod 5) - 2) (1 + (i mod 3) / 4) for stepquant and no_refit; 1 "
-                      "otherwise",
+            "impact": "w_i = 2^((i mod 5) - 2) (1 + (i mod 3) / 4) for stepquant, no_refit "
+                      "and carried; 1 otherwise",
+            "carried": "kind carried_absmax / carried_impact: the carried light fit of the "
+                       "head, with the column scales of the full fit of the head of "
+                       "previous_seed",
             "cases": cases()}
 
 
