@@ -22,17 +22,24 @@ STATEPOOL_SIMD_CLONES void step_head_gdn(float* state, std::uint32_t key_dim,
                                          const float* v, float log_decay, float beta,
                                          float* residual, float* out) noexcept {
   const float d = decay_factor(log_decay);
-  step_head(
-      state, key_dim, value_dim, q, k, v, [d](std::size_t) { return d; }, beta, residual, out);
+  const auto decay = [d](std::size_t) { return d; };
+  if (value_dim == 128) {
+    step_head(state, key_dim, 128, q, k, v, decay, beta, residual, out);
+  } else {
+    step_head(state, key_dim, value_dim, q, k, v, decay, beta, residual, out);
+  }
 }
 
 STATEPOOL_SIMD_CLONES void step_head_kda(float* state, std::uint32_t key_dim,
                                          std::uint32_t value_dim, const float* q, const float* k,
                                          const float* v, const float* log_decay, float beta,
                                          float* residual, float* out) noexcept {
-  step_head(
-      state, key_dim, value_dim, q, k, v,
-      [log_decay](std::size_t i) { return decay_factor(log_decay[i]); }, beta, residual, out);
+  const auto decay = [log_decay](std::size_t i) { return decay_factor(log_decay[i]); };
+  if (value_dim == 128) {
+    step_head(state, key_dim, 128, q, k, v, decay, beta, residual, out);
+  } else {
+    step_head(state, key_dim, value_dim, q, k, v, decay, beta, residual, out);
+  }
 }
 
 }  // namespace detail

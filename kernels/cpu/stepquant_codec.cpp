@@ -43,12 +43,43 @@ STATEPOOL_SIMD_CLONES void narrow_codes(const std::int32_t* z, std::size_t n, st
 // One row of a decoded head from its stored codes u, levels z = (u << shift) - offset
 // (stepquant::unit_level): x_j = dual_axis_value(r, c_j, z_j g) (dual axis), or r z_j
 // (row absmax), as stepquant::reconstruct computes them.
-STATEPOOL_SIMD_CLONES void reconstruct_dual_codes(const std::uint8_t* u, std::size_t n,
+STATEPOOL_FORCE_INLINE void reconstruct_dual_body(const std::uint8_t* u, std::size_t n,
                                                   std::int32_t offset, std::uint32_t shift, float r,
                                                   const float* c, std::int32_t g, float* x) {
   for (std::size_t j = 0; j < n; ++j) {
     const std::int32_t z = static_cast<std::int32_t>(std::uint32_t{u[j]} << shift) - offset;
     x[j] = stepquant::dual_axis_value(r, c[j], z * g);
+  }
+}
+STATEPOOL_SIMD_CLONES void reconstruct_dual_codes(const std::uint8_t* u, std::size_t n,
+                                                  std::int32_t offset, std::uint32_t shift, float r,
+                                                  const float* c, std::int32_t g, float* x) {
+  if (n == 128) {  // a KDA row of the common length: a loop without a remainder
+    reconstruct_dual_body(u, 128, offset, shift, r, c, g, x);
+  } else {
+    reconstruct_dual_body(u, n, offset, shift, r, c, g, x);
+  }
+}
+// The same for `rows` rows of one width (a GDN head) in one call, with the common row
+// length 128 compiled as a constant (stepquant_fit.cpp, "one call per block").
+template <std::size_t N>
+STATEPOOL_FORCE_INLINE void reconstruct_dual_rows_body(const std::uint8_t* u, std::size_t rows,
+                                                       std::size_t n, std::int32_t offset,
+                                                       std::uint32_t shift, const float* r,
+                                                       const float* c, std::int32_t g, float* x) {
+  const std::size_t len = N != 0 ? N : n;
+  for (std::size_t i = 0; i < rows; ++i) {
+    reconstruct_dual_body(u + i * len, len, offset, shift, r[i], c, g, x + i * len);
+  }
+}
+STATEPOOL_SIMD_CLONES void reconstruct_dual_rows(const std::uint8_t* u, std::size_t rows,
+                                                 std::size_t n, std::int32_t offset,
+                                                 std::uint32_t shift, const float* r,
+                                                 const float* c, std::int32_t g, float* x) {
+  if (n == 128) {
+    reconstruct_dual_rows_body<128>(u, rows, n, offset, shift, r, c, g, x);
+  } else {
+    reconstruct_dual_rows_body<0>(u, rows, n, offset, shift, r, c, g, x);
   }
 }
 STATEPOOL_SIMD_CLONES void reconstruct_absmax_codes(const std::uint8_t* u, std::size_t n,
@@ -180,6 +211,13 @@ void read_head(Arch arch, FitKind kind, std::uint32_t key_dim, std::uint32_t val
   if (arch == Arch::gdn) {  // one width, one run of codes
     s.u.resize(K * V);
     r.codes(s.u.data(), K * V, widths[0]);
+    if (kind == FitKind::dual_axis) {
+      const std::uint32_t bits = widths[0];
+      reconstruct_dual_rows(s.u.data(), K, V, static_cast<std::int32_t>(stepquant::level_max(bits)),
+                            stepquant::level_shift(bits), s.fit.row_scale.data(),
+                            s.fit.col_scale.data(), 1, dst.data());
+      return;
+    }
     for (std::size_t i = 0; i < K; ++i) row(i, s.u.data() + i * V);
     return;
   }

@@ -89,7 +89,7 @@ STATEPOOL_FORCE_INLINE void add_abs8(F32x8& acc, const float* x) {
   acc += magnitude;
 }
 
-STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
+STATEPOOL_FORCE_INLINE float abs_lane_sum_body(const float* x, std::uint32_t n) {
   F32x8 acc[kLaneVectors] = {};
   std::uint32_t j = 0;
   for (; j + kSumLanes <= n; j += kSumLanes) {
@@ -106,6 +106,39 @@ STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
   const float u2 = t[2] + t[6];
   const float u3 = t[3] + t[7];
   return (u0 + u2) + (u1 + u3);
+}
+
+STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
+  return abs_lane_sum_body(x, n);
+}
+
+// The loops over a block of rows below make one call per block, not per row (a row of
+// 128 values is 8 AVX-512 vectors, about what a call, its dispatch and a loop's remainder
+// handling cost), and compile the common row length kCommonRow as a constant: Rows<N>
+// runs rows of N values, Rows<0> rows of the given length. Every row gets the same
+// operations in the same order as the single-row functions.
+constexpr std::uint32_t kCommonRow = 128;
+
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE std::uint32_t row_length(std::uint32_t n) {
+  return N != 0 ? N : n;
+}
+
+// Step 1's lane sums of `rows` rows of n values.
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE void row_sums_body(const float* x, std::size_t rows, std::uint32_t n,
+                                          float* sums) {
+  const std::uint32_t len = row_length<N>(n);
+  for (std::size_t r = 0; r < rows; ++r) sums[r] = abs_lane_sum_body(x + r * len, len);
+}
+
+STATEPOOL_SIMD_CLONES void row_sums(const float* x, std::size_t rows, std::uint32_t n,
+                                    float* sums) {
+  if (n == kCommonRow) {
+    row_sums_body<kCommonRow>(x, rows, n, sums);
+  } else {
+    row_sums_body<0>(x, rows, n, sums);
+  }
 }
 
 // Step 1's row scales from the row sums, every row (pivot rows too; the caller overwrites
@@ -159,11 +192,32 @@ STATEPOOL_SIMD_CLONES void refit_column_scales(const float* num, const float* de
 
 // Step 2 for one row: cm[j] = max(cm[j], |x_j| e), as bits (non-negative floats order
 // like their bits; int32 compares vectorize on SSE2).
-STATEPOOL_SIMD_CLONES void column_max_row(const float* x, std::uint32_t n, float e,
-                                          std::int32_t* cm) {
+STATEPOOL_FORCE_INLINE void column_max_row(const float* x, std::uint32_t n, float e,
+                                           std::int32_t* cm) {
   for (std::uint32_t j = 0; j < n; ++j) {
     const auto t = static_cast<std::int32_t>(column_ratio_bits(x[j], e));
     cm[j] = std::max(cm[j], t);
+  }
+}
+
+// Step 2 for `rows` rows of n values, in row order, skipping pivot rows (width 16).
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE void column_max_rows_body(const float* x, std::size_t rows, std::uint32_t n,
+                                                 const float* e, const std::uint8_t* widths,
+                                                 std::int32_t* cm) {
+  const std::uint32_t len = row_length<N>(n);
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (widths[r] != kPivotWidth) column_max_row(x + r * len, len, e[r], cm);
+  }
+}
+
+STATEPOOL_SIMD_CLONES void column_max_rows(const float* x, std::size_t rows, std::uint32_t n,
+                                           const float* e, const std::uint8_t* widths,
+                                           std::int32_t* cm) {
+  if (n == kCommonRow) {
+    column_max_rows_body<kCommonRow>(x, rows, n, e, widths, cm);
+  } else {
+    column_max_rows_body<0>(x, rows, n, e, widths, cm);
   }
 }
 
@@ -202,44 +256,65 @@ STATEPOOL_FORCE_INLINE void encode_refit_row_body(const float* x, std::uint32_t 
   }
 }
 
-STATEPOOL_SIMD_CLONES void encode_row_levels(const float* x, std::uint32_t n, float a,
-                                             const float* b, std::uint32_t qmax, std::int32_t* z) {
-  encode_row_body<false>(x, n, a, b, qmax, z);
-}
-
-STATEPOOL_SIMD_CLONES void encode_row_four_level(const float* x, std::uint32_t n, float a,
-                                                 const float* b, std::int32_t* z) {
-  encode_row_body<true>(x, n, a, b, 0, z);
-}
-
-STATEPOOL_SIMD_CLONES void encode_refit_row_levels(const float* x, std::uint32_t n, float a,
-                                                   const float* b, std::uint32_t qmax, float rg,
-                                                   float ww, std::int32_t* z, float* num,
-                                                   float* den) {
-  encode_refit_row_body<false>(x, n, a, b, qmax, rg, ww, z, num, den);
-}
-
-STATEPOOL_SIMD_CLONES void encode_refit_row_four_level(const float* x, std::uint32_t n, float a,
-                                                       const float* b, float rg, float ww,
-                                                       std::int32_t* z, float* num, float* den) {
-  encode_refit_row_body<true>(x, n, a, b, 0, rg, ww, z, num, den);
-}
-
-void encode_row(const float* x, std::uint32_t n, float a, const float* b, std::uint32_t bits,
-                std::int32_t* z) {
-  if (bits == 2) {
-    encode_row_four_level(x, n, a, b, z);
-  } else {
-    encode_row_levels(x, n, a, b, code_qmax(bits), z);
+// Step 3 for `rows` rows of n values, skipping pivot rows: row r's levels through a[r]
+// into z + r n.
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE void encode_rows_body(const float* x, std::size_t rows, std::uint32_t n,
+                                             const float* a, const float* b,
+                                             const std::uint8_t* widths, std::int32_t* z) {
+  const std::uint32_t len = row_length<N>(n);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::uint32_t bits = widths[r];
+    if (bits == kPivotWidth) continue;
+    if (bits == 2) {
+      encode_row_body<true>(x + r * len, len, a[r], b, 0, z + r * len);
+    } else {
+      encode_row_body<false>(x + r * len, len, a[r], b, code_qmax(bits), z + r * len);
+    }
   }
 }
 
-void encode_refit_row(const float* x, std::uint32_t n, float a, const float* b, std::uint32_t bits,
-                      float rg, float ww, std::int32_t* z, float* num, float* den) {
-  if (bits == 2) {
-    encode_refit_row_four_level(x, n, a, b, rg, ww, z, num, den);
+STATEPOOL_SIMD_CLONES void encode_rows(const float* x, std::size_t rows, std::uint32_t n,
+                                       const float* a, const float* b, const std::uint8_t* widths,
+                                       std::int32_t* z) {
+  if (n == kCommonRow) {
+    encode_rows_body<kCommonRow>(x, rows, n, a, b, widths, z);
   } else {
-    encode_refit_row_levels(x, n, a, b, code_qmax(bits), rg, ww, z, num, den);
+    encode_rows_body<0>(x, rows, n, a, b, widths, z);
+  }
+}
+
+// Step 3 and step 4's accumulation for `rows` rows in row order, skipping pivot rows;
+// rg[r] = r_r g_r and ww[r] = refit_weight(w_r).
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE void encode_refit_rows_body(const float* x, std::size_t rows,
+                                                   std::uint32_t n, const float* a, const float* b,
+                                                   const std::uint8_t* widths, const float* rg,
+                                                   const float* ww, std::int32_t* z, float* num,
+                                                   float* den) {
+  const std::uint32_t len = row_length<N>(n);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::uint32_t bits = widths[r];
+    if (bits == kPivotWidth) continue;
+    if (bits == 2) {
+      encode_refit_row_body<true>(x + r * len, len, a[r], b, 0, rg[r], ww[r], z + r * len, num,
+                                  den);
+    } else {
+      encode_refit_row_body<false>(x + r * len, len, a[r], b, code_qmax(bits), rg[r], ww[r],
+                                   z + r * len, num, den);
+    }
+  }
+}
+
+STATEPOOL_SIMD_CLONES void encode_refit_rows(const float* x, std::size_t rows, std::uint32_t n,
+                                             const float* a, const float* b,
+                                             const std::uint8_t* widths, const float* rg,
+                                             const float* ww, std::int32_t* z, float* num,
+                                             float* den) {
+  if (n == kCommonRow) {
+    encode_refit_rows_body<kCommonRow>(x, rows, n, a, b, widths, rg, ww, z, num, den);
+  } else {
+    encode_refit_rows_body<0>(x, rows, n, a, b, widths, rg, ww, z, num, den);
   }
 }
 
@@ -337,7 +412,7 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
 
   // The per-thread buffers of the fit (no allocation once a thread has fitted a head of
   // this size).
-  thread_local std::vector<float> sums, w, e, a, b, num, den;
+  thread_local std::vector<float> sums, w, e, a, b, num, den, rg, ww;
   thread_local std::vector<std::int32_t> cm;
   thread_local std::vector<std::uint32_t> q, g, bits;
   sums.resize(K);
@@ -369,15 +444,13 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   std::uint32_t odd_sums = 0;  // rows whose sum is NaN or +-Inf
   for (std::size_t r0 = 0; r0 < K; r0 += kRowBlock) {
     const std::size_t rows = std::min(kRowBlock, K - r0);
+    row_sums(head.data() + r0 * V, rows, value_dim, &sums[r0]);
     for (std::size_t r = r0; r < r0 + rows; ++r) {
-      sums[r] = abs_lane_sum(head.data() + r * V, value_dim);
       odd_sums |= static_cast<std::uint32_t>(is_non_finite_bits(float_bits(sums[r])));
     }
     row_scales(&sums[r0], rows, value_dim, &w[r0], &bits[r0], &out.row_scale[r0]);
     row_factors(&out.row_scale[r0], &q[r0], &g[r0], rows, &e[r0], &a[r0]);
-    for (std::size_t i = r0; i < r0 + rows; ++i) {
-      if (widths[i] != kPivotWidth) column_max_row(head.data() + i * V, value_dim, e[i], cm.data());
-    }
+    column_max_rows(head.data() + r0 * V, rows, value_dim, &e[r0], &widths[r0], cm.data());
   }
   column_scales(cm.data(), V, out.col_scale.data());
   // A sum of finite values can still overflow: only then are the values looked at.
@@ -398,29 +471,25 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
   // per round and one for the final levels.
   const auto encode = [&] {
     column_factors(out.col_scale.data(), V, b.data());
-    for (std::size_t i = 0; i < K; ++i) {
-      if (widths[i] != kPivotWidth) {
-        encode_row(head.data() + i * V, value_dim, a[i], b.data(), widths[i],
-                   out.codes.data() + i * V);
-      }
-    }
+    encode_rows(head.data(), K, value_dim, a.data(), b.data(), widths.data(), out.codes.data());
   };
   const std::uint32_t rounds = refit_rounds(options.refit, row_widths);
   if (rounds == 0) {
     encode();
     return;
   }
+  rg.resize(K);
+  ww.resize(K);
+  for (std::size_t i = 0; i < K; ++i) {
+    rg[i] = out.row_scale[i] * static_cast<float>(g[i]);
+    ww[i] = refit_weight(w[i]);
+  }
   for (std::uint32_t round = 0; round < rounds; ++round) {
     column_factors(out.col_scale.data(), V, b.data());
     num.assign(V, 0.0f);
     den.assign(V, 0.0f);
-    for (std::size_t i = 0; i < K; ++i) {
-      if (widths[i] != kPivotWidth) {
-        encode_refit_row(head.data() + i * V, value_dim, a[i], b.data(), widths[i],
-                         out.row_scale[i] * static_cast<float>(g[i]), refit_weight(w[i]),
-                         out.codes.data() + i * V, num.data(), den.data());
-      }
-    }
+    encode_refit_rows(head.data(), K, value_dim, a.data(), b.data(), widths.data(), rg.data(),
+                      ww.data(), out.codes.data(), num.data(), den.data());
     refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
   }
   encode();
