@@ -243,15 +243,14 @@ STATEPOOL_FORCE_INLINE void encode_row_body(const float* x, std::uint32_t n, flo
 }
 
 // Step 3 and step 4's accumulation for one row in one pass (row order is the caller's
-// loop order): the same operations as encode_row_body, then refit_accumulate.
+// loop order): the same operations as encode_row_body, then refit_accumulate. The levels
+// are not stored: the final step 3 after the last round writes every code.
 template <bool FourLevel>
-STATEPOOL_FORCE_INLINE void encode_refit_row_body(const float* x, std::uint32_t n, float a,
-                                                  const float* b, std::uint32_t qmax, float rg,
-                                                  float ww, std::int32_t* z, float* num,
-                                                  float* den) {
+STATEPOOL_FORCE_INLINE void refit_row_body(const float* x, std::uint32_t n, float a, const float* b,
+                                           std::uint32_t qmax, float rg, float ww, float* num,
+                                           float* den) {
   for (std::uint32_t j = 0; j < n; ++j) {
     const std::int32_t level = row_level<FourLevel>(mul_f32(mul_f32(x[j], a), b[j]), qmax);
-    z[j] = level;
     refit_accumulate(x[j], level, rg, ww, num[j], den[j]);
   }
 }
@@ -284,37 +283,32 @@ STATEPOOL_SIMD_CLONES void encode_rows(const float* x, std::size_t rows, std::ui
   }
 }
 
-// Step 3 and step 4's accumulation for `rows` rows in row order, skipping pivot rows;
-// rg[r] = r_r g_r and ww[r] = refit_weight(w_r).
+// Step 4's accumulation (through step 3's levels) for `rows` rows in row order,
+// skipping pivot rows; rg[r] = r_r g_r and ww[r] = refit_weight(w_r).
 template <std::uint32_t N>
-STATEPOOL_FORCE_INLINE void encode_refit_rows_body(const float* x, std::size_t rows,
-                                                   std::uint32_t n, const float* a, const float* b,
-                                                   const std::uint8_t* widths, const float* rg,
-                                                   const float* ww, std::int32_t* z, float* num,
-                                                   float* den) {
+STATEPOOL_FORCE_INLINE void refit_rows_body(const float* x, std::size_t rows, std::uint32_t n,
+                                            const float* a, const float* b,
+                                            const std::uint8_t* widths, const float* rg,
+                                            const float* ww, float* num, float* den) {
   const std::uint32_t len = row_length<N>(n);
   for (std::size_t r = 0; r < rows; ++r) {
     const std::uint32_t bits = widths[r];
     if (bits == kPivotWidth) continue;
     if (bits == 2) {
-      encode_refit_row_body<true>(x + r * len, len, a[r], b, 0, rg[r], ww[r], z + r * len, num,
-                                  den);
+      refit_row_body<true>(x + r * len, len, a[r], b, 0, rg[r], ww[r], num, den);
     } else {
-      encode_refit_row_body<false>(x + r * len, len, a[r], b, code_qmax(bits), rg[r], ww[r],
-                                   z + r * len, num, den);
+      refit_row_body<false>(x + r * len, len, a[r], b, code_qmax(bits), rg[r], ww[r], num, den);
     }
   }
 }
 
-STATEPOOL_SIMD_CLONES void encode_refit_rows(const float* x, std::size_t rows, std::uint32_t n,
-                                             const float* a, const float* b,
-                                             const std::uint8_t* widths, const float* rg,
-                                             const float* ww, std::int32_t* z, float* num,
-                                             float* den) {
+STATEPOOL_SIMD_CLONES void refit_rows(const float* x, std::size_t rows, std::uint32_t n,
+                                      const float* a, const float* b, const std::uint8_t* widths,
+                                      const float* rg, const float* ww, float* num, float* den) {
   if (n == kCommonRow) {
-    encode_refit_rows_body<kCommonRow>(x, rows, n, a, b, widths, rg, ww, z, num, den);
+    refit_rows_body<kCommonRow>(x, rows, n, a, b, widths, rg, ww, num, den);
   } else {
-    encode_refit_rows_body<0>(x, rows, n, a, b, widths, rg, ww, z, num, den);
+    refit_rows_body<0>(x, rows, n, a, b, widths, rg, ww, num, den);
   }
 }
 
@@ -488,8 +482,8 @@ void fit_dual(std::span<const float> head, std::uint32_t key_dim, std::uint32_t 
     column_factors(out.col_scale.data(), V, b.data());
     num.assign(V, 0.0f);
     den.assign(V, 0.0f);
-    encode_refit_rows(head.data(), K, value_dim, a.data(), b.data(), widths.data(), rg.data(),
-                      ww.data(), out.codes.data(), num.data(), den.data());
+    refit_rows(head.data(), K, value_dim, a.data(), b.data(), widths.data(), rg.data(), ww.data(),
+               num.data(), den.data());
     refit_column_scales(num.data(), den.data(), V, out.col_scale.data());
   }
   encode();
