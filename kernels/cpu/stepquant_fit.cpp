@@ -89,7 +89,7 @@ STATEPOOL_FORCE_INLINE void add_abs8(F32x8& acc, const float* x) {
   acc += magnitude;
 }
 
-STATEPOOL_FORCE_INLINE float abs_lane_sum_body(const float* x, std::uint32_t n) {
+STATEPOOL_FORCE_INLINE float abs_lane_sum(const float* x, std::uint32_t n) {
   F32x8 acc[kLaneVectors] = {};
   std::uint32_t j = 0;
   for (; j + kSumLanes <= n; j += kSumLanes) {
@@ -106,10 +106,6 @@ STATEPOOL_FORCE_INLINE float abs_lane_sum_body(const float* x, std::uint32_t n) 
   const float u2 = t[2] + t[6];
   const float u3 = t[3] + t[7];
   return (u0 + u2) + (u1 + u3);
-}
-
-STATEPOOL_SIMD_CLONES float abs_lane_sum(const float* x, std::uint32_t n) {
-  return abs_lane_sum_body(x, n);
 }
 
 // The loops over a block of rows below make one call per block, not per row (a row of
@@ -129,7 +125,7 @@ template <std::uint32_t N>
 STATEPOOL_FORCE_INLINE void row_sums_body(const float* x, std::size_t rows, std::uint32_t n,
                                           float* sums) {
   const std::uint32_t len = row_length<N>(n);
-  for (std::size_t r = 0; r < rows; ++r) sums[r] = abs_lane_sum_body(x + r * len, len);
+  for (std::size_t r = 0; r < rows; ++r) sums[r] = abs_lane_sum(x + r * len, len);
 }
 
 STATEPOOL_SIMD_CLONES void row_sums(const float* x, std::size_t rows, std::uint32_t n,
@@ -314,8 +310,8 @@ STATEPOOL_SIMD_CLONES void refit_rows(const float* x, std::size_t rows, std::uin
 
 // The carried fit's pass over one row before its scale: the bits of max_j |x_j| b_j and of
 // max_j |x_j| (the finite check: |x| bits of Inf and NaN are the largest).
-STATEPOOL_SIMD_CLONES void carried_row_max(const float* x, std::uint32_t n, const float* b,
-                                           std::uint32_t& ratio_max, std::uint32_t& abs_max) {
+STATEPOOL_FORCE_INLINE void carried_row_max(const float* x, std::uint32_t n, const float* b,
+                                            std::uint32_t& ratio_max, std::uint32_t& abs_max) {
   std::int32_t ratio = 0;
   std::int32_t magnitude = 0;
   for (std::uint32_t j = 0; j < n; ++j) {
@@ -351,23 +347,67 @@ STATEPOOL_FORCE_INLINE std::uint32_t encode_count_row_body(const float* x, std::
   return clamped;
 }
 
-STATEPOOL_SIMD_CLONES std::uint32_t encode_count_row_levels(const float* x, std::uint32_t n,
-                                                            float a, const float* b,
-                                                            std::uint32_t qmax, float limit,
+// The carried fit's first pass over `rows` rows of n values, skipping pivot rows: per row
+// the bits of max_j |x_j| b_j into ratio; `odd` gets whether a value was NaN or +-Inf.
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE void carried_maxima_body(const float* x, std::size_t rows, std::uint32_t n,
+                                                const float* b, const std::uint8_t* widths,
+                                                std::uint32_t* ratio, std::uint32_t& odd) {
+  const std::uint32_t len = row_length<N>(n);
+  for (std::size_t i = 0; i < rows; ++i) {
+    if (widths[i] == kPivotWidth) continue;
+    std::uint32_t abs_max = 0;
+    carried_row_max(x + i * len, len, b, ratio[i], abs_max);
+    odd |= static_cast<std::uint32_t>(abs_max >= 0x7F800000u);
+  }
+}
+
+STATEPOOL_SIMD_CLONES void carried_maxima(const float* x, std::size_t rows, std::uint32_t n,
+                                          const float* b, const std::uint8_t* widths,
+                                          std::uint32_t* ratio, std::uint32_t& odd) {
+  if (n == kCommonRow) {
+    carried_maxima_body<kCommonRow>(x, rows, n, b, widths, ratio, odd);
+  } else {
+    carried_maxima_body<0>(x, rows, n, b, widths, ratio, odd);
+  }
+}
+
+// The absmax rule's row scales from the maxima' bits, every row (vectorized across rows).
+STATEPOOL_SIMD_CLONES void carried_row_scales(const std::uint32_t* ratio, std::size_t rows,
+                                              const std::uint32_t* q, const std::uint32_t* bits,
+                                              float* r) {
+  for (std::size_t i = 0; i < rows; ++i) r[i] = carried_row_scale(ratio[i], q[i], bits[i]);
+}
+
+// The carried fit's codes: step 3 for `rows` rows through a[i], skipping pivot rows.
+// Returns the largest count of clamped quotients in a row.
+template <std::uint32_t N>
+STATEPOOL_FORCE_INLINE std::uint32_t encode_count_rows_body(const float* x, std::size_t rows,
+                                                            std::uint32_t n, const float* a,
+                                                            const float* b,
+                                                            const std::uint8_t* widths,
                                                             std::int32_t* z) {
-  return encode_count_row_body<false>(x, n, a, b, qmax, limit, z);
+  const std::uint32_t len = row_length<N>(n);
+  std::uint32_t worst = 0;
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::uint32_t bits = widths[i];
+    if (bits == kPivotWidth) continue;
+    const float* row = x + i * len;
+    const std::uint32_t clamped =
+        bits == 2 ? encode_count_row_body<true>(row, len, a[i], b, 0, clamp_limit(2), z + i * len)
+                  : encode_count_row_body<false>(row, len, a[i], b, code_qmax(bits),
+                                                 clamp_limit(bits), z + i * len);
+    worst = std::max(worst, clamped);
+  }
+  return worst;
 }
 
-STATEPOOL_SIMD_CLONES std::uint32_t encode_count_row_four_level(const float* x, std::uint32_t n,
-                                                                float a, const float* b,
-                                                                std::int32_t* z) {
-  return encode_count_row_body<true>(x, n, a, b, 0, clamp_limit(2), z);
-}
-
-std::uint32_t encode_count_row(const float* x, std::uint32_t n, float a, const float* b,
-                               std::uint32_t bits, std::int32_t* z) {
-  if (bits == 2) return encode_count_row_four_level(x, n, a, b, z);
-  return encode_count_row_levels(x, n, a, b, code_qmax(bits), clamp_limit(bits), z);
+STATEPOOL_SIMD_CLONES std::uint32_t encode_count_rows(const float* x, std::size_t rows,
+                                                      std::uint32_t n, const float* a,
+                                                      const float* b, const std::uint8_t* widths,
+                                                      std::int32_t* z) {
+  if (n == kCommonRow) return encode_count_rows_body<kCommonRow>(x, rows, n, a, b, widths, z);
+  return encode_count_rows_body<0>(x, rows, n, a, b, widths, z);
 }
 
 // x_j = (r c_j) (g z_j), the dual-axis reconstruction of one row.
@@ -536,34 +576,59 @@ CarriedStats fit_head_carried(Arch arch, std::span<const float> head, std::uint3
     lossy_columns = lossy_columns || !usable;
   }
 
-  CarriedStats stats;
   std::uint32_t odd = 0;  // rows with a NaN or +-Inf
-  for (std::size_t i = 0; i < K; ++i) {
+  for (std::size_t i = 0; i < K; ++i) {  // pivot rows: values in fp16, codes 0
+    if (row_widths[i] != kPivotWidth) continue;
     const float* x = head.data() + i * V;
-    const std::uint32_t bits = row_widths[i];
-    if (bits == kPivotWidth) {
-      const std::size_t at = out.pivot_values.size();
-      out.pivot_values.resize(at + V);
-      fp16_values(x, V, out.pivot_values.data() + at);
-      std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
-      odd |= static_cast<std::uint32_t>(
-          std::any_of(x, x + V, [](float v) { return is_non_finite_bits(float_bits(v)); }));
-      continue;
+    const std::size_t at = out.pivot_values.size();
+    out.pivot_values.resize(at + V);
+    fp16_values(x, V, out.pivot_values.data() + at);
+    std::fill_n(out.codes.begin() + static_cast<std::ptrdiff_t>(i * V), V, 0);
+    odd |= static_cast<std::uint32_t>(
+        std::any_of(x, x + V, [](float v) { return is_non_finite_bits(float_bits(v)); }));
+  }
+  // Per row: q_i, g_i and the width (a pivot row's are unused), the maxima or the sums,
+  // the scales by `rule` (vectorized across rows), a_i; then the codes.
+  thread_local std::vector<float> w, sums, e, a;
+  thread_local std::vector<std::uint32_t> q, g, bits, ratio;
+  q.resize(K);
+  g.resize(K);
+  bits.resize(K);
+  e.resize(K);
+  a.resize(K);
+  for (std::size_t i = 0; i < K; ++i) {
+    const bool pivot = row_widths[i] == kPivotWidth;
+    q[i] = pivot ? 1u : row_code_limit(grid8, row_widths[i]);
+    g[i] = pivot ? 1u : row_grid(grid8, row_widths[i]);
+    bits[i] = row_widths[i];
+  }
+  if (impact.empty()) {
+    w.assign(K, 1.0f);
+  } else {
+    w.assign(impact.begin(), impact.end());
+  }
+  ratio.assign(K, 0);
+  carried_maxima(head.data(), K, value_dim, b.data(), row_widths.data(), ratio.data(), odd);
+  if (rule == RowRule::absmax) {
+    carried_row_scales(ratio.data(), K, q.data(), bits.data(), out.row_scale.data());
+  } else {
+    sums.resize(K);
+    row_sums(head.data(), K, value_dim, sums.data());
+    row_scales(sums.data(), K, value_dim, w.data(), bits.data(), out.row_scale.data());
+  }
+  for (std::size_t i = 0; i < K; ++i) {
+    if (row_widths[i] == kPivotWidth) out.row_scale[i] = 0.0f;
+  }
+  row_factors(out.row_scale.data(), q.data(), g.data(), K, e.data(), a.data());
+  CarriedStats stats;
+  stats.worst_row_clamps = encode_count_rows(head.data(), K, value_dim, a.data(), b.data(),
+                                             row_widths.data(), out.codes.data());
+  if (lossy_columns) {
+    for (std::size_t i = 0; i < K; ++i) {
+      if (row_widths[i] != kPivotWidth) {
+        stats.lost_values += lost_in_row(head.data() + i * V, value_dim, b.data());
+      }
     }
-    std::uint32_t ratio_max = 0;
-    std::uint32_t abs_max = 0;
-    carried_row_max(x, value_dim, b.data(), ratio_max, abs_max);
-    odd |= static_cast<std::uint32_t>(abs_max >= 0x7F800000u);
-    const float w = impact.empty() ? 1.0f : impact[i];
-    const float r = rule == RowRule::absmax
-                        ? carried_row_scale(ratio_max, row_code_limit(grid8, bits), bits)
-                        : row_scale_from_sum(abs_lane_sum(x, value_dim), value_dim, w, bits);
-    out.row_scale[i] = r;
-    const std::uint32_t clamped =
-        encode_count_row(x, value_dim, code_row_factor(r, row_grid(grid8, bits)), b.data(), bits,
-                         out.codes.data() + i * V);
-    stats.worst_row_clamps = std::max(stats.worst_row_clamps, clamped);
-    if (lossy_columns) stats.lost_values += lost_in_row(x, value_dim, b.data());
   }
   out.finite = odd == 0;
   return stats;
