@@ -110,9 +110,9 @@ STATEPOOL_FORCE_INLINE float abs_lane_sum(const float* x, std::uint32_t n) {
 
 // The loops over a block of rows below make one call per block, not per row (a row of
 // 128 values is 8 AVX-512 vectors, about what a call, its dispatch and a loop's remainder
-// handling cost), and compile the common row length kCommonRow as a constant: Rows<N>
-// runs rows of N values, Rows<0> rows of the given length. Every row gets the same
-// operations in the same order as the single-row functions.
+// handling cost), and compile the common row length kCommonRow as a constant: each
+// *_body<N> runs rows of N values, *_body<0> rows of the given length. Every row gets the
+// same operations in the same order as the single-row bodies.
 constexpr std::uint32_t kCommonRow = 128;
 
 template <std::uint32_t N>
