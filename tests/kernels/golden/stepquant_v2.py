@@ -254,6 +254,17 @@ def pad4(data: bytes) -> bytes:
     return data + bytes(-len(data) % 4)
 
 
+def dual_head(x, widths, kda: bool, r, c, z) -> bytes:
+    """A dual-axis head's bytes: r, c in fp16, then the codes (GDN: one run; KDA: row by
+    row, pivot rows as fp16 values), then the padding."""
+    out = halves(r) + halves(c)
+    if not kda:
+        return pad4(out + packed([v for row in z for v in row], widths[0]))
+    for i, row in enumerate(x):
+        out += halves(row) if widths[i] == PIVOT else packed(z[i], widths[i])
+    return pad4(out)
+
+
 def head_bytes(case) -> bytes:
     k_dim, v_dim = case["key_dim"], case["value_dim"]
     x = [[value(case["seed"], k_dim, v_dim, i, j) for j in range(v_dim)] for i in range(k_dim)]
@@ -268,13 +279,8 @@ def head_bytes(case) -> bytes:
         previous = [[value(seed, k_dim, v_dim, i, j) for j in range(v_dim)]
                     for i in range(k_dim)]
         _, cols, _ = dual_fit(previous, widths, w, grid8=kda, refit=True)
-        r, c, z = carried_fit(x, widths, w, kda, cols, kind.removeprefix("carried_"))
-        out = halves(r) + halves(c)
-        if not kda:
-            return pad4(out + packed([v for row in z for v in row], widths[0]))
-        for i in range(k_dim):
-            out += halves(x[i]) if widths[i] == PIVOT else packed(z[i], widths[i])
-        return pad4(out)
+        return dual_head(x, widths, kda, *carried_fit(x, widths, w, kda, cols,
+                                                       kind.removeprefix("carried_")))
     if kind == "temporal_only":
         rows = absmax_fit(x, widths)
         out = halves([s for s, _ in rows])
@@ -287,13 +293,7 @@ def head_bytes(case) -> bytes:
         return pad4(out)
     if not kda and widths[0] == PIVOT:
         return pad4(halves([v for row in x for v in row]))
-    r, c, z = dual_fit(x, widths, w, grid8=kda, refit=kind == "stepquant")
-    out = halves(r) + halves(c)
-    if not kda:
-        return pad4(out + packed([v for row in z for v in row], widths[0]))
-    for i in range(k_dim):
-        out += halves(x[i]) if widths[i] == PIVOT else packed(z[i], widths[i])
-    return pad4(out)
+    return dual_head(x, widths, kda, *dual_fit(x, widths, w, grid8=kda, refit=kind == "stepquant"))
 
 
 # --- the cases -----------------------------------------------------------------------------
