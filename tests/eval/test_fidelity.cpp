@@ -81,6 +81,7 @@ TEST_P(Fidelity, ShortRunSupportsTheClaims) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Fidelity,
-                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast"));
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast",
+                                           "gdn-fortunes"));
 
 }  // namespace

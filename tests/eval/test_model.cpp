@@ -101,7 +101,8 @@ TEST_P(ModelTest, StateIsStoredThroughTheCodec) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelTest,
-                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast"));
+                         ::testing::Values("gdn", "kda", "gdn-long", "kda-long", "gdn-fast",
+                                           "gdn-fortunes"));
 
 // --- validation: a copy of the GDN model, damaged one way at a time ---------------------
 
